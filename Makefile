@@ -1,0 +1,40 @@
+# The course's two commands:
+#   make lab    create .venv with the tested versions, install attnlab, open JupyterLab on lessons/
+#   make test   create .venv if missing, run the whole test suite (CI runs exactly this)
+#
+# The tested versions are pinned in one place, attnlab/constraints.txt.
+# TORCH_INDEX picks where torch comes from: empty means the default index
+# (on PyPI, Linux: a CUDA build); for a CPU-only build on a laptop use
+#   make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+CONSTRAINTS := attnlab/constraints.txt
+TORCH_INDEX ?=
+PYTEST_ARGS ?=
+
+.PHONY: lab test env clean-env exercises
+
+lab: env
+	$(BIN)/attnlab lab
+
+test: env
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c $(CONSTRAINTS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[lab,test]'
+	$(BIN)/attnlab doctor
+	touch $@
+
+exercises: env
+	$(BIN)/attnlab generate
+
+clean-env:
+	rm -rf $(VENV)

@@ -1,0 +1,50 @@
+"""attnlab: the library behind the attention course.
+
+Everything a lesson uses is importable from here, for example::
+
+    from attnlab import scaled_dot_product_attention, MultiHeadAttention, tiled_attention
+
+The names are imported on first use (see ``_EXPORTS``): ``import attnlab`` stays
+cheap and works even where torch is broken, so that ``attnlab doctor`` can say
+what is wrong. The Triton kernels live in the top-level ``kernels/`` folder and
+are imported as ``attnlab.kernels`` (see ``_kernels_path``).
+"""
+
+from importlib import import_module
+
+from attnlab import _kernels_path  # makes `attnlab.kernels` importable from a source checkout
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    # reference attention in plain PyTorch (attnlab/attention.py)
+    "softmax": "attnlab.attention",
+    "masked_softmax": "attnlab.attention",
+    "padding_mask": "attnlab.attention",
+    "causal_mask": "attnlab.attention",
+    "AdditiveAttention": "attnlab.attention",
+    "scaled_dot_product_attention": "attnlab.attention",
+    "MultiHeadAttention": "attnlab.attention",
+    "naive_attention": "attnlab.attention",
+    "block_sparse_reference": "attnlab.attention",
+    # the FlashAttention algorithm in PyTorch (attnlab/tiled.py)
+    "tiled_attention": "attnlab.tiled",
+    # showing the library's own code in a lesson
+    "show_source": "attnlab.show",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,1 @@
+"""Data the course generates itself: nothing is downloaded."""

@@ -1,0 +1,1 @@
+"""Grading: exercises generated from solutions, inline checks, the grader and working copies."""
