@@ -16,7 +16,7 @@ COMMANDS = {
     "grade": ("attnlab.grading.grade", "grade exercise notebooks and print a score report"),
     "start": ("attnlab.grading.workspace", "copy the exercises into your own working folder"),
     "progress": ("attnlab.grading.progress", "show which exercise parts pass in your working folder"),
-    "checkpoints": ("attnlab.checkpoints", "retrain the small models that ship with the course"),
+    "checkpoints": ("attnlab.pretrained", "retrain the small models that ship with the course"),
 }
 
 
