@@ -60,7 +60,7 @@ def _forward_reference(q, k, v, scale, block_q, block_k):
     """FlashAttention forward for one head, written as plainly as possible (non-causal).
 
     q: (Nq, D), k: (Nk, D), v: (Nk, Dv) -> out (Nq, Dv), lse (Nq,). Used by the tests and
-    shown in the lessons; ``_TiledAttention.forward`` is the same loop over all heads at once.
+    shown in the lessons; ``_flash_forward`` is the same loop over all heads at once.
     """
     Nq, Nk = q.shape[0], k.shape[0]
     out = q.new_zeros(Nq, v.shape[1])                                 # (Nq, Dv)
