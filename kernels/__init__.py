@@ -1,0 +1,1 @@
+"""Triton kernels of the course (shipped as ``attnlab.kernels``)."""
