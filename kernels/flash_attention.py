@@ -134,7 +134,7 @@ def _attn_fwd_kernel(
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
     # write BLOCK_M elements of L: log-sum-exp in natural-log units (-inf for an empty row)
-    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     tl.store(L + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
     # per program: read (1 + 2 * visited blocks) tiles, write one O tile and one L column.
     # per (batch, head), not causal: read Nq d + ceil(Nq / BLOCK_M) * 2 Nk d, write Nq d + Nq
@@ -460,19 +460,26 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m, block_n,
 
 
 class _FlashAttention(torch.autograd.Function):
+    """Forward saves q, k, v, o and the log-sum-exp (not P); backward recomputes P block by block.
+
+    ``sparse`` is None (dense) or the block lists (kv_num, kv_idx, q_num, q_idx) of a block mask.
+    """
+
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, blocks_fwd, blocks_bwd):
-        o, lse = _flash_forward(q, k, v, causal, scale, *blocks_fwd)
+    def forward(ctx, q, k, v, causal, scale, blocks_fwd, blocks_bwd, sparse=None):
+        kv = sparse[:2] if sparse is not None else ()
+        o, lse = _flash_forward(q, k, v, causal, scale, *blocks_fwd, *kv)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.blocks_bwd = causal, scale, blocks_bwd
+        ctx.causal, ctx.scale, ctx.blocks_bwd, ctx.sparse = causal, scale, blocks_bwd, sparse
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _flash_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, *ctx.blocks_bwd)
-        return dq, dk, dv, None, None, None, None
+        sp = ctx.sparse if ctx.sparse is not None else ()
+        dq, dk, dv = _flash_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, *ctx.blocks_bwd, *sp)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, block_m=None, block_n=None):
