@@ -205,11 +205,12 @@ def _attn_bwd_dkdv_kernel(
         idx_base = Q_IDX + b * stride_idxb + h * stride_idxh + pid_n * stride_idxk
         first = 0
     else:
+        n_blocks = (N_Q + BLOCK_M - 1) // BLOCK_M
         if CAUSAL:
             first = (pid_n * BLOCK_N) // BLOCK_M   # query blocks wholly above this key block see none of it
+            n_blocks = tl.where(pid_n * BLOCK_N < N_Q, n_blocks, first)  # keys past the last query: none
         else:
             first = 0
-        n_blocks = (N_Q + BLOCK_M - 1) // BLOCK_M
 
     for it in range(first, n_blocks):
         if SPARSE:
