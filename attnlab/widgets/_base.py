@@ -1,0 +1,140 @@
+"""What the four widgets share: a VBox that shows a matplotlib picture of its state.
+
+Each widget is an ``ipywidgets.VBox`` holding its controls and an
+``ipywidgets.Image``. Its picture is drawn by ``to_figure()`` (the one drawing
+routine, used both live and for static output) onto a plain
+``matplotlib.figure.Figure`` rendered by the Agg backend to PNG bytes: no
+JavaScript of our own, no CDN, works offline in JupyterLab 4, Notebook 7,
+VS Code and Colab.
+
+Static fallback: ``_repr_mimebundle_`` returns the usual widget view *and* an
+``image/png`` of the widget's state when it was displayed. A live frontend
+(JupyterLab, Notebook 7, VS Code) prefers the widget view; nbconvert (without
+saved widget state) and GitHub's notebook viewer show the PNG instead of
+"Loading widget...". The PNG is the state at display time; ``display(w.to_figure())``
+shows the state after the learner moved the controls.
+"""
+
+import base64
+import contextlib
+import io
+import time
+
+import ipywidgets as widgets
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+# Picture resolution: small enough to redraw fast and keep notebooks light.
+DPI = 80
+
+
+def new_figure(width, height):
+    """A matplotlib Figure that pyplot does not track (no auto-display, no leak).
+
+    Importing pyplot once makes a Jupyter kernel register its inline PNG formatter
+    for Figure objects, so ``w.to_figure()`` as the last line of a cell shows the
+    picture.
+    """
+    import matplotlib.pyplot  # noqa: F401  (registers the inline formatter in a kernel)
+
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def figure_png(fig):
+    """PNG bytes of a figure (Agg)."""
+    buf = io.BytesIO()
+    fig.canvas.print_png(buf)
+    return buf.getvalue()
+
+
+def as_array(x, name):
+    """A float64 numpy array from a torch tensor, numpy array or nested list; TypeError naming `name` otherwise."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor without importing torch
+        x = x.detach().cpu()
+        if getattr(x, "is_floating_point", lambda: True)() and str(x.dtype) == "torch.bfloat16":
+            x = x.float()
+        x = x.numpy()
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name}: expected a tensor, numpy array or nested list of numbers, got {type(x).__name__}") from exc
+    return arr
+
+
+class FigureWidget(widgets.VBox):
+    """Base: controls above, the picture (an ``ipywidgets.Image``) below, a status line.
+
+    Subclasses implement ``to_figure()`` and call ``self._build(controls)`` at the
+    end of ``__init__``; each control's observer calls ``self.redraw()``.
+    """
+
+    def _build(self, children_above, children_below=()):
+        self._image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto"))
+        self._status = widgets.HTML()
+        self.last_redraw_ms = None
+        self._layouts = {}
+        self.redraw_ms = []  # every redraw's time, for benchmarks/widgets_redraw.py
+        super().__init__(children=[*children_above, self._image, *children_below, self._status])
+        self.redraw()
+
+    def _layout_key(self):
+        """A hashable naming what decides the figure's layout (tick labels, panels); None: never cache.
+
+        Redraws with a key seen before reuse that draw's axes positions instead of
+        running matplotlib's constrained layout again (half of a redraw's time).
+        """
+        return None
+
+    def _render_png(self):
+        fig = self.to_figure()
+        key = self._layout_key()
+        cached = self._layouts.get(key) if key is not None else None
+        if cached is not None and len(cached) == len(fig.axes):
+            fig.set_layout_engine("none")
+            for ax, pos in zip(fig.axes, cached):
+                ax.set_position(pos)
+            return figure_png(fig)
+        png = figure_png(fig)
+        if key is not None:
+            self._layouts[key] = [ax.get_position(original=False) for ax in fig.axes]
+        return png
+
+    def _update_state(self):
+        """Recompute derived state (text panels etc.) before drawing; subclasses override."""
+
+    def to_figure(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _one_redraw(self):
+        """Change several controls, then redraw once."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+        self.redraw()
+
+    def redraw(self, *_):
+        """Recompute and redraw the picture; records the time taken in ``last_redraw_ms``."""
+        if getattr(self, "_held", False) or not hasattr(self, "_image"):
+            return
+        t0 = time.perf_counter()
+        try:
+            self._update_state()
+            self._image.value = self._render_png()
+            self._status.value = ""
+        except Exception as exc:  # show it in the notebook, then let it propagate (tests see it)
+            self._status.value = f"<span style='color:#b00'>error: {type(exc).__name__}: {exc}</span>"
+            raise
+        self.last_redraw_ms = 1000 * (time.perf_counter() - t0)
+        self.redraw_ms.append(self.last_redraw_ms)
+
+    def _repr_mimebundle_(self, **kwargs):
+        data = super()._repr_mimebundle_(**kwargs)
+        if data is not None and self._image.value:
+            data["image/png"] = base64.b64encode(self._image.value).decode("ascii")
+        return data
