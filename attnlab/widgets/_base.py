@@ -89,6 +89,15 @@ class FigureWidget(widgets.VBox):
         return None
 
     def _render_png(self):
+        if self._make_figure is not None:
+            first = getattr(self, "_live", None) is None
+            if first:
+                self._live = self._make_figure()
+            fig = self._update_figure(self._live)
+            png = figure_png(fig)
+            if first:  # keep the constrained layout of the first draw
+                fig.set_layout_engine("none")
+            return png
         fig = self.to_figure()
         key = self._layout_key()
         cached = self._layouts.get(key) if key is not None else None
@@ -105,8 +114,17 @@ class FigureWidget(widgets.VBox):
     def _update_state(self):
         """Recompute derived state (text panels etc.) before drawing; subclasses override."""
 
-    def to_figure(self):  # pragma: no cover - abstract
-        raise NotImplementedError
+    # Two ways to draw. Either a subclass overrides to_figure() (a new Figure each
+    # time), or it implements _make_figure() -> handles (a dict with "fig") and
+    # _update_figure(handles) -> fig: then live redraws update one persistent
+    # figure's artists and reuse its first layout, and to_figure() builds a fresh one.
+    _make_figure = None
+
+    def to_figure(self):
+        """A matplotlib Figure of the widget's current state (the static fallback)."""
+        if self._make_figure is None:  # pragma: no cover - subclasses provide one of the two
+            raise NotImplementedError
+        return self._update_figure(self._make_figure())
 
     @contextlib.contextmanager
     def _one_redraw(self):
@@ -122,7 +140,7 @@ class FigureWidget(widgets.VBox):
         """Recompute and redraw the picture; records the time taken in ``last_redraw_ms``."""
         if getattr(self, "_held", False) or not hasattr(self, "_image"):
             return
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             self._update_state()
             self._image.value = self._render_png()
@@ -131,6 +149,8 @@ class FigureWidget(widgets.VBox):
             self._status.value = f"<span style='color:#b00'>error: {type(exc).__name__}: {exc}</span>"
             raise
         self.last_redraw_ms = 1000 * (time.perf_counter() - t0)
+        # CPU time of this process: what the redraw costs on an idle machine (wall time counts other load)
+        self.last_redraw_cpu_ms = 1000 * (time.process_time() - c0)
         self.redraw_ms.append(self.last_redraw_ms)
 
     def _repr_mimebundle_(self, **kwargs):
