@@ -64,6 +64,14 @@ def as_array(x, name):
     return arr
 
 
+def html_table(header, rows):
+    """A small HTML table for the widgets' text panels: header a list of str, rows lists of str (already escaped)."""
+    cell = "padding:1px 10px 1px 0; text-align:left"
+    head = "".join(f"<th style='{cell}'>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table style='border-collapse:collapse; font-size:90%'><tr>{head}</tr>{body}</table>"
+
+
 class FigureWidget(widgets.VBox):
     """Base: controls above, the picture (an ``ipywidgets.Image``) below, a status line.
 
@@ -72,12 +80,18 @@ class FigureWidget(widgets.VBox):
     """
 
     def _build(self, children_above, children_below=()):
-        self._image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto"))
+        # natural size (not stretched to the cell's width by the VBox), shrunk only if the cell is narrower
+        self._image = widgets.Image(
+            format="png", layout=widgets.Layout(max_width="100%", height="auto", align_self="flex-start")
+        )
         self._status = widgets.HTML()
         self.last_redraw_ms = None
         self._layouts = {}
         self.redraw_ms = []  # every redraw's time, for benchmarks/widgets_redraw.py
         super().__init__(children=[*children_above, self._image, *children_below, self._status])
+        # CSS classes: the browser test (and a curious learner's devtools) find each widget by them
+        self.add_class("attnlab-widget")
+        self.add_class("attnlab-" + type(self).__name__.lower())
         self.redraw()
 
     def _layout_key(self):

@@ -6,9 +6,10 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from attnlab.widgets._base import FigureWidget, as_array, new_figure
+from attnlab.widgets._base import FigureWidget, as_array, html_table, new_figure
 
 ALL_HEADS = "all"
+NO_QUERY = -1  # the query selector's "(none)" (a Dropdown cannot select an option whose value is None)
 
 
 def _is_tensor_like(x):
@@ -46,8 +47,9 @@ class AttentionMap(FigureWidget):
     ``query_tokens`` when Nq == Nk (self-attention).
 
     Controls: ``example``, ``layer``, ``head`` (a head or ``"all"`` for the
-    overview of every head of the layer) and ``query`` (``None`` or a row index:
-    highlights that row and lists its ``top_k`` keys). Set their ``.value`` from
+    overview of every head of the layer) and ``query`` (``-1`` for none, or a row
+    index: highlights that row and lists its ``top_k`` keys; ``selected_query``
+    reads it as ``None`` or the index). Set their ``.value`` from
     code or use them in the notebook; ``to_figure()`` draws the current state.
 
     Example: ``AttentionMap(weights, query_tokens=["the", "cat", "sat"])``
@@ -156,10 +158,15 @@ class AttentionMap(FigureWidget):
 
     def _set_query_options(self):
         tokens = self._q_tokens[self.example.value]
-        options = [("(none)", None)] + [(f"{i}: {t}", i) for i, t in enumerate(tokens)]
-        old = self.query.value
+        options = [("(none)", NO_QUERY)] + [(f"{i}: {t}", i) for i, t in enumerate(tokens)]
+        old = self.query.value if self.query.value is not None else NO_QUERY
         self.query.options = options
-        self.query.value = old if old is not None and old < len(tokens) else None
+        self.query.value = old if old < len(tokens) else NO_QUERY
+
+    @property
+    def selected_query(self):
+        """The query row picked (an int), or None."""
+        return None if self.query.value in (None, NO_QUERY) else self.query.value
 
     @property
     def query_tokens(self):
@@ -182,7 +189,7 @@ class AttentionMap(FigureWidget):
 
         Defaults: the selected query, and the selected head (head 0 if the overview is shown).
         """
-        query = self.query.value if query is None else query
+        query = self.selected_query if query is None else query
         if query is None:
             return []
         if head is None:
@@ -192,26 +199,22 @@ class AttentionMap(FigureWidget):
         return [(int(j), self.key_tokens[j], float(row[j])) for j in order]
 
     def _update_state(self):
-        q = self.query.value
+        q = self.selected_query
         if q is None:
             self.top_keys_html.value = "<i>Pick a query token to list the keys it attends to most.</i>"
             return
         heads = range(self.n_heads) if self.head.value == ALL_HEADS else [self.head.value]
-        rows = []
-        for h in heads:
-            cells = " ".join(
-                f"<code>{html.escape(tok)}</code>&nbsp;{w:.3f}" for _, tok, w in self.top_keys(q, h)
-            )
-            rows.append(f"<tr><td style='padding-right:1em'>head {h}</td><td>{cells}</td></tr>")
+        rows = [[f"head {h}"] + [f"<code>{html.escape(tok)}</code>&nbsp;{w:.3f}" for _, tok, w in self.top_keys(q, h)]
+                for h in heads]
         self.top_keys_html.value = (
             f"<b>top {self.top_k} keys of query {q} <code>{html.escape(self.query_tokens[q])}</code></b>"
-            f"<table>{''.join(rows)}</table>"
+            + html_table([""] + [f"#{i + 1}" for i in range(min(self.top_k, len(self.key_tokens)))], rows)
         )
 
     # ---------------------------------------------------------------- drawing
     def _layout_key(self):
         # tick labels depend on the example only; the bar chart writes its labels inside the axes
-        return (self.example.value, self.head.value == ALL_HEADS, self.query.value is None, bool(self.title))
+        return (self.example.value, self.head.value == ALL_HEADS, self.selected_query is None, bool(self.title))
 
     def _heading(self):
         parts = [self.title] if self.title else []
@@ -243,7 +246,7 @@ class AttentionMap(FigureWidget):
         if vmin < 0:
             vmax = max(vmax, -vmin)
             vmin = -vmax
-        q = self.query.value
+        q = self.selected_query
         if w.ndim == 3:
             return self._overview_figure(w, q, vmin, vmax, cmap)
         n_q, n_k = w.shape

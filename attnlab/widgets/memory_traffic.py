@@ -21,7 +21,7 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from attnlab.widgets._base import FigureWidget, figure_png, new_figure
+from attnlab.widgets._base import FigureWidget, figure_png, html_table, new_figure
 
 # tensors in the order a reader expects: inputs, intermediates, outputs
 _ORDER = ["Q", "K", "V", "S", "P", "O", "L", "dO", "dQ", "dK", "dV", "D"]
@@ -216,17 +216,12 @@ class MemoryTraffic(FigureWidget):
         return self.replays[i].sram(self.step_of(i))
 
     def _update_state(self):
-        rows = "".join(
-            f"<tr><td><b>{html.escape(c['label'])}</b></td><td>{c['step']} / {c['events']}</td>"
-            f"<td>{fmt_bytes(c['bytes_read'])} / {fmt_bytes(c['total_read'])}</td>"
-            f"<td>{fmt_bytes(c['bytes_written'])} / {fmt_bytes(c['total_written'])}</td>"
-            f"<td>{fmt_bytes(c['bytes_read'] + c['bytes_written'])}</td></tr>"
-            for c in self.counters
-        )
-        self.counters_html.value = (
-            "<table><tr><th>trace</th><th>events</th><th>HBM read (so far / total)</th>"
-            f"<th>HBM written (so far / total)</th><th>traffic so far</th></tr>{rows}</table>"
-        )
+        rows = [[f"<b>{html.escape(c['label'])}</b>", f"{c['step']} / {c['events']}",
+                 f"{fmt_bytes(c['bytes_read'])} / {fmt_bytes(c['total_read'])}",
+                 f"{fmt_bytes(c['bytes_written'])} / {fmt_bytes(c['total_written'])}",
+                 fmt_bytes(c["bytes_read"] + c["bytes_written"])] for c in self.counters]
+        self.counters_html.value = html_table(
+            ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows)
 
     # ---------------------------------------------------------------- drawing
     def _make_figure(self):

@@ -10,7 +10,7 @@ Dividing by sqrt(d_k) keeps the logits at unit variance whatever d_k is.
 import ipywidgets as widgets
 import numpy as np
 
-from attnlab.widgets._base import FigureWidget, new_figure
+from attnlab.widgets._base import FigureWidget, html_table, new_figure
 
 D_K_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -136,15 +136,11 @@ class ScalingExplorer(FigureWidget):
 
     def _update_state(self):
         s = self.stats
-        cells = "".join(
-            f"<tr><td>{name}</td><td>{v['score_std']:.2f}</td><td>{v['weights'].max():.3f}</td>"
-            f"<td>{v['mean_entropy']:.3f}</td><td>{v['mean_jacobian_norm']:.4f}</td></tr>"
-            for name, v in s.items()
-        )
-        self.stats_html.value = (
-            "<table><tr><th></th><th>std of logits</th><th>max weight (row 0)</th>"
-            f"<th>mean entropy (max {np.log(self.n_keys):.2f})</th><th>mean ||softmax Jacobian||</th></tr>{cells}</table>"
-        )
+        rows = [[name, f"{v['score_std']:.2f}", f"{v['weights'].max():.3f}", f"{v['mean_entropy']:.3f}",
+                 f"{v['mean_jacobian_norm']:.4f}"] for name, v in s.items()]
+        self.stats_html.value = html_table(
+            ["", "std of logits", "max weight (row 0)", f"mean entropy (max {np.log(self.n_keys):.2f})",
+             "mean ||softmax Jacobian||"], rows)
 
     # ---------------------------------------------------------------- drawing
     # A live redraw updates the artists of one persistent figure (set_data, set_text):
