@@ -167,8 +167,13 @@ class FigureWidget(widgets.VBox):
         self.last_redraw_cpu_ms = 1000 * (time.process_time() - c0)
         self.redraw_ms.append(self.last_redraw_ms)
 
+    @property
+    def png(self):
+        """The PNG bytes the widget shows now."""
+        return bytes(self._image.value)
+
     def _repr_mimebundle_(self, **kwargs):
         data = super()._repr_mimebundle_(**kwargs)
         if data is not None and self._image.value:
-            data["image/png"] = base64.b64encode(self._image.value).decode("ascii")
+            data["image/png"] = base64.b64encode(self.png).decode("ascii")
         return data

@@ -1,33 +1,43 @@
-"""The editor's link to the kernels: preset patterns, BlockMask, and costs from attnlab.iomodel."""
+"""The editor's link to the kernels: presets from the kernels' mask helpers, BlockMask, costs from attnlab.iomodel."""
 
 import numpy as np
 
 
-def preset(name, n_q_blocks, n_k_blocks, param, density, seed):
-    """A bool ``(n_q_blocks, n_k_blocks)`` block mask for a preset pattern.
+def preset(name, n_q_blocks, n_k_blocks, block_size, param, density, seed):
+    """A bool ``(n_q_blocks, n_k_blocks)`` block mask for a preset, built by ``attnlab.kernels``' helpers.
 
-    local: key blocks within ``param - 1`` of the query block's diagonal position;
-    strided: every ``param``-th key block counted back from the diagonal, plus the diagonal;
-    global: the first ``param`` key blocks (global tokens every query sees) and the first
-    ``param`` query blocks (which see everything), plus the diagonal; causal: key block <=
-    query block (top-left aligned); random: each tile kept with probability ``density``
-    (seeded), plus the diagonal so no query row is empty; dense / empty: all / none.
+    ``param`` counts blocks: local keeps tiles within ``param - 1`` blocks of the diagonal
+    (a window of ``(param - 1) * BK`` tokens), strided every ``param``-th block, global the first
+    ``param`` query and key blocks; random keeps each tile with probability ``density`` (seeded);
+    causal is top-left aligned; dense and empty keep all and none.
     """
-    i = np.arange(n_q_blocks)[:, None]
-    j = np.arange(n_k_blocks)[None, :]
+    from attnlab import kernels
+
+    bq, bk = block_size
+    n_q, n_k = n_q_blocks * bq, n_k_blocks * bk
     if name == "local":
-        return np.abs(i - j) < param
-    if name == "strided":
-        return (j <= i) & ((i - j) % param == 0)
-    if name == "global":
-        return (j < param) | (i < param) | (i == j)
-    if name == "causal":
-        return j <= i
-    if name == "random":
-        rng = np.random.default_rng(seed)
-        return (rng.random((n_q_blocks, n_k_blocks)) < density) | (i == j)
-    if name == "dense":
+        m = kernels.local_mask(n_q, n_k, window=(param - 1) * min(bq, bk), block_size=block_size)
+    elif name == "strided":
+        m = kernels.strided_mask(n_q, n_k, stride=param, block_size=block_size)
+    elif name == "global":
+        m = kernels.global_mask(n_q, n_k, num_blocks=param, block_size=block_size)
+    elif name == "causal":
+        m = kernels.causal_block_mask(n_q, n_k, block_size=block_size)
+    elif name == "random":
+        m = kernels.random_mask(n_q, n_k, density=float(density), block_size=block_size, seed=int(seed))
+    elif name == "dense":
         return np.ones((n_q_blocks, n_k_blocks), bool)
-    if name == "empty":
+    elif name == "empty":
         return np.zeros((n_q_blocks, n_k_blocks), bool)
-    raise ValueError(f"preset: unknown preset {name!r}")
+    else:
+        raise ValueError(f"preset: unknown preset {name!r}")
+    return m.mask[0, 0].numpy().astype(bool)
+
+
+def to_block_mask(mask, block_size):
+    """The kernels' ``BlockMask`` for a bool ``(n_q_blocks, n_k_blocks)`` numpy mask."""
+    import torch
+
+    from attnlab.kernels import BlockMask
+
+    return BlockMask(torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))[None, None], tuple(block_size))

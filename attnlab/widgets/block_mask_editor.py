@@ -17,7 +17,8 @@ from attnlab.widgets._base import FigureWidget, new_figure
 from attnlab.widgets.memory_traffic import fmt_bytes
 
 PRESETS = ("custom", "local", "strided", "global", "causal", "random", "dense", "empty")
-_MAX_BLOCKS = 32  # a grid of more buttons than 32 x 32 is unusable in a notebook
+_MAX_BLOCKS = 32
+BLOCK_SIZES = (16, 32, 64, 128)  # what attnlab.kernels' BlockMask accepts  # a grid of more buttons than 32 x 32 is unusable in a notebook
 
 
 def _positive_int(value, name, hi=None):
@@ -58,6 +59,8 @@ class BlockMaskEditor(FigureWidget):
         if not isinstance(block_size, (tuple, list)) or len(block_size) != 2:
             raise TypeError(f"block_size: expected a pair (BQ, BK), got {block_size!r}")
         self.block_size = (_positive_int(block_size[0], "block_size[0]"), _positive_int(block_size[1], "block_size[1]"))
+        if not all(b in BLOCK_SIZES for b in self.block_size):
+            raise ValueError(f"block_size: the kernels take blocks of {BLOCK_SIZES} elements, got {self.block_size}")
         self.head_dim = _positive_int(head_dim, "head_dim")
         if dtype not in ("float16", "float32", "bfloat16"):
             raise ValueError(f"dtype: expected 'float16', 'bfloat16' or 'float32', got {dtype!r}")
@@ -127,8 +130,8 @@ class BlockMaskEditor(FigureWidget):
     def _preset_mask(self, name):
         from attnlab.widgets import _masks
 
-        return _masks.preset(name, self.n_q_blocks, self.n_k_blocks, self.param.value, self.density_target.value,
-                             self.seed.value)
+        return _masks.preset(name, self.n_q_blocks, self.n_k_blocks, self.block_size, self.param.value,
+                             self.density_target.value, self.seed.value)
 
     def _on_preset(self, change):
         if self.preset.value == "custom":
@@ -185,6 +188,8 @@ class BlockMaskEditor(FigureWidget):
                                   interpolation="nearest", extent=(0, self.n_k_blocks, self.n_q_blocks, 0))
         ax_b.hlines(np.arange(self.n_q_blocks + 1), 0, self.n_k_blocks, color="white", lw=0.8)
         ax_b.vlines(np.arange(self.n_k_blocks + 1), 0, self.n_q_blocks, color="white", lw=0.8)
+        ax_b.set_xticks(np.arange(self.n_k_blocks) + 0.5, [str(j) for j in range(self.n_k_blocks)], fontsize=8)
+        ax_b.set_yticks(np.arange(self.n_q_blocks) + 0.5, [str(i) for i in range(self.n_q_blocks)], fontsize=8)
         ax_b.set_xlabel("key block")
         ax_b.set_ylabel("query block")
         h["blocks_title"] = ax_b.set_title("", fontsize=10)
