@@ -41,3 +41,27 @@ def to_block_mask(mask, block_size):
     from attnlab.kernels import BlockMask
 
     return BlockMask(torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))[None, None], tuple(block_size))
+
+
+def element_size(dtype):
+    return 4 if dtype == "float32" else 2
+
+
+def costs(mask, block_size, head_dim, dtype):
+    """Forward FLOPs and HBM bytes from ``attnlab.iomodel`` for batch 1, one head.
+
+    -> ``{"sparse": {"flops", "bytes"}, "dense": {...}, "standard": {...}, "source": str}``: block-sparse
+    FlashAttention with this mask, dense FlashAttention with the same tiles, and unfused standard attention.
+    """
+    from attnlab.iomodel import block_sparse_forward_io, flash_forward_io, standard_forward_io
+
+    bq, bk = block_size
+    n_q, n_k = mask.shape[0] * bq, mask.shape[1] * bk
+    e = element_size(dtype)
+    sparse = block_sparse_forward_io(1, 1, n_q, n_k, head_dim, e, block_mask=to_block_mask(mask, block_size))
+    dense = flash_forward_io(1, 1, n_q, n_k, head_dim, e, block_m=bq, block_n=bk)
+    standard = standard_forward_io(1, 1, n_q, n_k, head_dim, e)
+    out = {name: {"flops": io.flops, "bytes": io.total_bytes}
+           for name, io in (("sparse", sparse), ("dense", dense), ("standard", standard))}
+    out["source"] = "attnlab.iomodel: block_sparse_forward_io, flash_forward_io, standard_forward_io (B=1, H=1)"
+    return out

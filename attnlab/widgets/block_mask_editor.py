@@ -155,8 +155,9 @@ class BlockMaskEditor(FigureWidget):
         return _masks.to_block_mask(self.mask, self.block_size)
 
     def element_mask(self):
-        """The element mask the block mask implies: bool ``(n_q, n_k)`` numpy array."""
-        return np.repeat(np.repeat(self.mask, self.block_size[0], axis=0), self.block_size[1], axis=1)
+        """The element mask the block mask implies: bool ``(n_q, n_k)`` numpy array (``BlockMask.to_element_mask``)."""
+        em = self.block_mask.to_element_mask(self.n_q, self.n_k)
+        return em.reshape(em.shape[-2:]).numpy().astype(bool)
 
     @property
     def costs(self):
@@ -175,7 +176,9 @@ class BlockMaskEditor(FigureWidget):
             f"<tr><td>FLOPs</td><td>{_fmt_flops(sp['flops'])}</td><td>{_fmt_flops(de['flops'])}</td>"
             f"<td>{sp['flops'] / de['flops']:.3f}</td></tr>"
             f"<tr><td>HBM bytes</td><td>{fmt_bytes(sp['bytes'])}</td><td>{fmt_bytes(de['bytes'])}</td>"
-            f"<td>{sp['bytes'] / de['bytes']:.3f}</td></tr></table>"
+            f"<td>{sp['bytes'] / de['bytes']:.3f}</td></tr>"
+            f"<tr><td>standard (unfused) bytes</td><td></td><td>{fmt_bytes(c['standard']['bytes'])}</td>"
+            f"<td></td></tr></table>"
             f"<small>{c['source']}</small>"
         )
 

@@ -148,7 +148,10 @@ class MemoryTraffic(FigureWidget):
     ``traces``: ``MemoryTrace`` objects from ``attnlab.memory.trace`` (for
     example of standard, flash and block-sparse attention on the same shape).
     ``labels``: a name per trace (default "trace 0", ...). ``sram_study``: show
-    the SRAM-size control (needs a trace with a Q of shape (B, H, N, d)).
+    the SRAM-size control and its plot below the replay; it traces the flash
+    kernel at ``sram_shape = (N, d)`` once per block size when the widget is built
+    (about a second for the default (128, 64)). ``to_figure()`` draws the replay;
+    ``sram_study.to_figure()`` draws the SRAM plot.
 
     Controls: ``step`` (how many events have happened; the same step for every
     trace, clipped to each trace's length), ``play`` (a Play button driving
@@ -160,7 +163,7 @@ class MemoryTraffic(FigureWidget):
     Example: ``MemoryTraffic(trace(standard_attention, q, k, v), trace(flash_attention, q, k, v), labels=["standard", "flash"])``
     """
 
-    def __init__(self, *traces, labels=None, sram_study=True):
+    def __init__(self, *traces, labels=None, sram_study=True, sram_shape=(128, 64)):
         if not traces:
             raise ValueError("traces: expected at least one MemoryTrace, got none")
         if labels is None:
@@ -168,6 +171,10 @@ class MemoryTraffic(FigureWidget):
         if isinstance(labels, str) or len(labels) != len(traces):
             raise ValueError(f"labels: expected one label per trace ({len(traces)}), got {labels!r}")
         self.replays = [_Replay(t, str(lab), i) for i, (t, lab) in enumerate(zip(traces, labels))]
+        # one colour scale for all rows, so that "read more often" compares across traces
+        most = max(r.max_reads for r in self.replays)
+        for r in self.replays:
+            r.max_reads = most
         n_max = max(r.n for r in self.replays)
         n_leads = max(r.grid[n][0] for r in self.replays for n in r.names)
         style = {"description_width": "initial"}
@@ -183,14 +190,15 @@ class MemoryTraffic(FigureWidget):
         self.lead.observe(self.redraw, names="value")
         top = [self.play, self.step] + ([self.lead] if n_leads > 1 else [])
         below = [self.counters_html]
-        self._study = None
+        self.sram_study = None
         if sram_study:
             from attnlab.widgets._sram_study import SramStudy
 
-            self._study = SramStudy.from_traces(traces)
-            if self._study is not None:
-                self.sram_kib = self._study.slider
-                below += [self._study.box]
+            if not (isinstance(sram_shape, (tuple, list)) and len(sram_shape) == 2):
+                raise TypeError(f"sram_shape: expected (N, d), got {sram_shape!r}")
+            self.sram_study = SramStudy(*sram_shape)
+            self.sram_kib = self.sram_study.slider
+            below += [self.sram_study.box]
         self._build([widgets.HBox(top)], below)
 
     # ---------------------------------------------------------------- state
@@ -234,7 +242,7 @@ class MemoryTraffic(FigureWidget):
         for r in self.replays:
             shown = {n: (r.grid[n][2], r.grid[n][1]) if r.transposed[n] else r.grid[n][1:] for n in r.names}
             tallest = max(nr for nr, _ in shown.values())
-            layouts.append((shown, [max(shown[n][1] / tallest, 0.12) for n in r.names]))
+            layouts.append((shown, [max(shown[n][1] / tallest, 0.2) for n in r.names]))
         # the same horizontal scale in every row: shorter rows get a blank spacer before the SRAM panel
         widest = max(sum(w) for _, w in layouts)
         for r, sub, (shown, widths) in zip(self.replays, subfigs, layouts):
@@ -264,7 +272,7 @@ class MemoryTraffic(FigureWidget):
                                         transform=sax.transAxes)
             row["header"] = sub.suptitle("", fontsize=10, x=0.01, ha="left")
             if not h["rows"]:
-                sax.text(0.04, 0.03, "blue: read from HBM (darker: more often)\norange: written to HBM\n"
+                sax.text(0.04, 0.03, "blue: read from HBM (darker: more often)\norange: written (brown: written, read back)\n"
                          "outline: last event (green load, red store)", fontsize=7, va="bottom",
                          transform=sax.transAxes, color="0.3")
             h["rows"].append(row)
