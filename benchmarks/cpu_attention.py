@@ -168,7 +168,7 @@ def main(argv=None):
     print("| N | method | time (s) | peak extra memory (MB) | speed-up vs naive | memory saving vs naive |")
     print("|---|---|---|---|---|---|")
     for n, method, t, b, speed, saving in rows:
-        print(f"| {n} | {names[method]} | {fmt(t, '.4g')} | {fmt(None if b is None else b / MB, '.1f')} | "
+        print(f"| {n} | {names[method]} | {fmt(t, '#.4g')} | {fmt(None if b is None else b / MB, '.1f')} | "
               f"{fmt(speed, '.2f')}{'x' if speed else ''} | {fmt(saving, '.0f')}{'x' if saving else ''} |")
     print()
     print(f"Load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}.")
