@@ -130,3 +130,16 @@ def test_unsupported_triton_version_fails_clearly(monkeypatch):
     monkeypatch.setattr(triton, "__version__", "9.9.9")
     with pytest.raises(RuntimeError, match="Triton 9.9.9"):
         trace(softmax, torch.randn(2, 2))
+
+
+def test_gpt2_comparison_small_shape():
+    from attnlab.traffic import format_comparison, gpt2_medium_comparison
+
+    res = gpt2_medium_comparison(seq=128, head_dim=16, batch=2, heads=3, flash_blocks=(32, 32), standard_blocks=(32, 32, 32))
+    assert res["batch_heads"] == 6 and len(res["rows"]) == 4
+    for r in res["rows"]:
+        assert r["traced_bytes"] == r["model_bytes"] > 0
+        assert r["gb"] == pytest.approx(r["traced_bytes"] * 6 / 1e9)
+    by = {(r["method"], r["pass"]): r["traced_bytes"] for r in res["rows"]}
+    assert by[("flash", "forward")] < by[("standard", "forward")]
+    assert "40.3 GB vs 4.4 GB" in format_comparison(res)
