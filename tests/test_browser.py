@@ -45,7 +45,7 @@ NOTEBOOK_CELLS = [
 import torch
 from attnlab.widgets import AttentionMap, ScalingExplorer, MemoryTraffic, BlockMaskEditor
 from attnlab.memory import trace
-from attnlab.kernels import standard_attention, flash_attention
+from attnlab.kernels import standard_attention, flash_attention, block_sparse_attention, local_mask
 torch.manual_seed(0)""",
     """\
 tokens = "the cat sat on the mat because it was warm".split()
@@ -57,9 +57,13 @@ amap""",
 scaling = ScalingExplorer(d_k=64)
 scaling""",
     """\
-q, k, v = (torch.randn(1, 1, 32, 16) for _ in range(3))
-traffic = MemoryTraffic(trace(standard_attention, q, k, v), trace(flash_attention, q, k, v, block_m=16, block_n=16),
-                        labels=["standard", "flash"])
+q, k, v = (torch.randn(1, 1, 64, 16) for _ in range(3))
+traffic = MemoryTraffic(
+    trace(standard_attention, q, k, v, block_m=16, block_n=16),
+    trace(flash_attention, q, k, v, block_m=16, block_n=16),
+    trace(block_sparse_attention, q, k, v, local_mask(64, 64, 16, (16, 16))),
+    labels=["standard", "flash", "block-sparse"])
+traffic.step.value = 40
 traffic""",
     """\
 editor = BlockMaskEditor(8, 8, preset="local")
