@@ -159,7 +159,7 @@ def test_widgets_render_and_respond_in_jupyterlab(jupyterlab):
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": 1300, "height": 2400})
             console = []
             page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
             page.goto(f"{jupyterlab}/lab/tree/widgets.ipynb", timeout=60_000)

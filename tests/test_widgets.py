@@ -321,3 +321,37 @@ def test_block_mask_editor_clicks_costs_and_kernel_mask():
 def test_block_mask_editor_rejects_bad_input(args, kwargs, error, match):
     with pytest.raises(error, match=match):
         BlockMaskEditor(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------ static fallback
+def test_stored_notebook_output_carries_a_png_that_nbconvert_shows(tmp_path):
+    """A notebook run without a frontend (nbclient, as nbval and CI do) stores the widget view and a PNG;
+    nbconvert's HTML shows the PNG when the notebook holds no widget state (JupyterLab's default when
+    saving; nbclient with store_widget_state=False), where it would otherwise show nothing offline."""
+    import os
+
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import numpy as np\nfrom attnlab.widgets import AttentionMap\n"
+        "AttentionMap(np.eye(3), query_tokens=['a', 'b', 'c'])"
+    )]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join([repo, env_path]) if env_path else repo
+    try:
+        NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=False,
+                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        os.environ["PYTHONPATH"] = env_path
+        if not env_path:
+            del os.environ["PYTHONPATH"]
+    data = nb.cells[0].outputs[-1]["data"]
+    assert {"application/vnd.jupyter.widget-view+json", "image/png", "text/plain"} <= set(data)
+    assert base64.b64decode(data["image/png"]).startswith(PNG)
+    assert "widgets" not in nb.metadata
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    assert "data:image/png;base64," + data["image/png"][:40] in html
