@@ -63,8 +63,13 @@ def test_attention_map_layers_heads_and_query():
 
 
 def test_attention_map_bahdanau_alignment_and_cross_attention_tokens():
-    # one head, 4 target words over 5 source words (cross-attention: key tokens differ)
-    align = torch.softmax(torch.randn(4, 5, generator=torch.Generator().manual_seed(1)), dim=-1)
+    from attnlab.attention import AdditiveAttention
+
+    # one head: 4 decoder steps over 5 source words, the weights of Bahdanau's additive attention
+    torch.manual_seed(1)
+    attn = AdditiveAttention(query_dim=8, key_dim=8, hidden_dim=16)
+    keys = torch.randn(1, 5, 8).expand(4, 5, 8)
+    _, align = attn(torch.randn(4, 8), keys)  # (4 decoder steps, 5 source words)
     m = AttentionMap(align, query_tokens=["le", "chat", "est", "noir"], key_tokens=["the", "cat", "is", "black", "<eos>"])
     assert m.n_heads == 1 and m.head.value == 0 and m.current_weights.shape == (4, 5)
     m.query.value = 1
@@ -73,10 +78,12 @@ def test_attention_map_bahdanau_alignment_and_cross_attention_tokens():
 
 
 def test_attention_map_batch_from_multihead_attention_and_from_a_list():
+    from attnlab.attention import MultiHeadAttention
+
     torch.manual_seed(0)
-    mha = torch.nn.MultiheadAttention(embed_dim=16, num_heads=4, batch_first=True)
+    mha = MultiHeadAttention(16, 4)
     x = torch.randn(3, 6, 16)  # (B, N, d_model)
-    _, w = mha(x, x, x, need_weights=True, average_attn_weights=False)  # (B, heads, N, N)
+    _, w = mha(x, return_weights=True)  # (B, heads, N, N)
     m = AttentionMap(w, query_tokens=TOKENS, batched=True)
     assert (m.n_examples, m.n_layers, m.n_heads) == (3, 1, 4)
     m.example.value = 2
