@@ -344,8 +344,8 @@ def test_stored_notebook_output_carries_a_png_that_nbconvert_shows(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(
         "import numpy as np\nfrom attnlab.widgets import AttentionMap\n"
-        "AttentionMap(np.eye(3), query_tokens=['a', 'b', 'c'])"
-    )]
+        "m = AttentionMap(np.eye(3), query_tokens=['a', 'b', 'c'])\nm"
+    ), nbformat.v4.new_code_cell("m.query.value = 1\nm.to_figure()")]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([repo, env_path]) if env_path else repo
@@ -356,6 +356,9 @@ def test_stored_notebook_output_carries_a_png_that_nbconvert_shows(tmp_path):
         os.environ["PYTHONPATH"] = env_path
         if not env_path:
             del os.environ["PYTHONPATH"]
+    # to_figure() at the end of a cell shows the picture of the state after the change
+    assert [o["output_type"] for o in nb.cells[1].outputs] == ["execute_result"]
+    assert base64.b64decode(nb.cells[1].outputs[0]["data"]["image/png"]).startswith(PNG)
     data = nb.cells[0].outputs[-1]["data"]
     assert {"application/vnd.jupyter.widget-view+json", "image/png", "text/plain"} <= set(data)
     assert base64.b64decode(data["image/png"]).startswith(PNG)
