@@ -180,7 +180,7 @@ def test_widgets_render_and_respond_in_jupyterlab(jupyterlab):
             page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
             assert "Error displaying widget" not in text, text[-2000:]
             assert "model not found" not in text, text[-2000:]
-            assert "Traceback" not in text and "Error" not in page.locator(".jp-OutputArea-error").all_inner_texts(), text[-2000:]
+            assert "Traceback" not in text, text[-3000:]
             for cls in WIDGETS:
                 node = page.locator(f".{cls}").first
                 node.scroll_into_view_if_needed()
@@ -205,6 +205,16 @@ def test_widgets_render_and_respond_in_jupyterlab(jupyterlab):
             page.wait_for_function(
                 "(before) => document.querySelector('.attnlab-blockmaskeditor img').getAttribute('src') !== before",
                 arg=before, timeout=30_000)
+            # the play button of the memory-traffic replay drives its step slider, and the kernel redraws
+            before = _image_src(page, "attnlab-memorytraffic")
+            page.locator(".attnlab-memorytraffic .widget-play button").first.click()
+            page.wait_for_function(
+                "(before) => document.querySelector('.attnlab-memorytraffic img').getAttribute('src') !== before",
+                arg=before, timeout=30_000)
+            page.locator(".attnlab-memorytraffic .widget-play button").nth(1).click()  # pause
             page.locator(".attnlab-attentionmap").first.screenshot(path=str(ARTIFACTS / "attentionmap-head2.png"))
+            page.locator(".attnlab-blockmaskeditor").first.screenshot(path=str(ARTIFACTS / "blockmaskeditor-clicked.png"))
+            for cls in WIDGETS:  # no redraw failed (a failing redraw writes "error:" in the widget's status line)
+                assert "error:" not in page.locator(f".{cls}").first.inner_text(), cls
         finally:
             browser.close()
