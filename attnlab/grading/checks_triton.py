@@ -158,6 +158,25 @@ def _kernel_failure(label, name, got, want, mistakes, args, kwargs):
 # ---------------------------------------------------------------------------
 
 
+_TRAFFIC_CASES = [(f"{m} x {n}, element_size={es}", (m, n, es), {}) for m, n, es in
+                  [(4096, 1024, 4), (1, 1, 2), (1823, 781, 2)]]
+
+_TRAFFIC_MISTAKES = [
+    Mistake("elements-not-bytes", "these are elements: multiply by element_size",
+            lambda m, n, es=4: specs.softmax_traffic(m, n, 1)),
+    Mistake("reads-only", "only the reads are counted: writes move bytes too",
+            lambda m, n, es=4: ((5 * m * n + 2 * m) * es, m * n * es)),
+    Mistake("row-vectors-forgotten", "the M-element row maxima and sums are HBM traffic too (4M elements)",
+            lambda m, n, es=4: (8 * m * n * es, 2 * m * n * es)),
+]
+
+
+@part("softmax-traffic", "06_triton_primer", "counting the bytes a fused kernel saves", 1, ["softmax_traffic"])
+def _check_traffic(ns):
+    n = check_function(ns, "softmax_traffic", specs.softmax_traffic, _TRAFFIC_CASES, _TRAFFIC_MISTAKES)
+    return f"{n} sizes match the spec"
+
+
 def _scale_cases():
     out = []
     for seed, (n, block) in enumerate([(1000, 128), (64, 64), (1, 32), (257, 64)]):
@@ -237,25 +256,6 @@ def _check_softmax_kernel(ns):
         got = run_guarded(kernel, "softmax_kernel", label, make, launch, ["y"])["y"]
         _kernel_failure(label, "softmax_kernel", got, specs.softmax(x), _SOFTMAX_KERNEL_MISTAKES, (x,), {})
     return f"{len(cases)} inputs (odd widths, one column, large logits) match the spec, with no stray access"
-
-
-_TRAFFIC_CASES = [(f"{m} x {n}, element_size={es}", (m, n, es), {}) for m, n, es in
-                  [(4096, 1024, 4), (1, 1, 2), (1823, 781, 2)]]
-
-_TRAFFIC_MISTAKES = [
-    Mistake("elements-not-bytes", "these are elements: multiply by element_size",
-            lambda m, n, es=4: specs.softmax_traffic(m, n, 1)),
-    Mistake("reads-only", "only the reads are counted: writes move bytes too",
-            lambda m, n, es=4: ((5 * m * n + 2 * m) * es, m * n * es)),
-    Mistake("row-vectors-forgotten", "the M-element row maxima and sums are HBM traffic too (4M elements)",
-            lambda m, n, es=4: (8 * m * n * es, 2 * m * n * es)),
-]
-
-
-@part("softmax-traffic", "06_triton_primer", "counting the bytes a fused kernel saves", 1, ["softmax_traffic"])
-def _check_traffic(ns):
-    n = check_function(ns, "softmax_traffic", specs.softmax_traffic, _TRAFFIC_CASES, _TRAFFIC_MISTAKES)
-    return f"{n} sizes match the spec"
 
 
 # ---------------------------------------------------------------------------
