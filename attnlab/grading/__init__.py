@@ -1,1 +1,21 @@
-"""Grading: exercises generated from solutions, inline checks, the grader and working copies."""
+"""Grading: exercises generated from solutions, inline checks, the grader and working copies.
+
+In an exercise notebook::
+
+    from attnlab.grading import check
+    check("attention-masks")   # PASS, or FAIL with the likely mistake
+
+Instructors: ``attnlab generate`` writes exercises/ from solutions/; learners:
+``attnlab start``, ``attnlab grade PATH``, ``attnlab progress``.
+"""
+
+__all__ = ["check", "run_check"]
+
+
+def __getattr__(name):
+    # imported on first use: the CLI (grade, start, progress) must not pay for torch
+    if name in ("check", "run_check"):
+        from attnlab.grading import checks
+
+        return getattr(checks, name)
+    raise AttributeError(f"module 'attnlab.grading' has no attribute {name!r}")

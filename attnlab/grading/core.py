@@ -1,0 +1,195 @@
+"""The machinery every check shares: finding the learner's function, calling it,
+comparing with the spec and naming the likely mistake.
+
+A check runs the learner's function and the spec on the same randomized inputs
+(several shapes and seeds, then edge cases). When they disagree it runs each
+known *mistake* (a deliberately wrong version of the spec, e.g. the softmax over
+the wrong axis) on the failing input; a mistake whose output equals the
+learner's is the diagnosis. Inputs are cloned for every call, so a function that
+writes into its arguments cannot change what the spec sees.
+"""
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Mistake:
+    """A known wrong version of a spec: ``impl`` takes the spec's arguments."""
+
+    key: str
+    message: str
+    impl: object
+
+
+@dataclass
+class CheckResult:
+    """What a check found. ``passed`` is all-or-nothing; ``diagnosis`` lists mistake keys."""
+
+    part: str
+    passed: bool
+    message: str
+    diagnosis: list = field(default_factory=list)
+
+    def __bool__(self):
+        return self.passed
+
+    def report(self):
+        mark = "PASS" if self.passed else "FAIL"
+        return f"[{mark}] {self.part}: {self.message}"
+
+
+class Fail(Exception):
+    """Raised inside a check to stop at the first failure, with diagnosis keys and their messages."""
+
+    def __init__(self, message, mistakes=()):
+        super().__init__(message)
+        self.message = message
+        self.mistakes = list(mistakes)
+
+
+class NotDone(Fail):
+    """The learner has not written this part yet."""
+
+
+def lookup(ns, name):
+    """The learner's object ``name`` from a notebook namespace, or Fail saying what to do."""
+    if name not in ns:
+        raise NotDone(f"`{name}` is not defined: run the cell where you define it")
+    obj = ns[name]
+    if not callable(obj):
+        raise Fail(f"`{name}` should be a function, got {type(obj).__name__}")
+    return obj
+
+
+def clone(x):
+    if torch.is_tensor(x):
+        return x.clone()
+    if isinstance(x, tuple):
+        return tuple(clone(v) for v in x)
+    if isinstance(x, list):
+        return [clone(v) for v in x]
+    if isinstance(x, dict):
+        return {k: clone(v) for k, v in x.items()}
+    return x
+
+
+def call(fn, name, args, kwargs, label):
+    """Call the learner's function; turn its exceptions into a Fail naming the input."""
+    try:
+        return fn(*clone(args), **clone(kwargs))
+    except NotImplementedError:
+        raise NotDone(f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code")
+    except Fail:
+        raise
+    except Exception as exc:  # the learner's bug, reported, never fatal
+        raise Fail(f"`{name}` raised {type(exc).__name__}: {exc} (input: {label})")
+
+
+def mismatch(got, want, rtol=1e-4, atol=1e-5, equal_nan=False):
+    """None when ``got`` matches ``want``; otherwise a short reason."""
+    if isinstance(want, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(want):
+            return f"expected a tuple of {len(want)} values, got {_kind(got)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            why = mismatch(g, w, rtol, atol, equal_nan)
+            if why:
+                return f"value {i} of the returned tuple: {why}"
+        return None
+    if torch.is_tensor(want):
+        if not torch.is_tensor(got):
+            return f"expected a tensor, got {_kind(got)}"
+        if tuple(got.shape) != tuple(want.shape):
+            return f"returned shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        if want.dtype == torch.bool:
+            if got.dtype != torch.bool:
+                return f"returned dtype {got.dtype}, expected torch.bool"
+            wrong = int((got != want).sum())
+            return f"{wrong} of {want.numel()} entries differ" if wrong else None
+        if got.dtype == torch.bool or got.is_complex():
+            return f"returned dtype {got.dtype}, expected {want.dtype}"
+        got_f, want_f = got.detach().double().cpu(), want.detach().double().cpu()
+        if not equal_nan and not torch.isfinite(got_f).all() and torch.isfinite(want_f).all():
+            return "the result contains NaN or inf where the spec's is finite"
+        if not torch.allclose(got_f, want_f, rtol=rtol, atol=atol, equal_nan=equal_nan):
+            both = torch.isfinite(got_f) & torch.isfinite(want_f)
+            err = (got_f - want_f)[both].abs().max().item() if both.any() else float("nan")
+            return f"values differ from the spec (max abs error {err:.3g})"
+        return None
+    if isinstance(want, bool):
+        if not isinstance(got, (bool, torch.Tensor)) or bool(got) != want:
+            return f"returned {got!r}, expected {want!r}"
+        return None
+    if isinstance(want, numbers.Real):
+        if torch.is_tensor(got) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            return f"expected a number, got {_kind(got)}"
+        if not math.isclose(float(got), float(want), rel_tol=1e-9, abs_tol=1e-12):
+            return f"returned {got:.6g}, expected {want:.6g}"
+        return None
+    raise TypeError(f"spec returned an unsupported type {type(want).__name__}")
+
+
+def _kind(x):
+    if torch.is_tensor(x):
+        return f"a tensor of shape {tuple(x.shape)}"
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)} values"
+    return type(x).__name__
+
+
+def diagnose(got, mistakes, args, kwargs, rtol=1e-4, atol=1e-5):
+    """The mistakes whose output on this input equals the learner's."""
+    found = []
+    for m in mistakes:
+        try:
+            with torch.no_grad():
+                out = m.impl(*clone(args), **clone(kwargs))
+        except Exception:
+            continue
+        try:
+            if mismatch(got, out, rtol, atol, equal_nan=True) is None:
+                found.append(m)
+        except TypeError:
+            continue
+    return found
+
+
+def check_function(ns, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5):
+    """Run the learner's ``name`` against ``spec`` on ``cases`` [(label, args, kwargs)].
+
+    Raises Fail at the first disagreement, naming the matching mistakes.
+    Returns the number of cases passed.
+    """
+    fn = lookup(ns, name)
+    for label, args, kwargs in cases:
+        with torch.no_grad():
+            want = spec(*clone(args), **clone(kwargs))
+        got = call(fn, name, args, kwargs, label)
+        why = mismatch(got, want, rtol, atol)
+        if why:
+            found = diagnose(got, mistakes, args, kwargs, rtol, atol)
+            raise Fail(f"`{name}` on {label}: {why}", found)
+    return len(cases)
+
+
+def run_part(part_id, body, ns):
+    """Run a check body (``body(ns) -> message``) and package the outcome."""
+    try:
+        message = body(ns)
+        return CheckResult(part_id, True, message)
+    except Fail as exc:
+        lines = [exc.message]
+        unique = {}
+        for m in exc.mistakes:
+            unique.setdefault(m.key, m)
+        exc.mistakes = list(unique.values())
+        for m in exc.mistakes:
+            lines.append(f"likely mistake ({m.key}): {m.message}")
+        if exc.mistakes == [] and not isinstance(exc, NotDone):
+            lines.append("no common mistake matches this output; compare your code with the spec line by line")
+        return CheckResult(part_id, False, "\n    ".join(lines), [m.key for m in exc.mistakes])
