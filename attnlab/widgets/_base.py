@@ -22,6 +22,7 @@ import time
 
 import ipywidgets as widgets
 import numpy as np
+import PIL.Image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -105,14 +106,7 @@ class FigureWidget(widgets.VBox):
 
     def _render_png(self):
         if self._make_figure is not None:
-            first = getattr(self, "_live", None) is None
-            if first:
-                self._live = self._make_figure()
-            fig = self._update_figure(self._live)
-            png = figure_png(fig)
-            if first:  # keep the constrained layout of the first draw
-                fig.set_layout_engine("none")
-            return png
+            return self._render_live()
         fig = self.to_figure()
         key = self._layout_key()
         cached = self._layouts.get(key) if key is not None else None
@@ -125,6 +119,33 @@ class FigureWidget(widgets.VBox):
         if key is not None:
             self._layouts[key] = [ax.get_position(original=False) for ax in fig.axes]
         return png
+
+    def _render_live(self):
+        """Redraw the persistent figure. If its handles list ``"dynamic"`` artists (all that a
+        control can change), draw everything else once and blit only those afterwards."""
+        first = getattr(self, "_live", None) is None
+        if first:
+            self._live = self._make_figure()
+        fig = self._update_figure(self._live)
+        dynamic = self._live.get("dynamic")
+        if dynamic is None:
+            png = figure_png(fig)
+            if first:  # keep the constrained layout of the first draw
+                fig.set_layout_engine("none")
+            return png
+        if first:
+            for artist in dynamic:
+                artist.set_animated(True)  # left out of a full draw: the background
+            fig.canvas.draw()
+            fig.set_layout_engine("none")
+            self._live["background"] = fig.canvas.copy_from_bbox(fig.bbox)
+        else:
+            fig.canvas.restore_region(self._live["background"])
+        for artist in dynamic:
+            fig.draw_artist(artist)
+        buf = io.BytesIO()
+        PIL.Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).save(buf, format="png", compress_level=3)
+        return buf.getvalue()
 
     def _update_state(self):
         """Recompute derived state (text panels etc.) before drawing; subclasses override."""

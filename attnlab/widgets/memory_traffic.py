@@ -237,7 +237,7 @@ class MemoryTraffic(FigureWidget):
         height_each = 2.6
         fig = new_figure(11, height_each * n_tr + 0.3)
         subfigs = np.atleast_1d(fig.subfigures(n_tr, 1, hspace=0.04))
-        h = {"fig": fig, "rows": []}
+        h = {"fig": fig, "rows": [], "dynamic": []}  # dynamic: what a step changes (blitted)
         layouts = []
         for r in self.replays:
             shown = {n: (r.grid[n][2], r.grid[n][1]) if r.transposed[n] else r.grid[n][1:] for n in r.names}
@@ -257,8 +257,8 @@ class MemoryTraffic(FigureWidget):
                 row["images"][n] = ax.imshow(np.zeros((nr, nc, 3)), interpolation="nearest", aspect="auto",
                                              extent=(0, nc, nr, 0))
                 re, ce = (r.col_edges[n], r.row_edges[n]) if r.transposed[n] else (r.row_edges[n], r.col_edges[n])
-                ax.hlines(re, 0, nc, color="white", lw=0.6)
-                ax.vlines(ce, 0, nr, color="white", lw=0.6)
+                row.setdefault("grid", []).extend(
+                    [ax.hlines(re, 0, nc, color="white", lw=0.6), ax.vlines(ce, 0, nr, color="white", lw=0.6)])
                 ax.set_xticks([])
                 ax.set_yticks([])
                 _, gr, gc = r.grid[n]
@@ -271,6 +271,9 @@ class MemoryTraffic(FigureWidget):
             row["sram_text"] = sax.text(0.04, 0.96, "", va="top", ha="left", fontsize=8, family="monospace",
                                         transform=sax.transAxes)
             row["header"] = sub.suptitle("", fontsize=10, x=0.01, ha="left")
+            # blitted in this order: the pictures, the block grid over them, the outline, the texts
+            h["dynamic"] += [*row["images"].values(), *row.get("grid", []), *row["boxes"].values(), row["sram_text"],
+                             row["header"]]
             if not h["rows"]:
                 sax.text(0.04, 0.03, "blue: read from HBM (darker: more often)\norange: written (brown: written, read back)\n"
                          "outline: last event (green load, red store)", fontsize=7, va="bottom",
