@@ -194,8 +194,12 @@ class FigureWidget(widgets.VBox):
         """The PNG bytes the widget shows now."""
         return bytes(self._image.value)
 
+    def _static_png(self):
+        """The PNG stored with the widget's output for viewers without a widget frontend."""
+        return self.png
+
     def _repr_mimebundle_(self, **kwargs):
         data = super()._repr_mimebundle_(**kwargs)
         if data is not None and self._image.value:
-            data["image/png"] = base64.b64encode(self.png).decode("ascii")
+            data["image/png"] = base64.b64encode(self._static_png()).decode("ascii")
         return data

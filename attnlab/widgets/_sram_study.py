@@ -97,11 +97,12 @@ class SramStudy:
             "large_standard_bytes": self.large_standard,
         }
 
-    def to_figure(self):
+    def to_figure(self, fig=None):
+        """The SRAM plot as a Figure (or drawn into `fig`, a Figure or SubFigure)."""
         from attnlab.widgets.memory_traffic import fmt_bytes
 
         s = self.summary()
-        fig = new_figure(10, 3.2)
+        fig = new_figure(10, 3.2) if fig is None else fig
         ax_l, ax_r = fig.subplots(1, 2)
         x = np.array(SRAM_KIB)
         live = np.array([self.live_bytes[self.live_blocks[m]] for m in SRAM_KIB])

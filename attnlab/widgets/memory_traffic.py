@@ -232,11 +232,22 @@ class MemoryTraffic(FigureWidget):
             ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows)
 
     # ---------------------------------------------------------------- drawing
-    def _make_figure(self):
+    def to_figure(self):
+        """The replay at the current step and, below it, the SRAM-size plot (when the widget has one)."""
+        return self._update_figure(self._make_figure(with_sram=self.sram_study is not None))
+
+    def _static_png(self):
+        return figure_png(self.to_figure())  # the stored picture includes the SRAM plot
+
+    def _make_figure(self, with_sram=False):
         n_tr = len(self.replays)
         height_each = 2.6
-        fig = new_figure(11, height_each * n_tr + 0.3)
-        subfigs = np.atleast_1d(fig.subfigures(n_tr, 1, hspace=0.04))
+        fig = new_figure(11, height_each * n_tr + 0.3 + (3.4 if with_sram else 0))
+        ratios = [height_each] * n_tr + ([3.4] if with_sram else [])
+        subfigs = np.atleast_1d(fig.subfigures(len(ratios), 1, hspace=0.04, height_ratios=ratios))
+        if with_sram:
+            self.sram_study.to_figure(subfigs[-1])
+            subfigs = subfigs[:-1]
         h = {"fig": fig, "rows": [], "dynamic": []}  # dynamic: what a step changes (blitted)
         layouts = []
         for r in self.replays:
