@@ -178,9 +178,11 @@ class MemoryTraffic(FigureWidget):
         n_max = max(r.n for r in self.replays)
         n_leads = max(r.grid[n][0] for r in self.replays for n in r.names)
         style = {"description_width": "initial"}
+        # redraws queue up in the kernel if values come faster than it draws: the slider sends on release,
+        # and a full play is about 60 frames of 300 ms
         self.step = widgets.IntSlider(value=n_max, min=0, max=n_max, description="events done", style=style,
-                                      layout=widgets.Layout(width="480px"))
-        self.play = widgets.Play(value=n_max, min=0, max=n_max, step=max(1, math.ceil(n_max / 120)), interval=150,
+                                      layout=widgets.Layout(width="480px"), continuous_update=False)
+        self.play = widgets.Play(value=n_max, min=0, max=n_max, step=max(1, math.ceil(n_max / 60)), interval=300,
                                  description="play")
         widgets.jslink((self.play, "value"), (self.step, "value"))
         self.lead = widgets.Dropdown(options=[(f"batch x head {i}", i) for i in range(n_leads)], value=0,
