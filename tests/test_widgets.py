@@ -263,6 +263,10 @@ def test_memory_traffic_rejects_bad_input(traces):
         MemoryTraffic(traces["flash"], "not a trace", sram_study=False)
     with pytest.raises(ValueError, match="labels: expected one label per trace"):
         MemoryTraffic(traces["flash"], labels=["a", "b"], sram_study=False)
+    with pytest.raises(ValueError, match="sram_shape"):
+        MemoryTraffic(traces["flash"], sram_shape=(64, 48))
+    with pytest.raises(TypeError, match="sram_shape"):
+        MemoryTraffic(traces["flash"], sram_shape=64)
 
 
 # ------------------------------------------------------------------------------ BlockMaskEditor

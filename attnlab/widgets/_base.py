@@ -1,18 +1,23 @@
 """What the four widgets share: a VBox that shows a matplotlib picture of its state.
 
 Each widget is an ``ipywidgets.VBox`` holding its controls and an
-``ipywidgets.Image``. Its picture is drawn by ``to_figure()`` (the one drawing
-routine, used both live and for static output) onto a plain
-``matplotlib.figure.Figure`` rendered by the Agg backend to PNG bytes: no
-JavaScript of our own, no CDN, works offline in JupyterLab 4, Notebook 7,
-VS Code and Colab.
+``ipywidgets.Image``. The picture is a matplotlib figure (``ShowableFigure``,
+not tracked by pyplot) rendered by the Agg backend to PNG bytes: no JavaScript
+of our own, no CDN, works offline in JupyterLab 4, Notebook 7, VS Code and Colab.
+
+Two ways to draw: a widget either rebuilds its figure with ``to_figure()`` on
+every change (AttentionMap: its layout changes with the view), or keeps one
+figure and updates its artists (``_make_figure``/``_update_figure``); a widget
+of the second kind may also list the artists a control can change as
+"dynamic", and then everything else is drawn once and only those are blitted
+(MemoryTraffic, BlockMaskEditor). ``to_figure()`` always returns a fresh figure.
 
 Static fallback: ``_repr_mimebundle_`` returns the usual widget view *and* an
 ``image/png`` of the widget's state when it was displayed. A live frontend
 (JupyterLab, Notebook 7, VS Code) prefers the widget view; nbconvert (without
-saved widget state) and GitHub's notebook viewer show the PNG instead of
-"Loading widget...". The PNG is the state at display time; ``display(w.to_figure())``
-shows the state after the learner moved the controls.
+saved widget state), GitHub's viewer and JupyterLab on an untrusted notebook
+(freshly cloned) show the PNG instead of "Loading widget...". The PNG is the
+state at display time; ``display(w.to_figure())`` shows a later state.
 """
 
 import base64
@@ -56,7 +61,7 @@ def as_array(x, name):
     """A float64 numpy array from a torch tensor, numpy array or nested list; TypeError naming `name` otherwise."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor without importing torch
         x = x.detach().cpu()
-        if getattr(x, "is_floating_point", lambda: True)() and str(x.dtype) == "torch.bfloat16":
+        if str(x.dtype) == "torch.bfloat16":  # numpy has no bfloat16
             x = x.float()
         x = x.numpy()
     try:
@@ -77,8 +82,9 @@ def html_table(header, rows):
 class FigureWidget(widgets.VBox):
     """Base: controls above, the picture (an ``ipywidgets.Image``) below, a status line.
 
-    Subclasses implement ``to_figure()`` and call ``self._build(controls)`` at the
-    end of ``__init__``; each control's observer calls ``self.redraw()``.
+    Subclasses implement ``to_figure()`` or ``_make_figure()``/``_update_figure()`` (see the
+    module docstring), call ``self._build(controls_above, widgets_below)`` at the end of
+    ``__init__``, and let each control's observer call ``self.redraw()``.
     """
 
     def _build(self, children_above, children_below=()):

@@ -196,8 +196,12 @@ class MemoryTraffic(FigureWidget):
         if sram_study:
             from attnlab.widgets._sram_study import SramStudy
 
-            if not (isinstance(sram_shape, (tuple, list)) and len(sram_shape) == 2):
-                raise TypeError(f"sram_shape: expected (N, d), got {sram_shape!r}")
+            if not (isinstance(sram_shape, (tuple, list)) and len(sram_shape) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in sram_shape)):
+                raise TypeError(f"sram_shape: expected a pair of ints (N, d), got {sram_shape!r}")
+            if not (16 <= sram_shape[0] <= 512 and sram_shape[1] in (16, 32, 64, 128)):
+                raise ValueError(f"sram_shape: expected N in [16, 512] (traced in the interpreter) and d in "
+                                 f"16, 32, 64, 128 (the kernels' head dims), got {tuple(sram_shape)}")
             self.sram_study = SramStudy(*sram_shape)
             self.sram_kib = self.sram_study.slider
             below += [self.sram_study.box]
