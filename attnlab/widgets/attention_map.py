@@ -265,7 +265,7 @@ class AttentionMap(FigureWidget):
         ax.set_ylabel("query")
         ax.set_title(self._heading() or "attention weights", fontsize=10)
         if q is not None:
-            ax.add_patch(Rectangle((-0.5, q - 0.5), n_k, 1, fill=False, edgecolor="red", linewidth=2))
+            ax.add_patch(Rectangle((-0.5, q - 0.5), n_k, 1, fill=False, edgecolor="red", linewidth=2, clip_on=False))
             top = self.top_keys(q)
             labels = [t for _, t, _ in top][::-1]
             values = [v for _, _, v in top][::-1]
@@ -302,7 +302,7 @@ class AttentionMap(FigureWidget):
             y0, x0 = r * (n_q + gap), c * (n_k + gap)
             ax.text(x0, y0 - 0.3, f"head {h}", fontsize=8, va="bottom")
             if q is not None:
-                ax.add_patch(Rectangle((x0 - 0.5, y0 + q - 0.5), n_k, 1, fill=False, edgecolor="red", linewidth=1.5))
+                ax.add_patch(Rectangle((x0 - 0.5, y0 + q - 0.5), n_k, 1, fill=False, edgecolor="red", linewidth=1.5, clip_on=False))
         ax.set_title((self._heading() or "all heads") + "  (rows: queries, columns: keys)", fontsize=10, pad=14)
         for side in ax.spines.values():
             side.set_visible(False)
