@@ -57,6 +57,13 @@ def figure_png(fig):
     return buf.getvalue()
 
 
+def rgba_png(fig):
+    """PNG bytes of what the figure's Agg canvas holds now (after blitting), without drawing it again."""
+    buf = io.BytesIO()
+    PIL.Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).save(buf, format="png", compress_level=3)
+    return buf.getvalue()
+
+
 def as_array(x, name):
     """A float64 numpy array from a torch tensor, numpy array or nested list; TypeError naming `name` otherwise."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor without importing torch
@@ -94,7 +101,6 @@ class FigureWidget(widgets.VBox):
         )
         self._status = widgets.HTML()
         self.last_redraw_ms = None
-        self._layouts = {}
         self.redraw_ms = []  # every redraw's time, for benchmarks/widgets_redraw.py
         super().__init__(children=[*children_above, self._image, *children_below, self._status])
         # CSS classes: the browser test (and a curious learner's devtools) find each widget by them
@@ -103,37 +109,28 @@ class FigureWidget(widgets.VBox):
         self.redraw()
 
     def _layout_key(self):
-        """A hashable naming what decides the figure's layout (tick labels, panels); None: never cache.
-
-        Redraws with a key seen before reuse that draw's axes positions instead of
-        running matplotlib's constrained layout again (half of a redraw's time).
-        """
+        """A hashable naming the structure of the live figure (panels, tick labels): the widget keeps one
+        persistent figure per key it has shown (the last few), so going back to a view is a cheap update."""
         return None
 
     def _render_png(self):
         if self._make_figure is not None:
             return self._render_live()
-        fig = self.to_figure()
-        key = self._layout_key()
-        cached = self._layouts.get(key) if key is not None else None
-        if cached is not None and len(cached) == len(fig.axes):
-            fig.set_layout_engine("none")
-            for ax, pos in zip(fig.axes, cached):
-                ax.set_position(pos)
-            return figure_png(fig)
-        png = figure_png(fig)
-        if key is not None:
-            self._layouts[key] = [ax.get_position(original=False) for ax in fig.axes]
-        return png
+        return figure_png(self.to_figure())
 
     def _render_live(self):
         """Redraw the persistent figure. If its handles list ``"dynamic"`` artists (all that a
         control can change), draw everything else once and blit only those afterwards."""
-        first = getattr(self, "_live", None) is None
+        key = self._layout_key()
+        lives = self.__dict__.setdefault("_lives", {})
+        first = key not in lives
         if first:
-            self._live = self._make_figure()
-        fig = self._update_figure(self._live)
-        dynamic = self._live.get("dynamic")
+            if len(lives) >= 8:  # keep the memory bounded: forget the oldest view
+                lives.pop(next(iter(lives)))
+            lives[key] = self._make_figure()
+        live = lives[key]
+        fig = self._update_figure(live)
+        dynamic = live.get("dynamic")
         if dynamic is None:
             png = figure_png(fig)
             if first:  # keep the constrained layout of the first draw
@@ -144,14 +141,12 @@ class FigureWidget(widgets.VBox):
                 artist.set_animated(True)  # left out of a full draw: the background
             fig.canvas.draw()
             fig.set_layout_engine("none")
-            self._live["background"] = fig.canvas.copy_from_bbox(fig.bbox)
+            live["background"] = fig.canvas.copy_from_bbox(fig.bbox)
         else:
-            fig.canvas.restore_region(self._live["background"])
+            fig.canvas.restore_region(live["background"])
         for artist in dynamic:
             fig.draw_artist(artist)
-        buf = io.BytesIO()
-        PIL.Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).save(buf, format="png", compress_level=3)
-        return buf.getvalue()
+        return rgba_png(fig)
 
     def _update_state(self):
         """Recompute derived state (text panels etc.) before drawing; subclasses override."""
