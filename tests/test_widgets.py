@@ -247,6 +247,9 @@ def test_memory_traffic_several_heads_and_sram_study():
         assert s["live_bytes"] == flash_forward_io(1, 1, 64, 64, 32, 4, block_m=bm, block_n=bn).total_bytes
     assert study.summary()["large_bytes"] < flash_forward_io(1, 1, 4096, 4096, 64, 2, sram_bytes=1024).total_bytes
     assert study.image.value and isinstance(study.to_figure(), Figure)
+    # the static picture holds the replay (one tensor panel each + SRAM panel) and the SRAM plot's two axes
+    panels = len(w.replays[0].names) + 1
+    assert len(w.to_figure().axes) == panels + 2 and len(w._make_figure()["fig"].axes) == panels
 
 
 def test_memory_traffic_rejects_bad_input(traces):
@@ -260,6 +263,10 @@ def test_memory_traffic_rejects_bad_input(traces):
         MemoryTraffic(traces["flash"], "not a trace", sram_study=False)
     with pytest.raises(ValueError, match="labels: expected one label per trace"):
         MemoryTraffic(traces["flash"], labels=["a", "b"], sram_study=False)
+    with pytest.raises(ValueError, match="sram_shape"):
+        MemoryTraffic(traces["flash"], sram_shape=(64, 48))
+    with pytest.raises(TypeError, match="sram_shape"):
+        MemoryTraffic(traces["flash"], sram_shape=64)
 
 
 # ------------------------------------------------------------------------------ BlockMaskEditor
