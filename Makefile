@@ -27,7 +27,6 @@ env: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -c $(CONSTRAINTS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[lab,test]'
 	$(BIN)/attnlab doctor

@@ -1,0 +1,475 @@
+"""Reference attention in plain PyTorch: the spec every kernel of the course is checked against.
+
+Read top to bottom, this file is the course in miniature:
+
+1. ``softmax`` and ``masked_softmax``: turning scores into weights, stably.
+2. ``padding_mask`` and ``causal_mask``: which keys a query may look at.
+3. ``AdditiveAttention``: Bahdanau et al. (2015), score ``v^T tanh(W s + U h)``.
+4. ``scaled_dot_product_attention``: Vaswani et al. (2017), ``softmax(q k^T * scale) v``.
+5. ``MultiHeadAttention``: projections, split into heads, attend, merge.
+6. ``naive_attention``: the same maths, materialising the n-by-n matrices S and P and
+   reporting how many bytes they took (the cost FlashAttention removes).
+7. ``block_sparse_reference``: dense attention under the element mask a block mask implies.
+
+Conventions (the whole course uses them):
+
+- Tensors are ``(batch, heads, seq, head_dim)``, written ``(B, H, N, D)`` in shape comments;
+  ``Nq`` and ``Nk`` when queries and keys differ in length.
+- Masks are bool, ``True`` = attend / keep. A mask only has to *broadcast* to ``(B, H, Nq, Nk)``.
+- ``causal=True`` is TOP-LEFT aligned: query ``i`` sees keys ``j <= i``, exactly like
+  ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``, also when ``Nq != Nk``.
+- A query row whose keys are all masked gets weights of zero and an output of zero (not NaN),
+  as torch's SDPA does.
+- Bad input raises ``ValueError`` / ``TypeError`` naming the argument and what was expected.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = [
+    "softmax",
+    "masked_softmax",
+    "padding_mask",
+    "causal_mask",
+    "AdditiveAttention",
+    "scaled_dot_product_attention",
+    "MultiHeadAttention",
+    "naive_attention",
+    "block_sparse_reference",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# input checks (shared with attnlab/tiled.py)
+# ---------------------------------------------------------------------------------------------
+
+def _check_tensor(x, name, ndim=None, what=None):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if ndim is not None and x.dim() != ndim:
+        what = f" {what}" if what else ""
+        raise ValueError(f"{name}: expected a {ndim}-D tensor{what}, got shape {tuple(x.shape)}")
+
+
+def _check_qkv(q, k, v):
+    """Check q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv): rank, shapes, dtypes, devices."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(x, name, 4, "(batch, heads, seq, head_dim)")
+        if not x.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} (the dtype of q), got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
+    if k.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"k: expected (batch, heads) = {tuple(q.shape[:2])} like q, got shape {tuple(k.shape)}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"k: expected head_dim {q.shape[3]} like q, got shape {tuple(k.shape)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"v: expected (batch, heads, seq) = {tuple(k.shape[:3])} like k, got shape {tuple(v.shape)}")
+
+
+def _check_scale(scale, head_dim):
+    """Return the softmax scale: ``1/sqrt(head_dim)`` by default."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
+    return float(scale)
+
+
+def _check_mask(mask, shape, name="mask"):
+    """Check that a bool mask broadcasts to ``shape`` (B, H, Nq, Nk)."""
+    _check_tensor(mask, name)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name}: expected a bool tensor (True = attend), got dtype {mask.dtype}")
+    if mask.dim() > len(shape):
+        raise ValueError(f"{name}: expected at most {len(shape)} dims broadcastable to {tuple(shape)}, "
+                         f"got shape {tuple(mask.shape)}")
+    for m, s in zip(reversed(mask.shape), reversed(shape)):
+        if m not in (1, s):
+            raise ValueError(f"{name}: expected a shape broadcastable to {tuple(shape)} "
+                             f"(batch, heads, n_q, n_k), got {tuple(mask.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. softmax
+# ---------------------------------------------------------------------------------------------
+
+def softmax(x, dim=-1):
+    """Numerically stable softmax: ``exp(x - max) / sum(exp(x - max))`` along ``dim``.
+
+    Subtracting the row maximum changes nothing mathematically (it cancels between numerator
+    and denominator) but keeps ``exp`` from overflowing: scores of 1e4 work. Rows that are all
+    ``-inf`` give NaN, as in ``torch.softmax``; use ``masked_softmax`` for masks.
+
+    x: any shape, floating point. Returns the same shape.
+
+    Example: ``softmax(torch.tensor([1000.0, 1000.0]))  # tensor([0.5, 0.5])``
+    """
+    _check_tensor(x, "x")
+    if not x.is_floating_point():
+        raise TypeError(f"x: expected a floating-point tensor, got dtype {x.dtype}")
+    m = x.amax(dim=dim, keepdim=True).detach()   # (..., 1, ...) row maxima; the shift cancels, so no gradient
+    e = torch.exp(x - m)                   # (...) every entry in (0, 1]
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def masked_softmax(x, mask, dim=-1):
+    """Softmax over the entries where ``mask`` is True; masked entries get weight 0.
+
+    A row whose entries are all masked returns all zeros (not NaN): there is nothing to attend
+    to, so nothing is averaged. This matches torch's SDPA.
+
+    x: any shape, floating point. mask: bool, broadcastable to ``x.shape`` (True = keep).
+    Returns the shape of x.
+
+    Example: ``masked_softmax(torch.zeros(2, 3), torch.tensor([True, True, False]))  # [[.5, .5, 0], ...]``
+    """
+    _check_tensor(x, "x")
+    if not x.is_floating_point():
+        raise TypeError(f"x: expected a floating-point tensor, got dtype {x.dtype}")
+    _check_tensor(mask, "mask")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask: expected a bool tensor (True = keep), got dtype {mask.dtype}")
+    try:
+        torch.broadcast_shapes(mask.shape, x.shape)
+    except RuntimeError:
+        raise ValueError(f"mask: expected a shape broadcastable to {tuple(x.shape)}, "
+                         f"got {tuple(mask.shape)}") from None
+    if torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
+        raise ValueError(f"mask: expected a shape broadcastable to {tuple(x.shape)}, got {tuple(mask.shape)}")
+    x = x.masked_fill(~mask, float("-inf"))            # (...) masked scores -> -inf
+    m = x.amax(dim=dim, keepdim=True).detach()         # (..., 1, ...) -inf on fully masked rows
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # keep exp(-inf - m) = 0, not NaN
+    e = torch.exp(x - m)                               # (...) 0 where masked
+    denom = e.sum(dim=dim, keepdim=True)               # (..., 1, ...) 0 on fully masked rows
+    return e / torch.where(denom > 0, denom, torch.ones_like(denom))
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. masks
+# ---------------------------------------------------------------------------------------------
+
+def padding_mask(lengths, max_len=None):
+    """Bool mask ``(B, N)``: True for the first ``lengths[b]`` positions of sequence b (real tokens).
+
+    lengths: ``(B,)`` integer tensor or list of ints. max_len: N, default ``max(lengths)``.
+    For attention over keys, broadcast it as ``padding_mask(lengths)[:, None, None, :]``
+    (B, 1, 1, Nk).
+
+    Example: ``padding_mask([2, 3], 4)  # [[T, T, F, F], [T, T, T, F]]``
+    """
+    if not isinstance(lengths, torch.Tensor):
+        try:
+            lengths = torch.as_tensor(lengths)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"lengths: expected a 1-D integer tensor or list of ints, "
+                            f"got {type(lengths).__name__}") from None
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths: expected a 1-D tensor (batch,), got shape {tuple(lengths.shape)}")
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths: expected integers, got dtype {lengths.dtype}")
+    if lengths.numel() and int(lengths.min()) < 0:
+        raise ValueError(f"lengths: expected non-negative lengths, got {lengths.tolist()}")
+    if max_len is None:
+        max_len = int(lengths.max()) if lengths.numel() else 0
+    if isinstance(max_len, bool) or not isinstance(max_len, int):
+        raise TypeError(f"max_len: expected an int, got {type(max_len).__name__}")
+    if max_len < 0:
+        raise ValueError(f"max_len: expected a non-negative int, got {max_len}")
+    if lengths.numel() and int(lengths.max()) > max_len:
+        raise ValueError(f"max_len: expected at least max(lengths) = {int(lengths.max())}, got {max_len}")
+    positions = torch.arange(max_len, device=lengths.device)   # (N,)
+    return positions[None, :] < lengths[:, None]               # (B, N)
+
+
+def causal_mask(n_q, n_k=None, device=None):
+    """Bool mask ``(n_q, n_k)``: True where key ``j <= i`` for query ``i`` (top-left aligned).
+
+    This is exactly the mask of ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``
+    for every ``n_q``, ``n_k``. When ``n_q > n_k`` the last rows see all keys; when ``n_q < n_k``
+    the last keys are seen by nobody. ``n_k`` defaults to ``n_q``.
+
+    Example: ``causal_mask(3)  # [[T, F, F], [T, T, F], [T, T, T]]``
+    """
+    n_k = n_q if n_k is None else n_k
+    for name, n in (("n_q", n_q), ("n_k", n_k)):
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"{name}: expected an int, got {type(n).__name__}")
+        if n < 0:
+            raise ValueError(f"{name}: expected a non-negative int, got {n}")
+    i = torch.arange(n_q, device=device)[:, None]   # (n_q, 1) query positions
+    j = torch.arange(n_k, device=device)[None, :]   # (1, n_k) key positions
+    return j <= i                                   # (n_q, n_k)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. additive (Bahdanau) attention
+# ---------------------------------------------------------------------------------------------
+
+class AdditiveAttention(nn.Module):
+    """Additive attention of Bahdanau, Cho and Bengio (2015): ``e_j = v^T tanh(W s + U h_j)``.
+
+    The decoder state ``s`` (the query) and every encoder state ``h_j`` (the keys) are projected
+    into a common ``hidden_dim`` space, added, squashed by tanh and read out by the vector ``v``:
+    one score per key. Softmax over the keys gives the alignment weights; the context vector is
+    the weighted sum of the keys (in Bahdanau's model the annotations serve as keys and values).
+
+    Parameters (no biases, as in the paper's equation): ``W`` (query_dim -> hidden_dim),
+    ``U`` (key_dim -> hidden_dim), ``v`` (hidden_dim -> 1), all ``nn.Linear``.
+
+    forward(query (B, Dq), keys (B, N, Dk), mask=None (B, N) bool True = real token)
+        -> (context (B, Dk), weights (B, N)); fully masked rows give zero weights and context.
+
+    Example: ``ctx, w = AdditiveAttention(8, 16, 32)(torch.randn(2, 8), torch.randn(2, 5, 16))``
+    """
+
+    def __init__(self, query_dim, key_dim, hidden_dim):
+        super().__init__()
+        for name, n in (("query_dim", query_dim), ("key_dim", key_dim), ("hidden_dim", hidden_dim)):
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise TypeError(f"{name}: expected an int, got {type(n).__name__}")
+            if n <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {n}")
+        self.query_dim, self.key_dim, self.hidden_dim = query_dim, key_dim, hidden_dim
+        self.W = nn.Linear(query_dim, hidden_dim, bias=False)   # projects the query s
+        self.U = nn.Linear(key_dim, hidden_dim, bias=False)     # projects each key h_j
+        self.v = nn.Linear(hidden_dim, 1, bias=False)           # reads one score out
+
+    def _check(self, query, keys):
+        _check_tensor(query, "query", 2, "(batch, query_dim)")
+        _check_tensor(keys, "keys", 3, "(batch, seq, key_dim)")
+        if query.shape[1] != self.query_dim:
+            raise ValueError(f"query: expected last dim query_dim={self.query_dim}, got shape {tuple(query.shape)}")
+        if keys.shape[2] != self.key_dim:
+            raise ValueError(f"keys: expected last dim key_dim={self.key_dim}, got shape {tuple(keys.shape)}")
+        if keys.shape[0] != query.shape[0]:
+            raise ValueError(f"keys: expected batch {query.shape[0]} like query, got shape {tuple(keys.shape)}")
+        if keys.dtype != query.dtype:
+            raise TypeError(f"keys: expected dtype {query.dtype} (the dtype of query), got {keys.dtype}")
+        if keys.device != query.device:
+            raise ValueError(f"keys: expected device {query.device} (the device of query), got {keys.device}")
+
+    def score(self, query, keys):
+        """Raw scores ``v^T tanh(W s + U h_j)``: query (B, Dq), keys (B, N, Dk) -> (B, N)."""
+        self._check(query, keys)
+        ws = self.W(query)[:, None, :]          # (B, 1, hidden)
+        uh = self.U(keys)                       # (B, N, hidden)
+        return self.v(torch.tanh(ws + uh))[..., 0]   # (B, N)
+
+    def forward(self, query, keys, mask=None):
+        scores = self.score(query, keys)         # (B, N)
+        if mask is None:
+            weights = softmax(scores, dim=-1)    # (B, N)
+        else:
+            _check_tensor(mask, "mask", 2, "(batch, seq)")
+            if mask.shape != scores.shape:
+                raise ValueError(f"mask: expected shape {tuple(scores.shape)} (batch, seq), got {tuple(mask.shape)}")
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask: expected a bool tensor (True = real token), got dtype {mask.dtype}")
+            weights = masked_softmax(scores, mask, dim=-1)               # (B, N)
+        context = torch.einsum("bn,bnd->bd", weights, keys)             # (B, Dk)
+        return context, weights
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. scaled dot-product attention
+# ---------------------------------------------------------------------------------------------
+
+def scaled_dot_product_attention(q, k, v, mask=None, causal=False, scale=None, return_weights=False):
+    """``softmax(q k^T * scale) v`` with optional bool mask and causal masking.
+
+    q: (B, H, Nq, D), k: (B, H, Nk, D), v: (B, H, Nk, Dv). mask: bool broadcastable to
+    (B, H, Nq, Nk), True = attend. causal: top-left aligned (key j <= query i), combined with
+    ``mask`` by AND. scale: default ``1/sqrt(D)``. Fully masked rows output zeros.
+    Returns out (B, H, Nq, Dv), or (out, weights (B, H, Nq, Nk)) if ``return_weights``.
+
+    Example: ``out = scaled_dot_product_attention(q, k, v, causal=True)``
+    """
+    _check_qkv(q, k, v)
+    scale = _check_scale(scale, q.shape[-1])
+    B, H, Nq, _ = q.shape
+    Nk = k.shape[2]
+    if mask is not None:
+        _check_mask(mask, (B, H, Nq, Nk))
+        if mask.device != q.device:
+            raise ValueError(f"mask: expected device {q.device} (the device of q), got {mask.device}")
+    scores = (q @ k.transpose(-2, -1)) * scale               # (B, H, Nq, Nk)
+    if causal:
+        keep = causal_mask(Nq, Nk, device=q.device)          # (Nq, Nk)
+        mask = keep if mask is None else mask & keep         # broadcasts to (B, H, Nq, Nk)
+    if mask is None:
+        weights = softmax(scores, dim=-1)                    # (B, H, Nq, Nk)
+    else:
+        weights = masked_softmax(scores, mask, dim=-1)       # (B, H, Nq, Nk)
+    out = weights @ v                                        # (B, H, Nq, Dv)
+    return (out, weights) if return_weights else out
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. multi-head attention
+# ---------------------------------------------------------------------------------------------
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al., 2017): project, split into heads, attend, merge, project.
+
+    ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` are ``nn.Linear(d_model, d_model, bias=bias)``;
+    each of the ``num_heads`` heads works in ``d_head = d_model // num_heads`` dimensions.
+
+    forward(query (B, Nq, d_model), key=None (B, Nk, d_model), value=None (B, Nk, d_model),
+    mask=None (bool, broadcastable to (B, h, Nq, Nk), True = attend), causal=False,
+    return_weights=False) -> out (B, Nq, d_model), or (out, weights (B, h, Nq, Nk)).
+    ``key`` defaults to ``query`` (self-attention), ``value`` to ``key``. For a key padding mask
+    pass ``padding_mask(lengths)[:, None, None, :]``.
+
+    Example: ``y = MultiHeadAttention(64, 4)(torch.randn(2, 10, 64), causal=True)``
+    """
+
+    def __init__(self, d_model, num_heads, bias=True):
+        super().__init__()
+        for name, n in (("d_model", d_model), ("num_heads", num_heads)):
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise TypeError(f"{name}: expected an int, got {type(n).__name__}")
+            if n <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {n}")
+        if d_model % num_heads != 0:
+            raise ValueError(f"num_heads: expected a divisor of d_model={d_model}, got {num_heads}")
+        self.d_model, self.num_heads, self.d_head = d_model, num_heads, d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def split_heads(self, x):
+        """(B, N, d_model) -> (B, h, N, d_head): head i gets features [i*d_head, (i+1)*d_head)."""
+        _check_tensor(x, "x", 3, "(batch, seq, d_model)")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
+        B, N, _ = x.shape
+        return x.view(B, N, self.num_heads, self.d_head).transpose(1, 2)   # (B, h, N, d_head)
+
+    def merge_heads(self, x):
+        """(B, h, N, d_head) -> (B, N, d_model): the inverse of ``split_heads``."""
+        _check_tensor(x, "x", 4, "(batch, heads, seq, d_head)")
+        if x.shape[1] != self.num_heads or x.shape[3] != self.d_head:
+            raise ValueError(f"x: expected (B, {self.num_heads}, N, {self.d_head}), got shape {tuple(x.shape)}")
+        B, h, N, d = x.shape
+        return x.transpose(1, 2).reshape(B, N, h * d)                      # (B, N, d_model)
+
+    def forward(self, query, key=None, value=None, mask=None, causal=False, return_weights=False):
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            _check_tensor(x, name, 3, "(batch, seq, d_model)")
+            if x.shape[-1] != self.d_model:
+                raise ValueError(f"{name}: expected last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
+        if key.shape[0] != query.shape[0]:
+            raise ValueError(f"key: expected batch {query.shape[0]} like query, got shape {tuple(key.shape)}")
+        if value.shape[:2] != key.shape[:2]:
+            raise ValueError(f"value: expected (batch, seq) = {tuple(key.shape[:2])} like key, "
+                             f"got shape {tuple(value.shape)}")
+        q = self.split_heads(self.q_proj(query))     # (B, h, Nq, d_head)
+        k = self.split_heads(self.k_proj(key))       # (B, h, Nk, d_head)
+        v = self.split_heads(self.v_proj(value))     # (B, h, Nk, d_head)
+        out, weights = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal,
+                                                    return_weights=True)   # (B, h, Nq, d_head)
+        out = self.out_proj(self.merge_heads(out))   # (B, Nq, d_model)
+        return (out, weights) if return_weights else out
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. naive attention: what the n-by-n matrices cost
+# ---------------------------------------------------------------------------------------------
+
+def naive_attention(q, k, v, causal=False, scale=None):
+    """Standard attention that materialises S = q k^T * scale and P = softmax(S) in memory.
+
+    This is the baseline FlashAttention improves on: S and P are each (B, H, Nq, Nk), so memory
+    grows as N^2. Returns ``(out, matrix_bytes)`` where ``matrix_bytes`` is the bytes of S plus P
+    that were actually allocated. causal: top-left aligned, as everywhere in attnlab.
+
+    q: (B, H, Nq, D), k: (B, H, Nk, D), v: (B, H, Nk, Dv) -> out (B, H, Nq, Dv), int.
+
+    Example: ``out, nbytes = naive_attention(q, k, v)  # nbytes == 2 * B*H*Nq*Nk * 4 for fp32``
+    """
+    _check_qkv(q, k, v)
+    scale = _check_scale(scale, q.shape[-1])
+    S = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)      # (B, H, Nq, Nk)  first n-by-n matrix
+    if causal:
+        keep = causal_mask(q.shape[2], k.shape[2], device=q.device)   # (Nq, Nk)
+        S.masked_fill_(~keep, float("-inf"))                  # top-left: no row is fully masked
+    P = torch.softmax(S, dim=-1)                              # (B, H, Nq, Nk)  second n-by-n matrix
+    if k.shape[2] == 0:
+        P = torch.nan_to_num(P)                               # no keys: attend to nothing
+    out = P @ v                                               # (B, H, Nq, Dv)
+    matrix_bytes = S.numel() * S.element_size() + P.numel() * P.element_size()
+    return out, matrix_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. block-sparse reference
+# ---------------------------------------------------------------------------------------------
+
+def _block_size_pair(block_size):
+    if isinstance(block_size, int) and not isinstance(block_size, bool):
+        block_size = (block_size, block_size)
+    if (not isinstance(block_size, (tuple, list)) or len(block_size) != 2
+            or any(isinstance(b, bool) or not isinstance(b, int) for b in block_size)):
+        raise TypeError(f"block_size: expected an int or a pair of ints (BQ, BK), got {block_size!r}")
+    if any(b <= 0 for b in block_size):
+        raise ValueError(f"block_size: expected positive sizes, got {tuple(block_size)}")
+    return tuple(block_size)
+
+
+def block_sparse_reference(q, k, v, block_mask, block_size=None, causal=False, scale=None):
+    """Dense attention under the element mask that a block mask implies.
+
+    The (Nq, Nk) score matrix is cut into tiles of ``block_size = (BQ, BK)``; tile (i, j) is
+    computed iff ``block_mask[..., i, j]`` is True. This is the spec a block-sparse kernel must
+    match: it skips the tiles that are False and computes the rest exactly.
+
+    block_mask: bool ``(B or 1, H or 1, ceil(Nq/BQ), ceil(Nk/BK))``, or an object with ``.mask``
+    (that tensor) and ``.block_size`` (BQ, BK), such as ``attnlab.kernels.BlockMask``.
+    block_size: int or (BQ, BK); optional when ``block_mask`` carries it. causal: top-left, ANDed
+    with the block mask. Rows with no visible key output zeros.
+    q: (B, H, Nq, D), k: (B, H, Nk, D), v: (B, H, Nk, Dv) -> out (B, H, Nq, Dv).
+
+    Example: ``out = block_sparse_reference(q, k, v, torch.eye(4, dtype=torch.bool)[None, None], 16)``
+    """
+    _check_qkv(q, k, v)
+    if not isinstance(block_mask, torch.Tensor) and hasattr(block_mask, "mask"):
+        carried = getattr(block_mask, "block_size", None)
+        if carried is not None:
+            carried = _block_size_pair(tuple(carried) if not isinstance(carried, int) else carried)
+            if block_size is not None and _block_size_pair(block_size) != carried:
+                raise ValueError(f"block_size: expected {carried} (the block_mask's block_size), "
+                                 f"got {_block_size_pair(block_size)}")
+            block_size = carried
+        block_mask = block_mask.mask
+    _check_tensor(block_mask, "block_mask", 4, "(batch or 1, heads or 1, n_q_blocks, n_k_blocks)")
+    if block_mask.dtype != torch.bool:
+        raise TypeError(f"block_mask: expected a bool tensor, got dtype {block_mask.dtype}")
+    if block_size is None:
+        raise TypeError("block_size: expected an int or (BQ, BK) since block_mask carries none, got None")
+    BQ, BK = _block_size_pair(block_size)
+    B, H, Nq, _ = q.shape
+    Nk = k.shape[2]
+    n_qb, n_kb = -(-Nq // BQ), -(-Nk // BK)      # ceil divisions
+    if (block_mask.shape[0] not in (1, B) or block_mask.shape[1] not in (1, H)
+            or tuple(block_mask.shape[2:]) != (n_qb, n_kb)):
+        raise ValueError(f"block_mask: expected shape ({B} or 1, {H} or 1, {n_qb}, {n_kb}) for "
+                         f"Nq={Nq}, Nk={Nk}, block_size=({BQ}, {BK}), got {tuple(block_mask.shape)}")
+    if block_mask.device != q.device:
+        raise ValueError(f"block_mask: expected device {q.device} (the device of q), got {block_mask.device}")
+    element_mask = block_mask.repeat_interleave(BQ, dim=2).repeat_interleave(BK, dim=3)  # (b, h, n_qb*BQ, n_kb*BK)
+    element_mask = element_mask[:, :, :Nq, :Nk]                                          # (b, h, Nq, Nk)
+    return scaled_dot_product_attention(q, k, v, mask=element_mask, causal=causal, scale=scale)

@@ -1,0 +1,470 @@
+"""The IO model: HBM bytes read and written, and FLOPs, of standard, FlashAttention and block-sparse attention.
+
+Every count here is a formula you can check by hand, and each one is the *exact* traffic of
+the matching kernel in ``attnlab.kernels`` for the same block sizes (``attnlab.memory.trace``
+measures it; the tests compare the two). Counts are per call, summed over batch x heads.
+
+Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``flops``,
+``total_bytes``, ``arithmetic_intensity`` and a per-kernel ``parts`` breakdown):
+
+* ``standard_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, block_m=None)``:
+  three kernels, S = QK^T (written), softmax (S read, P written), O = PV (P read).
+  ``block_m=None`` is the ideal of Dao et al. 2022, Algorithm 0 (every operand read once);
+  a block size gives the tiled kernels' count (K and V are read once per query block).
+* ``standard_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, blocks=None)``:
+  dV = P^T dO, dP = dO V^T, dS (softmax backward), dQ = dS K, dK = dS^T Q; ``blocks`` is the
+  matmul tile (BLOCK_M, BLOCK_N, BLOCK_K) or None for the ideal.
+* ``flash_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_m=None,
+  block_n=None, sram_bytes=None, causal=False, block_mask=None, loop_order="q_outer", lse_bytes=4)``
+  and ``flash_backward_io(...)`` (same arguments, no ``loop_order``): FlashAttention-2 as
+  in ``kernels/flash_attention.py``. Give the block sizes, or ``sram_bytes`` to derive them as
+  in the paper: ``flash_block_sizes(sram_bytes, d, bytes_per_element)`` -> (B_r, B_c) with
+  B_c = ceil(M / 4d), B_r = min(B_c, d), M = SRAM size in elements. ``loop_order="kv_outer"``
+  counts the paper's Algorithm 1 (K/V outside, Q/O/l/m re-read and re-written per K/V block).
+* ``block_sparse_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *,
+  block_mask=None, density=None, block_size=(64, 64), causal=False)`` and
+  ``block_sparse_backward_io(...)``: the same kernels walking a block list; with a
+  ``BlockMask`` (or bool tensor) exact, with ``density`` the expected value.
+* ``softmax_io(rows, cols, bytes_per_element=4)``: the fused softmax kernel.
+* ``attention_flops(batch, heads, n_q, n_k=None, d=64, causal=False)``: 4 n_q n_k d (the
+  two matmuls of the forward; causal halves the useful work, not the standard kernels').
+* ``theorem2(n, d, sram_elements)``: the asymptotic orders of Dao et al. 2022, Theorem 2,
+  without constants: standard N d + N^2, flash N^2 d^2 / M.
+* ``MACHINES``: name -> :class:`Machine` (A100, H100, H200, T4, "this machine").
+* ``roofline(flops, bytes_moved, machine="A100")`` -> :class:`Roofline`: arithmetic
+  intensity, the machine's ridge point, whether the work is memory- or compute-bound, and
+  the lower bound on time. ``roofline(io, machine=...)`` takes an :class:`IO` directly.
+
+Element sizes: Q, K, V, O, dO, dQ, dK, dV, S, P, dP, dS use ``bytes_per_element`` (2 for
+fp16/bf16, 4 for fp32); the per-row statistics L (log-sum-exp) and D = rowsum(dO * O) are
+always fp32 (``lse_bytes=4``); block-sparse index lists are int32.
+
+FLOPs count the multiply-adds of the matmuls the kernels perform (2 per multiply-add) on
+the tiles they visit; the softmax's exponentials are not counted. The FlashAttention
+backward here does 7 matmuls per tile (S and dP are recomputed in both the dK/dV and the dQ
+kernel): 14 n_q n_k d, against the 10 n_q n_k d of a fused backward.
+
+Example::
+
+    from attnlab.iomodel import standard_forward_io, flash_forward_io
+    std = standard_forward_io(1, 1, 1024, d=64)
+    fa = flash_forward_io(1, 1, 1024, d=64, sram_bytes=100 * 1024)
+    std.total_bytes / fa.total_bytes
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "IO", "Machine", "Roofline", "MACHINES", "roofline", "flash_block_sizes", "softmax_io",
+    "standard_forward_io", "standard_backward_io", "flash_forward_io", "flash_backward_io",
+    "block_sparse_forward_io", "block_sparse_backward_io", "attention_flops", "theorem2", "matmul_io",
+]
+
+
+@dataclass(frozen=True)
+class IO:
+    """Bytes read and written from/to HBM and FLOPs; ``parts`` maps kernel name -> IO."""
+
+    bytes_read: int
+    bytes_written: int
+    flops: int = 0
+    parts: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved."""
+        return self.flops / self.total_bytes if self.total_bytes else float("inf")
+
+    def __add__(self, other: "IO") -> "IO":
+        parts = dict(self.parts)
+        for k, v in other.parts.items():
+            parts[k] = parts[k] + v if k in parts else v
+        return IO(self.bytes_read + other.bytes_read, self.bytes_written + other.bytes_written,
+                  self.flops + other.flops, parts)
+
+    def scaled(self, factor: int) -> "IO":
+        return IO(self.bytes_read * factor, self.bytes_written * factor, self.flops * factor,
+                  {k: v.scaled(factor) for k, v in self.parts.items()})
+
+    def __repr__(self):
+        return (f"IO(read={self.bytes_read:,} B, written={self.bytes_written:,} B, total={self.total_bytes:,} B, "
+                f"flops={self.flops:,})")
+
+
+def _part(name, read, written, flops=0):
+    io = IO(int(read), int(written), int(flops))
+    return IO(io.bytes_read, io.bytes_written, io.flops, {name: io})
+
+
+def _check(batch, heads, n_q, n_k, d, bytes_per_element):
+    for name, val in (("batch", batch), ("heads", heads), ("n_q", n_q), ("n_k", n_k), ("d", d),
+                      ("bytes_per_element", bytes_per_element)):
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ValueError(f"{name} must be a positive int, got {val!r}")
+
+
+def _check_block(name, val):
+    if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 1):
+        raise ValueError(f"{name} must be a positive int or None, got {val!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------
+def softmax_io(rows: int, cols: int, bytes_per_element: int = 4, max_fused: int = 16384) -> IO:
+    """The fused softmax kernel on a (rows, cols) matrix: one read and one write per element,
+    or two reads when a row is longer than ``max_fused`` (the two-pass loop)."""
+    one_pass = 2 ** math.ceil(math.log2(max(cols, 1))) <= max_fused
+    reads = rows * cols * (1 if one_pass else 2)
+    return _part("softmax", reads * bytes_per_element, rows * cols * bytes_per_element)
+
+
+def matmul_io(m: int, n: int, k: int, bytes_per_element: int, block_m=None, block_n=None, name="matmul") -> IO:
+    """C (m, n) = A (m, k) @ B (k, n) tiled by (block_m, block_n): A is read once per column
+    of tiles, B once per row of tiles, C written once. None = one tile (each read once)."""
+    tm = 1 if block_m is None else math.ceil(m / block_m)
+    tn = 1 if block_n is None else math.ceil(n / block_n)
+    reads = m * k * tn + k * n * tm
+    return _part(name, reads * bytes_per_element, m * n * bytes_per_element, 2 * m * n * k)
+
+
+def attention_flops(batch, heads, n_q, n_k=None, d=64, causal=False) -> int:
+    """Useful FLOPs of the attention forward: QK^T and PV, 2 * 2 n_q n_k d (causal: only the
+    pairs key <= query)."""
+    n_k = n_q if n_k is None else n_k
+    pairs = sum(min(i + 1, n_k) for i in range(n_q)) if causal else n_q * n_k
+    return 4 * batch * heads * pairs * d
+
+
+def flash_block_sizes(sram_bytes: int, d: int, bytes_per_element: int = 2) -> tuple[int, int]:
+    """(B_r, B_c) from the SRAM size as in Dao et al. 2022, Algorithm 1:
+    M = sram_bytes / bytes_per_element elements, B_c = ceil(M / 4d), B_r = min(B_c, d)."""
+    if not isinstance(sram_bytes, int) or sram_bytes < 1:
+        raise ValueError(f"sram_bytes must be a positive int, got {sram_bytes!r}")
+    m = sram_bytes // bytes_per_element
+    b_c = math.ceil(m / (4 * d))
+    return min(b_c, d), b_c
+
+
+# ---------------------------------------------------------------------------------------
+# Standard attention
+# ---------------------------------------------------------------------------------------
+def standard_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, block_m=None, block_n=None) -> IO:
+    """Three kernels, per head: S = QK^T (read Q once and K once per query block, write
+    n_q n_k), softmax (read and write n_q n_k), O = PV (read P once and V once per query
+    block, write n_q d). ``block_n`` does not change the traffic (it is accepted to mirror the
+    kernels' arguments)."""
+    n_k = n_q if n_k is None else n_k
+    _check(batch, heads, n_q, n_k, d, bytes_per_element)
+    _check_block("block_m", block_m)
+    _check_block("block_n", block_n)
+    e = bytes_per_element
+    tr = 1 if block_m is None else math.ceil(n_q / block_m)
+    io = (_part("scores", (n_q * d + tr * n_k * d) * e, n_q * n_k * e, 2 * n_q * n_k * d)
+          + softmax_io(n_q, n_k, e)
+          + _part("pv", (n_q * n_k + tr * n_k * d) * e, n_q * d * e, 2 * n_q * n_k * d))
+    return io.scaled(batch * heads)
+
+
+def standard_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, blocks=None) -> IO:
+    """Standard backward from the saved P (Dao et al. 2022, Algorithm 3), per head:
+    dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)) (read P and dP, write dS),
+    dQ = dS K, dK = dS^T Q. ``blocks`` = (BLOCK_M, BLOCK_N, BLOCK_K) of the matmul kernel."""
+    n_k = n_q if n_k is None else n_k
+    _check(batch, heads, n_q, n_k, d, bytes_per_element)
+    bm, bn = (None, None) if blocks is None else blocks[:2]
+    e = bytes_per_element
+    io = (matmul_io(n_k, d, n_q, e, bm, bn, "dv")
+          + matmul_io(n_q, n_k, d, e, bm, bn, "dp")
+          + _part("softmax_bwd", 2 * n_q * n_k * e, n_q * n_k * e)
+          + matmul_io(n_q, d, n_k, e, bm, bn, "dq")
+          + matmul_io(n_k, d, n_q, e, bm, bn, "dk"))
+    return io.scaled(batch * heads)
+
+
+# ---------------------------------------------------------------------------------------
+# FlashAttention and block-sparse FlashAttention: sums over the visited tiles
+# ---------------------------------------------------------------------------------------
+def _tiles(n_q, n_k, block_m, block_n):
+    tr, tc = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
+    rows = torch.tensor([min(block_m, n_q - i * block_m) for i in range(tr)], dtype=torch.int64)
+    cols = torch.tensor([min(block_n, n_k - j * block_n) for j in range(tc)], dtype=torch.int64)
+    return rows, cols
+
+
+def _causal_tiles(n_q, n_k, block_m, block_n):
+    """Tiles holding at least one pair key <= query (the causal kernels visit exactly these)."""
+    tr, tc = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
+    q_hi = torch.clamp((torch.arange(tr) + 1) * block_m, max=n_q) - 1
+    k_lo = torch.arange(tc) * block_n
+    return k_lo[None, :] <= q_hi[:, None]
+
+
+def _visit_masks(batch, heads, n_q, n_k, block_m, block_n, causal, block_mask):
+    """Bool (B', H', Tr, Tc) of visited tiles, and the multiplicity of each (b, h) slice."""
+    tr, tc = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
+    if block_mask is None:
+        m = torch.ones(1, 1, tr, tc, dtype=torch.bool)
+    else:
+        m = block_mask.mask if hasattr(block_mask, "mask") else block_mask
+        if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
+            raise TypeError("block_mask must be a BlockMask or a bool tensor")
+        if m.dim() == 2:
+            m = m[None, None]
+        if tuple(m.shape[-2:]) != (tr, tc) or m.shape[0] not in (1, batch) or m.shape[1] not in (1, heads):
+            raise ValueError(f"block_mask has shape {tuple(m.shape)}; expected ({batch} or 1, {heads} or 1, {tr}, {tc})")
+        m = m.cpu()
+    if causal:
+        m = m & _causal_tiles(n_q, n_k, block_m, block_n)
+    mult = (batch // m.shape[0]) * (heads // m.shape[1])
+    return m, mult
+
+
+def _resolve_blocks(d, bytes_per_element, block_m, block_n, sram_bytes):
+    if block_m is None or block_n is None:
+        if sram_bytes is None:
+            raise ValueError("give block_m and block_n, or sram_bytes to derive them as in the paper")
+        b_r, b_c = flash_block_sizes(sram_bytes, d, bytes_per_element)
+        block_m = b_r if block_m is None else block_m
+        block_n = b_c if block_n is None else block_n
+    _check_block("block_m", block_m)
+    _check_block("block_n", block_n)
+    return block_m, block_n
+
+
+def _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes):
+    rows, cols = _tiles(n_q, n_k, block_m, block_n)
+    m, mult = _visit_masks(batch, heads, n_q, n_k, block_m, block_n, causal, block_mask)
+    mf = m.to(torch.int64)
+    kv_elems = int((mf * cols).sum())                        # sum over visited tiles of cols_j
+    pair_elems = int((mf * rows[:, None] * cols[None, :]).sum())
+    slices = m.shape[0] * m.shape[1]
+    reads = slices * n_q * d * e + 2 * kv_elems * d * e
+    if sparse:
+        reads += 4 * (slices * rows.numel() + int(mf.sum()))  # kv_num_blocks + kv_indices
+    writes = slices * (n_q * d * e + n_q * lse_bytes)
+    return _part("flash_fwd", reads, writes, 4 * pair_elems * d).scaled(mult)
+
+
+def _flash_bwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes):
+    rows, cols = _tiles(n_q, n_k, block_m, block_n)
+    m, mult = _visit_masks(batch, heads, n_q, n_k, block_m, block_n, causal, block_mask)
+    mf = m.to(torch.int64)
+    slices = m.shape[0] * m.shape[1]
+    q_elems = int((mf * rows[:, None]).sum())      # sum over visited tiles of rows_i
+    kv_elems = int((mf * cols[None, :]).sum())     # sum over visited tiles of cols_j
+    pair_elems = int((mf * rows[:, None] * cols[None, :]).sum())
+    n_tiles = int(mf.sum())
+    idx = (lambda outer: 4 * (slices * outer + n_tiles)) if sparse else (lambda outer: 0)
+    pre = _part("bwd_preprocess", slices * 2 * n_q * d * e, slices * n_q * lse_bytes)
+    dkdv = _part("bwd_dkdv",
+                 slices * 2 * n_k * d * e + q_elems * (2 * d * e + 2 * lse_bytes) + idx(cols.numel()),
+                 slices * 2 * n_k * d * e, 8 * pair_elems * d)
+    dq = _part("bwd_dq",
+               slices * (2 * n_q * d * e + 2 * n_q * lse_bytes) + 2 * kv_elems * d * e + idx(rows.numel()),
+               slices * n_q * d * e, 6 * pair_elems * d)
+    return (pre + dkdv + dq).scaled(mult)
+
+
+def flash_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_m=None, block_n=None,
+                     sram_bytes=None, causal=False, block_mask=None, loop_order="q_outer", lse_bytes=4) -> IO:
+    """FlashAttention forward, per head with B_r = block_m query rows and B_c = block_n keys:
+
+    ``q_outer`` (FlashAttention-2, the kernel): read Q once (n_q d) and, for every visited
+    tile, its K and V blocks (2 B_c d); write O (n_q d) and the log-sum-exp (n_q, fp32).
+    Not causal: n_q d + ceil(n_q / B_r) 2 n_k d read, n_q d + n_q written.
+
+    ``kv_outer`` (Dao et al. 2022, Algorithm 1; dense, not causal): read K and V once; for each
+    of the ceil(n_k / B_c) key blocks read Q and O and the statistics l, m, and write O, l, m.
+    """
+    n_k = n_q if n_k is None else n_k
+    _check(batch, heads, n_q, n_k, d, bytes_per_element)
+    block_m, block_n = _resolve_blocks(d, bytes_per_element, block_m, block_n, sram_bytes)
+    e = bytes_per_element
+    if loop_order == "kv_outer":
+        if causal or block_mask is not None:
+            raise ValueError("loop_order='kv_outer' models the paper's dense, non-causal Algorithm 1 only")
+        tc = math.ceil(n_k / block_n)
+        reads = 2 * n_k * d * e + tc * (2 * n_q * d * e + 2 * n_q * lse_bytes)
+        writes = tc * (n_q * d * e + 2 * n_q * lse_bytes)
+        return _part("flash_fwd_alg1", reads, writes, 4 * n_q * n_k * d).scaled(batch * heads)
+    if loop_order != "q_outer":
+        raise ValueError(f"loop_order must be 'q_outer' or 'kv_outer', got {loop_order!r}")
+    return _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, block_mask is not None, lse_bytes)
+
+
+def flash_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_m=None, block_n=None,
+                      sram_bytes=None, causal=False, block_mask=None, lse_bytes=4) -> IO:
+    """FlashAttention-2 backward as three kernels, per head:
+
+    preprocess: read O and dO (2 n_q d), write D (n_q, fp32);
+    dK/dV: one program per key block reads its K and V (2 B_c d) and, per visited tile, the
+    query block's Q and dO (2 B_r d) and L and D (2 B_r, fp32); writes dK and dV (2 n_k d);
+    dQ: one program per query block reads Q, dO, L, D and, per visited tile, K and V; writes dQ.
+    """
+    n_k = n_q if n_k is None else n_k
+    _check(batch, heads, n_q, n_k, d, bytes_per_element)
+    block_m, block_n = _resolve_blocks(d, bytes_per_element, block_m, block_n, sram_bytes)
+    return _flash_bwd(batch, heads, n_q, n_k, d, bytes_per_element, block_m, block_n, causal, block_mask,
+                      block_mask is not None, lse_bytes)
+
+
+def _check_density(density):
+    if not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
+        raise ValueError(f"density must be a number in [0, 1], got {density!r}")
+
+
+def _sparse_io(kind, batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes):
+    n_k = n_q if n_k is None else n_k
+    _check(batch, heads, n_q, n_k, d, bytes_per_element)
+    if block_mask is not None:
+        if hasattr(block_mask, "block_size"):
+            block_size = tuple(block_mask.block_size)
+        bm, bn = block_size
+        fn = _flash_fwd if kind == "fwd" else _flash_bwd
+        return fn(batch, heads, n_q, n_k, d, bytes_per_element, bm, bn, causal, block_mask, True, lse_bytes)
+    if density is None:
+        raise ValueError("give block_mask (exact) or density (expected value)")
+    _check_density(density)
+    if causal:
+        raise ValueError("with density, causal is not modelled: give the causal BlockMask instead")
+    bm, bn = block_size
+    tr, tc = math.ceil(n_q / bm), math.ceil(n_k / bn)
+    fn = _flash_fwd if kind == "fwd" else _flash_bwd
+    full = fn(1, 1, n_q, n_k, d, bytes_per_element, bm, bn, False, torch.ones(1, 1, tr, tc, dtype=torch.bool), True, lse_bytes)
+    empty = fn(1, 1, n_q, n_k, d, bytes_per_element, bm, bn, False, torch.zeros(1, 1, tr, tc, dtype=torch.bool), True, lse_bytes)
+
+    def lerp(a, b):
+        return round(b + density * (a - b))
+
+    io = IO(lerp(full.bytes_read, empty.bytes_read), lerp(full.bytes_written, empty.bytes_written),
+            lerp(full.flops, empty.flops))
+    return IO(io.bytes_read, io.bytes_written, io.flops, {f"block_sparse_{kind}": io}).scaled(batch * heads)
+
+
+def block_sparse_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_mask=None,
+                            density=None, block_size=(64, 64), causal=False, lse_bytes=4) -> IO:
+    """Block-sparse FlashAttention forward: the flash forward summed over the kept tiles only,
+    plus the int32 block lists (kv_num_blocks: one per query block, kv_indices: one per tile).
+    With ``density`` instead of a mask: the expected traffic when that fraction of tiles is kept
+    (the tile-proportional part scales with density; Q, O, L and the counts do not)."""
+    return _sparse_io("fwd", batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes)
+
+
+def block_sparse_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_mask=None,
+                             density=None, block_size=(64, 64), causal=False, lse_bytes=4) -> IO:
+    """Block-sparse FlashAttention backward (preprocess, dK/dV over q_indices, dQ over kv_indices)."""
+    return _sparse_io("bwd", batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes)
+
+
+def theorem2(n: int, d: int, sram_elements: int, density: float = 1.0) -> dict:
+    """Orders of growth of HBM accesses (Dao et al. 2022, Theorem 2 and Proposition 4), no constants:
+    standard N d + N^2; FlashAttention N^2 d^2 / M; block-sparse N d + N^2 d^2 s / M."""
+    return {
+        "standard": n * d + n * n,
+        "flash": n * n * d * d / sram_elements,
+        "block_sparse": n * d + n * n * d * d * density / sram_elements,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Machines and the roofline
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Machine:
+    """peak_flops: dense fp16/bf16 tensor-core FLOP/s (CPU: fp32 vector FLOP/s);
+    hbm_bandwidth: bytes/s; sram_per_sm: on-chip shared memory/L1 per SM (CPU: L2 per core), bytes."""
+
+    name: str
+    peak_flops: float
+    hbm_bandwidth: float
+    sram_per_sm: int
+    num_sms: int
+    note: str = ""
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOPs per byte above which a kernel is compute-bound."""
+        return self.peak_flops / self.hbm_bandwidth
+
+
+def _this_machine() -> Machine:
+    cores = os.cpu_count() or 1
+    ghz, flops_per_cycle, l2 = 2.5, 16, 1 << 20
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        mhz = [float(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu MHz")]
+        if mhz:
+            ghz = mhz[0] / 1000
+        if " avx512f" in info or (" avx2" in info and " fma" in info):
+            flops_per_cycle = 32  # two 256-bit FMA pipes: 2 x 8 fp32 x 2 FLOPs
+    except OSError:
+        pass
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
+            s = f.read().strip()
+        l2 = int(s[:-1]) * (1024 if s.endswith("K") else 1024 * 1024) if s[-1] in "KM" else int(s)
+    except (OSError, ValueError):
+        pass
+    return Machine("this machine", cores * ghz * 1e9 * flops_per_cycle, 20e9, l2, cores,
+                   note=f"rough: {cores} CPU cores x {ghz:.1f} GHz x {flops_per_cycle} fp32 FLOP/cycle; "
+                        "DRAM bandwidth a guess (20 GB/s); 'SRAM' is the L2 cache per core")
+
+
+MACHINES = {
+    "A100": Machine("NVIDIA A100 SXM4 40GB", 312e12, 1.555e12, 192 * 1024, 108,
+                    "the GPU of Dao et al. 2022 (1.5 TB/s HBM, 192 KB on-chip SRAM per SM, 108 SMs)"),
+    "H100": Machine("NVIDIA H100 SXM5", 989e12, 3.35e12, 228 * 1024, 132, "dense fp16 tensor peak (no sparsity)"),
+    "H200": Machine("NVIDIA H200 SXM", 989e12, 4.8e12, 228 * 1024, 132, "H100 compute with faster HBM3e"),
+    "T4": Machine("NVIDIA T4", 65e12, 320e9, 64 * 1024, 40, "Colab's free GPU; fp16 tensor peak"),
+    "this machine": _this_machine(),
+}
+
+
+@dataclass(frozen=True)
+class Roofline:
+    flops: float
+    bytes_moved: float
+    machine: Machine
+    arithmetic_intensity: float
+    ridge_point: float
+    bound: str            # "memory" or "compute"
+    time_s: float         # lower bound: max(flops / peak, bytes / bandwidth)
+    attainable_flops: float
+
+    def __repr__(self):
+        return (f"Roofline({self.machine.name}: intensity {self.arithmetic_intensity:.1f} FLOP/B vs ridge "
+                f"{self.ridge_point:.1f} -> {self.bound}-bound, >= {self.time_s * 1e3:.3f} ms)")
+
+
+def roofline(flops, bytes_moved=None, machine="A100") -> Roofline:
+    """Where work of ``flops`` FLOPs moving ``bytes_moved`` bytes sits on ``machine``'s roofline.
+
+    ``flops`` may be an :class:`IO` (its flops and total bytes are used). ``machine`` is a key
+    of :data:`MACHINES` or a :class:`Machine`.
+    Example: ``roofline(flash_forward_io(1, 16, 1024, d=64, block_m=128, block_n=64), machine="H100").bound``
+    """
+    if isinstance(flops, IO):
+        flops, bytes_moved = flops.flops, flops.total_bytes
+    if bytes_moved is None or bytes_moved <= 0:
+        raise ValueError(f"bytes_moved must be positive, got {bytes_moved!r}")
+    if isinstance(machine, str):
+        if machine not in MACHINES:
+            raise ValueError(f"machine must be one of {sorted(MACHINES)}, got {machine!r}")
+        machine = MACHINES[machine]
+    ai = flops / bytes_moved
+    ridge = machine.ridge_point
+    time_s = max(flops / machine.peak_flops, bytes_moved / machine.hbm_bandwidth)
+    return Roofline(flops, bytes_moved, machine, ai, ridge, "memory" if ai < ridge else "compute", time_s,
+                    min(machine.peak_flops, ai * machine.hbm_bandwidth))

@@ -1,0 +1,264 @@
+"""Measure attention on the learner's own machine: time, peak memory, and what fits a budget.
+
+Everything here runs the real function and reads the real allocator:
+
+* on a CUDA device, :func:`peak_memory` uses ``torch.cuda.max_memory_allocated``;
+* on the CPU it records every allocation and free that PyTorch's allocator
+  makes during the call (``torch.profiler`` with ``profile_memory=True``) and
+  returns the highest running total. This counts tensors PyTorch allocates,
+  not Python objects or the allocator's cached-but-free pages.
+
+Used by lesson 05 (time and memory against n, C13/C14) and lesson 08 (the
+longest sequence that fits in a memory budget, C18 scaled down).
+
+Example::
+
+    rows = scaling_sweep({"naive": lambda q, k, v: naive_attention(q, k, v)[0]}, [256, 512])
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+
+import torch
+
+__all__ = ["peak_memory", "time_call", "random_qkv", "scaling_sweep", "longest_sequence", "format_bytes", "op_traffic"]
+
+
+def format_bytes(n):
+    """``1536`` -> ``'1.5 KiB'``: bytes in binary units, for tables."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _device(device):
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(fn, *args, device=None, **kwargs):
+    """Run ``fn(*args, **kwargs)`` once; return ``(result, peak_bytes)``.
+
+    ``peak_bytes`` is the largest amount of tensor memory allocated *during the
+    call* on ``device`` (default CPU) above what was allocated before it:
+    tensors made inside ``fn`` (its intermediates and output) count; tensors
+    passed in do not. To count the inputs too, create them inside ``fn``.
+
+    Example: ``out, peak = peak_memory(torch.matmul, a, b)``
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    dev = _device(device)
+    gc.collect()
+    if dev.type == "cuda":
+        _sync(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+        result = fn(*args, **kwargs)
+        _sync(dev)
+        return result, int(torch.cuda.max_memory_allocated(dev) - base)
+    if dev.type != "cpu":
+        raise ValueError(f"device: peak memory is measured on 'cpu' or 'cuda', got {dev.type!r}")
+    from torch.profiler import ProfilerActivity, profile
+    from torch._C._profiler import _EventType
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn(*args, **kwargs)
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation:
+            fields = e.extra_fields
+            if fields.device.type == "cpu":
+                events.append((e.start_time_ns, fields.alloc_size))  # > 0 allocate, < 0 free
+        stack.extend(e.children)
+    events.sort()
+    live = peak = 0
+    for _, size in events:
+        live += size
+        peak = max(peak, live)
+    return result, int(peak)
+
+
+def time_call(fn, *args, repeats=3, warmup=1, device=None, **kwargs):
+    """Median wall-clock seconds of ``fn(*args, **kwargs)`` over ``repeats`` runs after ``warmup`` runs.
+
+    Synchronises CUDA around each run so GPU time is counted.
+
+    Example: ``seconds = time_call(torch.matmul, a, b, repeats=5)``
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats: expected an int >= 1, got {repeats!r}")
+    dev = _device(device)
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    times = []
+    for _ in range(repeats):
+        _sync(dev)
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def random_qkv(n, d=64, batch=1, heads=1, device=None, dtype=torch.float32, seed=0):
+    """Seeded random ``q, k, v``, each ``(batch, heads, n, d)``, made on the CPU and moved to ``device``.
+
+    Example: ``q, k, v = random_qkv(512, 64)``
+    """
+    g = torch.Generator().manual_seed(int(seed))
+    shape = (batch, heads, n, d)
+    return tuple(torch.randn(shape, generator=g, dtype=dtype).to(_device(device)) for _ in range(3))
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def scaling_sweep(methods, ns, d=64, batch=1, heads=1, device=None, dtype=torch.float32, repeats=3, seed=0):
+    """Time and peak memory of each attention method at each sequence length.
+
+    ``methods``: ``{name: fn(q, k, v) -> out or (out, ...)}``; ``ns``: sequence
+    lengths. Returns a list of rows ``{"method", "n", "seconds", "peak_bytes"}``
+    where ``peak_bytes`` is the memory allocated during the call beyond its
+    inputs (:func:`peak_memory`) and ``seconds`` the median of ``repeats`` runs.
+
+    Example: ``scaling_sweep({"sdpa": torch.nn.functional.scaled_dot_product_attention}, [256, 512])``
+    """
+    if not isinstance(methods, dict) or not methods:
+        raise TypeError("methods: expected a non-empty dict {name: fn(q, k, v)}")
+    dev = _device(device)
+    rows = []
+    for n in ns:
+        q, k, v = random_qkv(n, d, batch, heads, dev, dtype, seed)
+        for name, fn in methods.items():
+            call = lambda: _first(fn(q, k, v))  # noqa: E731
+            _, peak = peak_memory(call, device=dev)
+            seconds = time_call(call, repeats=repeats, device=dev)
+            rows.append({"method": name, "n": int(n), "seconds": seconds, "peak_bytes": peak})
+        del q, k, v
+    return rows
+
+
+def longest_sequence(fn, budget_bytes, d=64, batch=1, heads=1, device=None, dtype=torch.float32,
+                     step=64, n_start=64, n_max=16384, seed=0):
+    """The longest sequence length (a multiple of ``step``) whose measured peak memory fits ``budget_bytes``.
+
+    The footprint counted is everything the call allocates *including* its
+    inputs ``q, k, v`` (made inside the measured call), measured with
+    :func:`peak_memory`. Searches by doubling from ``n_start`` and then
+    bisecting, measuring each probe for real; stops at ``n_max``. Returns
+    ``{"n": longest that fits (None if n_start does not), "peak_bytes": its
+    peak, "n_over": the shortest measured length that did not fit (None if
+    n_max fits), "peak_over": its peak, "probes": [(n, peak_bytes), ...]}``.
+
+    Example: ``longest_sequence(lambda q, k, v: naive_attention(q, k, v)[0], 16 * 2**20)``
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    if not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes: expected a positive int, got {budget_bytes!r}")
+    for name, value in (("step", step), ("n_start", n_start), ("n_max", n_max)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    if n_start % step or n_max % step:
+        raise ValueError(f"n_start, n_max: must be multiples of step={step}")
+    dev = _device(device)
+    probes = {}
+
+    def measure(n):
+        if n not in probes:
+            def call():
+                q, k, v = random_qkv(n, d, batch, heads, dev, dtype, seed)
+                return _first(fn(q, k, v))
+
+            _, peak = peak_memory(call, device=dev)
+            probes[n] = peak
+        return probes[n]
+
+    if measure(n_start) > budget_bytes:
+        return {"n": None, "peak_bytes": None, "n_over": n_start, "peak_over": probes[n_start],
+                "probes": sorted(probes.items())}
+    lo, hi = n_start, None
+    while hi is None:  # doubling: lo fits
+        nxt = min(lo * 2, n_max)
+        if measure(nxt) <= budget_bytes:
+            if nxt == n_max:
+                return {"n": n_max, "peak_bytes": probes[n_max], "n_over": None, "peak_over": None,
+                        "probes": sorted(probes.items())}
+            lo = nxt
+        else:
+            hi = nxt
+    while hi - lo > step:  # bisection on multiples of step: lo fits, hi does not
+        mid = ((lo + hi) // 2) // step * step
+        if mid in (lo, hi):
+            break
+        if measure(mid) <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return {"n": lo, "peak_bytes": probes[lo], "n_over": hi, "peak_over": probes[hi],
+            "probes": sorted(probes.items())}
+
+
+def _distinct_elements(t):
+    """Elements a tensor addresses, not counting broadcast (stride-0) repeats."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n
+
+
+def op_traffic(fn, *args, **kwargs):
+    """Run ``fn`` and count, operator by operator, the elements and bytes each PyTorch op reads and writes.
+
+    Every ATen operator that is not a view is taken to read each tensor input
+    once (broadcast repeats, stride 0, not counted) and to write each tensor
+    output once: exactly what happens in memory when each op is its own kernel
+    (unfused eager PyTorch). Views (``unsqueeze``, ``transpose``, ...) move
+    nothing. Returns ``(result, rows)`` where ``rows`` is a list of
+    ``{"op", "elements_read", "elements_written", "bytes_read", "bytes_written"}``.
+
+    Example: ``_, rows = op_traffic(lambda x: x.exp() / x.exp().sum(-1, keepdim=True), x)``
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    rows = []
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "is_view", False) or func.__name__.split(".")[0] in ("detach", "alias", "lift_fresh"):
+                return out
+            ins = [t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)]
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            rows.append({
+                "op": func.__name__.split(".")[0],
+                "elements_read": sum(_distinct_elements(t) for t in ins),
+                "elements_written": sum(t.numel() for t in outs),
+                "bytes_read": sum(_distinct_elements(t) * t.element_size() for t in ins),
+                "bytes_written": sum(t.numel() * t.element_size() for t in outs),
+            })
+            return out
+
+    with _Count():
+        result = fn(*args, **kwargs)
+    return result, rows

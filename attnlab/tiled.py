@@ -1,0 +1,319 @@
+"""The FlashAttention algorithm in plain PyTorch: tiles, online softmax, recomputing backward.
+
+Standard attention writes the (N, N) matrices S = q k^T and P = softmax(S) to memory. FlashAttention
+(Dao et al., 2022) never builds them: it walks over blocks of queries and, for each, over blocks of
+keys/values, keeping per query row only a running maximum ``m``, a running sum ``l`` and an output
+accumulator ``acc``. When a new block raises the maximum from ``m`` to ``m_new``, everything computed
+so far is rescaled by ``exp(m - m_new)`` (the *online softmax*, Milakov & Gimelshein 2018). At the end
+``out = acc / l`` and the log-sum-exp ``lse = m + log(l)`` is all that is kept for the backward pass.
+
+The backward pass (FlashAttention-2, Dao 2023) recomputes each block of P from q, k and the saved
+``lse`` instead of storing P:
+
+    P_ij  = exp(q_i k_j^T * scale - lse_i)
+    dV_j += P_ij^T dO_i
+    dP_ij = dO_i V_j^T
+    dS_ij = P_ij * (dP_ij - D_i),   D_i = rowsum(dO_i * O_i)
+    dQ_i += dS_ij K_j * scale,      dK_j += dS_ij^T Q_i * scale
+
+Extra memory is O(block_q * block_k) per (batch, head) and thread instead of O(Nq * Nk).
+
+This file is the plain-PyTorch version of the algorithm the Triton kernel in ``kernels/``
+implements. ``_forward_reference`` and ``_backward_reference`` are the loops written for one
+(batch, head) with no tricks; ``_flash_forward`` and ``_flash_backward`` are the fast path they
+explain, and on a CPU it is genuinely fast (see ``benchmarks/cpu_attention.py``):
+
+- each tile step is a few large batched matmuls over all (batch * heads) at once, updated in place;
+- blocks run in parallel like a GPU grid: one task per query block (forward) or key block
+  (backward) on a small thread pool (``_run_blocks``);
+- FlashAttention's own arithmetic trick: fold ``log2(e)`` into the scale and use ``exp2``
+  (``exp(x) = 2^(x log2 e)``), several times cheaper than ``exp``.
+
+Conventions: tensors ``(B, H, N, D)``; ``causal=True`` is top-left aligned (query i sees keys
+j <= i, as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``), and blocks that lie
+entirely above the diagonal are skipped, never computed. With top-left alignment every query row sees
+key 0, so a row can only be fully masked when there are no keys at all (Nk == 0): such rows output
+zeros and have ``lse = -inf``, and their gradients are zero.
+"""
+
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from attnlab.attention import _check_qkv, _check_scale
+
+__all__ = ["tiled_attention"]
+
+DEFAULT_BLOCK_Q = 512
+DEFAULT_BLOCK_K = 512
+LOG2E = math.log2(math.e)   # exp(x) == exp2(x * LOG2E); exp2 is 2-4x cheaper than exp on this CPU
+LN2 = math.log(2.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the plain loop: one (batch, head), one query block at a time, no tricks
+# ---------------------------------------------------------------------------------------------
+
+def _forward_reference(q, k, v, scale, block_q, block_k):
+    """FlashAttention forward for one head, written as plainly as possible (non-causal).
+
+    q: (Nq, D), k: (Nk, D), v: (Nk, Dv) -> out (Nq, Dv), lse (Nq,). Used by the tests and
+    shown in the lessons; ``_flash_forward`` is the same loop over all heads at once.
+    """
+    Nq, Nk = q.shape[0], k.shape[0]
+    out = q.new_zeros(Nq, v.shape[1])                                 # (Nq, Dv)
+    lse = q.new_full((Nq,), float("-inf"))                            # (Nq,)
+    for i in range(0, Nq, block_q):
+        qi = q[i:i + block_q]                                         # (bq, D)
+        m = q.new_full((qi.shape[0],), float("-inf"))                 # (bq,) running max
+        l = q.new_zeros(qi.shape[0])                                  # (bq,) running sum
+        acc = q.new_zeros(qi.shape[0], v.shape[1])                    # (bq, Dv) running output
+        for j in range(0, Nk, block_k):
+            s = (qi @ k[j:j + block_k].T) * scale                     # (bq, bk) one tile of S
+            m_new = torch.maximum(m, s.amax(dim=1))                   # (bq,)
+            p = torch.exp(s - m_new[:, None])                         # (bq, bk) one tile of P
+            alpha = torch.exp(m - m_new)                              # (bq,) rescale old stats
+            l = alpha * l + p.sum(dim=1)                              # (bq,)
+            acc = alpha[:, None] * acc + p @ v[j:j + block_k]         # (bq, Dv)
+            m = m_new
+        if Nk > 0:
+            out[i:i + block_q] = acc / l[:, None]                     # (bq, Dv)
+            lse[i:i + block_q] = m + torch.log(l)                     # (bq,)
+    return out, lse
+
+
+def _backward_reference(q, k, v, out, lse, dout, scale, block_q, block_k):
+    """FlashAttention-2 backward for one head, plainly (non-causal): P is recomputed tile by tile.
+
+    q: (Nq, D), k: (Nk, D), v: (Nk, Dv), out: (Nq, Dv), lse: (Nq,), dout: (Nq, Dv)
+    -> dq (Nq, D), dk (Nk, D), dv (Nk, Dv). ``_flash_backward`` is the same loop for all heads.
+    """
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    delta = (dout * out).sum(dim=1)                                   # (Nq,) D_i = rowsum(dO * O)
+    for j in range(0, k.shape[0], block_k):                           # outer loop: key blocks
+        kj, vj = k[j:j + block_k], v[j:j + block_k]                   # (bk, D), (bk, Dv)
+        for i in range(0, q.shape[0], block_q):                       # inner loop: query blocks
+            qi, doi = q[i:i + block_q], dout[i:i + block_q]           # (bq, D), (bq, Dv)
+            p = torch.exp((qi @ kj.T) * scale - lse[i:i + block_q, None])   # (bq, bk) P from lse
+            dv[j:j + block_k] += p.T @ doi                            # (bk, Dv)
+            dp = doi @ vj.T                                           # (bq, bk)
+            ds = p * (dp - delta[i:i + block_q, None])                # (bq, bk)
+            dq[i:i + block_q] += (ds @ kj) * scale                    # (bq, D)
+            dk[j:j + block_k] += (ds.T @ qi) * scale                  # (bk, D)
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------
+# the fast path: all (batch * heads) per block step, in-place updates, causal block skipping
+# ---------------------------------------------------------------------------------------------
+
+def _causal_keep(q0, bq, k0, bk, device):
+    """Bool (bq, bk): True where key k0 + c <= query q0 + r (top-left causal) inside one tile."""
+    rows = torch.arange(q0, q0 + bq, device=device)[:, None]    # (bq, 1)
+    cols = torch.arange(k0, k0 + bk, device=device)[None, :]    # (1, bk)
+    return cols <= rows                                         # (bq, bk)
+
+
+def _k_blocks(q0, q1, Nk, block_k, causal):
+    """Key blocks [k0, k1) that query rows [q0, q1) must visit, and whether the tile needs the mask."""
+    # top-left causal: row r sees keys [0, r]; the last row of the block sees keys [0, q1 - 1]
+    stop = min(Nk, q1) if causal else Nk
+    for k0 in range(0, stop, block_k):
+        k1 = min(k0 + block_k, Nk)
+        # the tile is cut by the diagonal iff some key in it lies after some row in it
+        yield k0, k1, causal and (k1 - 1) > q0
+
+
+def _q_blocks(k0, k1, Nq, block_q, causal):
+    """Query blocks [q0, q1) that see some key in [k0, k1), and whether the tile needs the mask."""
+    for q0 in range(0, Nq, block_q):
+        q1 = min(q0 + block_q, Nq)
+        if causal and q1 - 1 < k0:          # every row of this block is before every key: skip
+            continue
+        yield q0, q1, causal and (k1 - 1) > q0
+
+
+_THREADS_LOCK = threading.Lock()
+
+
+def _run_blocks(program, n_blocks, device):
+    """Run ``program(i)`` for i in range(n_blocks), in parallel like a GPU grid.
+
+    On a GPU each block of queries (forward) or keys (backward) is one program instance. Here
+    each is a task for a pool of ``torch.get_num_threads()`` Python threads (torch releases the
+    GIL inside its ops), and each op runs single-threaded meanwhile. Parallel *blocks* beat
+    parallel *ops*: intra-op threads must synchronise after every small op of every tile, which
+    on a busy machine cost more than the work itself (measured: 6x slower at N = 4096).
+    On a GPU the ops are asynchronous launches already, so the blocks simply run in order.
+    """
+    n_threads = torch.get_num_threads()
+    if device.type != "cpu" or n_threads <= 1 or n_blocks <= 1:
+        for i in range(n_blocks):
+            program(i)
+        return
+    with _THREADS_LOCK:                     # one parallel section at a time: the thread count is global
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(max_workers=min(n_threads, n_blocks)) as pool:
+                list(pool.map(program, range(n_blocks)))   # list() re-raises a program's error
+        finally:
+            torch.set_num_threads(n_threads)
+
+
+def _flash_forward(q, k, v, scale, causal, block_q, block_k):
+    """q (BH, Nq, D), k (BH, Nk, D), v (BH, Nk, Dv), float32 -> out (BH, Nq, Dv), lse (BH, Nq)."""
+    BH, Nq, _ = q.shape
+    Nk, Dv = k.shape[1], v.shape[2]
+    out = q.new_empty(BH, Nq, Dv)                                   # (BH, Nq, Dv)
+    lse = q.new_empty(BH, Nq)                                       # (BH, Nq)
+    kT = k.transpose(1, 2)                                          # (BH, D, Nk) a view
+
+    def program(i):
+        """One block of queries, rows [q0, q1), against all the key blocks it sees; all heads at once."""
+        q0 = i * block_q
+        q1 = min(q0 + block_q, Nq)
+        # fold scale and log2(e) into q: scores come out in base-2 units, so exp2 replaces exp
+        qi = q[:, q0:q1] * (scale * LOG2E)                          # (BH, bq, D)
+        m = q.new_full((BH, q1 - q0, 1), float("-inf"))             # (BH, bq, 1) running max
+        l = q.new_zeros(BH, q1 - q0, 1)                             # (BH, bq, 1) running sum
+        acc = q.new_zeros(BH, q1 - q0, Dv)                          # (BH, bq, Dv) running output
+        for k0, k1, on_diagonal in _k_blocks(q0, q1, Nk, block_k, causal):
+            s = torch.bmm(qi, kT[:, :, k0:k1])                      # (BH, bq, bk) tile of S
+            if on_diagonal:
+                keep = _causal_keep(q0, q1 - q0, k0, k1 - k0, q.device)   # (bq, bk)
+                s.masked_fill_(~keep, float("-inf"))                # (BH, bq, bk)
+            m_new = torch.maximum(m, s.amax(dim=2, keepdim=True))   # (BH, bq, 1)
+            # rows with nothing seen yet keep m_new = -inf: shift by 0 so exp(-inf) = 0, not NaN
+            shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # (BH, bq, 1)
+            p = s.sub_(shift).exp2_()                               # (BH, bq, bk) tile of P, in place
+            alpha = torch.exp2(m - shift)                           # (BH, bq, 1) rescale old stats
+            l.mul_(alpha).add_(p.sum(dim=2, keepdim=True))          # (BH, bq, 1)
+            acc.mul_(alpha).baddbmm_(p, v[:, k0:k1])                # (BH, bq, Dv) acc = alpha*acc + p v
+            m = m_new
+        seen = l > 0                                                # (BH, bq, 1) False only if Nk == 0
+        out[:, q0:q1] = acc / torch.where(seen, l, torch.ones_like(l))            # (BH, bq, Dv)
+        lse2 = torch.where(seen, m + torch.log2(l), m.new_tensor(float("-inf")))  # (BH, bq, 1) base 2
+        lse[:, q0:q1] = lse2[..., 0] * LN2                          # (BH, bq) natural log-sum-exp
+
+    _run_blocks(program, -(-Nq // block_q), q.device)
+    return out, lse
+
+
+def _flash_backward(q, k, v, out, lse, dout, dlse, scale, causal, block_q, block_k):
+    """FlashAttention-2 backward, recomputing P per tile from the saved lse. All (BH, N, D).
+
+    As in FlashAttention-2 the outer loop runs over key blocks: each program owns dK_j and dV_j
+    and adds its share of dQ into a per-thread buffer (a GPU uses atomic adds there).
+    """
+    BH, Nq, D = q.shape
+    Nk = k.shape[1]
+    dk = torch.empty_like(k)                                        # (BH, Nk, D)
+    dv = torch.empty_like(v)                                        # (BH, Nk, Dv)
+    dq_per_thread = {}                                              # thread id -> (BH, Nq, D)
+    # D_i = rowsum(dO_i * O_i); a gradient on lse adds dlse_i * P_ij to dS_ij, i.e. D_i -= dlse_i
+    delta = (dout * out).sum(dim=2, keepdim=True)                   # (BH, Nq, 1)
+    if dlse is not None:
+        delta = delta - dlse[..., None]                             # (BH, Nq, 1)
+    # rows with no keys (lse = -inf) have P = 0: use +inf so exp(s - lse) = 0; base 2 as in forward
+    lse = torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)   # (BH, Nq)
+    lse2 = (lse * LOG2E)[..., None]                                 # (BH, Nq, 1)
+    q_scaled = q * (scale * LOG2E)                                  # (BH, Nq, D) base-2 scores
+
+    def program(j):
+        """One block of keys, [k0, k1), against all the query blocks that see it; all heads at once."""
+        k0 = j * block_k
+        k1 = min(k0 + block_k, Nk)
+        tid = threading.get_ident()
+        if tid not in dq_per_thread:                                # only this thread writes this key
+            dq_per_thread[tid] = torch.zeros_like(q)
+        dq = dq_per_thread[tid]                                     # (BH, Nq, D)
+        kj, vj = k[:, k0:k1], v[:, k0:k1]                           # (BH, bk, D), (BH, bk, Dv)
+        dkj = torch.zeros_like(kj)                                  # (BH, bk, D)
+        dvj = torch.zeros_like(vj)                                  # (BH, bk, Dv)
+        for q0, q1, on_diagonal in _q_blocks(k0, k1, Nq, block_q, causal):
+            qi, doi = q[:, q0:q1], dout[:, q0:q1]                   # (BH, bq, D), (BH, bq, Dv)
+            s = torch.bmm(q_scaled[:, q0:q1], kj.transpose(1, 2))   # (BH, bq, bk) recomputed S tile
+            if on_diagonal:
+                keep = _causal_keep(q0, q1 - q0, k0, k1 - k0, q.device)   # (bq, bk)
+                s.masked_fill_(~keep, float("-inf"))
+            p = s.sub_(lse2[:, q0:q1]).exp2_()                      # (BH, bq, bk) recomputed P tile
+            dvj.baddbmm_(p.transpose(1, 2), doi)                    # (BH, bk, Dv) dV_j += P^T dO_i
+            dp = torch.bmm(doi, vj.transpose(1, 2))                 # (BH, bq, bk) dP = dO_i V_j^T
+            ds = dp.sub_(delta[:, q0:q1]).mul_(p)                   # (BH, bq, bk) dS = P * (dP - D)
+            dq[:, q0:q1].baddbmm_(ds, kj, alpha=scale)              # (BH, bq, D)  dQ_i += dS K_j * scale
+            dkj.baddbmm_(ds.transpose(1, 2), qi, alpha=scale)       # (BH, bk, D)  dK_j += dS^T Q_i * scale
+        dk[:, k0:k1] = dkj
+        dv[:, k0:k1] = dvj
+
+    _run_blocks(program, -(-Nk // block_k), q.device)
+    dq = sum(dq_per_thread.values()) if dq_per_thread else torch.zeros_like(q)   # (BH, Nq, D)
+    return dq, dk, dv
+
+
+class _TiledAttention(torch.autograd.Function):
+    """autograd wrapper: saves q, k, v, out and lse (never P), recomputes tiles in backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, block_q, block_k):
+        B, H, Nq, D = q.shape
+        Nk, Dv = k.shape[2], v.shape[3]
+        dtype = q.dtype
+        # low-precision inputs are computed in float32 (as FlashAttention accumulates in fp32)
+        work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        q3 = q.reshape(B * H, Nq, D).to(work)                       # (BH, Nq, D)
+        k3 = k.reshape(B * H, Nk, D).to(work)                       # (BH, Nk, D)
+        v3 = v.reshape(B * H, Nk, Dv).to(work)                      # (BH, Nk, Dv)
+        out3, lse3 = _flash_forward(q3, k3, v3, scale, causal, block_q, block_k)
+        ctx.save_for_backward(q3, k3, v3, out3, lse3)
+        ctx.set_materialize_grads(False)   # an unused output (often lse) gets grad None, not zeros
+        ctx.causal, ctx.scale, ctx.block_q, ctx.block_k = causal, scale, block_q, block_k
+        ctx.shapes, ctx.dtype = (B, H, Nq, Nk, D, Dv), dtype
+        out = out3.reshape(B, H, Nq, Dv).to(dtype)                  # (B, H, Nq, Dv)
+        lse = lse3.reshape(B, H, Nq)                                # (B, H, Nq) kept in the work dtype
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        q3, k3, v3, out3, lse3 = ctx.saved_tensors
+        B, H, Nq, Nk, D, Dv = ctx.shapes
+        work = q3.dtype
+        if dout is None:                                            # only lse was used
+            dout = out3.new_zeros(B, H, Nq, Dv)
+        dout3 = dout.reshape(B * H, Nq, Dv).to(work)                # (BH, Nq, Dv)
+        dlse3 = None if dlse is None else dlse.reshape(B * H, Nq).to(work)   # (BH, Nq)
+        dq, dk, dv = _flash_backward(q3, k3, v3, out3, lse3, dout3, dlse3,
+                                     ctx.scale, ctx.causal, ctx.block_q, ctx.block_k)
+        return (dq.reshape(B, H, Nq, D).to(ctx.dtype), dk.reshape(B, H, Nk, D).to(ctx.dtype),
+                dv.reshape(B, H, Nk, Dv).to(ctx.dtype), None, None, None, None)
+
+
+def _check_block(n, name):
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{name}: expected a positive int, got {type(n).__name__}")
+    if n <= 0:
+        raise ValueError(f"{name}: expected a positive int, got {n}")
+
+
+def tiled_attention(q, k, v, causal=False, scale=None, block_q=DEFAULT_BLOCK_Q, block_k=DEFAULT_BLOCK_K,
+                    return_lse=False):
+    """FlashAttention in PyTorch: exact attention without ever materialising the (Nq, Nk) matrices.
+
+    q: (B, H, Nq, D), k: (B, H, Nk, D), v: (B, H, Nk, Dv); any lengths, Nq != Nk allowed.
+    causal: top-left aligned (query i sees keys j <= i, as torch SDPA ``is_causal``); tiles above
+    the diagonal are skipped. scale: default ``1/sqrt(D)``. block_q, block_k: tile sizes (large
+    tiles are fastest on a CPU; small ones make the algorithm easy to watch in a lesson).
+    Returns out (B, H, Nq, Dv), or (out, lse) with ``lse`` (B, H, Nq) the natural log-sum-exp of
+    each row's scaled scores (float32 for fp16/bf16 inputs; ``-inf`` for rows without keys, whose
+    output is zero). Differentiable in out and lse; the backward pass recomputes P tile by tile.
+
+    Example: ``out, lse = tiled_attention(q, k, v, causal=True, block_q=64, block_k=64, return_lse=True)``
+    """
+    _check_qkv(q, k, v)
+    scale = _check_scale(scale, q.shape[-1])
+    _check_block(block_q, "block_q")
+    _check_block(block_k, "block_k")
+    out, lse = _TiledAttention.apply(q, k, v, bool(causal), scale, block_q, block_k)
+    return (out, lse) if return_lse else out

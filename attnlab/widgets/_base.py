@@ -1,0 +1,180 @@
+"""What the four widgets share: a VBox that shows a matplotlib picture of its state.
+
+Each widget is an ``ipywidgets.VBox`` holding its controls and an
+``ipywidgets.Image``. Its picture is drawn by ``to_figure()`` (the one drawing
+routine, used both live and for static output) onto a plain
+``matplotlib.figure.Figure`` rendered by the Agg backend to PNG bytes: no
+JavaScript of our own, no CDN, works offline in JupyterLab 4, Notebook 7,
+VS Code and Colab.
+
+Static fallback: ``_repr_mimebundle_`` returns the usual widget view *and* an
+``image/png`` of the widget's state when it was displayed. A live frontend
+(JupyterLab, Notebook 7, VS Code) prefers the widget view; nbconvert (without
+saved widget state) and GitHub's notebook viewer show the PNG instead of
+"Loading widget...". The PNG is the state at display time; ``display(w.to_figure())``
+shows the state after the learner moved the controls.
+"""
+
+import base64
+import contextlib
+import io
+import time
+
+import ipywidgets as widgets
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+# Picture resolution: small enough to redraw fast and keep notebooks light.
+DPI = 80
+
+
+class ShowableFigure(Figure):
+    """A matplotlib Figure that pyplot does not track (no auto-display, no leak between redraws)
+    and that a notebook shows as a PNG when it ends a cell (``_repr_png_``), whatever the backend."""
+
+    def _repr_png_(self):
+        return figure_png(self)
+
+
+def new_figure(width, height):
+    """A ShowableFigure of `width` x `height` inches with an Agg canvas and constrained layout."""
+    fig = ShowableFigure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def figure_png(fig):
+    """PNG bytes of a figure (Agg)."""
+    buf = io.BytesIO()
+    fig.canvas.print_png(buf)
+    return buf.getvalue()
+
+
+def as_array(x, name):
+    """A float64 numpy array from a torch tensor, numpy array or nested list; TypeError naming `name` otherwise."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor without importing torch
+        x = x.detach().cpu()
+        if getattr(x, "is_floating_point", lambda: True)() and str(x.dtype) == "torch.bfloat16":
+            x = x.float()
+        x = x.numpy()
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name}: expected a tensor, numpy array or nested list of numbers, got {type(x).__name__}") from exc
+    return arr
+
+
+def html_table(header, rows):
+    """A small HTML table for the widgets' text panels: header a list of str, rows lists of str (already escaped)."""
+    cell = "padding:1px 10px 1px 0; text-align:left"
+    head = "".join(f"<th style='{cell}'>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table style='border-collapse:collapse; font-size:90%'><tr>{head}</tr>{body}</table>"
+
+
+class FigureWidget(widgets.VBox):
+    """Base: controls above, the picture (an ``ipywidgets.Image``) below, a status line.
+
+    Subclasses implement ``to_figure()`` and call ``self._build(controls)`` at the
+    end of ``__init__``; each control's observer calls ``self.redraw()``.
+    """
+
+    def _build(self, children_above, children_below=()):
+        # natural size (not stretched to the cell's width by the VBox), shrunk only if the cell is narrower
+        self._image = widgets.Image(
+            format="png", layout=widgets.Layout(max_width="100%", height="auto", align_self="flex-start")
+        )
+        self._status = widgets.HTML()
+        self.last_redraw_ms = None
+        self._layouts = {}
+        self.redraw_ms = []  # every redraw's time, for benchmarks/widgets_redraw.py
+        super().__init__(children=[*children_above, self._image, *children_below, self._status])
+        # CSS classes: the browser test (and a curious learner's devtools) find each widget by them
+        self.add_class("attnlab-widget")
+        self.add_class("attnlab-" + type(self).__name__.lower())
+        self.redraw()
+
+    def _layout_key(self):
+        """A hashable naming what decides the figure's layout (tick labels, panels); None: never cache.
+
+        Redraws with a key seen before reuse that draw's axes positions instead of
+        running matplotlib's constrained layout again (half of a redraw's time).
+        """
+        return None
+
+    def _render_png(self):
+        if self._make_figure is not None:
+            first = getattr(self, "_live", None) is None
+            if first:
+                self._live = self._make_figure()
+            fig = self._update_figure(self._live)
+            png = figure_png(fig)
+            if first:  # keep the constrained layout of the first draw
+                fig.set_layout_engine("none")
+            return png
+        fig = self.to_figure()
+        key = self._layout_key()
+        cached = self._layouts.get(key) if key is not None else None
+        if cached is not None and len(cached) == len(fig.axes):
+            fig.set_layout_engine("none")
+            for ax, pos in zip(fig.axes, cached):
+                ax.set_position(pos)
+            return figure_png(fig)
+        png = figure_png(fig)
+        if key is not None:
+            self._layouts[key] = [ax.get_position(original=False) for ax in fig.axes]
+        return png
+
+    def _update_state(self):
+        """Recompute derived state (text panels etc.) before drawing; subclasses override."""
+
+    # Two ways to draw. Either a subclass overrides to_figure() (a new Figure each
+    # time), or it implements _make_figure() -> handles (a dict with "fig") and
+    # _update_figure(handles) -> fig: then live redraws update one persistent
+    # figure's artists and reuse its first layout, and to_figure() builds a fresh one.
+    _make_figure = None
+
+    def to_figure(self):
+        """A matplotlib Figure of the widget's current state (the static fallback)."""
+        if self._make_figure is None:  # pragma: no cover - subclasses provide one of the two
+            raise NotImplementedError
+        return self._update_figure(self._make_figure())
+
+    @contextlib.contextmanager
+    def _one_redraw(self):
+        """Change several controls, then redraw once."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+        self.redraw()
+
+    def redraw(self, *_):
+        """Recompute and redraw the picture; records the time taken in ``last_redraw_ms``."""
+        if getattr(self, "_held", False) or not hasattr(self, "_image"):
+            return
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            self._update_state()
+            self._image.value = self._render_png()
+            self._status.value = ""
+        except Exception as exc:  # show it in the notebook, then let it propagate (tests see it)
+            self._status.value = f"<span style='color:#b00'>error: {type(exc).__name__}: {exc}</span>"
+            raise
+        self.last_redraw_ms = 1000 * (time.perf_counter() - t0)
+        # CPU time of this process: what the redraw costs on an idle machine (wall time counts other load)
+        self.last_redraw_cpu_ms = 1000 * (time.process_time() - c0)
+        self.redraw_ms.append(self.last_redraw_ms)
+
+    @property
+    def png(self):
+        """The PNG bytes the widget shows now."""
+        return bytes(self._image.value)
+
+    def _repr_mimebundle_(self, **kwargs):
+        data = super()._repr_mimebundle_(**kwargs)
+        if data is not None and self._image.value:
+            data["image/png"] = base64.b64encode(self.png).decode("ascii")
+        return data

@@ -1,0 +1,309 @@
+"""AttentionMap: explore attention weights by example, layer, head and query token."""
+
+import html
+
+import ipywidgets as widgets
+import numpy as np
+from matplotlib.patches import Rectangle
+
+from attnlab.widgets._base import FigureWidget, as_array, html_table, new_figure
+
+ALL_HEADS = "all"
+NO_QUERY = -1  # the query selector's "(none)" (a Dropdown cannot select an option whose value is None)
+
+
+def _is_tensor_like(x):
+    return hasattr(x, "shape") and hasattr(x, "ndim")
+
+
+def _check_tokens(tokens, n, name, where=""):
+    if tokens is None:
+        return [str(i) for i in range(n)]
+    if isinstance(tokens, str) or not hasattr(tokens, "__len__"):
+        raise TypeError(f"{name}: expected a list of {n} token strings{where}, got {type(tokens).__name__}")
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != n:
+        raise ValueError(f"{name}: expected {n} tokens{where} to match the weights, got {len(tokens)}")
+    return tokens
+
+
+class AttentionMap(FigureWidget):
+    """Heat map of attention weights with layer, head, example and query selectors.
+
+    ``weights`` is one of
+
+    - ``(Nq, Nk)``: one map (a Bahdanau alignment, one head);
+    - ``(heads, Nq, Nk)``: one layer of multi-head attention;
+    - ``(layers, heads, Nq, Nk)``: a whole model.
+
+    A batch of examples is given either as a list of such arrays (examples may
+    differ in Nq and Nk, not in layers and heads) or, with ``batched=True``, as
+    one array with a leading batch dimension, for example the ``(B, h, Nq, Nk)``
+    weights of ``MultiHeadAttention(..., return_weights=True)``. Without
+    ``batched=True`` a 4-D array means ``(layers, heads, Nq, Nk)``.
+
+    ``query_tokens``/``key_tokens``: token strings for the rows and columns (one
+    list, or for a batch one list per example). ``key_tokens`` defaults to
+    ``query_tokens`` when Nq == Nk (self-attention).
+
+    Controls: ``example``, ``layer``, ``head`` (a head or ``"all"`` for the
+    overview of every head of the layer) and ``query`` (``-1`` for none, or a row
+    index: highlights that row and lists its ``top_k`` keys; ``selected_query``
+    reads it as ``None`` or the index). Set their ``.value`` from
+    code or use them in the notebook; ``to_figure()`` draws the current state.
+
+    Example: ``AttentionMap(weights, query_tokens=["the", "cat", "sat"])``
+    """
+
+    def __init__(self, weights, query_tokens=None, key_tokens=None, *, batched=False, top_k=5, title=None):
+        if not isinstance(batched, bool):
+            raise TypeError(f"batched: expected True or False, got {type(batched).__name__}")
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+            raise ValueError(f"top_k: expected a positive int, got {top_k!r}")
+        self.top_k = int(top_k)
+        self.title = title
+        self._examples, self._q_tokens, self._k_tokens = self._normalise(weights, query_tokens, key_tokens, batched)
+        n_layers, n_heads = self._examples[0].shape[:2]
+        self.n_examples, self.n_layers, self.n_heads = len(self._examples), n_layers, n_heads
+
+        style = {"description_width": "initial"}
+        self.example = widgets.Dropdown(
+            options=[(f"example {i}", i) for i in range(self.n_examples)], value=0, description="example", style=style
+        )
+        self.layer = widgets.Dropdown(
+            options=[(f"layer {i}", i) for i in range(n_layers)], value=0, description="layer", style=style
+        )
+        head_options = ([("all heads", ALL_HEADS)] if n_heads > 1 else []) + [(f"head {i}", i) for i in range(n_heads)]
+        self.head = widgets.Dropdown(
+            options=head_options, value=ALL_HEADS if n_heads > 1 else 0, description="head", style=style
+        )
+        self.query = widgets.Dropdown(description="query", style=style)
+        self._set_query_options()
+        self.top_keys_html = widgets.HTML()
+
+        for control in (self.layer, self.head, self.query):
+            control.observe(self.redraw, names="value")
+        self.example.observe(self._on_example, names="value")
+        # only show selectors that have a choice to make
+        selectors = [c for c, n in ((self.example, self.n_examples), (self.layer, n_layers), (self.head, n_heads)) if n > 1]
+        row = widgets.HBox([*selectors, self.query])
+        self._build([row], [self.top_keys_html])
+
+    # ---------------------------------------------------------------- input
+    @staticmethod
+    def _normalise(weights, query_tokens, key_tokens, batched):
+        """-> (list of (L, H, Nq, Nk) arrays, list of query token lists, list of key token lists)."""
+        if isinstance(weights, (list, tuple)) and weights and all(_is_tensor_like(w) for w in weights):
+            raw = [as_array(w, f"weights[{i}]") for i, w in enumerate(weights)]
+            is_batch = True
+        else:
+            arr = as_array(weights, "weights")
+            if batched:
+                if arr.ndim not in (3, 4, 5):
+                    raise ValueError(
+                        "weights: with batched=True expected shape (B, Nq, Nk), (B, heads, Nq, Nk) or "
+                        f"(B, layers, heads, Nq, Nk), got {tuple(arr.shape)}"
+                    )
+                raw = list(arr)
+            else:
+                raw = [arr]
+            is_batch = batched
+        examples = []
+        for i, a in enumerate(raw):
+            name = f"weights[{i}]" if is_batch else "weights"
+            if a.ndim not in (2, 3, 4):
+                raise ValueError(
+                    f"{name}: expected shape (Nq, Nk), (heads, Nq, Nk) or (layers, heads, Nq, Nk), got {tuple(a.shape)}"
+                )
+            if 0 in a.shape:
+                raise ValueError(f"{name}: is empty (shape {tuple(a.shape)})")
+            if not np.all(np.isfinite(a)):
+                raise ValueError(f"{name}: contains NaN or infinite values")
+            examples.append(a.reshape((1,) * (4 - a.ndim) + a.shape))
+        if not examples:
+            raise ValueError("weights: got an empty batch")
+        lh = examples[0].shape[:2]
+        for i, a in enumerate(examples):
+            if a.shape[:2] != lh:
+                raise ValueError(
+                    f"weights[{i}]: every example needs the same (layers, heads) = {lh}, got {a.shape[:2]}"
+                )
+
+        def per_example(tokens, name, dim):
+            n = len(examples)
+            nested = (
+                tokens is not None
+                and not isinstance(tokens, str)
+                and len(tokens) > 0
+                and all(not isinstance(t, str) and hasattr(t, "__len__") for t in tokens)
+            )
+            if is_batch and nested:
+                if len(tokens) != n:
+                    raise ValueError(f"{name}: expected one token list per example ({n}), got {len(tokens)}")
+                return [_check_tokens(t, a.shape[dim], name, f" for example {i}") for i, (t, a) in enumerate(zip(tokens, examples))]
+            return [_check_tokens(tokens, a.shape[dim], name, f" for example {i}" if is_batch else "") for i, a in enumerate(examples)]
+
+        q_tokens = per_example(query_tokens, "query_tokens", 2)
+        if key_tokens is None and query_tokens is not None and all(a.shape[2] == a.shape[3] for a in examples):
+            k_tokens = q_tokens
+        else:
+            k_tokens = per_example(key_tokens, "key_tokens", 3)
+        return examples, q_tokens, k_tokens
+
+    # ---------------------------------------------------------------- state
+    def _on_example(self, change):
+        # the new example may have another number of query tokens: one redraw for both changes
+        with self._one_redraw():
+            self._set_query_options()
+
+    def _set_query_options(self):
+        tokens = self._q_tokens[self.example.value]
+        options = [("(none)", NO_QUERY)] + [(f"{i}: {t}", i) for i, t in enumerate(tokens)]
+        old = self.query.value if self.query.value is not None else NO_QUERY
+        self.query.options = options
+        self.query.value = old if old < len(tokens) else NO_QUERY
+
+    @property
+    def selected_query(self):
+        """The query row picked (an int), or None."""
+        return None if self.query.value in (None, NO_QUERY) else self.query.value
+
+    @property
+    def query_tokens(self):
+        """Tokens on the rows of the example shown."""
+        return self._q_tokens[self.example.value]
+
+    @property
+    def key_tokens(self):
+        """Tokens on the columns of the example shown."""
+        return self._k_tokens[self.example.value]
+
+    @property
+    def current_weights(self):
+        """The map(s) shown: ``(Nq, Nk)`` for one head, ``(heads, Nq, Nk)`` for the all-heads overview."""
+        w = self._examples[self.example.value][self.layer.value]
+        return w if self.head.value == ALL_HEADS else w[self.head.value]
+
+    def top_keys(self, query=None, head=None):
+        """The ``top_k`` keys of a query row as ``[(key index, key token, weight), ...]``, largest first.
+
+        Defaults: the selected query, and the selected head (head 0 if the overview is shown).
+        """
+        query = self.selected_query if query is None else query
+        if query is None:
+            return []
+        if head is None:
+            head = 0 if self.head.value == ALL_HEADS else self.head.value
+        row = self._examples[self.example.value][self.layer.value, head, query]
+        order = np.argsort(-row, kind="stable")[: self.top_k]
+        return [(int(j), self.key_tokens[j], float(row[j])) for j in order]
+
+    def _update_state(self):
+        q = self.selected_query
+        if q is None:
+            self.top_keys_html.value = "<i>Pick a query token to list the keys it attends to most.</i>"
+            return
+        heads = range(self.n_heads) if self.head.value == ALL_HEADS else [self.head.value]
+        rows = [[f"head {h}"] + [f"<code>{html.escape(tok)}</code>&nbsp;{w:.3f}" for _, tok, w in self.top_keys(q, h)]
+                for h in heads]
+        self.top_keys_html.value = (
+            f"<b>top {self.top_k} keys of query {q} <code>{html.escape(self.query_tokens[q])}</code></b>"
+            + html_table([""] + [f"#{i + 1}" for i in range(min(self.top_k, len(self.key_tokens)))], rows)
+        )
+
+    # ---------------------------------------------------------------- drawing
+    def _layout_key(self):
+        # tick labels depend on the example only; the bar chart writes its labels inside the axes
+        return (self.example.value, self.head.value == ALL_HEADS, self.selected_query is None, bool(self.title))
+
+    def _heading(self):
+        parts = [self.title] if self.title else []
+        if self.n_examples > 1:
+            parts.append(f"example {self.example.value}")
+        if self.n_layers > 1:
+            parts.append(f"layer {self.layer.value}")
+        if self.n_heads > 1:
+            parts.append("all heads" if self.head.value == ALL_HEADS else f"head {self.head.value}")
+        return ", ".join(parts)
+
+    @staticmethod
+    def _ticks(ax, tokens, axis):
+        n = len(tokens)
+        step = max(1, int(np.ceil(n / 40)))
+        idx = np.arange(0, n, step)
+        labels = [tokens[i] for i in idx]
+        if axis == "x":
+            ax.set_xticks(idx, labels, rotation=90, fontsize=8)
+        else:
+            ax.set_yticks(idx, labels, fontsize=8)
+
+    def to_figure(self):
+        """A matplotlib Figure of the current view (the static fallback of the widget)."""
+        w = self.current_weights
+        vmin = min(0.0, float(w.min()))
+        vmax = max(float(w.max()), 1e-12)
+        cmap = "viridis" if vmin >= 0 else "RdBu_r"
+        if vmin < 0:
+            vmax = max(vmax, -vmin)
+            vmin = -vmax
+        q = self.selected_query
+        if w.ndim == 3:
+            return self._overview_figure(w, q, vmin, vmax, cmap)
+        n_q, n_k = w.shape
+        width = float(np.clip(1.5 + 0.22 * n_k, 4, 9)) + (2.5 if q is not None else 0)
+        height = float(np.clip(1.2 + 0.22 * n_q, 2.5, 8))
+        fig = new_figure(width, height)
+        if q is not None:
+            ax, bar_ax = fig.subplots(1, 2, width_ratios=[3, 1.2])
+        else:
+            ax, bar_ax = fig.subplots(), None
+        im = ax.imshow(w, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+        fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
+        self._ticks(ax, self.key_tokens, "x")
+        self._ticks(ax, self.query_tokens, "y")
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        ax.set_title(self._heading() or "attention weights", fontsize=10)
+        if q is not None:
+            ax.add_patch(Rectangle((-0.5, q - 0.5), n_k, 1, fill=False, edgecolor="red", linewidth=2))
+            top = self.top_keys(q)
+            labels = [t for _, t, _ in top][::-1]
+            values = [v for _, _, v in top][::-1]
+            bar_ax.barh(range(len(top)), values, color="tab:red", alpha=0.6)
+            bar_ax.set_yticks([])
+            hi = max(1e-12, max(values))
+            bar_ax.set_xlim(min(0, min(values)), hi * 1.05)
+            bar_ax.set_ylim(-0.6, len(top) - 0.4)
+            for i, (tok, v) in enumerate(zip(labels, values)):
+                bar_ax.text(0.02 * hi, i, f"{tok}  {v:.3f}", va="center", fontsize=9)
+            bar_ax.set_title(f"top keys of {self.query_tokens[q]!r}", fontsize=9)
+        return fig
+
+    def _overview_figure(self, w, q, vmin, vmax, cmap):
+        """All heads of the layer as one tiled image (one imshow: fast for many heads)."""
+        n_heads, n_q, n_k = w.shape
+        cols = int(min(n_heads, 4 if n_heads <= 8 else int(np.ceil(np.sqrt(n_heads)))))
+        rows = int(np.ceil(n_heads / cols))
+        gap = max(1, int(round(0.12 * max(n_q, n_k))))
+        mosaic = np.full((rows * (n_q + gap) - gap, cols * (n_k + gap) - gap), np.nan)
+        for h in range(n_heads):
+            r, c = divmod(h, cols)
+            mosaic[r * (n_q + gap) : r * (n_q + gap) + n_q, c * (n_k + gap) : c * (n_k + gap) + n_k] = w[h]
+        aspect = mosaic.shape[0] / mosaic.shape[1]
+        width = 8.0
+        fig = new_figure(width, float(np.clip(width * aspect * 0.9 + 0.8, 2.5, 9)))
+        ax = fig.subplots()
+        im = ax.imshow(mosaic, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto")
+        fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for h in range(n_heads):
+            r, c = divmod(h, cols)
+            y0, x0 = r * (n_q + gap), c * (n_k + gap)
+            ax.text(x0, y0 - 0.3, f"head {h}", fontsize=8, va="bottom")
+            if q is not None:
+                ax.add_patch(Rectangle((x0 - 0.5, y0 + q - 0.5), n_k, 1, fill=False, edgecolor="red", linewidth=1.5))
+        ax.set_title((self._heading() or "all heads") + "  (rows: queries, columns: keys)", fontsize=10, pad=14)
+        for side in ax.spines.values():
+            side.set_visible(False)
+        return fig

@@ -1,0 +1,42 @@
+"""Triton kernels of the course, shipped as ``attnlab.kernels``.
+
+Each file reads like one of Triton's tutorials: what you learn, the naive version with its
+memory traffic counted, the kernel with its traffic counted, the launching wrapper.
+
+* ``vector_add.py``: the first kernel (programs, blocks, pointers, masks).
+* ``softmax.py``: fused row softmax.
+* ``standard_attention.py``: unfused attention (S, softmax, PV) and its backward.
+* ``flash_attention.py``: FlashAttention-2 forward and backward.
+* ``block_mask.py`` and ``block_sparse_attention.py``: block-sparse FlashAttention.
+
+On CUDA tensors the kernels run compiled; on CPU tensors they run in Triton's interpreter
+from the same source, with nothing to set (see ``_runtime.py``).
+
+Example::
+
+    from attnlab.kernels import flash_attention
+    o = flash_attention(q, k, v, causal=True)
+"""
+
+from .block_mask import (
+    BlockMask,
+    causal_block_mask,
+    full_mask,
+    global_mask,
+    intersection,
+    local_mask,
+    random_mask,
+    strided_mask,
+    union,
+)
+from .block_sparse_attention import block_sparse_attention
+from .flash_attention import flash_attention
+from .softmax import softmax
+from .standard_attention import standard_attention
+from .vector_add import vector_add
+
+__all__ = [
+    "softmax", "standard_attention", "flash_attention", "block_sparse_attention", "BlockMask",
+    "local_mask", "strided_mask", "global_mask", "causal_block_mask", "random_mask", "full_mask",
+    "union", "intersection", "vector_add",
+]

@@ -1,0 +1,92 @@
+"""Block-sparse FlashAttention: the FlashAttention kernels, walking a list of blocks.
+
+What you learn here:
+
+* the only change from ``flash_attention.py`` is the loop over key blocks: instead of
+  ``for start_n in range(0, Nk, BLOCK_N)``, each query block reads how many key blocks it
+  visits (``kv_num_blocks``, one int) and then their indices one by one (``kv_indices``), and
+  does pointer arithmetic with them. A tile left out of the list is never loaded and never
+  computed: its cost in time *and* in memory traffic is zero (compare a dense kernel that
+  masks the tile with ``-inf``: it still loads K and V);
+* the backward pass needs the list the other way round: for each key block, the query
+  blocks that see it (``q_num_blocks``, ``q_indices``), because the dK/dV kernel loops over
+  query blocks;
+* the traffic therefore scales with the density: per (batch, head), about
+  ``Nq d + density * ceil(Nq / BQ) * 2 Nk d`` elements read for the forward
+  (``attnlab.iomodel.block_sparse_forward_io`` gives the exact count for a given mask).
+
+The naive version is dense attention under the element mask the block mask implies
+(``attnlab.attention.block_sparse_reference``): it does all the work and throws most away.
+Loading an integer index from a tensor and adding it to a pointer is an ordinary load, so
+this kernel runs in Triton's CPU interpreter too (which cannot load *pointers* from tensors).
+"""
+
+import math
+
+import torch
+
+from .block_mask import BlockMask, _check_block_size, causal_block_mask
+from .flash_attention import _FlashAttention, _validate_qkv
+
+__all__ = ["block_sparse_attention", "prepare_block_mask"]
+
+
+def prepare_block_mask(block_mask, block_size, n_q, n_k, batch, heads, causal=False):
+    """Check ``block_mask`` against the shapes and return (BlockMask, (kv_num, kv_idx, q_num, q_idx)).
+
+    The lists are expanded to (batch, heads, ...) int32 and, with ``causal``, tiles wholly
+    above the diagonal are dropped from them (so causal masking skips whole tiles here too).
+    """
+    if isinstance(block_mask, BlockMask):
+        if block_size is not None and tuple(block_size) != block_mask.block_size:
+            raise ValueError(f"block_size {tuple(block_size)} differs from block_mask.block_size {block_mask.block_size}")
+        bm = block_mask
+    elif isinstance(block_mask, torch.Tensor):
+        if block_mask.dtype != torch.bool:
+            raise TypeError(f"block_mask must be a bool tensor or a BlockMask, got a tensor of {block_mask.dtype}")
+        bm = BlockMask(block_mask, _check_block_size((64, 64) if block_size is None else block_size))
+    else:
+        raise TypeError(f"block_mask must be a BlockMask or a bool tensor, got {type(block_mask).__name__}")
+    bq, bk = bm.block_size
+    want = (math.ceil(n_q / bq), math.ceil(n_k / bk))
+    b, h = bm.shape[:2]
+    if bm.num_blocks != want or b not in (1, batch) or h not in (1, heads):
+        raise ValueError(
+            f"block_mask has shape {bm.shape}; for q with {n_q} positions, k with {n_k}, batch {batch}, "
+            f"heads {heads} and block_size {bm.block_size} it must be ({batch} or 1, {heads} or 1, {want[0]}, {want[1]})"
+        )
+    mask = bm.mask.cpu()  # the lists are built on the host, then moved to the inputs' device
+    if causal:
+        mask = mask & causal_block_mask(n_q, n_k, bm.block_size).mask
+    mask = mask.expand(batch, heads, *want)
+    kv_num, kv_idx = BlockMask._lists(mask)
+    q_num, q_idx = BlockMask._lists(mask.transpose(-1, -2))
+    return bm, (kv_num, kv_idx, q_num, q_idx)
+
+
+def block_sparse_attention(q, k, v, block_mask, block_size=None, causal=False, scale=None):
+    """Attention computed only on the tiles a block mask keeps; differentiable.
+
+    q: (B, H, Nq, d), k and v: (B, H, Nk, d), d in 16, 32, 64, 128.
+    block_mask: a :class:`BlockMask`, or a bool tensor (B or 1, H or 1, ceil(Nq/BQ), ceil(Nk/BK))
+    with ``block_size=(BQ, BK)`` (default (64, 64)); BQ and BK in 16, 32, 64, 128.
+    ``causal`` additionally masks key > query inside the kept tiles (top-left aligned).
+    Query rows that see no key output zeros. Returns o (B, H, Nq, d).
+
+    Example: ``o = block_sparse_attention(q, k, v, local_mask(512, 512, 64, (64, 64)))``
+    """
+    _validate_qkv(q, k, v, scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if block_size is not None:
+        _check_block_size(block_size)
+    B, H, n_q, d = q.shape
+    n_k = k.shape[-2]
+    bm, lists = prepare_block_mask(block_mask, block_size, n_q, n_k, B, H, causal)
+    lists = tuple(t.to(q.device) for t in lists)
+    scale = float(d ** -0.5 if scale is None else scale)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    blocks = bm.block_size
+    o, _ = _FlashAttention.apply(q, k, v, causal, scale, blocks, blocks, lists)
+    return o
+

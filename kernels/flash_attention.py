@@ -1,0 +1,510 @@
+"""FlashAttention-2 in Triton: forward with the online softmax, backward with recomputation.
+
+What you learn here:
+
+* how one program per (block of queries, batch x head) walks the keys and values block by
+  block, keeping a running max ``m``, a running sum ``l`` and an unnormalised output ``acc``
+  on chip, so the N x N score matrix never reaches global memory (Dao et al. 2022; the loop
+  order with queries outside is FlashAttention-2, Dao 2023);
+* why the forward stores the log-sum-exp ``L`` of each row (N numbers) and how the
+  backward uses it to *recompute* the probabilities P instead of reading them;
+* how causal attention skips whole blocks above the diagonal (they are never loaded), and
+  how boundary masks make any sequence length work;
+* the memory traffic of each kernel, counted in comments and predicted exactly by
+  :mod:`attnlab.iomodel` (``flash_forward_io``, ``flash_backward_io``).
+
+Conventions: q (B, H, Nq, d), k and v (B, H, Nk, d); causal means query i sees key j <= i
+(top-left alignment, exactly ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``,
+also when Nq != Nk). A query row that sees no key at all (possible only with a block-sparse
+mask) gets output 0, gradient 0 and log-sum-exp -inf.
+
+The same kernels, with ``SPARSE=True``, are the block-sparse kernels of
+``block_sparse_attention.py``: the loop over key blocks then walks a list of block
+indices instead of a range.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
+
+__all__ = ["flash_attention", "naive_attention_reference", "SUPPORTED_HEAD_DIMS", "default_block_sizes"]
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+LOG2E = 1.4426950408889634  # exp(x) == exp2(x * LOG2E); exp2 is the GPU's native instruction
+LN2 = 0.6931471805599453
+
+
+# ---------------------------------------------------------------------------------------
+# The naive version first: what FlashAttention replaces.
+# ---------------------------------------------------------------------------------------
+def naive_attention_reference(q, k, v, causal=False, scale=None):
+    """Attention in plain PyTorch with the N x N matrices materialised. Shapes as above."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    # read Nq*d + Nk*d elements; write Nq*Nk elements (S)
+    s = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    # read Nq*Nk elements; write Nq*Nk elements (P)
+    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    # read Nq*Nk + Nk*d elements; write Nq*d elements (O)
+    return p @ v
+    # per head: 3 Nq Nk + (2 Nq + 2 Nk) d elements at least; FlashAttention: O((Nq + Nk) d)
+    # per pass over K/V, and the Nq x Nk terms are gone.
+
+
+# ---------------------------------------------------------------------------------------
+# Forward kernel
+# ---------------------------------------------------------------------------------------
+@jit
+def _attn_fwd_kernel(
+    Q, K, V, O, L,                       # L: log-sum-exp per query row, a (B, H, Nq, 1) column
+    KV_NUM, KV_IDX,                      # block-sparse only: (B, H, nqb) counts, (B, H, nqb, nkb) indices
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    stride_lb, stride_lh,
+    stride_numb, stride_numh, stride_idxb, stride_idxh, stride_idxq,
+    H, N_Q, N_K, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)             # which block of BLOCK_M queries
+    pid_bh = tl.program_id(1)            # which (batch, head)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+
+    # read BLOCK_M * d elements of Q, once (rows past Nq are masked off and cost nothing)
+    q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
+    qk_scale = sm_scale * 1.4426950408889634          # fold log2(e) in: use exp2 below
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max (log2 units)
+    l_i = tl.zeros([BLOCK_M], tl.float32)                # running row sum of exp2(s - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)      # running unnormalised output
+
+    # which key blocks this query block visits
+    if SPARSE:
+        n_blocks = tl.load(KV_NUM + b * stride_numb + h * stride_numh + pid_m)  # read 1 int
+        idx_base = KV_IDX + b * stride_idxb + h * stride_idxh + pid_m * stride_idxq
+    else:
+        if CAUSAL:
+            # query rows < min((pid_m + 1) * BLOCK_M, Nq) see keys < that bound: blocks
+            # entirely above the diagonal are never loaded
+            hi = tl.minimum(tl.minimum((pid_m + 1) * BLOCK_M, N_Q), N_K)
+        else:
+            hi = N_K
+        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+
+    for it in range(0, n_blocks):
+        if SPARSE:
+            start_n = tl.load(idx_base + it) * BLOCK_N   # read 1 int: the block's index
+        else:
+            start_n = it * BLOCK_N
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        # read BLOCK_N * d elements of K (keys past Nk masked off)
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=offs_n[:, None] < N_K, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), on chip
+        keep = offs_n[None, :] < N_K
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        s = tl.where(keep, s, float("-inf"))
+        # online softmax: new max, rescale what was accumulated so far
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: no NaN
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # read BLOCK_N * d elements of V
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=offs_n[:, None] < N_K, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    # write BLOCK_M * d elements of O
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
+    # write BLOCK_M elements of L: log-sum-exp in natural-log units (-inf for an empty row)
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    tl.store(L + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
+    # per program: read (1 + 2 * visited blocks) tiles, write one O tile and one L column.
+    # per (batch, head), not causal: read Nq d + ceil(Nq / BLOCK_M) * 2 Nk d, write Nq d + Nq
+
+
+# ---------------------------------------------------------------------------------------
+# Backward kernels
+# ---------------------------------------------------------------------------------------
+@jit
+def _attn_bwd_preprocess_kernel(
+    O, DO, DELTA,                        # DELTA: (B, H, Nq, 1) column, like L
+    stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don, stride_deltab, stride_deltah,
+    H, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = offs_m[:, None] < N_Q
+    # read 2 * BLOCK_M * d elements (O and dO)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=rows, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=rows, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij
+    # write BLOCK_M elements
+    tl.store(DELTA + b * stride_deltab + h * stride_deltah + offs_m, delta, mask=offs_m < N_Q)
+
+
+@jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, L, DELTA, DK, DV,
+    Q_NUM, Q_IDX,                        # block-sparse only: for each key block, the query blocks that see it
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_don,
+    stride_lb, stride_lh,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    stride_numb, stride_numh, stride_idxb, stride_idxh, stride_idxk,
+    H, N_Q, N_K, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # one program per (block of BLOCK_N keys, batch x head); it loops over query blocks
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_rows = offs_n[:, None] < N_K
+    # read 2 * BLOCK_N * d elements (K and V), once
+    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
+    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
+    q_base = Q + b * stride_qb + h * stride_qh
+    do_base = DO + b * stride_dob + h * stride_doh
+    l_base = L + b * stride_lb + h * stride_lh
+    delta_base = DELTA + b * stride_lb + h * stride_lh
+    qk_scale = sm_scale * 1.4426950408889634
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+
+    if SPARSE:
+        n_blocks = tl.load(Q_NUM + b * stride_numb + h * stride_numh + pid_n)   # read 1 int
+        idx_base = Q_IDX + b * stride_idxb + h * stride_idxh + pid_n * stride_idxk
+        first = 0
+    else:
+        n_blocks = (N_Q + BLOCK_M - 1) // BLOCK_M
+        if CAUSAL:
+            first = (pid_n * BLOCK_N) // BLOCK_M   # query blocks wholly above this key block see none of it
+            n_blocks = tl.where(pid_n * BLOCK_N < N_Q, n_blocks, first)  # keys past the last query: none
+        else:
+            first = 0
+
+    for it in range(first, n_blocks):
+        if SPARSE:
+            start_m = tl.load(idx_base + it) * BLOCK_M   # read 1 int
+        else:
+            start_m = it * BLOCK_M
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_rows = offs_m[:, None] < N_Q
+        # read 2 * BLOCK_M * d elements (Q and dO) and 2 * BLOCK_M (L and D)
+        q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], mask=q_rows, other=0.0)
+        lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        # recompute P^T for this tile from Q, K and L (never stored in the forward)
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # empty row: P = 0
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale      # (BLOCK_N, BLOCK_M)
+        p_t = tl.math.exp2(s_t - lse2[None, :])
+        keep = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :])
+        p_t = tl.where(keep, p_t, 0.0)
+        do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)            # dV += P^T dO
+        delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # (dP)^T = V dO^T
+        ds_t = p_t * (dp_t - delta[None, :])                                         # dS = P * (dP - D)
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)             # dK += dS^T Q
+    dk = dk * sm_scale
+    # write 2 * BLOCK_N * d elements (dK and dV)
+    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=kv_rows)
+    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_rows)
+
+
+@jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, DO, L, DELTA, DQ,
+    KV_NUM, KV_IDX,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_don,
+    stride_lb, stride_lh,
+    stride_dqb, stride_dqh, stride_dqn,
+    stride_numb, stride_numh, stride_idxb, stride_idxh, stride_idxq,
+    H, N_Q, N_K, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # one program per (block of BLOCK_M queries, batch x head); the same key blocks as the forward
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_rows = offs_m[:, None] < N_Q
+    # read 2 * BLOCK_M * d elements (Q, dO) and 2 * BLOCK_M (L, D), once
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=q_rows, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
+    lse = tl.load(L + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
+    delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    qk_scale = sm_scale * 1.4426950408889634
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    if SPARSE:
+        n_blocks = tl.load(KV_NUM + b * stride_numb + h * stride_numh + pid_m)   # read 1 int
+        idx_base = KV_IDX + b * stride_idxb + h * stride_idxh + pid_m * stride_idxq
+    else:
+        if CAUSAL:
+            hi = tl.minimum(tl.minimum((pid_m + 1) * BLOCK_M, N_Q), N_K)
+        else:
+            hi = N_K
+        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+
+    for it in range(0, n_blocks):
+        if SPARSE:
+            start_n = tl.load(idx_base + it) * BLOCK_N   # read 1 int
+        else:
+            start_n = it * BLOCK_N
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_rows = offs_n[:, None] < N_K
+        # read 2 * BLOCK_N * d elements (K and V)
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse2[:, None])                  # recomputed P tile
+        keep = (offs_n[None, :] < N_K) & (offs_m[:, None] < N_Q)
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        p = tl.where(keep, p, 0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO V^T
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dQ += dS K
+    dq = dq * sm_scale
+    # write BLOCK_M * d elements
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=q_rows)
+
+
+# ---------------------------------------------------------------------------------------
+# Wrappers
+# ---------------------------------------------------------------------------------------
+# The interpreter pays a fixed cost per operation, not per element: big blocks are cheap.
+INTERPRETER_BLOCKS = (128, 128)
+
+
+def default_block_sizes(head_dim: int, dtype: torch.dtype, device, backward: bool = False) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) the kernels use by default on ``device`` (interpreter or GPU)."""
+    if use_interpreter(device):
+        return INTERPRETER_BLOCKS
+    if dtype == torch.float32:
+        return (32, 32) if (backward or head_dim > 64) else (64, 32)
+    if backward:
+        return (64, 64) if head_dim <= 64 else (32, 64)
+    return (128, 64)
+
+
+def _num_warps(head_dim, dtype, block_m, block_n):
+    return 8 if (head_dim >= 128 or block_m * block_n >= 128 * 128) and dtype != torch.float32 else 4
+
+
+def _validate_qkv(q, k, v, scale):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (batch, heads, seq, head_dim), got {tuple(t.shape)}")
+        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+        if t.shape[-2] == 0:
+            raise ValueError(f"{name} must have at least one position (seq >= 1), got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all inputs must be on one device")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: all inputs must share a dtype")
+        if t.shape[:2] != q.shape[:2]:
+            raise ValueError(f"{name} has batch and heads {tuple(t.shape[:2])} but q has {tuple(q.shape[:2])}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k has head_dim {k.shape[-1]} but q has {q.shape[-1]}")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v has {v.shape[-2]} positions but k has {k.shape[-2]}")
+    if v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"v has head_dim {v.shape[-1]} but q has {q.shape[-1]} (the kernels need them equal)")
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"q has head_dim {q.shape[-1]}; the kernels support head_dim in {SUPPORTED_HEAD_DIMS}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q is on {q.device}; the kernels run on CPU (interpreter) or CUDA tensors")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    check_interpreter_dtype(q=q, k=k, v=v)
+
+
+def _check_blocks(block_m, block_n):
+    for name, bs in (("block_m", block_m), ("block_n", block_n)):
+        if not isinstance(bs, int) or isinstance(bs, bool) or bs < 16 or bs & (bs - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {bs!r}")
+
+
+def _sparse_args(num, idx):
+    """Pointer and strides for the block lists, or placeholders when not sparse."""
+    if num is None:
+        return (None, None), (0, 0, 0, 0, 0)
+    return (num, idx), (num.stride(0), num.stride(1), idx.stride(0), idx.stride(1), idx.stride(2))
+
+
+def _flash_forward(q, k, v, causal, scale, block_m, block_n, kv_num=None, kv_idx=None):
+    """Launch the forward kernel. Returns o (B, H, Nq, d) and lse (B, H, Nq) float32."""
+    B, H, n_q, d = q.shape
+    n_k = k.shape[-2]
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, n_q, 1), device=q.device, dtype=torch.float32)
+    (num, idx), sp = _sparse_args(kv_num, kv_idx)
+    grid = (triton.cdiv(n_q, block_m), B * H)
+    extra = {} if use_interpreter(q.device) else {"num_warps": _num_warps(d, q.dtype, block_m, block_n), "num_stages": 3 if d <= 64 else 2}
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse, num, idx,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        o.stride(0), o.stride(1), o.stride(2),
+        lse.stride(0), lse.stride(1),
+        *sp,
+        H, n_q, n_k, scale,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
+        CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+        **extra,
+    )
+    return o, lse.squeeze(-1)
+
+
+def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m, block_n,
+                    kv_num=None, kv_idx=None, q_num=None, q_idx=None):
+    """Launch the three backward kernels. Returns dq, dk, dv."""
+    B, H, n_q, d = q.shape
+    n_k = k.shape[-2]
+    do = do.contiguous()
+    lse = lse.unsqueeze(-1)                       # (B, H, Nq, 1) column, as the forward stored it
+    delta = torch.empty_like(lse)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    interp = use_interpreter(q.device)
+    extra = {} if interp else {"num_warps": 8 if d >= 128 else 4, "num_stages": 2}
+    grid_m = (triton.cdiv(n_q, block_m), B * H)
+    _attn_bwd_preprocess_kernel[grid_m](
+        o, do, delta,
+        o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), delta.stride(0), delta.stride(1),
+        H, n_q, HEAD_DIM=d, BLOCK_M=block_m,
+    )
+    (qn, qi), sp_q = _sparse_args(q_num, q_idx)
+    _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), B * H)](
+        q, k, v, do, lse, delta, dk, dv, qn, qi,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        lse.stride(0), lse.stride(1),
+        dk.stride(0), dk.stride(1), dk.stride(2),
+        dv.stride(0), dv.stride(1), dv.stride(2),
+        *sp_q,
+        H, n_q, n_k, scale,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
+        CAUSAL=bool(causal), SPARSE=q_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+        **extra,
+    )
+    (kn, ki), sp_k = _sparse_args(kv_num, kv_idx)
+    _attn_bwd_dq_kernel[grid_m](
+        q, k, v, do, lse, delta, dq, kn, ki,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        lse.stride(0), lse.stride(1),
+        dq.stride(0), dq.stride(1), dq.stride(2),
+        *sp_k,
+        H, n_q, n_k, scale,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
+        CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+        **extra,
+    )
+    return dq, dk, dv
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Forward saves q, k, v, o and the log-sum-exp (not P); backward recomputes P block by block.
+
+    ``sparse`` is None (dense) or the block lists (kv_num, kv_idx, q_num, q_idx) of a block mask.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, blocks_fwd, blocks_bwd, sparse=None):
+        kv = sparse[:2] if sparse is not None else ()
+        o, lse = _flash_forward(q, k, v, causal, scale, *blocks_fwd, *kv)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale, ctx.blocks_bwd, ctx.sparse = causal, scale, blocks_bwd, sparse
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        sp = ctx.sparse if ctx.sparse is not None else ()
+        dq, dk, dv = _flash_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, *ctx.blocks_bwd, *sp)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, block_m=None, block_n=None):
+    """FlashAttention-2 forward (and, through autograd, backward) as Triton kernels.
+
+    q: (B, H, Nq, d), k and v: (B, H, Nk, d); d in 16, 32, 64, 128; float32 or float16
+    (bfloat16 on a GPU). Returns o (B, H, Nq, d), and lse (B, H, Nq) float32 (natural log)
+    when ``return_lse``. ``block_m``/``block_n`` override the block sizes (forward and
+    backward alike); by default the interpreter uses 128 x 128 and a GPU smaller tiles.
+
+    Example: ``o = flash_attention(q, k, v, causal=True)``
+    """
+    _validate_qkv(q, k, v, scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    d = q.shape[-1]
+    scale = float(d ** -0.5 if scale is None else scale)
+    if block_m is None and block_n is None:
+        blocks_fwd = default_block_sizes(d, q.dtype, q.device)
+        blocks_bwd = default_block_sizes(d, q.dtype, q.device, backward=True)
+    else:
+        dm, dn = default_block_sizes(d, q.dtype, q.device)
+        blocks_fwd = blocks_bwd = (dm if block_m is None else block_m, dn if block_n is None else block_n)
+        _check_blocks(*blocks_fwd)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o, lse = _FlashAttention.apply(q, k, v, causal, scale, blocks_fwd, blocks_bwd)
+    return (o, lse) if return_lse else o
