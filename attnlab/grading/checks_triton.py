@@ -147,12 +147,23 @@ class _RecordLoads:
         return int((~flags[index[inside_memory]]).sum())
 
 
+def _interpreter_session():
+    """attnlab's own interpreter session (interpreted tl.* helpers, tl.dot on one BLAS thread)."""
+    try:
+        from attnlab._interp_hooks import interpreter_session
+    except ImportError:  # pragma: no cover - a checkout without the kernels' runtime
+        import contextlib
+
+        return contextlib.nullcontext()
+    return interpreter_session()
+
+
 def _launch(kernel, name, grid, args, kwargs, label):
     try:
         if _device() == "cuda":
             kernel[grid](*args, **kwargs)
         else:
-            with _JitCallsInterpreted():
+            with _interpreter_session(), _JitCallsInterpreted():
                 kernel[grid](*args, **kwargs)
     except NotImplementedError:
         from attnlab.grading.core import NotDone
