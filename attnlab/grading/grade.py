@@ -204,9 +204,9 @@ def _env(extra=None):
 
 def identify(nb, path):
     """The exercise a notebook is: its metadata, else its file name. None if unknown."""
-    from attnlab.grading.checks import EXERCISES, _load_all
+    from attnlab.grading.parts import exercises
 
-    _load_all()
+    EXERCISES = exercises()
     name = nb.get("metadata", {}).get("attnlab", {}).get("exercise")
     if name in EXERCISES:
         return name
@@ -223,8 +223,10 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     """Grade one notebook in this process. Returns the report dict (see the module doc)."""
     import nbformat
 
-    from attnlab.grading.checks import EXERCISES, PARTS
     from attnlab.grading.generate import check_ids
+    from attnlab.grading.parts import exercises, points
+
+    EXERCISES, POINTS = exercises(), points()
 
     path = Path(path)
     report = {"path": str(path), "score": 0, "max_score": 0, "parts": []}
@@ -239,7 +241,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         return report
     report["exercise"] = exercise
     parts = EXERCISES[exercise]
-    report["max_score"] = sum(PARTS[p].points for p in parts)
+    report["max_score"] = sum(POINTS[p] for p in parts)
 
     # which cells belong to which part: a part ends with its check cell
     grade_after, owner, setup = {}, {}, set()
@@ -300,7 +302,6 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             runner.stop()
 
     for p in parts:
-        info = PARTS[p]
         r = results.get(p)
         reasons = setup_problems + problems[p]
         if r is None:
@@ -319,8 +320,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                 feedback += "\n    also: " + "; ".join(reasons)
         if p not in graded_somewhere and r is not None:
             feedback += "\n    (its check cell is missing: graded at the end of the notebook)"
-        points = info.points if passed else 0
-        report["parts"].append({"name": p, "points": points, "max_points": info.points, "feedback": feedback,
+        report["parts"].append({"name": p, "points": POINTS[p] if passed else 0, "max_points": POINTS[p], "feedback": feedback,
                                 "diagnosis": [] if r is None else r.get("diagnosis", [])})
     report["score"] = sum(part["points"] for part in report["parts"])
     return report
