@@ -22,12 +22,13 @@ Three families, each small enough to read in one sitting, all on tensors shaped
   ``phi(Q) (phi(K)^T V)`` normalised by ``phi(Q) phi(K)^T 1``: linear in ``n``.
   Unbiased; the error falls like ``1/sqrt(m)`` with the number of features.
 
-Each method has a cost function (:func:`linformer_cost`, :func:`performer_cost`,
-:func:`local_window_cost`) returning the FLOPs and the HBM bytes an unfused
-PyTorch implementation moves, step by step, counted with the same conventions
-as :mod:`attnlab.iomodel`: a matmul ``(a, b) @ (b, c)`` is ``2abc`` FLOPs; every
-step reads its inputs from and writes its output to HBM once; bytes are
-elements times ``element_size`` (4 for float32).
+Each method has a cost function (:func:`linformer_io`, :func:`performer_io`,
+:func:`local_window_io`) returning an :class:`attnlab.iomodel.IO`: the HBM bytes
+read and written and the FLOPs, step by step, with :mod:`attnlab.iomodel`'s
+conventions (a matmul ``(a, b) @ (b, c)`` is ``2abc`` FLOPs, elementwise work is
+not counted; every unfused step reads its inputs from HBM and writes its output
+there; ``bytes_per_element`` 2 for fp16, 4 for fp32). Set them beside
+``iomodel.standard_forward_io`` and ``iomodel.flash_forward_io``.
 
 Example::
 
@@ -51,15 +52,10 @@ __all__ = [
     "performer_features",
     "performer_attention",
     "relative_error",
-    "standard_cost",
-    "local_window_cost",
-    "linformer_cost",
-    "performer_cost",
-    "SOFTMAX_FLOPS_PER_ELEMENT",
+    "local_window_io",
+    "linformer_io",
+    "performer_io",
 ]
-
-# FLOPs charged per element of a row softmax: max, subtract, exp, sum, divide.
-SOFTMAX_FLOPS_PER_ELEMENT = 5
 
 
 # ----------------------------------------------------------------------------- checks
@@ -378,109 +374,78 @@ def performer_attention(q, k, v, num_features=256, seed=0, causal=False, scale=N
 
 
 # ----------------------------------------------------------------------------- cost model
-def _cost(steps, element_size):
-    """Sum a list of (name, flops, elements_read, elements_written) into a cost dict."""
-    rows = []
-    for name, flops, read, written in steps:
-        rows.append(
-            {
-                "step": name,
-                "flops": int(flops),
-                "bytes_read": int(read * element_size),
-                "bytes_written": int(written * element_size),
-            }
-        )
-    total_read = sum(r["bytes_read"] for r in rows)
-    total_written = sum(r["bytes_written"] for r in rows)
-    return {
-        "flops": sum(r["flops"] for r in rows),
-        "bytes_read": total_read,
-        "bytes_written": total_written,
-        "bytes": total_read + total_written,
-        "steps": rows,
-    }
-
-
 def _check_shape_args(**kw):
     for name, value in kw.items():
         _check_positive_int(name, value)
 
 
-def standard_cost(n, d, batch=1, heads=1, element_size=4):
-    """FLOPs and HBM bytes of standard (unfused) attention, step by step: S = QK^T, P = softmax(S), O = PV.
+def _step(name, flops, read, written, e):
+    """One unfused step as an :class:`attnlab.iomodel.IO` part: elements read/written times ``e`` bytes."""
+    from attnlab.iomodel import IO
 
-    Returns ``{"flops", "bytes_read", "bytes_written", "bytes", "steps": [...]}``;
-    each step reads its inputs from HBM and writes its output there (the
-    n x n matrices S and P included), as in Dao et al. 2022, Algorithm 0.
+    io = IO(int(read * e), int(written * e), int(flops))
+    return IO(io.bytes_read, io.bytes_written, io.flops, {name: io})
 
-    Example: ``standard_cost(1024, 64)["bytes"]``
+
+def local_window_io(batch, heads, n, d=64, window=64, block_size=(64, 64), bytes_per_element=2):
+    """HBM bytes and FLOPs of local-window attention run by the block-sparse FlashAttention kernel.
+
+    The kernel visits only the blocks :func:`local_window_block_mask` keeps, so this is
+    :func:`attnlab.iomodel.block_sparse_forward_io` under that mask: per kept block one K and
+    one V tile read and ``4 B_q B_k d`` FLOPs; Q read and O written once. No n x n matrix
+    reaches HBM, and the cost grows as ``n * window`` instead of ``n^2``.
+    Returns an :class:`attnlab.iomodel.IO`.
+
+    Example: ``local_window_io(1, 1, 4096, 64, window=256).total_bytes``
     """
-    _check_shape_args(n=n, d=d, batch=batch, heads=heads, element_size=element_size)
-    bh = batch * heads
-    steps = [
-        ("S = Q K^T", bh * 2 * n * n * d, bh * 2 * n * d, bh * n * n),
-        ("P = softmax(S)", bh * SOFTMAX_FLOPS_PER_ELEMENT * n * n, bh * n * n, bh * n * n),
-        ("O = P V", bh * 2 * n * n * d, bh * (n * n + n * d), bh * n * d),
-    ]
-    return _cost(steps, element_size)
+    from attnlab.iomodel import block_sparse_forward_io
 
-
-def local_window_cost(n, d, window, block_size=64, batch=1, heads=1, element_size=4):
-    """FLOPs and HBM bytes of local-window attention run block-sparse, FlashAttention style.
-
-    Only the ``(n / B) x (n / B)`` blocks that :func:`local_window_block_mask`
-    keeps are computed; per kept block the kernel reads one K and one V block
-    and does ``4 B^2 d`` FLOPs (plus the softmax); Q and O are read and
-    written once. No n x n matrix reaches HBM.
-
-    Example: ``local_window_cost(4096, 64, window=256)["flops"]``
-    """
-    _check_shape_args(n=n, d=d, block_size=block_size, batch=batch, heads=heads, element_size=element_size)
+    _check_shape_args(batch=batch, heads=heads, n=n, d=d, bytes_per_element=bytes_per_element)
     _check_nonneg_int("window", window)
-    blocks = int(local_window_block_mask(n, n, window, block_size=(block_size, block_size)).sum())
-    bh = batch * heads
-    b = block_size
-    steps = [
-        ("read Q, write O", 0, bh * n * d, bh * n * d),
-        ("per kept block: S, softmax, P V", bh * blocks * (4 * b * b * d + SOFTMAX_FLOPS_PER_ELEMENT * b * b),
-         bh * blocks * 2 * b * d, 0),
-    ]
-    return _cost(steps, element_size)
+    mask = local_window_block_mask(n, n, window, block_size=block_size)
+    return block_sparse_forward_io(batch, heads, n, d=d, bytes_per_element=bytes_per_element,
+                                   block_mask=mask, block_size=tuple(block_size))
 
 
-def linformer_cost(n, d, rank, batch=1, heads=1, element_size=4):
-    """FLOPs and HBM bytes of :func:`linformer_attention` (unfused, pooling bias ignored), step by step.
+def linformer_io(batch, heads, n, d=64, rank=64, bytes_per_element=2):
+    """HBM bytes and FLOPs of :func:`linformer_attention` run as unfused PyTorch steps.
 
-    Example: ``linformer_cost(4096, 64, rank=256)["flops"]``
+    Same conventions as :mod:`attnlab.iomodel`: every step reads its inputs from HBM and
+    writes its output there; FLOPs count matmuls only (2 per multiply-add), not the softmax's
+    exponentials. Per (batch, head): ``K' = E K`` and ``V' = F V`` (``2 rank n d`` each),
+    ``S = Q K'^T`` (``n x rank``), softmax, ``O = P V'``. Returns an :class:`attnlab.iomodel.IO`
+    whose ``parts`` name the steps.
+
+    Example: ``linformer_io(1, 1, 4096, 64, rank=256).flops``
     """
-    _check_shape_args(n=n, d=d, rank=rank, batch=batch, heads=heads, element_size=element_size)
-    bh, k = batch * heads, rank
-    steps = [
-        ("K' = E K", bh * 2 * k * n * d, bh * (k * n + n * d), bh * k * d),
-        ("V' = F V", bh * 2 * k * n * d, bh * (k * n + n * d), bh * k * d),
-        ("S = Q K'^T", bh * 2 * n * k * d, bh * (n * d + k * d), bh * n * k),
-        ("P = softmax(S)", bh * SOFTMAX_FLOPS_PER_ELEMENT * n * k, bh * n * k, bh * n * k),
-        ("O = P V'", bh * 2 * n * k * d, bh * (n * k + k * d), bh * n * d),
-    ]
-    return _cost(steps, element_size)
+    _check_shape_args(batch=batch, heads=heads, n=n, d=d, rank=rank, bytes_per_element=bytes_per_element)
+    k, e = rank, bytes_per_element
+    io = (_step("K' = E K", 2 * k * n * d, k * n + n * d, k * d, e)
+          + _step("V' = F V", 2 * k * n * d, k * n + n * d, k * d, e)
+          + _step("S = Q K'^T", 2 * n * k * d, n * d + k * d, n * k, e)
+          + _step("P = softmax(S)", 0, n * k, n * k, e)
+          + _step("O = P V'", 2 * n * k * d, n * k + k * d, n * d, e))
+    return io.scaled(batch * heads)
 
 
-def performer_cost(n, d, num_features, batch=1, heads=1, element_size=4):
-    """FLOPs and HBM bytes of non-causal :func:`performer_attention` (unfused), step by step.
+def performer_io(batch, heads, n, d=64, num_features=256, bytes_per_element=2):
+    """HBM bytes and FLOPs of non-causal :func:`performer_attention` run as unfused PyTorch steps.
 
-    The feature maps are charged one matmul plus ~4 elementwise FLOPs per
-    feature (square-norm, subtract, exp, scale).
+    Same conventions as :mod:`attnlab.iomodel` (matmul FLOPs only; each step reads its
+    inputs and writes its output). Per (batch, head): the feature maps ``phi(Q)``, ``phi(K)``
+    (a ``n x d`` by ``d x m`` matmul each, then elementwise), ``phi(K)^T V`` (``m x d``),
+    ``phi(Q) (phi(K)^T V)``, the normaliser ``phi(Q) phi(K)^T 1`` and the division.
+    Returns an :class:`attnlab.iomodel.IO`.
 
-    Example: ``performer_cost(4096, 64, num_features=256)["bytes"]``
+    Example: ``performer_io(1, 1, 4096, 64, num_features=256).total_bytes``
     """
-    _check_shape_args(n=n, d=d, num_features=num_features, batch=batch, heads=heads, element_size=element_size)
-    bh, m = batch * heads, num_features
-    steps = [
-        ("phi(Q)", bh * (2 * n * d * m + 4 * n * m), bh * (n * d + m * d), bh * n * m),
-        ("phi(K)", bh * (2 * n * d * m + 4 * n * m), bh * (n * d + m * d), bh * n * m),
-        ("KV = phi(K)^T V", bh * 2 * n * m * d, bh * (n * m + n * d), bh * m * d),
-        ("num = phi(Q) KV", bh * 2 * n * m * d, bh * (n * m + m * d), bh * n * d),
-        ("den = phi(Q) phi(K)^T 1", bh * (n * m + 2 * n * m), bh * (2 * n * m), bh * n),
-        ("O = num / den", bh * n * d, bh * (n * d + n), bh * n * d),
-    ]
-    return _cost(steps, element_size)
+    _check_shape_args(batch=batch, heads=heads, n=n, d=d, num_features=num_features,
+                      bytes_per_element=bytes_per_element)
+    m, e = num_features, bytes_per_element
+    io = (_step("phi(Q)", 2 * n * d * m, n * d + m * d, n * m, e)
+          + _step("phi(K)", 2 * n * d * m, n * d + m * d, n * m, e)
+          + _step("KV = phi(K)^T V", 2 * n * m * d, n * m + n * d, m * d, e)
+          + _step("num = phi(Q) KV", 2 * n * m * d, n * m + m * d, n * d, e)
+          + _step("den = phi(Q) phi(K)^T 1", 2 * n * m, 2 * n * m, n + m, e)
+          + _step("O = num / den", 0, n * d + n, n * d, e))
+    return io.scaled(batch * heads)

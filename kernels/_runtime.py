@@ -48,7 +48,11 @@ from attnlab._interp_hooks import interpreter_session
 
 __all__ = ["jit", "interpreting", "use_interpreter", "check_interpreter_dtype", "dot_precision", "Kernel"]
 
-_state = threading.local()
+# How many `interpreting()` blocks are open. Deliberately process-wide, not thread-local:
+# autograd runs the backward of CUDA tensors on its own device thread, and a trace of
+# forward + backward must interpret that thread's launches too.
+_force = 0
+_force_lock = threading.Lock()
 
 
 def _env_interpret() -> bool:
@@ -62,17 +66,19 @@ def interpreting():
     CUDA tensors are then copied to the host for each launch and back (slow, but exact):
     this is what :func:`attnlab.memory.trace` uses to count loads and stores.
     """
-    depth = getattr(_state, "force", 0)
-    _state.force = depth + 1
+    global _force
+    with _force_lock:
+        _force += 1
     try:
         yield
     finally:
-        _state.force = depth
+        with _force_lock:
+            _force -= 1
 
 
 def use_interpreter(device: torch.device | str | None) -> bool:
     """True when a kernel launched on tensors of ``device`` runs in the interpreter."""
-    if getattr(_state, "force", 0) > 0 or _env_interpret():
+    if _force > 0 or _env_interpret():
         return True
     if device is None:
         return not torch.cuda.is_available()

@@ -55,7 +55,7 @@ def prepare_block_mask(block_mask, block_size, n_q, n_k, batch, heads, causal=Fa
             f"block_mask has shape {bm.shape}; for q with {n_q} positions, k with {n_k}, batch {batch}, "
             f"heads {heads} and block_size {bm.block_size} it must be ({batch} or 1, {heads} or 1, {want[0]}, {want[1]})"
         )
-    mask = bm.mask
+    mask = bm.mask.cpu()  # the lists are built on the host, then moved to the inputs' device
     if causal:
         mask = mask & causal_block_mask(n_q, n_k, bm.block_size).mask
     mask = mask.expand(batch, heads, *want)

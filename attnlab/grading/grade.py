@@ -90,6 +90,12 @@ class _Runner:
                                      resources={"metadata": {"path": str(cwd)}})
         self.ok_cells = []  # indices of cells that ran without error, replayed after a restart
         self.alive = False
+        # nbclient writes an executed cell back into nb.cells[index]: the grader's own code runs
+        # as an extra cell at the end, which the notebook's loop never reaches
+        import nbformat
+
+        self.scratch = len(nb.cells)
+        nb.cells.append(nbformat.v4.new_code_cell(""))
 
     def start(self):
         self.client.km = self.client.create_kernel_manager()
@@ -98,9 +104,11 @@ class _Runner:
         self.alive = True
 
     def stop(self):
-        if self.alive or self.client.km is not None:
+        if self.client.km is not None:
             try:
-                self.client._cleanup_kernel()
+                if self.client.kc is not None:
+                    self.client.kc.stop_channels()
+                self.client.km.shutdown_kernel(now=True)  # no graceful wait: the kernel is done
             except Exception:
                 pass
         self.client.kc = None
@@ -163,7 +171,7 @@ class _Runner:
         code = (f"import builtins as _b\n_b.exec(compile({_GRADER_CODE!r}, '<attnlab grader>', 'exec'), "
                 f"{{'_PART': {part!r}, '_OUT': {str(out)!r}, '__name__': '__attnlab_grader__'}})\ndel _b")
         cell = nbformat.v4.new_code_cell(code)
-        problem = self._execute(cell, len(self.nb.cells) - 1)
+        problem = self._execute(cell, self.scratch)
         if out.is_file():
             try:
                 return json.loads(out.read_text())
@@ -262,7 +270,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             report["error"] = f"could not start a Jupyter kernel: {type(exc).__name__}: {exc}"
             return report
         try:
-            for i, cell in enumerate(nb.cells):
+            for i, cell in enumerate(nb.cells[: runner.scratch]):
                 if cell.cell_type != "code":
                     continue
                 problem = runner.run_cell(i)
@@ -299,6 +307,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             feedback, passed = "not graded: " + ("; ".join(reasons) or "the notebook stopped before this part"), False
         elif r.get("check_redefined"):
             feedback, passed = "`check` was redefined or replaced in the notebook: this part is not graded (0 points)", False
+            if reasons:
+                feedback += "\n    also: " + "; ".join(reasons)
         else:
             passed = bool(r["passed"]) and not reasons
             feedback = r["message"]

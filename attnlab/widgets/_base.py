@@ -29,16 +29,17 @@ from matplotlib.figure import Figure
 DPI = 80
 
 
+class ShowableFigure(Figure):
+    """A matplotlib Figure that pyplot does not track (no auto-display, no leak between redraws)
+    and that a notebook shows as a PNG when it ends a cell (``_repr_png_``), whatever the backend."""
+
+    def _repr_png_(self):
+        return figure_png(self)
+
+
 def new_figure(width, height):
-    """A matplotlib Figure that pyplot does not track (no auto-display, no leak).
-
-    Importing pyplot once makes a Jupyter kernel register its inline PNG formatter
-    for Figure objects, so ``w.to_figure()`` as the last line of a cell shows the
-    picture.
-    """
-    import matplotlib.pyplot  # noqa: F401  (registers the inline formatter in a kernel)
-
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    """A ShowableFigure of `width` x `height` inches with an Agg canvas and constrained layout."""
+    fig = ShowableFigure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 

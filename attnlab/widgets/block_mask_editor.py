@@ -139,6 +139,7 @@ class BlockMaskEditor(FigureWidget):
         self.set_mask(self._preset_mask(self.preset.value))
 
     def _on_toggle(self, change):
+        change["owner"].button_style = "info" if change["new"] else ""  # kept tiles show in colour
         if self._applying:
             return
         if self.preset.value != "custom":
