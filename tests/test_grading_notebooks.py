@@ -52,10 +52,12 @@ BROKEN = {
                                "def check(part_id, namespace=None):\n    print(f'[PASS] {part_id}')\n"),
         "02-cell-16": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
     }),
-    # a wrong implementation in part 2, the others right
+    # part 1 calls IPython's exit(), part 2 is wrong, part 3 is right but its check cell was deleted
     "03_scale_forgotten.ipynb": ("03_scaled_dot_product.ipynb", {
+        "03-cell-06": "exit()\n",
         "scaled-attention-answer": ("def scaled_dot_product_attention(q, k, v, scale=None):\n"
                                     "    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v\n"),
+        "variance-experiment": "",
     }),
 }
 
@@ -162,12 +164,13 @@ def test_redefined_check_and_killed_kernel_are_caught(graded):
     assert "killed the kernel" in parts["attention-masks"]["feedback"]
 
 
-def test_a_wrong_implementation_is_diagnosed_end_to_end(graded):
+def test_exit_a_wrong_implementation_and_a_deleted_check_cell(graded):
     parts = _parts(graded["reports"]["03_scale_forgotten.ipynb"])
-    assert parts["stable-softmax"]["points"] == parts["stable-softmax"]["max_points"]
+    assert parts["stable-softmax"]["points"] == 0 and "called exit()" in parts["stable-softmax"]["feedback"]
     assert parts["scaled-attention"]["points"] == 0
-    assert "scale-forgotten" in parts["scaled-attention"]["feedback"]
+    assert "likely mistake (scale-forgotten)" in parts["scaled-attention"]["feedback"]
     assert parts["variance-experiment"]["points"] == parts["variance-experiment"]["max_points"]
+    assert "check cell is missing" in parts["variance-experiment"]["feedback"]
 
 
 def test_a_file_that_is_not_a_notebook_cannot_be_graded(tmp_path):

@@ -96,6 +96,11 @@ class _Runner:
 
         self.scratch = len(nb.cells)
         nb.cells.append(nbformat.v4.new_code_cell(""))
+        self.last_reply = None
+        self.client.on_cell_executed = self._remember_reply
+
+    def _remember_reply(self, cell=None, cell_index=None, execute_reply=None, **kwargs):
+        self.last_reply = execute_reply
 
     def start(self):
         self.client.km = self.client.create_kernel_manager()
@@ -137,6 +142,7 @@ class _Runner:
             return ("total-timeout", "the notebook ran past the total time limit before this cell")
         self.client.timeout = max(1, int(budget))
         work = cell if not replay else _copy_cell(cell)
+        self.last_reply = None
         try:
             self.client.execute_cell(work, index)
         except CellTimeoutError:
@@ -148,6 +154,10 @@ class _Runner:
         except Exception as exc:  # a kernel or client failure is the notebook's, never the grader's
             self.alive = False
             return ("dead", f"stopped the kernel: {type(exc).__name__}: {exc}")
+        payload = ((self.last_reply or {}).get("content") or {}).get("payload") or []
+        if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload):
+            self.alive = False  # IPython's exit(): the kernel shuts down right after replying
+            return ("dead", "called exit(), which shut the kernel down")
         for out in work.get("outputs", []):
             if out.get("output_type") == "error":
                 name, value = out.get("ename", "Error"), out.get("evalue", "")
@@ -283,7 +293,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                         setup_problems.append(f"the notebook ran past the total time limit of {timeout} s")
                         break
                     (setup_problems if i in setup else problems[owner[i]]).append(reason)
-                    if kind in ("timeout", "dead") and not runner.restart():
+                    if kind in ("timeout", "dead") and (runner.remaining() <= 1 or not runner.restart()):
                         setup_problems.append(f"the notebook ran past the total time limit of {timeout} s")
                         break
                 for p in grade_after.get(i, []):
