@@ -186,6 +186,8 @@ def padding_mask(lengths, max_len=None):
         raise TypeError(f"max_len: expected an int, got {type(max_len).__name__}")
     if max_len < 0:
         raise ValueError(f"max_len: expected a non-negative int, got {max_len}")
+    if lengths.numel() and int(lengths.max()) > max_len:
+        raise ValueError(f"max_len: expected at least max(lengths) = {int(lengths.max())}, got {max_len}")
     positions = torch.arange(max_len, device=lengths.device)   # (N,)
     return positions[None, :] < lengths[:, None]               # (B, N)
 

@@ -16,14 +16,18 @@ The backward pass (FlashAttention-2, Dao 2023) recomputes each block of P from q
     dS_ij = P_ij * (dP_ij - D_i),   D_i = rowsum(dO_i * O_i)
     dQ_i += dS_ij K_j * scale,      dK_j += dS_ij^T Q_i * scale
 
-Extra memory is O(block_q * block_k) per (batch, head) instead of O(Nq * Nk).
+Extra memory is O(block_q * block_k) per (batch, head) and thread instead of O(Nq * Nk).
 
-This file is the plain-PyTorch version of the algorithm the Triton kernel in
-``kernels/`` implements; on a CPU it is also genuinely fast, because each block step is a few
-large batched matmuls over all (batch * heads) at once. ``_forward_reference`` below is the
-same loop written for one (batch, head) with no tricks, next to the fast path it explains. The
-fast path's one arithmetic trick is FlashAttention's own: it folds ``log2(e)`` into the scale and
-uses ``exp2`` (``exp(x) = 2^(x log2 e)``), which is several times cheaper than ``exp``.
+This file is the plain-PyTorch version of the algorithm the Triton kernel in ``kernels/``
+implements. ``_forward_reference`` and ``_backward_reference`` are the loops written for one
+(batch, head) with no tricks; ``_flash_forward`` and ``_flash_backward`` are the fast path they
+explain, and on a CPU it is genuinely fast (see ``benchmarks/cpu_attention.py``):
+
+- each tile step is a few large batched matmuls over all (batch * heads) at once, updated in place;
+- blocks run in parallel like a GPU grid: one task per query block (forward) or key block
+  (backward) on a small thread pool (``_run_blocks``);
+- FlashAttention's own arithmetic trick: fold ``log2(e)`` into the scale and use ``exp2``
+  (``exp(x) = 2^(x log2 e)``), several times cheaper than ``exp``.
 
 Conventions: tensors ``(B, H, N, D)``; ``causal=True`` is top-left aligned (query i sees keys
 j <= i, as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``), and blocks that lie
@@ -56,7 +60,7 @@ def _forward_reference(q, k, v, scale, block_q, block_k):
     """FlashAttention forward for one head, written as plainly as possible (non-causal).
 
     q: (Nq, D), k: (Nk, D), v: (Nk, Dv) -> out (Nq, Dv), lse (Nq,). Used by the tests and
-    shown in the lessons; ``_TiledAttention.forward`` is the same loop over all heads at once.
+    shown in the lessons; ``_flash_forward`` is the same loop over all heads at once.
     """
     Nq, Nk = q.shape[0], k.shape[0]
     out = q.new_zeros(Nq, v.shape[1])                                 # (Nq, Dv)
@@ -78,6 +82,27 @@ def _forward_reference(q, k, v, scale, block_q, block_k):
             out[i:i + block_q] = acc / l[:, None]                     # (bq, Dv)
             lse[i:i + block_q] = m + torch.log(l)                     # (bq,)
     return out, lse
+
+
+def _backward_reference(q, k, v, out, lse, dout, scale, block_q, block_k):
+    """FlashAttention-2 backward for one head, plainly (non-causal): P is recomputed tile by tile.
+
+    q: (Nq, D), k: (Nk, D), v: (Nk, Dv), out: (Nq, Dv), lse: (Nq,), dout: (Nq, Dv)
+    -> dq (Nq, D), dk (Nk, D), dv (Nk, Dv). ``_flash_backward`` is the same loop for all heads.
+    """
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    delta = (dout * out).sum(dim=1)                                   # (Nq,) D_i = rowsum(dO * O)
+    for j in range(0, k.shape[0], block_k):                           # outer loop: key blocks
+        kj, vj = k[j:j + block_k], v[j:j + block_k]                   # (bk, D), (bk, Dv)
+        for i in range(0, q.shape[0], block_q):                       # inner loop: query blocks
+            qi, doi = q[i:i + block_q], dout[i:i + block_q]           # (bq, D), (bq, Dv)
+            p = torch.exp((qi @ kj.T) * scale - lse[i:i + block_q, None])   # (bq, bk) P from lse
+            dv[j:j + block_k] += p.T @ doi                            # (bk, Dv)
+            dp = doi @ vj.T                                           # (bq, bk)
+            ds = p * (dp - delta[i:i + block_q, None])                # (bq, bk)
+            dq[i:i + block_q] += (ds @ kj) * scale                    # (bq, D)
+            dk[j:j + block_k] += (ds.T @ qi) * scale                  # (bk, D)
+    return dq, dk, dv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +138,7 @@ def _q_blocks(k0, k1, Nq, block_q, causal):
 _THREADS_LOCK = threading.Lock()
 
 
-def _run_blocks(program, n_blocks):
+def _run_blocks(program, n_blocks, device):
     """Run ``program(i)`` for i in range(n_blocks), in parallel like a GPU grid.
 
     On a GPU each block of queries (forward) or keys (backward) is one program instance. Here
@@ -121,9 +146,10 @@ def _run_blocks(program, n_blocks):
     GIL inside its ops), and each op runs single-threaded meanwhile. Parallel *blocks* beat
     parallel *ops*: intra-op threads must synchronise after every small op of every tile, which
     on a busy machine cost more than the work itself (measured: 6x slower at N = 4096).
+    On a GPU the ops are asynchronous launches already, so the blocks simply run in order.
     """
     n_threads = torch.get_num_threads()
-    if n_threads <= 1 or n_blocks <= 1:
+    if device.type != "cpu" or n_threads <= 1 or n_blocks <= 1:
         for i in range(n_blocks):
             program(i)
         return
@@ -171,7 +197,7 @@ def _flash_forward(q, k, v, scale, causal, block_q, block_k):
         lse2 = torch.where(seen, m + torch.log2(l), m.new_tensor(float("-inf")))  # (BH, bq, 1) base 2
         lse[:, q0:q1] = lse2[..., 0] * LN2                          # (BH, bq) natural log-sum-exp
 
-    _run_blocks(program, -(-Nq // block_q))
+    _run_blocks(program, -(-Nq // block_q), q.device)
     return out, lse
 
 
@@ -221,7 +247,7 @@ def _flash_backward(q, k, v, out, lse, dout, dlse, scale, causal, block_q, block
         dk[:, k0:k1] = dkj
         dv[:, k0:k1] = dvj
 
-    _run_blocks(program, -(-Nk // block_k))
+    _run_blocks(program, -(-Nk // block_k), q.device)
     dq = sum(dq_per_thread.values()) if dq_per_thread else torch.zeros_like(q)   # (BH, Nq, D)
     return dq, dk, dv
 

@@ -320,6 +320,7 @@ BAD = [
     (lambda: padding_mask(torch.tensor([1.5]), 3), TypeError, "lengths"),
     (lambda: padding_mask([1, -1], 3), ValueError, "lengths"),
     (lambda: padding_mask([1], -1), ValueError, "max_len"),
+    (lambda: padding_mask([4, 2], 3), ValueError, "max_len"),
     (lambda: causal_mask(-1, 3), ValueError, "n_q"),
     (lambda: causal_mask(2, 2.0), TypeError, "n_k"),
     (lambda: AdditiveAttention(0, 4, 5), ValueError, "query_dim"),

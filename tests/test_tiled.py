@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
-from attnlab.tiled import _forward_reference, tiled_attention
+from attnlab.tiled import _backward_reference, _forward_reference, tiled_attention
 
 
 def _inputs(B, H, Nq, Nk, D, Dv, dtype=torch.float64, seed=0, mult=1.0):
@@ -126,6 +126,17 @@ def test_plain_loop_is_the_same_algorithm():
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, scale=0.4)[0, 0])
     torch.testing.assert_close(out, fast[0, 0])
     torch.testing.assert_close(lse, fast_lse[0, 0])
+
+
+def test_plain_backward_loop_is_the_same_algorithm():
+    q, k, v = _inputs(1, 1, 23, 19, 6, 5)
+    out, lse = tiled_attention(q, k, v, scale=0.4, block_q=5, block_k=4, return_lse=True)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
+    want = torch.autograd.grad(out, (q, k, v), dout)
+    got = _backward_reference(q[0, 0].detach(), k[0, 0].detach(), v[0, 0].detach(), out[0, 0].detach(),
+                              lse[0, 0].detach(), dout[0, 0], 0.4, 5, 4)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b[0, 0])
 
 
 def test_causal_skips_tiles_above_the_diagonal(monkeypatch):

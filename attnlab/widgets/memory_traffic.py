@@ -178,9 +178,11 @@ class MemoryTraffic(FigureWidget):
         n_max = max(r.n for r in self.replays)
         n_leads = max(r.grid[n][0] for r in self.replays for n in r.names)
         style = {"description_width": "initial"}
+        # redraws queue up in the kernel if values come faster than it draws: the slider sends on release,
+        # and a full play is about 60 frames of 300 ms
         self.step = widgets.IntSlider(value=n_max, min=0, max=n_max, description="events done", style=style,
-                                      layout=widgets.Layout(width="480px"))
-        self.play = widgets.Play(value=n_max, min=0, max=n_max, step=max(1, math.ceil(n_max / 120)), interval=150,
+                                      layout=widgets.Layout(width="480px"), continuous_update=False)
+        self.play = widgets.Play(value=n_max, min=0, max=n_max, step=max(1, math.ceil(n_max / 60)), interval=300,
                                  description="play")
         widgets.jslink((self.play, "value"), (self.step, "value"))
         self.lead = widgets.Dropdown(options=[(f"batch x head {i}", i) for i in range(n_leads)], value=0,
@@ -194,8 +196,12 @@ class MemoryTraffic(FigureWidget):
         if sram_study:
             from attnlab.widgets._sram_study import SramStudy
 
-            if not (isinstance(sram_shape, (tuple, list)) and len(sram_shape) == 2):
-                raise TypeError(f"sram_shape: expected (N, d), got {sram_shape!r}")
+            if not (isinstance(sram_shape, (tuple, list)) and len(sram_shape) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in sram_shape)):
+                raise TypeError(f"sram_shape: expected a pair of ints (N, d), got {sram_shape!r}")
+            if not (16 <= sram_shape[0] <= 512 and sram_shape[1] in (16, 32, 64, 128)):
+                raise ValueError(f"sram_shape: expected N in [16, 512] (traced in the interpreter) and d in "
+                                 f"16, 32, 64, 128 (the kernels' head dims), got {tuple(sram_shape)}")
             self.sram_study = SramStudy(*sram_shape)
             self.sram_kib = self.sram_study.slider
             below += [self.sram_study.box]
@@ -232,12 +238,23 @@ class MemoryTraffic(FigureWidget):
             ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows)
 
     # ---------------------------------------------------------------- drawing
-    def _make_figure(self):
+    def to_figure(self):
+        """The replay at the current step and, below it, the SRAM-size plot (when the widget has one)."""
+        return self._update_figure(self._make_figure(with_sram=self.sram_study is not None))
+
+    def _static_png(self):
+        return figure_png(self.to_figure())  # the stored picture includes the SRAM plot
+
+    def _make_figure(self, with_sram=False):
         n_tr = len(self.replays)
         height_each = 2.6
-        fig = new_figure(11, height_each * n_tr + 0.3)
-        subfigs = np.atleast_1d(fig.subfigures(n_tr, 1, hspace=0.04))
-        h = {"fig": fig, "rows": []}
+        fig = new_figure(11, height_each * n_tr + 0.3 + (3.4 if with_sram else 0))
+        ratios = [height_each] * n_tr + ([3.4] if with_sram else [])
+        subfigs = np.atleast_1d(fig.subfigures(len(ratios), 1, hspace=0.04, height_ratios=ratios))
+        if with_sram:
+            self.sram_study.to_figure(subfigs[-1])
+            subfigs = subfigs[:-1]
+        h = {"fig": fig, "rows": [], "dynamic": []}  # dynamic: what a step changes (blitted)
         layouts = []
         for r in self.replays:
             shown = {n: (r.grid[n][2], r.grid[n][1]) if r.transposed[n] else r.grid[n][1:] for n in r.names}
@@ -257,8 +274,8 @@ class MemoryTraffic(FigureWidget):
                 row["images"][n] = ax.imshow(np.zeros((nr, nc, 3)), interpolation="nearest", aspect="auto",
                                              extent=(0, nc, nr, 0))
                 re, ce = (r.col_edges[n], r.row_edges[n]) if r.transposed[n] else (r.row_edges[n], r.col_edges[n])
-                ax.hlines(re, 0, nc, color="white", lw=0.6)
-                ax.vlines(ce, 0, nr, color="white", lw=0.6)
+                row.setdefault("grid", []).extend(
+                    [ax.hlines(re, 0, nc, color="white", lw=0.6), ax.vlines(ce, 0, nr, color="white", lw=0.6)])
                 ax.set_xticks([])
                 ax.set_yticks([])
                 _, gr, gc = r.grid[n]
@@ -271,6 +288,9 @@ class MemoryTraffic(FigureWidget):
             row["sram_text"] = sax.text(0.04, 0.96, "", va="top", ha="left", fontsize=8, family="monospace",
                                         transform=sax.transAxes)
             row["header"] = sub.suptitle("", fontsize=10, x=0.01, ha="left")
+            # blitted in this order: the pictures, the block grid over them, the outline, the texts
+            h["dynamic"] += [*row["images"].values(), *row.get("grid", []), *row["boxes"].values(), row["sram_text"],
+                             row["header"]]
             if not h["rows"]:
                 sax.text(0.04, 0.03, "blue: read from HBM (darker: more often)\norange: written (brown: written, read back)\n"
                          "outline: last event (green load, red store)", fontsize=7, va="bottom",
