@@ -18,8 +18,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -35,6 +38,25 @@ def format_bytes(n):
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Silence what native code writes to file descriptor 2 (the profiler's start/stop lines)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no real fd 2 (some embedded interpreters)
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _device(device):
@@ -72,7 +94,7 @@ def peak_memory(fn, *args, device=None, **kwargs):
     from torch.profiler import ProfilerActivity, profile
     from torch._C._profiler import _EventType
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn(*args, **kwargs)
     events = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())

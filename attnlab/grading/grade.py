@@ -96,6 +96,11 @@ class _Runner:
 
         self.scratch = len(nb.cells)
         nb.cells.append(nbformat.v4.new_code_cell(""))
+        self.last_reply = None
+        self.client.on_cell_executed = self._remember_reply
+
+    def _remember_reply(self, cell=None, cell_index=None, execute_reply=None, **kwargs):
+        self.last_reply = execute_reply
 
     def start(self):
         self.client.km = self.client.create_kernel_manager()
@@ -137,6 +142,7 @@ class _Runner:
             return ("total-timeout", "the notebook ran past the total time limit before this cell")
         self.client.timeout = max(1, int(budget))
         work = cell if not replay else _copy_cell(cell)
+        self.last_reply = None
         try:
             self.client.execute_cell(work, index)
         except CellTimeoutError:
@@ -148,6 +154,10 @@ class _Runner:
         except Exception as exc:  # a kernel or client failure is the notebook's, never the grader's
             self.alive = False
             return ("dead", f"stopped the kernel: {type(exc).__name__}: {exc}")
+        payload = ((self.last_reply or {}).get("content") or {}).get("payload") or []
+        if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload):
+            self.alive = False  # IPython's exit(): the kernel shuts down right after replying
+            return ("dead", "called exit(), which shut the kernel down")
         for out in work.get("outputs", []):
             if out.get("output_type") == "error":
                 name, value = out.get("ename", "Error"), out.get("evalue", "")
@@ -204,9 +214,9 @@ def _env(extra=None):
 
 def identify(nb, path):
     """The exercise a notebook is: its metadata, else its file name. None if unknown."""
-    from attnlab.grading.checks import EXERCISES, _load_all
+    from attnlab.grading.parts import exercises
 
-    _load_all()
+    EXERCISES = exercises()
     name = nb.get("metadata", {}).get("attnlab", {}).get("exercise")
     if name in EXERCISES:
         return name
@@ -223,8 +233,10 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     """Grade one notebook in this process. Returns the report dict (see the module doc)."""
     import nbformat
 
-    from attnlab.grading.checks import EXERCISES, PARTS
     from attnlab.grading.generate import check_ids
+    from attnlab.grading.parts import exercises, points
+
+    EXERCISES, POINTS = exercises(), points()
 
     path = Path(path)
     report = {"path": str(path), "score": 0, "max_score": 0, "parts": []}
@@ -239,7 +251,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         return report
     report["exercise"] = exercise
     parts = EXERCISES[exercise]
-    report["max_score"] = sum(PARTS[p].points for p in parts)
+    report["max_score"] = sum(POINTS[p] for p in parts)
 
     # which cells belong to which part: a part ends with its check cell
     grade_after, owner, setup = {}, {}, set()
@@ -281,7 +293,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                         setup_problems.append(f"the notebook ran past the total time limit of {timeout} s")
                         break
                     (setup_problems if i in setup else problems[owner[i]]).append(reason)
-                    if kind in ("timeout", "dead") and not runner.restart():
+                    if kind in ("timeout", "dead") and (runner.remaining() <= 1 or not runner.restart()):
                         setup_problems.append(f"the notebook ran past the total time limit of {timeout} s")
                         break
                 for p in grade_after.get(i, []):
@@ -300,7 +312,6 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             runner.stop()
 
     for p in parts:
-        info = PARTS[p]
         r = results.get(p)
         reasons = setup_problems + problems[p]
         if r is None:
@@ -319,8 +330,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                 feedback += "\n    also: " + "; ".join(reasons)
         if p not in graded_somewhere and r is not None:
             feedback += "\n    (its check cell is missing: graded at the end of the notebook)"
-        points = info.points if passed else 0
-        report["parts"].append({"name": p, "points": points, "max_points": info.points, "feedback": feedback,
+        report["parts"].append({"name": p, "points": POINTS[p] if passed else 0, "max_points": POINTS[p], "feedback": feedback,
                                 "diagnosis": [] if r is None else r.get("diagnosis", [])})
     report["score"] = sum(part["points"] for part in report["parts"])
     return report
