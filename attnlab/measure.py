@@ -113,10 +113,11 @@ def peak_memory(fn, *args, device=None, **kwargs):
     return result, int(peak)
 
 
-def time_call(fn, *args, repeats=3, warmup=1, device=None, **kwargs):
-    """Median wall-clock seconds of ``fn(*args, **kwargs)`` over ``repeats`` runs after ``warmup`` runs.
+def time_call(fn, *args, repeats=3, warmup=1, device=None, reduce="median", **kwargs):
+    """Wall-clock seconds of ``fn(*args, **kwargs)``: the median (or ``reduce="min"``) of ``repeats`` runs after ``warmup``.
 
-    Synchronises CUDA around each run so GPU time is counted.
+    Synchronises CUDA around each run so GPU time is counted. The minimum is the better
+    estimate on a busy machine, where other work only ever adds time.
 
     Example: ``seconds = time_call(torch.matmul, a, b, repeats=5)``
     """
@@ -124,6 +125,8 @@ def time_call(fn, *args, repeats=3, warmup=1, device=None, **kwargs):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats: expected an int >= 1, got {repeats!r}")
+    if reduce not in ("median", "min"):
+        raise ValueError(f"reduce: expected 'median' or 'min', got {reduce!r}")
     dev = _device(device)
     for _ in range(warmup):
         fn(*args, **kwargs)
@@ -134,7 +137,7 @@ def time_call(fn, *args, repeats=3, warmup=1, device=None, **kwargs):
         fn(*args, **kwargs)
         _sync(dev)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times) if reduce == "min" else statistics.median(times)
 
 
 def random_qkv(n, d=64, batch=1, heads=1, device=None, dtype=torch.float32, seed=0):
@@ -157,7 +160,8 @@ def scaling_sweep(methods, ns, d=64, batch=1, heads=1, device=None, dtype=torch.
     ``methods``: ``{name: fn(q, k, v) -> out or (out, ...)}``; ``ns``: sequence
     lengths. Returns a list of rows ``{"method", "n", "seconds", "peak_bytes"}``
     where ``peak_bytes`` is the memory allocated during the call beyond its
-    inputs (:func:`peak_memory`) and ``seconds`` the median of ``repeats`` runs.
+    inputs (:func:`peak_memory`) and ``seconds`` the fastest of ``repeats`` runs
+    (the least disturbed by whatever else the machine is doing).
 
     Example: ``scaling_sweep({"sdpa": torch.nn.functional.scaled_dot_product_attention}, [256, 512])``
     """
@@ -170,7 +174,7 @@ def scaling_sweep(methods, ns, d=64, batch=1, heads=1, device=None, dtype=torch.
         for name, fn in methods.items():
             call = lambda: _first(fn(q, k, v))  # noqa: E731
             _, peak = peak_memory(call, device=dev)
-            seconds = time_call(call, repeats=repeats, device=dev)
+            seconds = time_call(call, repeats=repeats, device=dev, reduce="min")
             rows.append({"method": name, "n": int(n), "seconds": seconds, "peak_bytes": peak})
         del q, k, v
     return rows
