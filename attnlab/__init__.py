@@ -30,6 +30,9 @@ _EXPORTS = {
     "block_sparse_reference": "attnlab.attention",
     # the FlashAttention algorithm in PyTorch (attnlab/tiled.py)
     "tiled_attention": "attnlab.tiled",
+    # every load and store of a kernel, counted in Triton's interpreter (attnlab/memory.py)
+    "trace": "attnlab.memory",
+    "MemoryTrace": "attnlab.memory",
     # widgets (attnlab/widgets/)
     "AttentionMap": "attnlab.widgets",
     "ScalingExplorer": "attnlab.widgets",
