@@ -35,9 +35,13 @@ def _edit(source_name, edits, dest):
 
 
 BROKEN = {
-    # part 1 is fine, part 2 loops forever, part 3 has a syntax error
+    # part 1's function loops forever (only the grader's check calls it), part 2's experiment loops forever,
+    # part 3 has a syntax error
     "02_syntax_and_loop.ipynb": ("02_queries_keys_values.ipynb", {
+        "padding-mask-answer": "def padding_mask(lengths, max_len):\n    while True:\n        pass\n",
+        "02-cell-06": "print('not calling it here')\n",
         "02-cell-11": "while True:\n    pass\n",
+        "02-cell-16": "print('no experiment')\n",
         "attention-masks-answer": lambda s: s + "\n\ndef broken(:\n    pass\n",
     }),
     # part 1 raises, part 2 calls sys.exit, part 3 is fine
@@ -89,7 +93,7 @@ def graded(tmp_path_factory):
     paths = [*SOLUTIONS, *EXERCISES, *broken.values()]
     before = _digest(paths + [looping])
     # the endless loop waits out its cell timeout alongside the others
-    loop = _start_grading([looping], tmp / "loop.json", "--cell-timeout", "30")
+    loop = _start_grading([looping], tmp / "loop.json", "--cell-timeout", "20")
     main = _grade(paths, tmp / "report.json", "--jobs", "2")
     loop = _finish(loop)
     after = _digest(paths + [looping])
@@ -141,9 +145,10 @@ def test_every_untouched_exercise_scores_zero(graded, path):
         assert "not implemented yet" in p["feedback"], p
 
 
-def test_syntax_error_and_endless_loop_cost_only_their_parts(graded):
+def test_endless_loops_and_a_syntax_error_are_graded_with_reasons(graded):
     parts = _parts(graded["reports"]["02_syntax_and_loop.ipynb"])
-    assert parts["padding-mask"]["points"] == parts["padding-mask"]["max_points"]
+    assert parts["padding-mask"]["points"] == 0
+    assert "the check of your code did not finish within" in parts["padding-mask"]["feedback"]
     assert parts["causal-mask"]["points"] == 0 and "did not finish within" in parts["causal-mask"]["feedback"]
     assert parts["attention-masks"]["points"] == 0 and "SyntaxError" in parts["attention-masks"]["feedback"]
 
