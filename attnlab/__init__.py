@@ -30,6 +30,20 @@ _EXPORTS = {
     "block_sparse_reference": "attnlab.attention",
     # the FlashAttention algorithm in PyTorch (attnlab/tiled.py)
     "tiled_attention": "attnlab.tiled",
+    # every load and store of a kernel, counted in Triton's interpreter (attnlab/memory.py)
+    "trace": "attnlab.memory",
+    "MemoryTrace": "attnlab.memory",
+    # widgets (attnlab/widgets/)
+    "AttentionMap": "attnlab.widgets",
+    "ScalingExplorer": "attnlab.widgets",
+    "MemoryTraffic": "attnlab.widgets",
+    "BlockMaskEditor": "attnlab.widgets",
+    # models and toy data the lessons train on the CPU
+    "TinyTransformer": "attnlab.models.transformer",
+    "SelfAttention": "attnlab.models.transformer",
+    "KeyValueLookup": "attnlab.data.toy",
+    "PreviousTwo": "attnlab.data.toy",
+    "InductionCopy": "attnlab.data.toy",
     # showing the library's own code in a lesson
     "show_source": "attnlab.show",
 }

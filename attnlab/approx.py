@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -155,11 +156,18 @@ def local_window_block_mask(n_q, n_k, window, block_size=(64, 64), causal=False,
     bq, bk = block_size
     _check_positive_int("block_size[0]", bq)
     _check_positive_int("block_size[1]", bk)
-    elem = local_window_mask(n_q, n_k, window, causal=causal, device=device)
+    _check_positive_int("n_q", n_q)
+    _check_positive_int("n_k", n_k)
+    _check_nonneg_int("window", window)
     nqb, nkb = -(-n_q // bq), -(-n_k // bk)
-    padded = torch.zeros(nqb * bq, nkb * bk, dtype=torch.bool, device=device)
-    padded[:n_q, :n_k] = elem
-    blocks = padded.view(nqb, bq, nkb, bk).any(dim=3).any(dim=1)  # (nqb, nkb)
+    a = torch.arange(nqb, device=device)[:, None]  # query block index (nqb, 1)
+    b = torch.arange(nkb, device=device)[None, :]  # key block index (1, nkb)
+    q_lo, q_hi = a * bq, torch.clamp((a + 1) * bq, max=n_q) - 1  # first and last query of each block
+    k_lo, k_hi = b * bk, torch.clamp((b + 1) * bk, max=n_k) - 1  # first and last key of each block
+    # some pair (i, j) in the tile has |i - j| <= window: the key range meets [q_lo - window, q_hi + window]
+    blocks = (k_lo <= q_hi + window) & (k_hi >= q_lo - window)  # (nqb, nkb)
+    if causal:  # and some pair has j <= i
+        blocks &= k_lo <= q_hi
     return blocks[None, None]
 
 
@@ -314,20 +322,33 @@ def performer_features(head_dim, num_features, seed=0, orthogonal=True, dtype=to
     """
     _check_positive_int("head_dim", head_dim)
     _check_positive_int("num_features", num_features)
-    g = torch.Generator().manual_seed(int(seed))
+    return _features(head_dim, num_features, int(seed), bool(orthogonal)).to(dtype=dtype, device=device)
+
+
+def _orthonormal_rows(gauss):
+    """Gram-Schmidt (twice, for stability) on the rows of a square float64 matrix: a random orthogonal matrix."""
+    out = torch.empty_like(gauss)
+    for i, row in enumerate(gauss):
+        for _ in range(2):  # subtract the projections on the rows done so far
+            row = row - out[:i].T @ (out[:i] @ row)
+        out[i] = row / row.norm()
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _features(head_dim, num_features, seed, orthogonal):
+    g = torch.Generator().manual_seed(seed)
     if not orthogonal:
-        w = torch.randn(num_features, head_dim, generator=g, dtype=torch.float64)
-        return w.to(dtype=dtype, device=device)
+        return torch.randn(num_features, head_dim, generator=g, dtype=torch.float64)
     blocks = []
     remaining = num_features
     while remaining > 0:
         gauss = torch.randn(head_dim, head_dim, generator=g, dtype=torch.float64)
-        qmat, _ = torch.linalg.qr(gauss)  # (D, D) orthogonal
-        blocks.append(qmat.T[: min(remaining, head_dim)])
+        blocks.append(_orthonormal_rows(gauss)[: min(remaining, head_dim)])  # (<= D, D) orthonormal rows
         remaining -= head_dim
     w = torch.cat(blocks, dim=0)  # (m, D) unit rows
-    norms = torch.randn(num_features, head_dim, generator=g, dtype=torch.float64).norm(dim=1)  # chi(D)
-    return (w * norms[:, None]).to(dtype=dtype, device=device)
+    norms = torch.randn(num_features, head_dim, generator=g, dtype=torch.float64).norm(dim=1)  # chi(D) lengths
+    return w * norms[:, None]
 
 
 def _positive_features(x, w, is_query):

@@ -85,7 +85,13 @@ def gpt2_medium_comparison(seq: int = 1024, head_dim: int = 64, batch: int = 64,
                                     block_n=paper_blocks[1], loop_order="kv_outer")
     fa2 = (iomodel.flash_forward_io(batch, heads, seq, seq, head_dim, e, block_m=paper_blocks[0], block_n=paper_blocks[1])
            + iomodel.flash_backward_io(batch, heads, seq, seq, head_dim, e, block_m=paper_blocks[0], block_n=paper_blocks[1]))
-    return {"rows": rows, "batch_heads": batch * heads, "seq": seq, "head_dim": head_dim, "dtype": str(dtype),
+    # what the block size changes: FlashAttention traffic (model, forward + backward) for square blocks
+    sweep = {}
+    for b in (32, 64, 128, 256):
+        io = (iomodel.flash_forward_io(batch, heads, seq, seq, head_dim, e, block_m=b, block_n=b)
+              + iomodel.flash_backward_io(batch, heads, seq, seq, head_dim, e, block_m=b, block_n=b))
+        sweep[b] = io.total_bytes / 1e9
+    return {"rows": rows, "batch_heads": batch * heads, "block_sweep_gb": sweep, "seq": seq, "head_dim": head_dim, "dtype": str(dtype),
             "flash_blocks": tuple(flash_blocks), "standard_blocks": tuple(standard_blocks),
             "paper_block_sizes": paper_blocks, "paper_flash_gb": fa2.total_bytes / 1e9,
             "paper_alg1_forward_gb": alg1.total_bytes / 1e9, "paper_gb": dict(PAPER_GB)}
@@ -110,4 +116,6 @@ def format_comparison(result: dict) -> str:
     lines.append(f"model at the paper's block sizes for an A100's 192 KB SRAM (B_r={br}, B_c={bc}): "
                  f"our kernels {result['paper_flash_gb']:.2f} GB forward+backward; "
                  f"Algorithm 1 (K/V outer loop) forward {result['paper_alg1_forward_gb']:.2f} GB")
+    lines.append("flash forward+backward (model) for square blocks B_r = B_c: " + ", ".join(
+        f"{b}: {gb:.2f} GB" for b, gb in result["block_sweep_gb"].items()))
     return "\n".join(lines)

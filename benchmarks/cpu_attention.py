@@ -9,7 +9,8 @@ operating system, outside Python's allocator, so ``tracemalloc`` sees none of it
 the memory the attention call needs *beyond its inputs*: the n-by-n matrices for naive attention,
 the tiles for the tiled version, and the output for all three. The child process therefore
 
-1. allocates q, k, v and runs the method once on a small N (to load libraries and start threads),
+1. runs the method once on a tiny N (to load libraries and start threads; tiny, so that no
+   freed-but-kept memory is reused by the measured call unseen) and allocates q, k, v,
 2. records its resident set size ``VmRSS`` (from ``/proc/self/status``) as the baseline,
 3. resets the kernel's peak-RSS counter (writes ``5`` to ``/proc/self/clear_refs``; Linux >= 4.0),
 4. runs the method once at full size, and
@@ -83,8 +84,10 @@ def _child(method, n, causal):
 
     torch.manual_seed(0)
     with torch.no_grad():
-        small = [torch.randn(BATCH, HEADS, min(n, 256), HEAD_DIM) for _ in range(3)]
-        call(*small)                                   # warm-up: libraries, thread pool
+        # warm-up: load libraries, start threads. Tiny on purpose: memory freed here may stay in
+        # malloc's free lists and be reused by the measured call without raising its RSS
+        small = [torch.randn(BATCH, HEADS, 32, HEAD_DIM) for _ in range(3)]
+        call(*small)
         del small
         q, k, v = (torch.randn(BATCH, HEADS, n, HEAD_DIM) for _ in range(3))   # (B, H, N, D)
         baseline_kib = _status_kib("VmRSS")
@@ -165,7 +168,7 @@ def main(argv=None):
     print("| N | method | time (s) | peak extra memory (MB) | speed-up vs naive | memory saving vs naive |")
     print("|---|---|---|---|---|---|")
     for n, method, t, b, speed, saving in rows:
-        print(f"| {n} | {names[method]} | {fmt(t, '.3f')} | {fmt(None if b is None else b / MB, '.1f')} | "
+        print(f"| {n} | {names[method]} | {fmt(t, '.4g')} | {fmt(None if b is None else b / MB, '.1f')} | "
               f"{fmt(speed, '.2f')}{'x' if speed else ''} | {fmt(saving, '.0f')}{'x' if saving else ''} |")
     print()
     print(f"Load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}.")

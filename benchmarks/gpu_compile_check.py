@@ -4,7 +4,7 @@ Usage: python benchmarks/gpu_compile_check.py [--arch 90] [--quick]
 
 Triton can lower a kernel to PTX and a cubin with its bundled ptxas on a machine with no
 GPU. This script does that for the launch configurations the wrappers actually use on a
-GPU (block sizes, warps, stages from ``default_block_sizes`` and friends; fp16, bf16 and
+GPU (block sizes, warps, stages from ``gpu_config`` and ``standard_block_sizes``; fp16, bf16 and
 fp32; head dims 16 to 128; causal, sparse), and prints each kernel's shared memory next to
 the target's limit. It catches compile errors and shared-memory overflows of the native
 path on a CPU-only machine; it does not run anything and says nothing about speed.
@@ -68,29 +68,31 @@ def main():
     print(f"triton {triton.__version__}, target sm_{args.arch}, shared memory limit {limit // 1024} KiB")
     failures = 0
     dtypes = [torch.float16] if args.quick else [torch.float16, torch.bfloat16, torch.float32]
+    if args.arch < 80:
+        dtypes = [t for t in dtypes if t != torch.bfloat16]  # no bf16 tensor cores before Ampere
     dims = [64, 128] if args.quick else [16, 32, 64, 128]
     jobs = []
     for dtype in dtypes:
         prec = fa.dot_precision(dtype)
         for d in dims:
-            bm, bn = fa.default_block_sizes(d, dtype, "cuda")
-            bbm, bbn = fa.default_block_sizes(d, dtype, "cuda", backward=True)
-            w_f = fa._num_warps(d, dtype, bm, bn)
-            s_f = 3 if d <= 64 else 2
-            w_b = 8 if d >= 128 else 4
+            cap = (args.arch // 10, args.arch % 10)
+            f, bw = fa.gpu_config(d, dtype, cap), fa.gpu_config(d, dtype, cap, backward=True)
+            bm, bn, w_f, s_f = f["block_m"], f["block_n"], f["num_warps"], f["num_stages"]
+            bbm, bbn, w_b, s_b = bw["block_m"], bw["block_n"], bw["num_warps"], bw["num_stages"]
             for causal in (False, True):
                 for sparse in (False, True):
                     none = () if sparse else tuple(INDEX_PTRS)
                     c = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, SPARSE=sparse, DOT_PRECISION=prec)
                     jobs.append((fa._attn_fwd_kernel, dtype, c, none, w_f, s_f))
                     cb = dict(c, BLOCK_M=bbm, BLOCK_N=bbn)
-                    jobs.append((fa._attn_bwd_dkdv_kernel, dtype, cb, none, w_b, 2))
-                    jobs.append((fa._attn_bwd_dq_kernel, dtype, cb, none, w_b, 2))
+                    jobs.append((fa._attn_bwd_dkdv_kernel, dtype, cb, none, w_b, s_b))
+                    jobs.append((fa._attn_bwd_dq_kernel, dtype, cb, none, w_b, s_b))
             jobs.append((fa._attn_bwd_preprocess_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=bbm), (), 4, 3))
-            sbm, sbn, sbk = st.standard_block_sizes(d, dtype, "cuda")
-            jobs.append((st._scores_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=sbm, BLOCK_N=sbn, CAUSAL=True, DOT_PRECISION=prec), (), 4, 3))
-            jobs.append((st._pv_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=sbm, BLOCK_N=sbn, DOT_PRECISION=prec), (), 4, 3))
-        jobs.append((st._matmul_kernel, dtype, dict(BLOCK_M=sbm, BLOCK_N=sbn, BLOCK_K=sbk, DOT_PRECISION=prec), (), 4, 3))
+            sbm, sbn, sbk = st.standard_block_sizes(d, dtype, "cuda", capability=cap)
+            st_stages = 3 if args.arch >= 80 else 1
+            jobs.append((st._scores_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=sbm, BLOCK_N=sbn, CAUSAL=True, DOT_PRECISION=prec), (), 4, st_stages))
+            jobs.append((st._pv_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=sbm, BLOCK_N=sbn, DOT_PRECISION=prec), (), 4, st_stages))
+        jobs.append((st._matmul_kernel, dtype, dict(BLOCK_M=sbm, BLOCK_N=sbn, BLOCK_K=sbk, DOT_PRECISION=prec), (), 4, st_stages))
         for block, one in ((1024, True), (sm.MAX_FUSED_BLOCK, True), (sm.MAX_FUSED_BLOCK, False)):
             jobs.append((sm._softmax_kernel, dtype, dict(BLOCK=block, ROWS=1, ONE_PASS=one), (), 4, 3))
         jobs.append((st._softmax_bwd_kernel, dtype, dict(BLOCK=4096, ROWS=1), (), 4, 3))

@@ -33,7 +33,7 @@ which would make fp32 results differ from PyTorch's by ~1e-3. The kernels take t
 precision as a constexpr from :func:`dot_precision`: ``"ieee"`` for fp32 inputs (exact
 fp32 products; the course's fp32 tests compare at 1e-5 to 1e-4) and ``"tf32"`` otherwise
 (ignored for fp16/bf16 operands, which use tensor cores with fp32 accumulation). The
-interpreter multiplies with numpy in fp32 whatever the setting.
+interpreter multiplies in fp32 (torch.matmul on the host) whatever the setting.
 """
 
 from __future__ import annotations

@@ -48,10 +48,12 @@ def test_local_window_mask_small():
     assert torch.equal(local_window_mask(3, 6, 10), torch.ones(3, 6, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("n_q,n_k,window,bs", [(256, 256, 32, (64, 64)), (100, 70, 5, (16, 32)), (33, 33, 0, (8, 8))])
-def test_block_mask_covers_element_mask(n_q, n_k, window, bs):
-    elem = local_window_mask(n_q, n_k, window)
-    blocks = local_window_block_mask(n_q, n_k, window, block_size=bs)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q,n_k,window,bs", [(256, 256, 32, (64, 64)), (100, 70, 5, (16, 32)), (33, 33, 0, (8, 8)),
+                                               (70, 100, 40, (32, 16))])
+def test_block_mask_covers_element_mask(n_q, n_k, window, bs, causal):
+    elem = local_window_mask(n_q, n_k, window, causal=causal)
+    blocks = local_window_block_mask(n_q, n_k, window, block_size=bs, causal=causal)
     assert blocks.shape == (1, 1, math.ceil(n_q / bs[0]), math.ceil(n_k / bs[1]))
     expanded = blocks[0, 0].repeat_interleave(bs[0], 0).repeat_interleave(bs[1], 1)[:n_q, :n_k]
     assert bool((elem & ~expanded).sum() == 0)  # every kept element lies in a kept block

@@ -156,3 +156,24 @@ def test_bad_masks_and_inputs():
         BlockMask(torch.ones(1, 1, 2, 2), (16, 16))
     with pytest.raises(ValueError, match="n_q=10"):
         local_mask(64, 64, 1, (32, 32)).to_element_mask(10, 64)
+
+
+def test_block_lists_are_cached_and_follow_in_place_edits():
+    q, k, v = _qkv(1, 1, 64, 64, grad=False)
+    m = BlockMask(torch.ones(1, 1, 2, 2, dtype=torch.bool), (32, 32))
+    full = block_sparse_attention(q, k, v, m)
+    assert len(m._lists_cache) == 1
+    m.mask[0, 0, 1] = False  # edited in place: the cached lists must not be reused
+    o = block_sparse_attention(q, k, v, m)
+    assert torch.equal(o[..., 32:, :], torch.zeros_like(o[..., 32:, :]))
+    torch.testing.assert_close(o[..., :32, :], full[..., :32, :])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_the_reference_library(causal):
+    from attnlab.attention import block_sparse_reference
+
+    mask = local_mask(NQ, NK, 16, BS) | global_mask(NQ, NK, 1, BS)
+    q, k, v = _qkv(grad=False, seed=11)
+    torch.testing.assert_close(block_sparse_attention(q, k, v, mask, causal=causal),
+                               block_sparse_reference(q, k, v, mask, causal=causal), atol=2e-5, rtol=2e-4)

@@ -50,14 +50,20 @@ def test_previous_two_targets_are_the_ordered_pair():
     assert torch.equal(targets[:, i], tokens[:, i - 1] * 6 + tokens[:, i - 2])
 
 
-def test_induction_copy_repeats_and_predicts_next():
-    task = InductionCopy(vocab=10, half=5)
-    tokens, targets = task.sample(30, gen())
+def test_induction_copy_repeats_a_segment_of_varying_length_and_predicts_next():
+    task = InductionCopy(vocab=10, half=6, min_len=3)
+    tokens, targets = task.sample(200, gen())
     assert (tokens[:, 0] == 0).all() and (tokens[:, 1:] > 0).all()
-    assert torch.equal(tokens[:, 1:6], tokens[:, 6:11])
-    keep = targets != IGNORE
-    assert keep[:, 6:10].all() and not keep[:, :6].any() and not keep[:, 10].any()
-    assert torch.equal(targets[:, 6:10], tokens[:, 7:11])
+    lengths = set()
+    for b in range(200):
+        keep = (targets[b] != IGNORE).nonzero()[:, 0]
+        L = int(keep[0]) - 1                                       # targets start at the repeat's first token
+        lengths.add(L)
+        assert 3 <= L <= 6
+        assert torch.equal(tokens[b, 1:L + 1], tokens[b, L + 1:2 * L + 1])   # the segment, then again
+        assert keep.tolist() == list(range(L + 1, 2 * L))            # every repeat token but the last
+        assert torch.equal(targets[b, keep], tokens[b, keep + 1])    # the next token
+    assert lengths == {3, 4, 5, 6}                                 # the offset varies
 
 
 def test_batches_are_seeded():
@@ -75,5 +81,7 @@ def test_bad_input_names_the_argument():
         PreviousTwo(seq_len=2)
     with pytest.raises(ValueError, match="batch_size"):
         KeyValueLookup().sample(0)
+    with pytest.raises(ValueError, match="min_len"):
+        InductionCopy(half=4, min_len=5)
     with pytest.raises(TypeError, match="generator"):
         InductionCopy().sample(2, generator=0)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from attnlab.bleu import bleu_by_length, corpus_bleu, exact_match, ngram_matches
+from attnlab.bleu import alignment_accuracy, bleu_by_length, corpus_bleu, exact_match, ngram_matches
 from attnlab.data.translation import (
     ADJECTIVES, MAX_LEN, MIN_LEN, NOUNS, batches, encode, generate_pair, generate_pairs, load_task, make_splits,
     pad_batch, source_vocab, target_vocab, translate_rule_based,
@@ -50,6 +50,28 @@ def test_agreement_and_adjective_after_noun(seed):
             if i + 1 < len(words) and words[i + 1] in FR_ADJ:  # the adjective follows and agrees
                 adj = words[i + 1]
                 assert FR_ADJ[adj] == (num, gender) or adj in ("rouge", "rouges") and FR_ADJ[adj][0] == num
+
+
+def test_gold_alignment_crosses_where_the_words_swap():
+    fr, align = translate_rule_based("the boy often sees a small dog because the girls sleep .", return_alignment=True)
+    assert fr == "le garçon voit souvent un chien petit parce que les filles dorment ."
+    assert align == [0, 1, 3, 2, 4, 6, 5, 7, 7, 8, 9, 10, 11]
+
+
+@given(seed=st.integers(0, 10_000))
+def test_gold_alignment_is_complete(seed):
+    en, fr = generate_pair(random.Random(seed), 40)
+    _, align = translate_rule_based(en, return_alignment=True)
+    assert len(align) == len(fr.split())
+    assert sorted(set(align)) == list(range(len(en.split())))  # every English word is translated
+
+
+def test_alignment_accuracy():
+    assert alignment_accuracy([torch.eye(3)], [[0, 1, 2]]) == 100.0
+    w = torch.tensor([[0.6, 0.4, 0.0], [0.7, 0.3, 0.0], [0.0, 0.0, 1.0], [0.5, 0.5, 0.0]])  # extra row: <eos>
+    assert alignment_accuracy([w], [[0, 1, 2]]) == pytest.approx(200 / 3)
+    with pytest.raises(ValueError, match="alignments"):
+        alignment_accuracy([torch.eye(2)], [[0, 1, 1]])
 
 
 def test_hand_examples_of_the_grammar():

@@ -208,11 +208,11 @@ def test_memory_traffic_counters_reach_the_trace_totals(traces):
 def test_memory_traffic_shows_flash_rereading_k_and_v(traces):
     w = MemoryTraffic(traces["flash"], traces["standard"], labels=["flash", "standard"], sram_study=False)
     flash, std = w.replays
-    reads, writes = flash.counts("K", 0, flash.n)
+    reads, writes = flash.counts("K", flash.n)
     assert (reads == 64 // 16).all() and (writes == 0).all()  # every K element read once per query block
-    reads, writes = flash.counts("Q", 0, flash.n)
+    reads, writes = flash.counts("Q", flash.n)
     assert (reads == 1).all()
-    reads, writes = std.counts("S", 0, std.n)
+    reads, writes = std.counts("S", std.n)
     assert (writes == 1).all() and (reads == 1).all()  # S written by one kernel, read by the next
     # the SRAM panel: a flash program holds its Q tile and the K, V tiles of the current step
     w.step.value = 5
@@ -227,17 +227,20 @@ def test_memory_traffic_shows_flash_rereading_k_and_v(traces):
 
 def test_memory_traffic_several_heads_and_sram_study():
     from attnlab.iomodel import flash_forward_io
-    from attnlab.kernels import flash_attention
+    from attnlab.kernels import standard_attention
     from attnlab.memory import trace
 
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 32, 16, generator=g) for _ in range(3))
-    w = MemoryTraffic(trace(flash_attention, q, k, v, block_m=16, block_n=16), sram_shape=(64, 32))
-    assert [v for _, v in w.lead.options] == [0, 1]
-    w.step.value = w.step.max // 2  # head 0 done, head 1 not yet (programs run head by head or interleaved)
-    before = w.png
-    w.lead.value = 1
-    assert w.png != before
+    w = MemoryTraffic(trace(standard_attention, q, k, v, block_m=16, block_n=16), sram_shape=(64, 32))
+    r = w.replays[0]
+    # both heads stacked: every element of S and P of both heads written once and read once, although
+    # the softmax kernel sees P as (B*H*N, N) and the PV kernel as (B, H, N, N)
+    for name in ("S", "P"):
+        reads, writes = r.counts(name, r.n)
+        assert reads.shape == (2 * 32, 32) and (reads == 1).all() and (writes == 1).all(), name
+    reads, _ = r.counts("Q", r.n)
+    assert reads.shape == (64, 16) and (reads == 1).all()
     study = w.sram_study
     for m in (1, 16, 256):
         w.sram_kib.value = m
@@ -247,6 +250,9 @@ def test_memory_traffic_several_heads_and_sram_study():
         assert s["live_bytes"] == flash_forward_io(1, 1, 64, 64, 32, 4, block_m=bm, block_n=bn).total_bytes
     assert study.summary()["large_bytes"] < flash_forward_io(1, 1, 4096, 4096, 64, 2, sram_bytes=1024).total_bytes
     assert study.image.value and isinstance(study.to_figure(), Figure)
+    # the static picture holds the replay (one tensor panel each + SRAM panel) and the SRAM plot's two axes
+    panels = len(w.replays[0].names) + 1
+    assert len(w.to_figure().axes) == panels + 2 and len(w._make_figure()["fig"].axes) == panels
 
 
 def test_memory_traffic_rejects_bad_input(traces):
@@ -260,6 +266,10 @@ def test_memory_traffic_rejects_bad_input(traces):
         MemoryTraffic(traces["flash"], "not a trace", sram_study=False)
     with pytest.raises(ValueError, match="labels: expected one label per trace"):
         MemoryTraffic(traces["flash"], labels=["a", "b"], sram_study=False)
+    with pytest.raises(ValueError, match="sram_shape"):
+        MemoryTraffic(traces["flash"], sram_shape=(64, 48))
+    with pytest.raises(TypeError, match="sram_shape"):
+        MemoryTraffic(traces["flash"], sram_shape=64)
 
 
 # ------------------------------------------------------------------------------ BlockMaskEditor

@@ -150,23 +150,30 @@ class PreviousTwo:
 
 @dataclass(frozen=True)
 class InductionCopy:
-    """A random sequence of ``half`` tokens, then the same again; predict each next token of the repeat.
+    """A random segment, then the same segment again; predict each next token of the repeat.
 
-    Token 0 is a start marker ``^`` at position 0; the random tokens are 1..vocab-1.
-    ``seq_len = 2 * half + 1``. Targets: at positions ``half + 1 .. 2 * half - 1`` (inside the
-    repeat), the next token; elsewhere nothing (the first half is unpredictable).
+    Token 0 is a start marker ``^`` at position 0; the random tokens are 1..vocab-1. The segment
+    length varies per sequence, uniformly in ``[min_len, half]``, so the repeat starts at a
+    different distance each time and no fixed positional offset finds the earlier copy: the model
+    has to find the previous occurrence of the current token and read the token after it (a
+    previous-token head, then an induction head). The rest, up to ``seq_len = 2 * half + 1``, is
+    random filler. Targets: inside the repeat, the next token; elsewhere nothing.
 
     Example: ``InductionCopy(vocab=16, half=8).sample(2)`` -> tokens and targets ``(2, 17)``
     """
 
     vocab: int = 16
     half: int = 8
+    min_len: int = 4
 
     def __post_init__(self):
         _check_positive("vocab", self.vocab)
         _check_positive("half", self.half)
+        _check_positive("min_len", self.min_len)
         if self.vocab < 3:
             raise ValueError(f"vocab: expected at least 3 (a start marker and two tokens), got {self.vocab}")
+        if not 2 <= self.min_len <= self.half:
+            raise ValueError(f"min_len: expected 2 <= min_len <= half={self.half}, got {self.min_len}")
 
     @property
     def vocab_size(self):
@@ -182,12 +189,19 @@ class InductionCopy:
 
     def sample(self, batch_size, generator=None):
         _check_batch(batch_size, generator)
-        first = torch.randint(1, self.vocab, (batch_size, self.half), generator=generator)   # (B, half)
-        start = torch.zeros(batch_size, 1, dtype=torch.long)
-        tokens = torch.cat([start, first, first], dim=1)                                      # (B, 2 half + 1)
+        B, N = batch_size, self.seq_len
+        tokens = torch.randint(1, self.vocab, (B, N), generator=generator)                   # segment + filler
+        lengths = torch.randint(self.min_len, self.half + 1, (B,), generator=generator)      # (B,) segment lengths
+        tokens[:, 0] = 0                                                                     # start marker
+        pos = torch.arange(N)[None, :]                                                       # (1, N)
+        L = lengths[:, None]                                                                 # (B, 1)
+        in_repeat = (pos > L) & (pos <= 2 * L)                                               # second copy
+        src = torch.where(in_repeat, pos - L, pos)                                           # where to copy from
+        tokens = torch.gather(tokens, 1, src)                                                # (B, N)
         targets = torch.full_like(tokens, IGNORE)
-        h = self.half
-        targets[:, h + 1:2 * h] = tokens[:, h + 2:]                                           # next token of the repeat
+        has_next = (pos > L) & (pos < 2 * L)                                                 # next token is in the repeat
+        nxt = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)                               # token at i + 1
+        targets[has_next] = nxt[has_next]
         return tokens, targets
 
     def token_names(self, tokens):

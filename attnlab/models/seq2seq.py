@@ -8,15 +8,17 @@ jointly learning to align and translate", appendix A, scaled down to a laptop:
   sentence says has to squeeze through ``hidden_dim`` numbers.
 * ``RNNsearch``: a bidirectional GRU keeps one annotation ``h_j = [fwd_j; bwd_j]``
   per source position; at each output step the decoder scores every annotation
-  against its previous state with the additive alignment model
+  against its state with the additive alignment model
   ``e_ij = v^T tanh(W s_{i-1} + U h_j)`` (``attnlab.attention.AdditiveAttention``),
   turns the scores into weights ``alpha_ij`` with a softmax over the real (not
   padded) positions, and reads the context ``c_i = sum_j alpha_ij h_j``.
 
 Both decoders emit word ``y_i`` from a maxout layer over the decoder state, the
-previous word's embedding and the context (appendix A.2.2). One simplification:
-the output layer reads the new state ``s_i`` (which has already seen ``y_{i-1}``
-and ``c_i``) rather than ``s_{i-1}``, as most implementations do.
+previous word's embedding and the context (appendix A.2.2). Two departures from
+the paper, both common in later implementations: the output layer reads the new
+state ``s_i`` rather than ``s_{i-1}``, and RNNsearch's decoder reads the previous
+word before it attends (see ``RNNsearch``), so its query ``s_{i-1}`` is, more
+exactly, ``s'_i = GRU(E y_{i-1}, s_{i-1})``.
 
 Shapes: ``src (B, S)`` and ``tgt (B, T)`` are padded id tensors (pad id 0) whose
 rows end with ``<eos>``; ``src_len (B,)`` counts the real tokens.
@@ -175,8 +177,15 @@ class RNNsearch(_Seq2Seq):
     """Encoder-decoder that learns to align (Bahdanau, Cho & Bengio 2014, appendix A).
 
     Encoder: bidirectional GRU, annotations ``h_j = [fwd_j; bwd_j]`` ``(B, S, 2 * hidden_dim)``.
-    Decoder: ``s_0 = tanh(W_s bwd_1)``; at step i, ``(c_i, alpha_i) = AdditiveAttention(s_{i-1}, h, mask)``,
-    ``s_i = GRUCell([E y_{i-1}; c_i], s_{i-1})``, ``y_i`` from maxout(s_i, E y_{i-1}, c_i).
+    Decoder: ``s_0 = tanh(W_s bwd_1)``; at step i it first reads the previous word,
+    ``s'_i = GRUCell(E y_{i-1}, s_{i-1})``, then searches the source with that state,
+    ``(c_i, alpha_i) = AdditiveAttention(s'_i, h, mask)``, then reads the context,
+    ``s_i = GRUCell(c_i, s'_i)``; ``y_i`` comes from maxout(s_i, E y_{i-1}, c_i).
+
+    The paper scores with ``s_{i-1}``, a state that has not yet seen ``y_{i-1}``; reading the word
+    first (the "conditional GRU" of Sennrich et al. 2017, Nematus) lets the query know which word was
+    just written. On this small task that gives alignments that sit on the right word instead of
+    lagging one word behind; the alignment model itself is the paper's.
 
     Example: ``ids, alpha = RNNsearch(67, 95).greedy_decode(src, src_len)``  # alpha (B, T', S)
     """
@@ -190,7 +199,8 @@ class RNNsearch(_Seq2Seq):
         self.init_state = nn.Linear(hidden_dim, hidden_dim)  # W_s
         # the alignment model: a one-hidden-layer feedforward net, v^T tanh(W s_{i-1} + U h_j)
         self.attention = AdditiveAttention(query_dim=hidden_dim, key_dim=2 * hidden_dim, hidden_dim=align_dim)
-        self.decoder = nn.GRUCell(emb_dim + 2 * hidden_dim, hidden_dim)
+        self.read_word = nn.GRUCell(emb_dim, hidden_dim)  # s'_i from s_{i-1} and E y_{i-1}
+        self.decoder = nn.GRUCell(2 * hidden_dim, hidden_dim)  # s_i from s'_i and c_i
 
     def encode(self, src, src_len):
         """Annotations ``(B, S, 2H)`` (zeros at padding), the padding mask ``(B, S)`` and ``s_0 (B, H)``."""
@@ -209,8 +219,9 @@ class RNNsearch(_Seq2Seq):
         y_prev = self.tgt_embed(_shift_right(tgt))  # (B, T, E)
         states, contexts = [], []
         for i in range(tgt.shape[1]):  # the decoder is sequential: s_i needs s_{i-1}
-            c, _ = self.attention(s, h, mask)  # (B, 2H): weighted sum of annotations
-            s = self.decoder(torch.cat([y_prev[:, i], c], dim=-1), s)  # (B, H)
+            q = self.read_word(y_prev[:, i], s)  # (B, H): s'_i, the state after reading y_{i-1}
+            c, _ = self.attention(q, h, mask)  # (B, 2H): weighted sum of annotations
+            s = self.decoder(c, q)  # (B, H): s_i
             states.append(s)
             contexts.append(c)
         return self._logits(torch.stack(states, 1), y_prev, torch.stack(contexts, 1))  # (B, T, V)
@@ -221,8 +232,9 @@ class RNNsearch(_Seq2Seq):
     def _step(self, y_prev, state):
         h, mask, s = state
         e = self.tgt_embed(y_prev)
-        c, w = self.attention(s, h, mask)  # w: (B, S) alignment weights of this output word
-        s = self.decoder(torch.cat([e, c], dim=-1), s)
+        q = self.read_word(e, s)
+        c, w = self.attention(q, h, mask)  # w: (B, S) alignment weights of this output word
+        s = self.decoder(c, q)
         return self._logits(s, e, c), (h, mask, s), w
 
 
