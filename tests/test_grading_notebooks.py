@@ -92,17 +92,26 @@ def graded(tmp_path_factory):
     looping = broken.pop("02_syntax_and_loop.ipynb")
     paths = [*SOLUTIONS, *EXERCISES, *broken.values()]
     before = _digest(paths + [looping])
+    # a learner's working folder: one finished exercise, one untouched
+    work = tmp / "my-work"
+    work.mkdir()
+    (work / "05_quadratic_cost.ipynb").write_bytes((ROOT / "solutions" / "05_quadratic_cost.ipynb").read_bytes())
+    (work / "01_soft_alignment.ipynb").write_bytes((ROOT / "exercises" / "01_soft_alignment.ipynb").read_bytes())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    progress = subprocess.Popen([sys.executable, "-m", "attnlab", "progress", str(work)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
     # the endless loop waits out its cell timeout alongside the others
     loop = _start_grading([looping], tmp / "loop.json", "--cell-timeout", "20")
     main = _grade(paths, tmp / "report.json", "--jobs", "2")
     loop = _finish(loop)
+    progress = _finish(progress)
     after = _digest(paths + [looping])
     reports = {}
     for run, out in ((main, tmp / "report.json"), (loop, tmp / "loop.json")):
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         for nb in json.loads(out.read_text())["notebooks"]:
             reports[Path(nb["path"]).name if "solutions" not in nb["path"] else "solution:" + Path(nb["path"]).name] = nb
-    return {"reports": reports, "stdout": main.stdout, "unchanged": before == after}
+    return {"reports": reports, "stdout": main.stdout, "unchanged": before == after, "progress": progress}
 
 
 def _parts(report):
@@ -185,3 +194,12 @@ def test_a_file_that_is_not_a_notebook_cannot_be_graded(tmp_path):
     assert run.returncode == 1
     assert "could not grade" in run.stdout
     assert json.loads((tmp_path / "r.json").read_text())["notebooks"][0]["error"]
+
+
+def test_progress_shows_which_parts_pass(graded):
+    run = graded["progress"]
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = {line.split()[0]: line for line in run.stdout.splitlines() if line[:2].isdigit()}
+    assert "4/4" in lines["05_quadratic_cost"] and "[x] arithmetic-intensity" in lines["05_quadratic_cost"]
+    assert "0/6" in lines["01_soft_alignment"] and "[ ] additive-score" in lines["01_soft_alignment"]
+    assert "3 of 6 parts pass" in run.stdout
