@@ -305,6 +305,9 @@ def test_sweep_and_timer():
     assert [(r["method"], r["n"]) for r in rows] == [("sdpa", 32), ("sdpa", 64)]
     assert all(r["seconds"] > 0 and r["peak_bytes"] >= 0 for r in rows)
     assert time_call(torch.ones, 10, repeats=2) > 0
+    assert time_call(torch.ones, 10, repeats=2, reduce="min") > 0
+    with pytest.raises(ValueError, match="reduce"):
+        time_call(torch.ones, 10, reduce="mean")
     with pytest.raises(ValueError, match="repeats"):
         time_call(torch.ones, 10, repeats=0)
     with pytest.raises(TypeError, match="fn"):
