@@ -530,3 +530,22 @@ def test_check_prints_and_raises_only_under_nbgrader(capsys, monkeypatch):
 def test_unknown_part_is_a_value_error():
     with pytest.raises(ValueError, match="part_id"):
         run_check("no-such-part", {})
+
+
+def test_equivalent_answers_in_other_forms_pass():
+    import numpy as np
+
+    def score_variance(q, k):  # a list instead of a stacked tensor
+        raw = (q * k).sum(-1)
+        return [raw.var().item(), (raw / q.shape[-1] ** 0.5).var().item()]
+
+    assert run_check("variance-experiment", {"score_variance": score_variance}).passed
+    ns = {"arithmetic_intensity": lambda b, h, n, d, es=4: float(specs.arithmetic_intensity(b, h, n, d, es)),
+          "is_memory_bound": lambda i, p, bw: np.bool_(i < p / bw)}
+    assert run_check("arithmetic-intensity", ns).passed
+
+    def masked_attention(q, k, v, mask=None):  # PyTorch's fused kernel, empty rows patched
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return torch.nan_to_num(out)
+
+    assert run_check("attention-masks", {"masked_attention": masked_attention}).passed

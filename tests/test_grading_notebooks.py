@@ -35,9 +35,13 @@ def _edit(source_name, edits, dest):
 
 
 BROKEN = {
-    # part 1 is fine, part 2 loops forever, part 3 has a syntax error
+    # part 1's function loops forever (only the grader's check calls it), part 2's experiment loops forever,
+    # part 3 has a syntax error
     "02_syntax_and_loop.ipynb": ("02_queries_keys_values.ipynb", {
+        "padding-mask-answer": "def padding_mask(lengths, max_len):\n    while True:\n        pass\n",
+        "02-cell-06": "print('not calling it here')\n",
         "02-cell-11": "while True:\n    pass\n",
+        "02-cell-16": "print('no experiment')\n",
         "attention-masks-answer": lambda s: s + "\n\ndef broken(:\n    pass\n",
     }),
     # part 1 raises, part 2 calls sys.exit, part 3 is fine
@@ -88,17 +92,26 @@ def graded(tmp_path_factory):
     looping = broken.pop("02_syntax_and_loop.ipynb")
     paths = [*SOLUTIONS, *EXERCISES, *broken.values()]
     before = _digest(paths + [looping])
+    # a learner's working folder: one finished exercise, one untouched
+    work = tmp / "my-work"
+    work.mkdir()
+    (work / "05_quadratic_cost.ipynb").write_bytes((ROOT / "solutions" / "05_quadratic_cost.ipynb").read_bytes())
+    (work / "01_soft_alignment.ipynb").write_bytes((ROOT / "exercises" / "01_soft_alignment.ipynb").read_bytes())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    progress = subprocess.Popen([sys.executable, "-m", "attnlab", "progress", str(work)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
     # the endless loop waits out its cell timeout alongside the others
-    loop = _start_grading([looping], tmp / "loop.json", "--cell-timeout", "30")
+    loop = _start_grading([looping], tmp / "loop.json", "--cell-timeout", "20")
     main = _grade(paths, tmp / "report.json", "--jobs", "2")
     loop = _finish(loop)
+    progress = _finish(progress)
     after = _digest(paths + [looping])
     reports = {}
     for run, out in ((main, tmp / "report.json"), (loop, tmp / "loop.json")):
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         for nb in json.loads(out.read_text())["notebooks"]:
             reports[Path(nb["path"]).name if "solutions" not in nb["path"] else "solution:" + Path(nb["path"]).name] = nb
-    return {"reports": reports, "stdout": main.stdout, "unchanged": before == after}
+    return {"reports": reports, "stdout": main.stdout, "unchanged": before == after, "progress": progress}
 
 
 def _parts(report):
@@ -141,9 +154,10 @@ def test_every_untouched_exercise_scores_zero(graded, path):
         assert "not implemented yet" in p["feedback"], p
 
 
-def test_syntax_error_and_endless_loop_cost_only_their_parts(graded):
+def test_endless_loops_and_a_syntax_error_are_graded_with_reasons(graded):
     parts = _parts(graded["reports"]["02_syntax_and_loop.ipynb"])
-    assert parts["padding-mask"]["points"] == parts["padding-mask"]["max_points"]
+    assert parts["padding-mask"]["points"] == 0
+    assert "the check of your code did not finish within" in parts["padding-mask"]["feedback"]
     assert parts["causal-mask"]["points"] == 0 and "did not finish within" in parts["causal-mask"]["feedback"]
     assert parts["attention-masks"]["points"] == 0 and "SyntaxError" in parts["attention-masks"]["feedback"]
 
@@ -180,3 +194,12 @@ def test_a_file_that_is_not_a_notebook_cannot_be_graded(tmp_path):
     assert run.returncode == 1
     assert "could not grade" in run.stdout
     assert json.loads((tmp_path / "r.json").read_text())["notebooks"][0]["error"]
+
+
+def test_progress_shows_which_parts_pass(graded):
+    run = graded["progress"]
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = {line.split()[0]: line for line in run.stdout.splitlines() if line[:2].isdigit()}
+    assert "4/4" in lines["05_quadratic_cost"] and "[x] arithmetic-intensity" in lines["05_quadratic_cost"]
+    assert "0/6" in lines["01_soft_alignment"] and "[ ] additive-score" in lines["01_soft_alignment"]
+    assert "3 of 6 parts pass" in run.stdout

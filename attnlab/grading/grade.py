@@ -123,7 +123,10 @@ class _Runner:
     def restart(self):
         """A fresh kernel with the cells that worked run again. False when time ran out."""
         self.stop()
-        self.start()
+        try:
+            self.start()
+        except Exception:  # no kernel to grade with: the caller reports what it could not grade
+            return False
         for i in self.ok_cells:
             problem = self._execute(self.nb.cells[i], i, replay=True)
             if problem is not None:
@@ -290,17 +293,18 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                     kind, text = problem
                     reason = f"{_describe_cell(i, cell)} {text}"
                     if kind == "total-timeout":
-                        setup_problems.append(f"the notebook ran past the total time limit of {timeout} s")
+                        setup_problems.append(f"the notebook ran past the total time limit of {timeout:g} s")
                         break
                     (setup_problems if i in setup else problems[owner[i]]).append(reason)
                     if kind in ("timeout", "dead") and (runner.remaining() <= 1 or not runner.restart()):
-                        setup_problems.append(f"the notebook ran past the total time limit of {timeout} s")
+                        setup_problems.append("grading stopped: a fresh kernel could not re-run the cells that "
+                                              f"worked within the total time limit of {timeout:g} s")
                         break
                 for p in grade_after.get(i, []):
                     if p not in results:
                         results[p] = runner.grade_part(p, workdir)
-                        if results[p].get("broke_kernel") and not runner.restart():
-                            break
+                        if results[p].get("broke_kernel"):
+                            runner.restart()  # if this runs out of time, the next cell reports it
             for p in parts:
                 if p not in results and runner.remaining() > 1:
                     if not runner.alive and not runner.restart():
