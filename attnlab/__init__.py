@@ -30,6 +30,36 @@ _EXPORTS = {
     "block_sparse_reference": "attnlab.attention",
     # the FlashAttention algorithm in PyTorch (attnlab/tiled.py)
     "tiled_attention": "attnlab.tiled",
+    # every load and store of a kernel, counted in Triton's interpreter (attnlab/memory.py)
+    "trace": "attnlab.memory",
+    "MemoryTrace": "attnlab.memory",
+    # widgets (attnlab/widgets/)
+    "AttentionMap": "attnlab.widgets",
+    "ScalingExplorer": "attnlab.widgets",
+    "MemoryTraffic": "attnlab.widgets",
+    "BlockMaskEditor": "attnlab.widgets",
+    # models and toy data the lessons train on the CPU
+    "TinyTransformer": "attnlab.models.transformer",
+    "SelfAttention": "attnlab.models.transformer",
+    "KeyValueLookup": "attnlab.data.toy",
+    "PreviousTwo": "attnlab.data.toy",
+    "InductionCopy": "attnlab.data.toy",
+    # lesson 01: Bahdanau et al. 2014, scaled down, on a synthetic translation task
+    "RNNencdec": "attnlab.models.seq2seq",
+    "RNNsearch": "attnlab.models.seq2seq",
+    "translate": "attnlab.models.seq2seq",
+    "load_pretrained": "attnlab.pretrained",
+    "load_task": "attnlab.data.translation",
+    "corpus_bleu": "attnlab.bleu",
+    # approximate attention (lesson 08)
+    "local_window_attention": "attnlab.approx",
+    "linformer_attention": "attnlab.approx",
+    "performer_attention": "attnlab.approx",
+    # measuring on the learner's machine (lessons 05, 07, 08)
+    "peak_memory": "attnlab.measure",
+    "time_call": "attnlab.measure",
+    # inline checks of the exercises
+    "check": "attnlab.grading.checks",
     # showing the library's own code in a lesson
     "show_source": "attnlab.show",
 }

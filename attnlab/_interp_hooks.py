@@ -225,15 +225,18 @@ def memory_hooks(on_launch, on_access):
             on_access(info, info.grid_idx, "store", ptrs.data, mask.data, element_size(ptrs))
         return type(builder).create_masked_store(builder, ptrs, value, mask, cache_modifier, eviction_policy)
 
+    # the lock guards the patching only: the traced function may launch kernels from another
+    # thread (autograd's device thread), which takes the lock in interpreter_session
     with _lock:
         cls.__call__ = call
         cls._init_args_hst = init_args
         builder.set_grid_idx = set_grid_idx
         builder.create_masked_load = masked_load
         builder.create_masked_store = masked_store
-        try:
-            yield
-        finally:
+    try:
+        yield
+    finally:
+        with _lock:
             cls.__call__ = orig_call
             cls._init_args_hst = orig_init_args
             for name in ("set_grid_idx", "create_masked_load", "create_masked_store"):

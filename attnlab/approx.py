@@ -22,12 +22,13 @@ Three families, each small enough to read in one sitting, all on tensors shaped
   ``phi(Q) (phi(K)^T V)`` normalised by ``phi(Q) phi(K)^T 1``: linear in ``n``.
   Unbiased; the error falls like ``1/sqrt(m)`` with the number of features.
 
-Each method has a cost function (:func:`linformer_cost`, :func:`performer_cost`,
-:func:`local_window_cost`) returning the FLOPs and the HBM bytes an unfused
-PyTorch implementation moves, step by step, counted with the same conventions
-as :mod:`attnlab.iomodel`: a matmul ``(a, b) @ (b, c)`` is ``2abc`` FLOPs; every
-step reads its inputs from and writes its output to HBM once; bytes are
-elements times ``element_size`` (4 for float32).
+Each method has a cost function (:func:`linformer_io`, :func:`performer_io`,
+:func:`local_window_io`) returning an :class:`attnlab.iomodel.IO`: the HBM bytes
+read and written and the FLOPs, step by step, with :mod:`attnlab.iomodel`'s
+conventions (a matmul ``(a, b) @ (b, c)`` is ``2abc`` FLOPs, elementwise work is
+not counted; every unfused step reads its inputs from HBM and writes its output
+there; ``bytes_per_element`` 2 for fp16, 4 for fp32). Set them beside
+``iomodel.standard_forward_io`` and ``iomodel.flash_forward_io``.
 
 Example::
 
@@ -36,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -51,15 +53,10 @@ __all__ = [
     "performer_features",
     "performer_attention",
     "relative_error",
-    "standard_cost",
-    "local_window_cost",
-    "linformer_cost",
-    "performer_cost",
-    "SOFTMAX_FLOPS_PER_ELEMENT",
+    "local_window_io",
+    "linformer_io",
+    "performer_io",
 ]
-
-# FLOPs charged per element of a row softmax: max, subtract, exp, sum, divide.
-SOFTMAX_FLOPS_PER_ELEMENT = 5
 
 
 # ----------------------------------------------------------------------------- checks
@@ -159,11 +156,18 @@ def local_window_block_mask(n_q, n_k, window, block_size=(64, 64), causal=False,
     bq, bk = block_size
     _check_positive_int("block_size[0]", bq)
     _check_positive_int("block_size[1]", bk)
-    elem = local_window_mask(n_q, n_k, window, causal=causal, device=device)
+    _check_positive_int("n_q", n_q)
+    _check_positive_int("n_k", n_k)
+    _check_nonneg_int("window", window)
     nqb, nkb = -(-n_q // bq), -(-n_k // bk)
-    padded = torch.zeros(nqb * bq, nkb * bk, dtype=torch.bool, device=device)
-    padded[:n_q, :n_k] = elem
-    blocks = padded.view(nqb, bq, nkb, bk).any(dim=3).any(dim=1)  # (nqb, nkb)
+    a = torch.arange(nqb, device=device)[:, None]  # query block index (nqb, 1)
+    b = torch.arange(nkb, device=device)[None, :]  # key block index (1, nkb)
+    q_lo, q_hi = a * bq, torch.clamp((a + 1) * bq, max=n_q) - 1  # first and last query of each block
+    k_lo, k_hi = b * bk, torch.clamp((b + 1) * bk, max=n_k) - 1  # first and last key of each block
+    # some pair (i, j) in the tile has |i - j| <= window: the key range meets [q_lo - window, q_hi + window]
+    blocks = (k_lo <= q_hi + window) & (k_hi >= q_lo - window)  # (nqb, nkb)
+    if causal:  # and some pair has j <= i
+        blocks &= k_lo <= q_hi
     return blocks[None, None]
 
 
@@ -318,20 +322,33 @@ def performer_features(head_dim, num_features, seed=0, orthogonal=True, dtype=to
     """
     _check_positive_int("head_dim", head_dim)
     _check_positive_int("num_features", num_features)
-    g = torch.Generator().manual_seed(int(seed))
+    return _features(head_dim, num_features, int(seed), bool(orthogonal)).to(dtype=dtype, device=device)
+
+
+def _orthonormal_rows(gauss):
+    """Gram-Schmidt (twice, for stability) on the rows of a square float64 matrix: a random orthogonal matrix."""
+    out = torch.empty_like(gauss)
+    for i, row in enumerate(gauss):
+        for _ in range(2):  # subtract the projections on the rows done so far
+            row = row - out[:i].T @ (out[:i] @ row)
+        out[i] = row / row.norm()
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _features(head_dim, num_features, seed, orthogonal):
+    g = torch.Generator().manual_seed(seed)
     if not orthogonal:
-        w = torch.randn(num_features, head_dim, generator=g, dtype=torch.float64)
-        return w.to(dtype=dtype, device=device)
+        return torch.randn(num_features, head_dim, generator=g, dtype=torch.float64)
     blocks = []
     remaining = num_features
     while remaining > 0:
         gauss = torch.randn(head_dim, head_dim, generator=g, dtype=torch.float64)
-        qmat, _ = torch.linalg.qr(gauss)  # (D, D) orthogonal
-        blocks.append(qmat.T[: min(remaining, head_dim)])
+        blocks.append(_orthonormal_rows(gauss)[: min(remaining, head_dim)])  # (<= D, D) orthonormal rows
         remaining -= head_dim
     w = torch.cat(blocks, dim=0)  # (m, D) unit rows
-    norms = torch.randn(num_features, head_dim, generator=g, dtype=torch.float64).norm(dim=1)  # chi(D)
-    return (w * norms[:, None]).to(dtype=dtype, device=device)
+    norms = torch.randn(num_features, head_dim, generator=g, dtype=torch.float64).norm(dim=1)  # chi(D) lengths
+    return w * norms[:, None]
 
 
 def _positive_features(x, w, is_query):
@@ -378,109 +395,78 @@ def performer_attention(q, k, v, num_features=256, seed=0, causal=False, scale=N
 
 
 # ----------------------------------------------------------------------------- cost model
-def _cost(steps, element_size):
-    """Sum a list of (name, flops, elements_read, elements_written) into a cost dict."""
-    rows = []
-    for name, flops, read, written in steps:
-        rows.append(
-            {
-                "step": name,
-                "flops": int(flops),
-                "bytes_read": int(read * element_size),
-                "bytes_written": int(written * element_size),
-            }
-        )
-    total_read = sum(r["bytes_read"] for r in rows)
-    total_written = sum(r["bytes_written"] for r in rows)
-    return {
-        "flops": sum(r["flops"] for r in rows),
-        "bytes_read": total_read,
-        "bytes_written": total_written,
-        "bytes": total_read + total_written,
-        "steps": rows,
-    }
-
-
 def _check_shape_args(**kw):
     for name, value in kw.items():
         _check_positive_int(name, value)
 
 
-def standard_cost(n, d, batch=1, heads=1, element_size=4):
-    """FLOPs and HBM bytes of standard (unfused) attention, step by step: S = QK^T, P = softmax(S), O = PV.
+def _step(name, flops, read, written, e):
+    """One unfused step as an :class:`attnlab.iomodel.IO` part: elements read/written times ``e`` bytes."""
+    from attnlab.iomodel import IO
 
-    Returns ``{"flops", "bytes_read", "bytes_written", "bytes", "steps": [...]}``;
-    each step reads its inputs from HBM and writes its output there (the
-    n x n matrices S and P included), as in Dao et al. 2022, Algorithm 0.
+    io = IO(int(read * e), int(written * e), int(flops))
+    return IO(io.bytes_read, io.bytes_written, io.flops, {name: io})
 
-    Example: ``standard_cost(1024, 64)["bytes"]``
+
+def local_window_io(batch, heads, n, d=64, window=64, block_size=(64, 64), bytes_per_element=2):
+    """HBM bytes and FLOPs of local-window attention run by the block-sparse FlashAttention kernel.
+
+    The kernel visits only the blocks :func:`local_window_block_mask` keeps, so this is
+    :func:`attnlab.iomodel.block_sparse_forward_io` under that mask: per kept block one K and
+    one V tile read and ``4 B_q B_k d`` FLOPs; Q read and O written once. No n x n matrix
+    reaches HBM, and the cost grows as ``n * window`` instead of ``n^2``.
+    Returns an :class:`attnlab.iomodel.IO`.
+
+    Example: ``local_window_io(1, 1, 4096, 64, window=256).total_bytes``
     """
-    _check_shape_args(n=n, d=d, batch=batch, heads=heads, element_size=element_size)
-    bh = batch * heads
-    steps = [
-        ("S = Q K^T", bh * 2 * n * n * d, bh * 2 * n * d, bh * n * n),
-        ("P = softmax(S)", bh * SOFTMAX_FLOPS_PER_ELEMENT * n * n, bh * n * n, bh * n * n),
-        ("O = P V", bh * 2 * n * n * d, bh * (n * n + n * d), bh * n * d),
-    ]
-    return _cost(steps, element_size)
+    from attnlab.iomodel import block_sparse_forward_io
 
-
-def local_window_cost(n, d, window, block_size=64, batch=1, heads=1, element_size=4):
-    """FLOPs and HBM bytes of local-window attention run block-sparse, FlashAttention style.
-
-    Only the ``(n / B) x (n / B)`` blocks that :func:`local_window_block_mask`
-    keeps are computed; per kept block the kernel reads one K and one V block
-    and does ``4 B^2 d`` FLOPs (plus the softmax); Q and O are read and
-    written once. No n x n matrix reaches HBM.
-
-    Example: ``local_window_cost(4096, 64, window=256)["flops"]``
-    """
-    _check_shape_args(n=n, d=d, block_size=block_size, batch=batch, heads=heads, element_size=element_size)
+    _check_shape_args(batch=batch, heads=heads, n=n, d=d, bytes_per_element=bytes_per_element)
     _check_nonneg_int("window", window)
-    blocks = int(local_window_block_mask(n, n, window, block_size=(block_size, block_size)).sum())
-    bh = batch * heads
-    b = block_size
-    steps = [
-        ("read Q, write O", 0, bh * n * d, bh * n * d),
-        ("per kept block: S, softmax, P V", bh * blocks * (4 * b * b * d + SOFTMAX_FLOPS_PER_ELEMENT * b * b),
-         bh * blocks * 2 * b * d, 0),
-    ]
-    return _cost(steps, element_size)
+    mask = local_window_block_mask(n, n, window, block_size=block_size)
+    return block_sparse_forward_io(batch, heads, n, d=d, bytes_per_element=bytes_per_element,
+                                   block_mask=mask, block_size=tuple(block_size))
 
 
-def linformer_cost(n, d, rank, batch=1, heads=1, element_size=4):
-    """FLOPs and HBM bytes of :func:`linformer_attention` (unfused, pooling bias ignored), step by step.
+def linformer_io(batch, heads, n, d=64, rank=64, bytes_per_element=2):
+    """HBM bytes and FLOPs of :func:`linformer_attention` run as unfused PyTorch steps.
 
-    Example: ``linformer_cost(4096, 64, rank=256)["flops"]``
+    Same conventions as :mod:`attnlab.iomodel`: every step reads its inputs from HBM and
+    writes its output there; FLOPs count matmuls only (2 per multiply-add), not the softmax's
+    exponentials. Per (batch, head): ``K' = E K`` and ``V' = F V`` (``2 rank n d`` each),
+    ``S = Q K'^T`` (``n x rank``), softmax, ``O = P V'``. Returns an :class:`attnlab.iomodel.IO`
+    whose ``parts`` name the steps.
+
+    Example: ``linformer_io(1, 1, 4096, 64, rank=256).flops``
     """
-    _check_shape_args(n=n, d=d, rank=rank, batch=batch, heads=heads, element_size=element_size)
-    bh, k = batch * heads, rank
-    steps = [
-        ("K' = E K", bh * 2 * k * n * d, bh * (k * n + n * d), bh * k * d),
-        ("V' = F V", bh * 2 * k * n * d, bh * (k * n + n * d), bh * k * d),
-        ("S = Q K'^T", bh * 2 * n * k * d, bh * (n * d + k * d), bh * n * k),
-        ("P = softmax(S)", bh * SOFTMAX_FLOPS_PER_ELEMENT * n * k, bh * n * k, bh * n * k),
-        ("O = P V'", bh * 2 * n * k * d, bh * (n * k + k * d), bh * n * d),
-    ]
-    return _cost(steps, element_size)
+    _check_shape_args(batch=batch, heads=heads, n=n, d=d, rank=rank, bytes_per_element=bytes_per_element)
+    k, e = rank, bytes_per_element
+    io = (_step("K' = E K", 2 * k * n * d, k * n + n * d, k * d, e)
+          + _step("V' = F V", 2 * k * n * d, k * n + n * d, k * d, e)
+          + _step("S = Q K'^T", 2 * n * k * d, n * d + k * d, n * k, e)
+          + _step("P = softmax(S)", 0, n * k, n * k, e)
+          + _step("O = P V'", 2 * n * k * d, n * k + k * d, n * d, e))
+    return io.scaled(batch * heads)
 
 
-def performer_cost(n, d, num_features, batch=1, heads=1, element_size=4):
-    """FLOPs and HBM bytes of non-causal :func:`performer_attention` (unfused), step by step.
+def performer_io(batch, heads, n, d=64, num_features=256, bytes_per_element=2):
+    """HBM bytes and FLOPs of non-causal :func:`performer_attention` run as unfused PyTorch steps.
 
-    The feature maps are charged one matmul plus ~4 elementwise FLOPs per
-    feature (square-norm, subtract, exp, scale).
+    Same conventions as :mod:`attnlab.iomodel` (matmul FLOPs only; each step reads its
+    inputs and writes its output). Per (batch, head): the feature maps ``phi(Q)``, ``phi(K)``
+    (a ``n x d`` by ``d x m`` matmul each, then elementwise), ``phi(K)^T V`` (``m x d``),
+    ``phi(Q) (phi(K)^T V)``, the normaliser ``phi(Q) phi(K)^T 1`` and the division.
+    Returns an :class:`attnlab.iomodel.IO`.
 
-    Example: ``performer_cost(4096, 64, num_features=256)["bytes"]``
+    Example: ``performer_io(1, 1, 4096, 64, num_features=256).total_bytes``
     """
-    _check_shape_args(n=n, d=d, num_features=num_features, batch=batch, heads=heads, element_size=element_size)
-    bh, m = batch * heads, num_features
-    steps = [
-        ("phi(Q)", bh * (2 * n * d * m + 4 * n * m), bh * (n * d + m * d), bh * n * m),
-        ("phi(K)", bh * (2 * n * d * m + 4 * n * m), bh * (n * d + m * d), bh * n * m),
-        ("KV = phi(K)^T V", bh * 2 * n * m * d, bh * (n * m + n * d), bh * m * d),
-        ("num = phi(Q) KV", bh * 2 * n * m * d, bh * (n * m + m * d), bh * n * d),
-        ("den = phi(Q) phi(K)^T 1", bh * (n * m + 2 * n * m), bh * (2 * n * m), bh * n),
-        ("O = num / den", bh * n * d, bh * (n * d + n), bh * n * d),
-    ]
-    return _cost(steps, element_size)
+    _check_shape_args(batch=batch, heads=heads, n=n, d=d, num_features=num_features,
+                      bytes_per_element=bytes_per_element)
+    m, e = num_features, bytes_per_element
+    io = (_step("phi(Q)", 2 * n * d * m, n * d + m * d, n * m, e)
+          + _step("phi(K)", 2 * n * d * m, n * d + m * d, n * m, e)
+          + _step("KV = phi(K)^T V", 2 * n * m * d, n * m + n * d, m * d, e)
+          + _step("num = phi(Q) KV", 2 * n * m * d, n * m + m * d, n * d, e)
+          + _step("den = phi(Q) phi(K)^T 1", 2 * n * m, 2 * n * m, n + m, e)
+          + _step("O = num / den", 0, n * d + n, n * d, e))
+    return io.scaled(batch * heads)

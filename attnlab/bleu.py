@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-__all__ = ["corpus_bleu", "ngram_matches", "exact_match", "bleu_by_length"]
+__all__ = ["corpus_bleu", "ngram_matches", "exact_match", "bleu_by_length", "alignment_accuracy"]
 
 
 def _tokens(sentence):
@@ -104,3 +104,28 @@ def bleu_by_length(hypotheses, references, lengths, bins):
         r = [references[i] for i in idx]
         rows.append({"lo": lo, "hi": hi, "count": len(idx), "bleu": corpus_bleu(h, r), "exact": exact_match(h, r)})
     return rows
+
+
+def alignment_accuracy(alignments, gold) -> float:
+    """Percentage of output words whose largest attention weight falls on their gold source word.
+
+    ``alignments``: list of ``(T_k, S_k)`` weight arrays (rows: output words, columns: source words;
+    extra rows or columns, e.g. for ``<eos>``, are ignored beyond ``len(gold[k])``); ``gold``: list of
+    lists, ``gold[k][i]`` the source index that output word ``i`` translates.
+
+    Example: ``alignment_accuracy([torch.eye(3)], [[0, 1, 2]]) == 100.0``
+    """
+    if len(alignments) != len(gold):
+        raise ValueError(f"alignments, gold: expected equal lengths, got {len(alignments)} and {len(gold)}")
+    hits = total = 0
+    for weights, g in zip(alignments, gold):
+        if len(weights) < len(g):
+            raise ValueError(f"alignments: expected at least {len(g)} rows for a gold alignment of {len(g)} words, "
+                             f"got {len(weights)}")
+        for i, j in enumerate(g):
+            row = list(weights[i])
+            hits += max(range(len(row)), key=row.__getitem__) == j
+            total += 1
+    if total == 0:
+        raise ValueError("gold: expected at least one aligned word")
+    return 100.0 * hits / total

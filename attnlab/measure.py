@@ -18,8 +18,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -35,6 +38,25 @@ def format_bytes(n):
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Silence what native code writes to file descriptor 2 (the profiler's start/stop lines)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no real fd 2 (some embedded interpreters)
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _device(device):
@@ -72,7 +94,7 @@ def peak_memory(fn, *args, device=None, **kwargs):
     from torch.profiler import ProfilerActivity, profile
     from torch._C._profiler import _EventType
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn(*args, **kwargs)
     events = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
@@ -91,10 +113,11 @@ def peak_memory(fn, *args, device=None, **kwargs):
     return result, int(peak)
 
 
-def time_call(fn, *args, repeats=3, warmup=1, device=None, **kwargs):
-    """Median wall-clock seconds of ``fn(*args, **kwargs)`` over ``repeats`` runs after ``warmup`` runs.
+def time_call(fn, *args, repeats=3, warmup=1, device=None, reduce="median", **kwargs):
+    """Wall-clock seconds of ``fn(*args, **kwargs)``: the median (or ``reduce="min"``) of ``repeats`` runs after ``warmup``.
 
-    Synchronises CUDA around each run so GPU time is counted.
+    Synchronises CUDA around each run so GPU time is counted. The minimum is the better
+    estimate on a busy machine, where other work only ever adds time.
 
     Example: ``seconds = time_call(torch.matmul, a, b, repeats=5)``
     """
@@ -102,6 +125,8 @@ def time_call(fn, *args, repeats=3, warmup=1, device=None, **kwargs):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats: expected an int >= 1, got {repeats!r}")
+    if reduce not in ("median", "min"):
+        raise ValueError(f"reduce: expected 'median' or 'min', got {reduce!r}")
     dev = _device(device)
     for _ in range(warmup):
         fn(*args, **kwargs)
@@ -112,7 +137,7 @@ def time_call(fn, *args, repeats=3, warmup=1, device=None, **kwargs):
         fn(*args, **kwargs)
         _sync(dev)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times) if reduce == "min" else statistics.median(times)
 
 
 def random_qkv(n, d=64, batch=1, heads=1, device=None, dtype=torch.float32, seed=0):
@@ -135,7 +160,8 @@ def scaling_sweep(methods, ns, d=64, batch=1, heads=1, device=None, dtype=torch.
     ``methods``: ``{name: fn(q, k, v) -> out or (out, ...)}``; ``ns``: sequence
     lengths. Returns a list of rows ``{"method", "n", "seconds", "peak_bytes"}``
     where ``peak_bytes`` is the memory allocated during the call beyond its
-    inputs (:func:`peak_memory`) and ``seconds`` the median of ``repeats`` runs.
+    inputs (:func:`peak_memory`) and ``seconds`` the fastest of ``repeats`` runs
+    (the least disturbed by whatever else the machine is doing).
 
     Example: ``scaling_sweep({"sdpa": torch.nn.functional.scaled_dot_product_attention}, [256, 512])``
     """
@@ -148,7 +174,7 @@ def scaling_sweep(methods, ns, d=64, batch=1, heads=1, device=None, dtype=torch.
         for name, fn in methods.items():
             call = lambda: _first(fn(q, k, v))  # noqa: E731
             _, peak = peak_memory(call, device=dev)
-            seconds = time_call(call, repeats=repeats, device=dev)
+            seconds = time_call(call, repeats=repeats, device=dev, reduce="min")
             rows.append({"method": name, "n": int(n), "seconds": seconds, "peak_bytes": peak})
         del q, k, v
     return rows

@@ -12,6 +12,7 @@ def show_source(obj, *, lines=None):
 
     Example: ``show_source(attnlab.scaled_dot_product_attention)``
     """
+    obj = getattr(obj, "fn", obj)  # a Triton kernel (attnlab's Kernel, triton.JITFunction): its Python function
     try:
         source = inspect.getsource(obj)
     except TypeError as exc:
@@ -29,8 +30,15 @@ def show_source(obj, *, lines=None):
     if get_ipython() is None:
         print(source)
         return None
-    where = inspect.getsourcefile(obj) or ""
-    where = where[where.rfind("attnlab"):] if "attnlab" in where else where
-    where = where.replace("attnlab/kernels", "kernels")
+    where = _repo_relative(inspect.getsourcefile(obj) or "")
     display(Markdown(f"`{where}`\n```python\n{source}\n```"))
     return None
+
+
+def _repo_relative(path):
+    """``.../attnlab/attention.py`` -> ``attnlab/attention.py``; kernels show as ``kernels/...``."""
+    parts = path.replace("\\", "/").split("/")
+    tops = [i for i, part in enumerate(parts) if part in ("attnlab", "kernels")]
+    if not tops:
+        return path
+    return "/".join(parts[tops[-1]:])  # the innermost: attnlab/kernels/x.py in a wheel -> kernels/x.py

@@ -3,6 +3,7 @@
 Each file reads like one of Triton's tutorials: what you learn, the naive version with its
 memory traffic counted, the kernel with its traffic counted, the launching wrapper.
 
+* ``vector_add.py``: the first kernel (programs, blocks, pointers, masks).
 * ``softmax.py``: fused row softmax.
 * ``standard_attention.py``: unfused attention (S, softmax, PV) and its backward.
 * ``flash_attention.py``: FlashAttention-2 forward and backward.
@@ -32,9 +33,10 @@ from .block_sparse_attention import block_sparse_attention
 from .flash_attention import flash_attention
 from .softmax import softmax
 from .standard_attention import standard_attention
+from .vector_add import vector_add
 
 __all__ = [
     "softmax", "standard_attention", "flash_attention", "block_sparse_attention", "BlockMask",
     "local_mask", "strided_mask", "global_mask", "causal_block_mask", "random_mask", "full_mask",
-    "union", "intersection",
+    "union", "intersection", "vector_add",
 ]

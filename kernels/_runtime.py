@@ -33,7 +33,7 @@ which would make fp32 results differ from PyTorch's by ~1e-3. The kernels take t
 precision as a constexpr from :func:`dot_precision`: ``"ieee"`` for fp32 inputs (exact
 fp32 products; the course's fp32 tests compare at 1e-5 to 1e-4) and ``"tf32"`` otherwise
 (ignored for fp16/bf16 operands, which use tensor cores with fp32 accumulation). The
-interpreter multiplies with numpy in fp32 whatever the setting.
+interpreter multiplies in fp32 (torch.matmul on the host) whatever the setting.
 """
 
 from __future__ import annotations
@@ -48,7 +48,11 @@ from attnlab._interp_hooks import interpreter_session
 
 __all__ = ["jit", "interpreting", "use_interpreter", "check_interpreter_dtype", "dot_precision", "Kernel"]
 
-_state = threading.local()
+# How many `interpreting()` blocks are open. Deliberately process-wide, not thread-local:
+# autograd runs the backward of CUDA tensors on its own device thread, and a trace of
+# forward + backward must interpret that thread's launches too.
+_force = 0
+_force_lock = threading.Lock()
 
 
 def _env_interpret() -> bool:
@@ -62,17 +66,19 @@ def interpreting():
     CUDA tensors are then copied to the host for each launch and back (slow, but exact):
     this is what :func:`attnlab.memory.trace` uses to count loads and stores.
     """
-    depth = getattr(_state, "force", 0)
-    _state.force = depth + 1
+    global _force
+    with _force_lock:
+        _force += 1
     try:
         yield
     finally:
-        _state.force = depth
+        with _force_lock:
+            _force -= 1
 
 
 def use_interpreter(device: torch.device | str | None) -> bool:
     """True when a kernel launched on tensors of ``device`` runs in the interpreter."""
-    if getattr(_state, "force", 0) > 0 or _env_interpret():
+    if _force > 0 or _env_interpret():
         return True
     if device is None:
         return not torch.cuda.is_available()

@@ -200,19 +200,25 @@ def _block_ranges(n_q, n_k, block_size):
 
 
 def full_mask(n_q, n_k, block_size=(64, 64)) -> BlockMask:
-    """Every tile kept (dense attention, density 1)."""
+    """Every tile kept (dense attention, density 1). Example: ``full_mask(256, 256).density  # 1.0``"""
     bs, i, j, *_ = _block_ranges(n_q, n_k, block_size)
     return BlockMask((i >= 0) & (j >= 0), bs)
 
 
 def causal_block_mask(n_q, n_k, block_size=(64, 64)) -> BlockMask:
-    """Tiles with at least one pair key <= query (top-left aligned, like SDPA is_causal)."""
+    """Tiles with at least one pair key <= query (top-left aligned, like SDPA is_causal).
+
+    Example: ``causal_block_mask(256, 256, (64, 64)).density  # 0.625``
+    """
     bs, i, j, q_lo, q_hi, k_lo, k_hi = _block_ranges(n_q, n_k, block_size)
     return BlockMask(k_lo <= q_hi, bs)
 
 
 def local_mask(n_q, n_k, window, block_size=(64, 64)) -> BlockMask:
-    """Sliding window: tiles holding a pair with |query - key| <= window (in tokens)."""
+    """Sliding window: tiles holding a pair with |query - key| <= window (in tokens).
+
+    Example: ``local_mask(512, 512, window=64, block_size=(64, 64))``
+    """
     if not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be a non-negative int (tokens), got {window!r}")
     bs, i, j, q_lo, q_hi, k_lo, k_hi = _block_ranges(n_q, n_k, block_size)
@@ -220,7 +226,10 @@ def local_mask(n_q, n_k, window, block_size=(64, 64)) -> BlockMask:
 
 
 def strided_mask(n_q, n_k, stride, block_size=(64, 64)) -> BlockMask:
-    """Strided (Child et al. 2019): query block i sees key blocks j with (i - j) % stride == 0."""
+    """Strided (Child et al. 2019): query block i sees key blocks j with (i - j) % stride == 0.
+
+    Example: ``strided_mask(512, 512, stride=4)``
+    """
     if not isinstance(stride, int) or stride < 1:
         raise ValueError(f"stride must be a positive int (blocks), got {stride!r}")
     bs, i, j, *_ = _block_ranges(n_q, n_k, block_size)
@@ -229,7 +238,10 @@ def strided_mask(n_q, n_k, stride, block_size=(64, 64)) -> BlockMask:
 
 def global_mask(n_q, n_k, num_blocks=1, block_size=(64, 64)) -> BlockMask:
     """Global tokens: the first ``num_blocks`` key blocks are seen by every query block, and
-    the first ``num_blocks`` query blocks see every key block (Longformer/BigBird style)."""
+    the first ``num_blocks`` query blocks see every key block (Longformer/BigBird style).
+
+    Example: ``local_mask(512, 512, 64) | global_mask(512, 512, num_blocks=1)``
+    """
     if not isinstance(num_blocks, int) or num_blocks < 0:
         raise ValueError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
     bs, i, j, *_ = _block_ranges(n_q, n_k, block_size)
@@ -240,6 +252,9 @@ def random_mask(n_q, n_k, density, block_size=(64, 64), seed=0, batch=1, heads=1
     """Each tile kept independently with probability ``density`` (seeded, reproducible).
 
     A query block may end up with no key block: its rows then output zeros.
+    ``batch``/``heads`` > 1 draw a different pattern per (batch, head).
+
+    Example: ``random_mask(1024, 1024, density=0.25, seed=0)``
     """
     if not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
         raise ValueError(f"density must be a number in [0, 1], got {density!r}")
@@ -265,10 +280,10 @@ def _combine(masks, op, name):
 
 
 def union(*masks: BlockMask) -> BlockMask:
-    """Tiles kept by any of the masks (also ``a | b``)."""
+    """Tiles kept by any of the masks (also ``a | b``). Example: ``union(local_mask(256, 256, 32), global_mask(256, 256))``"""
     return _combine(masks, torch.logical_or, "union")
 
 
 def intersection(*masks: BlockMask) -> BlockMask:
-    """Tiles kept by all of the masks (also ``a & b``)."""
+    """Tiles kept by all of the masks (also ``a & b``). Example: ``intersection(local_mask(256, 256, 64), causal_block_mask(256, 256))``"""
     return _combine(masks, torch.logical_and, "intersection")

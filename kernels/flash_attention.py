@@ -31,7 +31,7 @@ import triton.language as tl
 
 from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
 
-__all__ = ["flash_attention", "naive_attention_reference", "SUPPORTED_HEAD_DIMS", "default_block_sizes"]
+__all__ = ["flash_attention", "naive_attention_reference", "SUPPORTED_HEAD_DIMS", "default_block_sizes", "gpu_config"]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634  # exp(x) == exp2(x * LOG2E); exp2 is the GPU's native instruction
@@ -320,19 +320,47 @@ def _attn_bwd_dq_kernel(
 INTERPRETER_BLOCKS = (128, 128)
 
 
+def gpu_config(head_dim: int, dtype: torch.dtype, capability=(9, 0), backward: bool = False) -> dict:
+    """Launch configuration on an NVIDIA GPU of compute ``capability``:
+    {"block_m", "block_n", "num_warps", "num_stages"}. Checked to compile within shared memory
+    for sm_75, sm_80 and sm_90 by ``benchmarks/gpu_compile_check.py``; not autotuned."""
+    if dtype == torch.float32:
+        bm, bn = (32, 32) if (backward or head_dim > 64) else (64, 32)
+        warps = 4
+    elif backward:
+        bm, bn = (64, 64) if head_dim <= 64 else (32, 64)
+        warps = 8 if head_dim >= 128 else 4
+    else:
+        bm, bn = 128, 64
+        warps = 8 if head_dim >= 128 else 4
+    stages = 2 if (backward or head_dim > 64) else 3
+    if tuple(capability) < (8, 0):  # Turing/Volta: 64 KiB of shared memory, no async copies
+        bm, bn = min(bm, 64), min(bn, 32 if head_dim >= 128 else 64)
+        stages = 1
+    return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
+
+
+def _capability(device):
+    try:
+        return torch.cuda.get_device_capability(device)
+    except Exception:  # no CUDA here (compile checks, tests): assume a recent GPU
+        return (9, 0)
+
+
 def default_block_sizes(head_dim: int, dtype: torch.dtype, device, backward: bool = False) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) the kernels use by default on ``device`` (interpreter or GPU)."""
     if use_interpreter(device):
         return INTERPRETER_BLOCKS
-    if dtype == torch.float32:
-        return (32, 32) if (backward or head_dim > 64) else (64, 32)
-    if backward:
-        return (64, 64) if head_dim <= 64 else (32, 64)
-    return (128, 64)
+    cfg = gpu_config(head_dim, dtype, _capability(device), backward)
+    return cfg["block_m"], cfg["block_n"]
 
 
-def _num_warps(head_dim, dtype, block_m, block_n):
-    return 8 if (head_dim >= 128 or block_m * block_n >= 128 * 128) and dtype != torch.float32 else 4
+def _launch_options(q, backward):
+    """num_warps / num_stages for a native launch (nothing for the interpreter)."""
+    if use_interpreter(q.device):
+        return {}
+    cfg = gpu_config(q.shape[-1], q.dtype, _capability(q.device), backward)
+    return {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
 
 
 def _validate_qkv(q, k, v, scale):
@@ -390,7 +418,7 @@ def _flash_forward(q, k, v, causal, scale, block_m, block_n, kv_num=None, kv_idx
     lse = torch.empty((B, H, n_q, 1), device=q.device, dtype=torch.float32)
     (num, idx), sp = _sparse_args(kv_num, kv_idx)
     grid = (triton.cdiv(n_q, block_m), B * H)
-    extra = {} if use_interpreter(q.device) else {"num_warps": _num_warps(d, q.dtype, block_m, block_n), "num_stages": 3 if d <= 64 else 2}
+    extra = _launch_options(q, backward=False)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse, num, idx,
         q.stride(0), q.stride(1), q.stride(2),
@@ -418,8 +446,7 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m, block_n,
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    interp = use_interpreter(q.device)
-    extra = {} if interp else {"num_warps": 8 if d >= 128 else 4, "num_stages": 2}
+    extra = _launch_options(q, backward=True)
     grid_m = (triton.cdiv(n_q, block_m), B * H)
     _attn_bwd_preprocess_kernel[grid_m](
         o, do, delta,

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
-from .flash_attention import _check_blocks, _validate_qkv
+from .flash_attention import _capability, _check_blocks, _validate_qkv
 from .softmax import _launch_softmax, rows_per_program
 
 __all__ = ["standard_attention", "standard_block_sizes"]
@@ -153,11 +153,20 @@ def _softmax_bwd_kernel(
 # ---------------------------------------------------------------------------------------
 # Wrappers
 # ---------------------------------------------------------------------------------------
-def standard_block_sizes(head_dim, dtype, device):
+def standard_block_sizes(head_dim, dtype, device, capability=None):
     """(BLOCK_M, BLOCK_N, BLOCK_K) of the standard kernels (matmul tiles) on ``device``."""
     if use_interpreter(device):
         return 128, 128, 128
+    if tuple(capability or _capability(device)) < (8, 0):  # 64 KiB of shared memory
+        return 64, 32, 32
     return (64, 64, 32) if dtype == torch.float32 else (128, 64, 32)
+
+
+def _options(device):
+    """Native launches on pre-Ampere GPUs: no software pipelining (it needs async copies)."""
+    if use_interpreter(device) or tuple(_capability(device)) >= (8, 0):
+        return {}
+    return {"num_stages": 1}
 
 
 def _standard_forward(q, k, v, causal, scale, block_m, block_n):
@@ -171,7 +180,7 @@ def _standard_forward(q, k, v, causal, scale, block_m, block_n):
         q, k, s,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), s.stride(0), s.stride(1), s.stride(2),
         H, n_q, n_k, scale,
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), DOT_PRECISION=prec,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), DOT_PRECISION=prec, **_options(q.device),
     )
     # kernel 2: P = softmax(S), row by row (read S, write P)
     p = torch.empty_like(s)
@@ -182,7 +191,7 @@ def _standard_forward(q, k, v, causal, scale, block_m, block_n):
         p, v, o,
         p.stride(0), p.stride(1), p.stride(2), v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         H, n_q, n_k,
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=prec,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=prec, **_options(q.device),
     )
     return o, p
 
@@ -196,7 +205,7 @@ def _matmul(a, b, c, alpha, blocks):
     _matmul_kernel[grid](
         a, b, c, m, n, kdim, alpha,
         a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1), c.stride(2),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_PRECISION=dot_precision(a.dtype),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_PRECISION=dot_precision(a.dtype), **_options(a.device),
     )
 
 

@@ -8,19 +8,18 @@ import torch.nn.functional as F
 
 from attnlab.approx import (
     linformer_attention,
-    linformer_cost,
+    linformer_io,
     linformer_projection,
     local_window_attention,
     local_window_block_mask,
-    local_window_cost,
+    local_window_io,
     local_window_mask,
     local_window_path_length,
     path_length,
     performer_attention,
-    performer_cost,
     performer_features,
+    performer_io,
     relative_error,
-    standard_cost,
 )
 from attnlab.measure import longest_sequence, peak_memory, random_qkv, scaling_sweep, time_call
 
@@ -49,10 +48,12 @@ def test_local_window_mask_small():
     assert torch.equal(local_window_mask(3, 6, 10), torch.ones(3, 6, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("n_q,n_k,window,bs", [(256, 256, 32, (64, 64)), (100, 70, 5, (16, 32)), (33, 33, 0, (8, 8))])
-def test_block_mask_covers_element_mask(n_q, n_k, window, bs):
-    elem = local_window_mask(n_q, n_k, window)
-    blocks = local_window_block_mask(n_q, n_k, window, block_size=bs)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q,n_k,window,bs", [(256, 256, 32, (64, 64)), (100, 70, 5, (16, 32)), (33, 33, 0, (8, 8)),
+                                               (70, 100, 40, (32, 16))])
+def test_block_mask_covers_element_mask(n_q, n_k, window, bs, causal):
+    elem = local_window_mask(n_q, n_k, window, causal=causal)
+    blocks = local_window_block_mask(n_q, n_k, window, block_size=bs, causal=causal)
     assert blocks.shape == (1, 1, math.ceil(n_q / bs[0]), math.ceil(n_k / bs[1]))
     expanded = blocks[0, 0].repeat_interleave(bs[0], 0).repeat_interleave(bs[1], 1)[:n_q, :n_k]
     assert bool((elem & ~expanded).sum() == 0)  # every kept element lies in a kept block
@@ -221,36 +222,42 @@ def test_relative_error_checks_shapes():
 
 
 # ----------------------------------------------------------------------------- costs
-def test_standard_cost_counts_the_matrices():
-    c = standard_cost(1024, 64)
-    n, d = 1024, 64
-    assert c["flops"] == 4 * n * n * d + 5 * n * n
-    # S written once, read by softmax; P written once, read by PV: 4 n^2 elements of 4 bytes, plus Q, K, V, O
-    assert c["bytes"] == 4 * (4 * n * n + 4 * n * d)
-    assert [s["step"] for s in c["steps"]] == ["S = Q K^T", "P = softmax(S)", "O = P V"]
-    assert standard_cost(1024, 64, batch=2, heads=3)["bytes"] == 6 * c["bytes"]
+def test_costs_follow_iomodel_conventions():
+    from attnlab.iomodel import IO, standard_forward_io
+
+    n, d, k, m = 1024, 64, 128, 256
+    lin = linformer_io(1, 1, n, d, rank=k, bytes_per_element=4)
+    assert isinstance(lin, IO)
+    assert lin.flops == 4 * k * n * d + 4 * n * k * d  # E K, F V, Q K'^T, P V'
+    assert lin.parts["S = Q K'^T"].bytes_written == 4 * n * k  # the n x rank score matrix, float32
+    assert set(lin.parts) == {"K' = E K", "V' = F V", "S = Q K'^T", "P = softmax(S)", "O = P V'"}
+    perf = performer_io(2, 3, n, d, num_features=m)
+    assert perf.flops == 6 * (4 * n * d * m + 4 * n * m * d + 2 * n * m)
+    assert perf.total_bytes == 6 * performer_io(1, 1, n, d, num_features=m).total_bytes
+    # a window that covers everything is the dense block-sparse kernel: as many FLOPs as standard attention
+    full = local_window_io(1, 1, 512, d, window=512, block_size=(64, 64))
+    assert full.flops == standard_forward_io(1, 1, 512, d=d).flops
 
 
 def test_approximate_costs_scale_linearly_and_standard_quadratically():
-    for cost in (lambda n: linformer_cost(n, 64, 128), lambda n: performer_cost(n, 64, 128)):
+    from attnlab.iomodel import standard_forward_io
+
+    for cost in (lambda n: linformer_io(1, 1, n, 64, rank=128), lambda n: performer_io(1, 1, n, 64, num_features=128),
+                 lambda n: local_window_io(1, 1, n, 64, window=128)):
         a, b = cost(2048), cost(4096)
-        assert 1.95 < b["flops"] / a["flops"] <= 2 and 1.95 < b["bytes"] / a["bytes"] <= 2
-    a, b = standard_cost(2048, 64), standard_cost(4096, 64)
-    assert 3.9 < b["flops"] / a["flops"] <= 4 and 3.9 < b["bytes"] / a["bytes"] <= 4
-    # a local window is linear in n at a fixed window and cheaper than dense
-    lw = local_window_cost(4096, 64, window=128, block_size=64)
-    assert lw["flops"] < standard_cost(4096, 64)["flops"] / 8
-    full = local_window_cost(1024, 64, window=1024, block_size=64)
-    assert full["flops"] == standard_cost(1024, 64)["flops"]
+        assert 1.9 < b.flops / a.flops <= 2.05 and 1.9 < b.total_bytes / a.total_bytes <= 2.05  # edges
+    a, b = standard_forward_io(1, 1, 2048, d=64), standard_forward_io(1, 1, 4096, d=64)
+    assert 3.9 < b.total_bytes / a.total_bytes <= 4
+    assert local_window_io(1, 1, 4096, 64, window=128).flops < standard_forward_io(1, 1, 4096, d=64).flops / 8
 
 
 def test_cost_bad_input():
     with pytest.raises(ValueError, match="rank"):
-        linformer_cost(128, 64, 0)
+        linformer_io(1, 1, 128, 64, rank=0)
     with pytest.raises(TypeError, match="n"):
-        standard_cost(128.0, 64)
+        performer_io(1, 1, 128.0, 64)
     with pytest.raises(ValueError, match="window"):
-        local_window_cost(128, 64, -2)
+        local_window_io(1, 1, 128, 64, window=-2)
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -298,6 +305,9 @@ def test_sweep_and_timer():
     assert [(r["method"], r["n"]) for r in rows] == [("sdpa", 32), ("sdpa", 64)]
     assert all(r["seconds"] > 0 and r["peak_bytes"] >= 0 for r in rows)
     assert time_call(torch.ones, 10, repeats=2) > 0
+    assert time_call(torch.ones, 10, repeats=2, reduce="min") > 0
+    with pytest.raises(ValueError, match="reduce"):
+        time_call(torch.ones, 10, reduce="mean")
     with pytest.raises(ValueError, match="repeats"):
         time_call(torch.ones, 10, repeats=0)
     with pytest.raises(TypeError, match="fn"):

@@ -214,13 +214,18 @@ def make_splits(n_train: int, n_valid: int, n_test: int, seed: int = 0):
     return {k: out[k] for k in ("train", "valid", "test")}
 
 
-def translate_rule_based(english: str) -> str:
+def translate_rule_based(english: str, return_alignment: bool = False):
     """The grammar's own translation of an English sentence it generated (the ground truth).
 
-    Used by the tests to check that the corpus is consistent. Raises ``ValueError`` on words
-    outside the grammar.
+    With ``return_alignment``, also the gold word alignment: a list giving, for each French word,
+    the index of the English word it translates (both ``parce`` and ``que`` point at ``because``).
+    Raises ``ValueError`` on words outside the grammar.
+
+    Example: ``translate_rule_based("the red car sleeps .", True)`` ->
+    ``("la voiture rouge dort .", [0, 2, 1, 3, 4])``
     """
-    return _RuleTranslator().translate(english)
+    french, alignment = _RuleTranslator().translate(english)
+    return (french, alignment) if return_alignment else french
 
 
 class _RuleTranslator:
@@ -241,7 +246,7 @@ class _RuleTranslator:
         self.adverbs = dict(ADVERBS)
 
     def translate(self, english):
-        words, out, i = english.split(), [], 0
+        words, out, align, i = english.split(), [], [], 0
         while i < len(words):
             w = words[i]
             if w in self.dets:  # determiner [adjective] noun
@@ -253,21 +258,27 @@ class _RuleTranslator:
                 if (number, gender) not in self.dets[w]:
                     raise ValueError(f"english: {w!r} does not agree with {words[j]!r}")
                 out += [self.dets[w][(number, gender)], fr_noun]
+                align += [i, j]
                 if adj:
                     out.append(adj[_ADJ_INDEX[(number, gender)]])
+                    align.append(i + 1)
                 i = j + 1
             elif w in self.adverbs and i + 1 < len(words) and words[i + 1] in self.verbs:
                 out += [self.verbs[words[i + 1]], self.adverbs[w]]
+                align += [i + 1, i]
                 i += 2
             elif w in self.verbs:
                 out.append(self.verbs[w])
+                align.append(i)
                 i += 1
             elif w in self.other:
-                out += self.other[w].split()
+                fr = self.other[w].split()
+                out += fr
+                align += [i] * len(fr)
                 i += 1
             else:
                 raise ValueError(f"english: word {w!r} is not in the grammar")
-        return " ".join(out)
+        return " ".join(out), align
 
 
 # ----------------------------------------------------------------------------- vocabularies

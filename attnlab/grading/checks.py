@@ -21,6 +21,7 @@ import torch
 
 from attnlab.grading import specs
 from attnlab.grading.core import CheckResult, Fail, Mistake, check_function, run_part
+from attnlab.grading.parts import TABLE, exercises
 
 
 @dataclass
@@ -30,17 +31,21 @@ class Part:
     title: str
     points: int
     names: tuple
-    body: object  # body(ns) -> message; raises Fail
+    body: object = None  # body(ns) -> message; raises Fail
 
 
-PARTS = {}  # part id -> Part
-EXERCISES = {}  # exercise name -> [part id, ...] in notebook order
+# part id -> Part, and exercise -> [part id, ...] in notebook order, from the table in parts.py
+PARTS = {row[0]: Part(row[0], exercise, *row[1:]) for exercise, rows in TABLE.items() for row in rows}
+EXERCISES = exercises()
 
 
-def part(part_id, exercise, title, points, names):
+def part(part_id):
+    """Register the check body of a part listed in ``parts.TABLE``."""
+
     def register(body):
-        PARTS[part_id] = Part(part_id, exercise, title, points, tuple(names), body)
-        EXERCISES.setdefault(exercise, []).append(part_id)
+        if part_id not in PARTS:
+            raise KeyError(f"part {part_id!r} is not in attnlab/grading/parts.py")
+        PARTS[part_id].body = body
         return body
 
     return register
@@ -74,12 +79,9 @@ def check(part_id, namespace=None):
 
 
 def _load_all():
-    # the Triton parts register themselves on import; they need triton, imported lazily
-    if "flash-kernel-loop" not in PARTS:
-        import importlib.util
-
-        if importlib.util.find_spec("attnlab.grading.checks_triton") is not None:
-            from attnlab.grading import checks_triton  # noqa: F401
+    # the Triton parts' checks live in their own module (it imports triton only when a check runs)
+    if PARTS["block-sparse-loop"].body is None:
+        from attnlab.grading import checks_triton  # noqa: F401
 
 
 def _gen(seed):
@@ -123,7 +125,7 @@ _ADDITIVE_MISTAKES = [
 ]
 
 
-@part("additive-score", "01_soft_alignment", "the additive alignment score", 2, ["additive_scores"])
+@part("additive-score")
 def _check_additive(ns):
     n = check_function(ns, "additive_scores", specs.additive_scores, _additive_cases(), _ADDITIVE_MISTAKES)
     return f"{n} randomized cases match the spec"
@@ -175,7 +177,7 @@ _CONTEXT_MISTAKES = [
 ]
 
 
-@part("context-vector", "01_soft_alignment", "attention weights and the context vector", 2, ["context_vector"])
+@part("context-vector")
 def _check_context(ns):
     n = check_function(ns, "context_vector", specs.context_vector, _context_cases(), _CONTEXT_MISTAKES)
     return f"{n} cases match the spec, with padding, large scores and an empty row"
@@ -223,7 +225,7 @@ _DECODE_MISTAKES = [
 ]
 
 
-@part("decode-step", "01_soft_alignment", "one decoding step", 2, ["decode_step"])
+@part("decode-step")
 def _check_decode(ns):
     n = check_function(ns, "decode_step", specs.decode_step, _decode_cases(), _DECODE_MISTAKES)
     return f"{n} cases match the spec"
@@ -254,7 +256,7 @@ _PADDING_MISTAKES = [
 ]
 
 
-@part("padding-mask", "02_queries_keys_values", "the padding mask", 1, ["padding_mask"])
+@part("padding-mask")
 def _check_padding(ns):
     n = check_function(ns, "padding_mask", specs.padding_mask, _padding_cases(), _PADDING_MISTAKES)
     return f"{n} cases match the spec, including an empty sequence"
@@ -275,7 +277,7 @@ _CAUSAL_MISTAKES = [
 ]
 
 
-@part("causal-mask", "02_queries_keys_values", "the causal mask", 1, ["causal_mask"])
+@part("causal-mask")
 def _check_causal(ns):
     n = check_function(ns, "causal_mask", specs.causal_mask, _causal_cases(), _CAUSAL_MISTAKES)
     return f"{n} cases match the spec, square and rectangular"
@@ -342,7 +344,7 @@ _MASKED_ATTENTION_MISTAKES = [
 ]
 
 
-@part("attention-masks", "02_queries_keys_values", "attention with padding and causal masks", 3, ["masked_attention"])
+@part("attention-masks")
 def _check_masked_attention(ns):
     n = check_function(ns, "masked_attention", specs.masked_attention, _attention_cases(), _MASKED_ATTENTION_MISTAKES)
     return f"{n} cases match the spec (no mask, padding, causal, a fully masked row)"
@@ -376,7 +378,7 @@ _SOFTMAX_MISTAKES = [
 ]
 
 
-@part("stable-softmax", "03_scaled_dot_product", "a numerically stable softmax", 2, ["softmax"])
+@part("stable-softmax")
 def _check_softmax(ns):
     n = check_function(ns, "softmax", specs.softmax, _softmax_cases(), _SOFTMAX_MISTAKES)
     return f"{n} cases match the spec, including large logits and far-apart rows"
@@ -415,7 +417,7 @@ _SDPA_MISTAKES = [
 ]
 
 
-@part("scaled-attention", "03_scaled_dot_product", "scaled dot-product attention", 2, ["scaled_dot_product_attention"])
+@part("scaled-attention")
 def _check_sdpa(ns):
     n = check_function(ns, "scaled_dot_product_attention", specs.scaled_dot_product_attention, _sdpa_cases(),
                        _SDPA_MISTAKES)
@@ -447,7 +449,7 @@ _VARIANCE_MISTAKES = [
 ]
 
 
-@part("variance-experiment", "03_scaled_dot_product", "the variance experiment", 1, ["score_variance"])
+@part("variance-experiment")
 def _check_variance(ns):
     n = check_function(ns, "score_variance", specs.score_variance, _variance_cases(), _VARIANCE_MISTAKES)
     return f"{n} cases match the spec"
@@ -479,7 +481,7 @@ _SPLIT_MISTAKES = [
 ]
 
 
-@part("split-heads", "04_multi_head", "splitting into heads", 1, ["split_heads"])
+@part("split-heads")
 def _check_split(ns):
     n = check_function(ns, "split_heads", specs.split_heads, _split_cases(), _SPLIT_MISTAKES, rtol=0, atol=0)
     return f"{n} cases match the spec"
@@ -505,7 +507,7 @@ _MERGE_MISTAKES = [
 ]
 
 
-@part("merge-heads", "04_multi_head", "merging the heads", 1, ["merge_heads"])
+@part("merge-heads")
 def _check_merge(ns):
     n = check_function(ns, "merge_heads", specs.merge_heads, _merge_cases(), _MERGE_MISTAKES, rtol=0, atol=0)
     return f"{n} cases match the spec"
@@ -543,7 +545,7 @@ _MHA_MISTAKES = [
 ]
 
 
-@part("mha-forward", "04_multi_head", "a multi-head attention forward", 3, ["multi_head_attention"])
+@part("mha-forward")
 def _check_mha(ns):
     n = check_function(ns, "multi_head_attention", specs.multi_head_attention, _mha_cases(), _MHA_MISTAKES)
     return f"{n} cases match the spec, causal and not"
@@ -577,7 +579,7 @@ _FLOPS_MISTAKES = [
 ]
 
 
-@part("attention-flops", "05_quadratic_cost", "counting FLOPs", 1, ["attention_flops"])
+@part("attention-flops")
 def _check_flops(ns):
     n = check_function(ns, "attention_flops", specs.attention_flops, _size_cases(), _FLOPS_MISTAKES)
     return f"{n} sizes match the spec"
@@ -595,7 +597,7 @@ _BYTES_MISTAKES = [
 ]
 
 
-@part("attention-bytes", "05_quadratic_cost", "counting HBM bytes", 1, ["attention_bytes"])
+@part("attention-bytes")
 def _check_bytes(ns):
     n = check_function(ns, "attention_bytes", specs.attention_bytes, _size_cases(True), _BYTES_MISTAKES)
     return f"{n} sizes match the spec"
@@ -625,8 +627,7 @@ _BOUND_MISTAKES = [
 ]
 
 
-@part("arithmetic-intensity", "05_quadratic_cost", "arithmetic intensity and the roofline", 2,
-      ["arithmetic_intensity", "is_memory_bound"])
+@part("arithmetic-intensity")
 def _check_intensity(ns):
     n = check_function(ns, "arithmetic_intensity", specs.arithmetic_intensity, _size_cases(True), _INTENSITY_MISTAKES)
     n += check_function(ns, "is_memory_bound", specs.is_memory_bound, _BOUND_CASES, _BOUND_MISTAKES)

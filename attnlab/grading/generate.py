@@ -155,9 +155,9 @@ def build(course):
     """{path: text} of every annotated solution and generated exercise of ``course``."""
     import nbformat
 
-    from attnlab.grading.checks import EXERCISES, PARTS, _load_all
+    from attnlab.grading.parts import exercises, points
 
-    _load_all()
+    EXERCISES, POINTS = exercises(), points()
     course = Path(course)
     solutions = sorted((course / "solutions").glob("[0-9][0-9]_*.ipynb"))
     if not solutions:
@@ -166,11 +166,10 @@ def build(course):
     for path in solutions:
         exercise = path.stem
         if exercise not in EXERCISES:
-            raise ValueError(f"{path.name}: no exercise named {exercise!r} in attnlab.grading.checks")
+            raise ValueError(f"{path.name}: no exercise named {exercise!r} in attnlab/grading/parts.py")
         nb = nbformat.read(str(path), as_version=4)
-        points = {pid: PARTS[pid].points for pid in EXERCISES[exercise]}
         try:
-            annotate(clean(nb), exercise, points)
+            annotate(clean(nb), exercise, {pid: POINTS[pid] for pid in EXERCISES[exercise]})
             exercise_nb = exercise_from_solution(nb)
         except ValueError as exc:
             raise ValueError(f"{path.name}: {exc}") from None

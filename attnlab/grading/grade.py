@@ -90,6 +90,17 @@ class _Runner:
                                      resources={"metadata": {"path": str(cwd)}})
         self.ok_cells = []  # indices of cells that ran without error, replayed after a restart
         self.alive = False
+        # nbclient writes an executed cell back into nb.cells[index]: the grader's own code runs
+        # as an extra cell at the end, which the notebook's loop never reaches
+        import nbformat
+
+        self.scratch = len(nb.cells)
+        nb.cells.append(nbformat.v4.new_code_cell(""))
+        self.last_reply = None
+        self.client.on_cell_executed = self._remember_reply
+
+    def _remember_reply(self, cell=None, cell_index=None, execute_reply=None, **kwargs):
+        self.last_reply = execute_reply
 
     def start(self):
         self.client.km = self.client.create_kernel_manager()
@@ -98,9 +109,11 @@ class _Runner:
         self.alive = True
 
     def stop(self):
-        if self.alive or self.client.km is not None:
+        if self.client.km is not None:
             try:
-                self.client._cleanup_kernel()
+                if self.client.kc is not None:
+                    self.client.kc.stop_channels()
+                self.client.km.shutdown_kernel(now=True)  # no graceful wait: the kernel is done
             except Exception:
                 pass
         self.client.kc = None
@@ -110,7 +123,10 @@ class _Runner:
     def restart(self):
         """A fresh kernel with the cells that worked run again. False when time ran out."""
         self.stop()
-        self.start()
+        try:
+            self.start()
+        except Exception:  # no kernel to grade with: the caller reports what it could not grade
+            return False
         for i in self.ok_cells:
             problem = self._execute(self.nb.cells[i], i, replay=True)
             if problem is not None:
@@ -129,6 +145,7 @@ class _Runner:
             return ("total-timeout", "the notebook ran past the total time limit before this cell")
         self.client.timeout = max(1, int(budget))
         work = cell if not replay else _copy_cell(cell)
+        self.last_reply = None
         try:
             self.client.execute_cell(work, index)
         except CellTimeoutError:
@@ -140,6 +157,10 @@ class _Runner:
         except Exception as exc:  # a kernel or client failure is the notebook's, never the grader's
             self.alive = False
             return ("dead", f"stopped the kernel: {type(exc).__name__}: {exc}")
+        payload = ((self.last_reply or {}).get("content") or {}).get("payload") or []
+        if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload):
+            self.alive = False  # IPython's exit(): the kernel shuts down right after replying
+            return ("dead", "called exit(), which shut the kernel down")
         for out in work.get("outputs", []):
             if out.get("output_type") == "error":
                 name, value = out.get("ename", "Error"), out.get("evalue", "")
@@ -163,7 +184,7 @@ class _Runner:
         code = (f"import builtins as _b\n_b.exec(compile({_GRADER_CODE!r}, '<attnlab grader>', 'exec'), "
                 f"{{'_PART': {part!r}, '_OUT': {str(out)!r}, '__name__': '__attnlab_grader__'}})\ndel _b")
         cell = nbformat.v4.new_code_cell(code)
-        problem = self._execute(cell, len(self.nb.cells) - 1)
+        problem = self._execute(cell, self.scratch)
         if out.is_file():
             try:
                 return json.loads(out.read_text())
@@ -196,9 +217,9 @@ def _env(extra=None):
 
 def identify(nb, path):
     """The exercise a notebook is: its metadata, else its file name. None if unknown."""
-    from attnlab.grading.checks import EXERCISES, _load_all
+    from attnlab.grading.parts import exercises
 
-    _load_all()
+    EXERCISES = exercises()
     name = nb.get("metadata", {}).get("attnlab", {}).get("exercise")
     if name in EXERCISES:
         return name
@@ -215,8 +236,10 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     """Grade one notebook in this process. Returns the report dict (see the module doc)."""
     import nbformat
 
-    from attnlab.grading.checks import EXERCISES, PARTS
     from attnlab.grading.generate import check_ids
+    from attnlab.grading.parts import exercises, points
+
+    EXERCISES, POINTS = exercises(), points()
 
     path = Path(path)
     report = {"path": str(path), "score": 0, "max_score": 0, "parts": []}
@@ -231,7 +254,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         return report
     report["exercise"] = exercise
     parts = EXERCISES[exercise]
-    report["max_score"] = sum(PARTS[p].points for p in parts)
+    report["max_score"] = sum(POINTS[p] for p in parts)
 
     # which cells belong to which part: a part ends with its check cell
     grade_after, owner, setup = {}, {}, set()
@@ -262,7 +285,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             report["error"] = f"could not start a Jupyter kernel: {type(exc).__name__}: {exc}"
             return report
         try:
-            for i, cell in enumerate(nb.cells):
+            for i, cell in enumerate(nb.cells[: runner.scratch]):
                 if cell.cell_type != "code":
                     continue
                 problem = runner.run_cell(i)
@@ -270,17 +293,18 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                     kind, text = problem
                     reason = f"{_describe_cell(i, cell)} {text}"
                     if kind == "total-timeout":
-                        setup_problems.append(f"the notebook ran past the total time limit of {timeout} s")
+                        setup_problems.append(f"the notebook ran past the total time limit of {timeout:g} s")
                         break
                     (setup_problems if i in setup else problems[owner[i]]).append(reason)
-                    if kind in ("timeout", "dead") and not runner.restart():
-                        setup_problems.append(f"the notebook ran past the total time limit of {timeout} s")
+                    if kind in ("timeout", "dead") and (runner.remaining() <= 1 or not runner.restart()):
+                        setup_problems.append("grading stopped: a fresh kernel could not re-run the cells that "
+                                              f"worked within the total time limit of {timeout:g} s")
                         break
                 for p in grade_after.get(i, []):
                     if p not in results:
                         results[p] = runner.grade_part(p, workdir)
-                        if results[p].get("broke_kernel") and not runner.restart():
-                            break
+                        if results[p].get("broke_kernel"):
+                            runner.restart()  # if this runs out of time, the next cell reports it
             for p in parts:
                 if p not in results and runner.remaining() > 1:
                     if not runner.alive and not runner.restart():
@@ -292,13 +316,14 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             runner.stop()
 
     for p in parts:
-        info = PARTS[p]
         r = results.get(p)
         reasons = setup_problems + problems[p]
         if r is None:
             feedback, passed = "not graded: " + ("; ".join(reasons) or "the notebook stopped before this part"), False
         elif r.get("check_redefined"):
             feedback, passed = "`check` was redefined or replaced in the notebook: this part is not graded (0 points)", False
+            if reasons:
+                feedback += "\n    also: " + "; ".join(reasons)
         else:
             passed = bool(r["passed"]) and not reasons
             feedback = r["message"]
@@ -309,8 +334,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                 feedback += "\n    also: " + "; ".join(reasons)
         if p not in graded_somewhere and r is not None:
             feedback += "\n    (its check cell is missing: graded at the end of the notebook)"
-        points = info.points if passed else 0
-        report["parts"].append({"name": p, "points": points, "max_points": info.points, "feedback": feedback,
+        report["parts"].append({"name": p, "points": POINTS[p] if passed else 0, "max_points": POINTS[p], "feedback": feedback,
                                 "diagnosis": [] if r is None else r.get("diagnosis", [])})
     report["score"] = sum(part["points"] for part in report["parts"])
     return report

@@ -34,8 +34,10 @@ def add_arguments(parser):
                         help=f"your working folder (default ./{DEFAULT_DIR})")
     parser.add_argument("--json", metavar="FILE", help="also write the full grade report as JSON to FILE")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="notebooks graded at once (default 1)")
-    parser.add_argument("--cell-timeout", type=float, default=DEFAULT_CELL_TIMEOUT, metavar="S")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S")
+    parser.add_argument("--cell-timeout", type=float, default=DEFAULT_CELL_TIMEOUT, metavar="S",
+                        help=f"seconds one cell may run (default {DEFAULT_CELL_TIMEOUT})")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                        help=f"seconds a whole notebook may run (default {DEFAULT_TIMEOUT})")
 
 
 def run(args):

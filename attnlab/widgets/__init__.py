@@ -5,7 +5,13 @@
 Each is an ``ipywidgets.VBox``: a cell that ends with one shows it live. Each has
 ``to_figure()``, a matplotlib Figure of its current state, and carries a PNG of
 its state in its display output, so nbconvert and GitHub show a picture where
-no widget frontend runs (see ``attnlab/widgets/_base.py``).
+no widget frontend runs (see ``attnlab/widgets/_base.py`` and ``docs/widgets.md``).
+
+Example::
+
+    w = AttentionMap(weights, query_tokens=tokens)   # (layers, heads, Nq, Nk)
+    w.head.value = 2; w.query.value = 4               # what a click does
+    w.to_figure()                                     # that state as a picture
 """
 
 from importlib import import_module

@@ -1,18 +1,23 @@
 """What the four widgets share: a VBox that shows a matplotlib picture of its state.
 
 Each widget is an ``ipywidgets.VBox`` holding its controls and an
-``ipywidgets.Image``. Its picture is drawn by ``to_figure()`` (the one drawing
-routine, used both live and for static output) onto a plain
-``matplotlib.figure.Figure`` rendered by the Agg backend to PNG bytes: no
-JavaScript of our own, no CDN, works offline in JupyterLab 4, Notebook 7,
-VS Code and Colab.
+``ipywidgets.Image``. The picture is a matplotlib figure (``ShowableFigure``,
+not tracked by pyplot) rendered by the Agg backend to PNG bytes: no JavaScript
+of our own, no CDN, works offline in JupyterLab 4, Notebook 7, VS Code and Colab.
+
+Two ways to draw: a widget either rebuilds its figure with ``to_figure()`` on
+every change (AttentionMap: its layout changes with the view), or keeps one
+figure and updates its artists (``_make_figure``/``_update_figure``); a widget
+of the second kind may also list the artists a control can change as
+"dynamic", and then everything else is drawn once and only those are blitted
+(MemoryTraffic, BlockMaskEditor). ``to_figure()`` always returns a fresh figure.
 
 Static fallback: ``_repr_mimebundle_`` returns the usual widget view *and* an
 ``image/png`` of the widget's state when it was displayed. A live frontend
 (JupyterLab, Notebook 7, VS Code) prefers the widget view; nbconvert (without
-saved widget state) and GitHub's notebook viewer show the PNG instead of
-"Loading widget...". The PNG is the state at display time; ``display(w.to_figure())``
-shows the state after the learner moved the controls.
+saved widget state), GitHub's viewer and JupyterLab on an untrusted notebook
+(freshly cloned) show the PNG instead of "Loading widget...". The PNG is the
+state at display time; ``display(w.to_figure())`` shows a later state.
 """
 
 import base64
@@ -22,6 +27,7 @@ import time
 
 import ipywidgets as widgets
 import numpy as np
+import PIL.Image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -29,16 +35,17 @@ from matplotlib.figure import Figure
 DPI = 80
 
 
+class ShowableFigure(Figure):
+    """A matplotlib Figure that pyplot does not track (no auto-display, no leak between redraws)
+    and that a notebook shows as a PNG when it ends a cell (``_repr_png_``), whatever the backend."""
+
+    def _repr_png_(self):
+        return figure_png(self)
+
+
 def new_figure(width, height):
-    """A matplotlib Figure that pyplot does not track (no auto-display, no leak).
-
-    Importing pyplot once makes a Jupyter kernel register its inline PNG formatter
-    for Figure objects, so ``w.to_figure()`` as the last line of a cell shows the
-    picture.
-    """
-    import matplotlib.pyplot  # noqa: F401  (registers the inline formatter in a kernel)
-
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    """A ShowableFigure of `width` x `height` inches with an Agg canvas and constrained layout."""
+    fig = ShowableFigure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -50,11 +57,18 @@ def figure_png(fig):
     return buf.getvalue()
 
 
+def rgba_png(fig):
+    """PNG bytes of what the figure's Agg canvas holds now (after blitting), without drawing it again."""
+    buf = io.BytesIO()
+    PIL.Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).save(buf, format="png", compress_level=3)
+    return buf.getvalue()
+
+
 def as_array(x, name):
     """A float64 numpy array from a torch tensor, numpy array or nested list; TypeError naming `name` otherwise."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor without importing torch
         x = x.detach().cpu()
-        if getattr(x, "is_floating_point", lambda: True)() and str(x.dtype) == "torch.bfloat16":
+        if str(x.dtype) == "torch.bfloat16":  # numpy has no bfloat16
             x = x.float()
         x = x.numpy()
     try:
@@ -75,8 +89,9 @@ def html_table(header, rows):
 class FigureWidget(widgets.VBox):
     """Base: controls above, the picture (an ``ipywidgets.Image``) below, a status line.
 
-    Subclasses implement ``to_figure()`` and call ``self._build(controls)`` at the
-    end of ``__init__``; each control's observer calls ``self.redraw()``.
+    Subclasses implement ``to_figure()`` or ``_make_figure()``/``_update_figure()`` (see the
+    module docstring), call ``self._build(controls_above, widgets_below)`` at the end of
+    ``__init__``, and let each control's observer call ``self.redraw()``.
     """
 
     def _build(self, children_above, children_below=()):
@@ -86,7 +101,6 @@ class FigureWidget(widgets.VBox):
         )
         self._status = widgets.HTML()
         self.last_redraw_ms = None
-        self._layouts = {}
         self.redraw_ms = []  # every redraw's time, for benchmarks/widgets_redraw.py
         super().__init__(children=[*children_above, self._image, *children_below, self._status])
         # CSS classes: the browser test (and a curious learner's devtools) find each widget by them
@@ -95,35 +109,44 @@ class FigureWidget(widgets.VBox):
         self.redraw()
 
     def _layout_key(self):
-        """A hashable naming what decides the figure's layout (tick labels, panels); None: never cache.
-
-        Redraws with a key seen before reuse that draw's axes positions instead of
-        running matplotlib's constrained layout again (half of a redraw's time).
-        """
+        """A hashable naming the structure of the live figure (panels, tick labels): the widget keeps one
+        persistent figure per key it has shown (the last few), so going back to a view is a cheap update."""
         return None
 
     def _render_png(self):
         if self._make_figure is not None:
-            first = getattr(self, "_live", None) is None
-            if first:
-                self._live = self._make_figure()
-            fig = self._update_figure(self._live)
+            return self._render_live()
+        return figure_png(self.to_figure())
+
+    def _render_live(self):
+        """Redraw the persistent figure. If its handles list ``"dynamic"`` artists (all that a
+        control can change), draw everything else once and blit only those afterwards."""
+        key = self._layout_key()
+        lives = self.__dict__.setdefault("_lives", {})
+        first = key not in lives
+        if first:
+            if len(lives) >= 8:  # keep the memory bounded: forget the oldest view
+                lives.pop(next(iter(lives)))
+            lives[key] = self._make_figure()
+        live = lives[key]
+        fig = self._update_figure(live)
+        dynamic = live.get("dynamic")
+        if dynamic is None:
             png = figure_png(fig)
             if first:  # keep the constrained layout of the first draw
                 fig.set_layout_engine("none")
             return png
-        fig = self.to_figure()
-        key = self._layout_key()
-        cached = self._layouts.get(key) if key is not None else None
-        if cached is not None and len(cached) == len(fig.axes):
+        if first:
+            for artist in dynamic:
+                artist.set_animated(True)  # left out of a full draw: the background
+            fig.canvas.draw()
             fig.set_layout_engine("none")
-            for ax, pos in zip(fig.axes, cached):
-                ax.set_position(pos)
-            return figure_png(fig)
-        png = figure_png(fig)
-        if key is not None:
-            self._layouts[key] = [ax.get_position(original=False) for ax in fig.axes]
-        return png
+            live["background"] = fig.canvas.copy_from_bbox(fig.bbox)
+        else:
+            fig.canvas.restore_region(live["background"])
+        for artist in dynamic:
+            fig.draw_artist(artist)
+        return rgba_png(fig)
 
     def _update_state(self):
         """Recompute derived state (text panels etc.) before drawing; subclasses override."""
@@ -172,8 +195,12 @@ class FigureWidget(widgets.VBox):
         """The PNG bytes the widget shows now."""
         return bytes(self._image.value)
 
+    def _static_png(self):
+        """The PNG stored with the widget's output for viewers without a widget frontend."""
+        return self.png
+
     def _repr_mimebundle_(self, **kwargs):
         data = super()._repr_mimebundle_(**kwargs)
         if data is not None and self._image.value:
-            data["image/png"] = base64.b64encode(self.png).decode("ascii")
+            data["image/png"] = base64.b64encode(self._static_png()).decode("ascii")
         return data

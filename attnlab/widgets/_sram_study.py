@@ -12,11 +12,12 @@ a large shape, ``attnlab.iomodel`` predicts the traffic. The plot labels which i
 """
 
 import math
+import time
 
 import ipywidgets as widgets
 import numpy as np
 
-from attnlab.widgets._base import DPI, figure_png, new_figure
+from attnlab.widgets._base import new_figure, rgba_png
 
 SRAM_KIB = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256)  # 192-256 KiB: an A100/H100 SM's shared memory + L1
 LARGE = {"n": 4096, "d": 64, "dtype": "float16", "element_size": 2}
@@ -81,9 +82,9 @@ class SramStudy:
         self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", align_self="flex-start"))
         self.text = widgets.HTML()
         self.slider.observe(self.redraw, names="value")
+        self._live = None
         self.box = widgets.VBox([widgets.HTML("<b>SRAM size and HBM traffic</b> (FlashAttention forward)"),
                                  self.slider, self.image, self.text])
-        self._live = None
         self.redraw()
 
     def summary(self):
@@ -97,17 +98,20 @@ class SramStudy:
             "large_standard_bytes": self.large_standard,
         }
 
-    def to_figure(self):
-        from attnlab.widgets.memory_traffic import fmt_bytes
+    def to_figure(self, fig=None):
+        """The SRAM plot as a Figure (or drawn into `fig`, a Figure or SubFigure)."""
+        h = self._draw(new_figure(10, 3.2) if fig is None else fig)
+        self._update(h)
+        return h["fig"]
 
-        s = self.summary()
-        fig = new_figure(10, 3.2)
+    def _draw(self, fig):
+        """The curves (they do not depend on M); the markers and the title are set by ``_update``."""
         ax_l, ax_r = fig.subplots(1, 2)
         x = np.array(SRAM_KIB)
         live = np.array([self.live_bytes[self.live_blocks[m]] for m in SRAM_KIB])
         ax_l.plot(x, live / 1024, "o-", color="tab:blue", label="flash (traced)")
         ax_l.axhline(self.live_standard / 1024, color="tab:red", ls="--", label="standard (traced)")
-        ax_l.plot([s["sram_kib"]], [s["live_bytes"] / 1024], "o", ms=11, mfc="none", mec="k")
+        (mark_l,) = ax_l.plot([], [], "o", ms=11, mfc="none", mec="k")
         b, h, n_q, d = self.q_shape
         ax_l.set_title(f"live traces: N={n_q}, d={d}, float32 (measured)", fontsize=10)
         ax_l.set_ylabel("HBM bytes (KiB)")
@@ -117,7 +121,7 @@ class SramStudy:
         # Theorem 2's law, through the smallest M (it holds while B_r = B_c, i.e. M < 4 d^2 elements)
         law = large[0] * x[0] / x
         ax_r.plot(x, law / 2**20, ":", color="0.4", label="N^2 d^2 / M")
-        ax_r.plot([s["sram_kib"]], [s["large_bytes"] / 2**20], "o", ms=11, mfc="none", mec="k")
+        (mark_r,) = ax_r.plot([], [], "o", ms=11, mfc="none", mec="k")
         ax_r.set_title(f"iomodel: N={LARGE['n']}, d={LARGE['d']}, {LARGE['dtype']} (predicted)", fontsize=10)
         ax_r.set_ylabel("HBM bytes (MiB)")
         ax_r.set_yscale("log")
@@ -128,17 +132,43 @@ class SramStudy:
             ax.set_xlabel("SRAM size M (KiB)")
             ax.legend(fontsize=7)
         ax_l.set_ylim(bottom=0)
-        fig.suptitle(
-            f"M = {s['sram_kib']} KiB: traced B_r x B_c = {s['live_blocks'][0]} x {s['live_blocks'][1]} "
-            f"({fmt_bytes(s['live_bytes'])}); large shape {s['large_blocks'][0]} x {s['large_blocks'][1]} "
-            f"({fmt_bytes(s['large_bytes'])})", fontsize=10)
-        return fig
+        return {"fig": fig, "marks": (mark_l, mark_r), "title": fig.suptitle("", fontsize=10)}
 
-    def redraw(self, *_):
+    def _update(self, h):
         from attnlab.widgets.memory_traffic import fmt_bytes
 
-        fig = self.to_figure()
-        self.image.value = figure_png(fig)
+        s = self.summary()
+        h["marks"][0].set_data([s["sram_kib"]], [s["live_bytes"] / 1024])
+        h["marks"][1].set_data([s["sram_kib"]], [s["large_bytes"] / 2**20])
+        h["title"].set_text(
+            f"M = {s['sram_kib']} KiB: traced B_r x B_c = {s['live_blocks'][0]} x {s['live_blocks'][1]} "
+            f"({fmt_bytes(s['live_bytes'])}); large shape {s['large_blocks'][0]} x {s['large_blocks'][1]} "
+            f"({fmt_bytes(s['large_bytes'])})")
+
+    def redraw(self, *_):
+        """Move the markers and retitle: the curves are drawn once, the rest is blitted over them."""
+        from attnlab.widgets.memory_traffic import fmt_bytes
+
+        t0 = time.perf_counter()
+        first = self._live is None
+        if first:
+            self._live = self._draw(new_figure(10, 3.2))
+        h = self._live
+        self._update(h)
+        fig = h["fig"]
+        dynamic = [*h["marks"], h["title"]]
+        if first:
+            for artist in dynamic:
+                artist.set_animated(True)
+            fig.canvas.draw()
+            fig.set_layout_engine("none")
+            h["background"] = fig.canvas.copy_from_bbox(fig.bbox)
+        else:
+            fig.canvas.restore_region(h["background"])
+        for artist in dynamic:
+            fig.draw_artist(artist)
+        self.image.value = rgba_png(fig)
+        self.last_redraw_ms = 1000 * (time.perf_counter() - t0)
         s = self.summary()
         self.text.value = (
             f"<small>Block sizes from M as in FlashAttention's Algorithm 1 (B_c = M/(4d), B_r = min(B_c, d)), rounded "

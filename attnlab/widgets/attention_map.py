@@ -237,18 +237,20 @@ class AttentionMap(FigureWidget):
         else:
             ax.set_yticks(idx, labels, fontsize=8)
 
-    def to_figure(self):
-        """A matplotlib Figure of the current view (the static fallback of the widget)."""
-        w = self.current_weights
-        vmin = min(0.0, float(w.min()))
-        vmax = max(float(w.max()), 1e-12)
-        cmap = "viridis" if vmin >= 0 else "RdBu_r"
+    def _color_range(self, w):
+        """(vmin, vmax, cmap): 0..max for weights, symmetric and diverging if there are negative scores."""
+        vmin, vmax = min(0.0, float(w.min())), max(float(w.max()), 1e-12)
         if vmin < 0:
             vmax = max(vmax, -vmin)
-            vmin = -vmax
+            return -vmax, vmax, "RdBu_r"
+        return vmin, vmax, "viridis"
+
+    def _make_figure(self):
+        """A figure for the current view's structure (see ``_layout_key``); ``_update_figure`` fills it in."""
+        w = self.current_weights
         q = self.selected_query
         if w.ndim == 3:
-            return self._overview_figure(w, q, vmin, vmax, cmap)
+            return self._make_overview(w)
         n_q, n_k = w.shape
         width = float(np.clip(1.5 + 0.22 * n_k, 4, 9)) + (2.5 if q is not None else 0)
         height = float(np.clip(1.2 + 0.22 * n_q, 2.5, 8))
@@ -257,53 +259,83 @@ class AttentionMap(FigureWidget):
             ax, bar_ax = fig.subplots(1, 2, width_ratios=[3, 1.2])
         else:
             ax, bar_ax = fig.subplots(), None
-        im = ax.imshow(w, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
-        fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
+        h = {"fig": fig, "kind": "single", "bar_ax": bar_ax}
+        h["im"] = ax.imshow(np.zeros((n_q, n_k)), aspect="auto", interpolation="nearest")
+        fig.colorbar(h["im"], ax=ax, fraction=0.05, pad=0.02)
         self._ticks(ax, self.key_tokens, "x")
         self._ticks(ax, self.query_tokens, "y")
         ax.set_xlabel("key")
         ax.set_ylabel("query")
-        ax.set_title(self._heading() or "attention weights", fontsize=10)
+        h["title"] = ax.set_title("", fontsize=10)
         if q is not None:
-            ax.add_patch(Rectangle((-0.5, q - 0.5), n_k, 1, fill=False, edgecolor="red", linewidth=2))
-            top = self.top_keys(q)
-            labels = [t for _, t, _ in top][::-1]
-            values = [v for _, _, v in top][::-1]
-            bar_ax.barh(range(len(top)), values, color="tab:red", alpha=0.6)
+            h["row"] = ax.add_patch(Rectangle((-0.5, -0.5), n_k, 1, fill=False, edgecolor="red", linewidth=2,
+                                              clip_on=False))
+            k = min(self.top_k, n_k)
+            h["bars"] = bar_ax.barh(range(k), np.zeros(k), color="tab:red", alpha=0.6)
             bar_ax.set_yticks([])
-            hi = max(1e-12, max(values))
-            bar_ax.set_xlim(min(0, min(values)), hi * 1.05)
-            bar_ax.set_ylim(-0.6, len(top) - 0.4)
-            for i, (tok, v) in enumerate(zip(labels, values)):
-                bar_ax.text(0.02 * hi, i, f"{tok}  {v:.3f}", va="center", fontsize=9)
-            bar_ax.set_title(f"top keys of {self.query_tokens[q]!r}", fontsize=9)
-        return fig
+            bar_ax.set_ylim(-0.6, k - 0.4)
+            # labels inside the axes: the layout does not depend on which tokens they are
+            h["bar_texts"] = [bar_ax.text(0, i, "", va="center", fontsize=9) for i in range(k)]
+            h["bar_title"] = bar_ax.set_title("", fontsize=9)
+        return h
 
-    def _overview_figure(self, w, q, vmin, vmax, cmap):
+    def _make_overview(self, w):
         """All heads of the layer as one tiled image (one imshow: fast for many heads)."""
         n_heads, n_q, n_k = w.shape
         cols = int(min(n_heads, 4 if n_heads <= 8 else int(np.ceil(np.sqrt(n_heads)))))
         rows = int(np.ceil(n_heads / cols))
         gap = max(1, int(round(0.12 * max(n_q, n_k))))
-        mosaic = np.full((rows * (n_q + gap) - gap, cols * (n_k + gap) - gap), np.nan)
-        for h in range(n_heads):
-            r, c = divmod(h, cols)
-            mosaic[r * (n_q + gap) : r * (n_q + gap) + n_q, c * (n_k + gap) : c * (n_k + gap) + n_k] = w[h]
-        aspect = mosaic.shape[0] / mosaic.shape[1]
+        shape = (rows * (n_q + gap) - gap, cols * (n_k + gap) - gap)
         width = 8.0
-        fig = new_figure(width, float(np.clip(width * aspect * 0.9 + 0.8, 2.5, 9)))
+        fig = new_figure(width, float(np.clip(width * shape[0] / shape[1] * 0.9 + 0.8, 2.5, 9)))
         ax = fig.subplots()
-        im = ax.imshow(mosaic, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto")
-        fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
+        h = {"fig": fig, "kind": "overview", "cols": cols, "gap": gap, "shape": shape}
+        h["im"] = ax.imshow(np.full(shape, np.nan), interpolation="nearest", aspect="auto")
+        fig.colorbar(h["im"], ax=ax, fraction=0.04, pad=0.02)
         ax.set_xticks([])
         ax.set_yticks([])
-        for h in range(n_heads):
-            r, c = divmod(h, cols)
+        h["rows"] = []
+        for head in range(n_heads):
+            r, c = divmod(head, cols)
             y0, x0 = r * (n_q + gap), c * (n_k + gap)
-            ax.text(x0, y0 - 0.3, f"head {h}", fontsize=8, va="bottom")
-            if q is not None:
-                ax.add_patch(Rectangle((x0 - 0.5, y0 + q - 0.5), n_k, 1, fill=False, edgecolor="red", linewidth=1.5))
-        ax.set_title((self._heading() or "all heads") + "  (rows: queries, columns: keys)", fontsize=10, pad=14)
+            ax.text(x0, y0 - 0.3, f"head {head}", fontsize=8, va="bottom")
+            h["rows"].append(ax.add_patch(Rectangle((x0 - 0.5, y0 - 0.5), n_k, 1, fill=False, edgecolor="red",
+                                                    linewidth=1.5, clip_on=False, visible=False)))
+        h["title"] = ax.set_title("", fontsize=10, pad=14)
         for side in ax.spines.values():
             side.set_visible(False)
-        return fig
+        return h
+
+    def _update_figure(self, h):
+        w = self.current_weights
+        vmin, vmax, cmap = self._color_range(w)
+        q = self.selected_query
+        if h["kind"] == "overview":
+            n_heads, n_q, n_k = w.shape
+            mosaic = np.full(h["shape"], np.nan)
+            for head in range(n_heads):
+                r, c = divmod(head, h["cols"])
+                y0, x0 = r * (n_q + h["gap"]), c * (n_k + h["gap"])
+                mosaic[y0 : y0 + n_q, x0 : x0 + n_k] = w[head]
+                h["rows"][head].set_visible(q is not None)
+                if q is not None:
+                    h["rows"][head].set_y(y0 + q - 0.5)
+            h["im"].set_data(mosaic)
+            h["title"].set_text((self._heading() or "all heads") + "  (rows: queries, columns: keys)")
+        else:
+            h["im"].set_data(w)
+            h["title"].set_text(self._heading() or "attention weights")
+            if q is not None:
+                h["row"].set_y(q - 0.5)
+                top = self.top_keys(q)[::-1]  # largest at the top
+                values = [v for _, _, v in top]
+                hi = max(1e-12, max(values))
+                for bar, text, i, (_, tok, v) in zip(h["bars"], h["bar_texts"], range(len(top)), top):
+                    bar.set_width(v)
+                    text.set_position((0.02 * hi, i))
+                    text.set_text(f"{tok}  {v:.3f}")
+                h["bar_ax"].set_xlim(min(0.0, min(values)), hi * 1.05)
+                h["bar_title"].set_text(f"top keys of {self.query_tokens[q]!r}")
+        h["im"].set_cmap(cmap)
+        h["im"].set_clim(vmin, vmax)
+        return h["fig"]

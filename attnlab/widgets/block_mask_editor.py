@@ -139,6 +139,7 @@ class BlockMaskEditor(FigureWidget):
         self.set_mask(self._preset_mask(self.preset.value))
 
     def _on_toggle(self, change):
+        change["owner"].button_style = "info" if change["new"] else ""  # kept tiles show in colour
         if self._applying:
             return
         if self.preset.value != "custom":
@@ -189,8 +190,8 @@ class BlockMaskEditor(FigureWidget):
         h = {"fig": fig, "axes": (ax_b, ax_e, ax_c)}
         h["blocks"] = ax_b.imshow(np.zeros((self.n_q_blocks, self.n_k_blocks)), cmap="Blues", vmin=0, vmax=1.25,
                                   interpolation="nearest", extent=(0, self.n_k_blocks, self.n_q_blocks, 0))
-        ax_b.hlines(np.arange(self.n_q_blocks + 1), 0, self.n_k_blocks, color="white", lw=0.8)
-        ax_b.vlines(np.arange(self.n_k_blocks + 1), 0, self.n_q_blocks, color="white", lw=0.8)
+        h["grid"] = [ax_b.hlines(np.arange(self.n_q_blocks + 1), 0, self.n_k_blocks, color="white", lw=0.8),
+                     ax_b.vlines(np.arange(self.n_k_blocks + 1), 0, self.n_q_blocks, color="white", lw=0.8)]
         ax_b.set_xticks(np.arange(self.n_k_blocks) + 0.5, [str(j) for j in range(self.n_k_blocks)], fontsize=8)
         ax_b.set_yticks(np.arange(self.n_q_blocks) + 0.5, [str(i) for i in range(self.n_q_blocks)], fontsize=8)
         ax_b.set_xlabel("key block")
@@ -206,7 +207,8 @@ class BlockMaskEditor(FigureWidget):
         ax_c.set_ylim(0, 1.18)
         ax_c.set_ylabel("fraction of dense")
         h["bar_labels"] = [ax_c.text(x, 0, "", ha="center", va="bottom", fontsize=8) for x in (0, 1, 3, 4)]
-        h["cost_title"] = ax_c.set_title("", fontsize=10)
+        h["cost_title"] = ax_c.set_title("forward cost vs dense (iomodel)", fontsize=10)
+        h["dynamic"] = [h["blocks"], *h["grid"], h["blocks_title"], h["elements"], *h["bars"], *h["bar_labels"]]  # blitted
         return h
 
     def _update_figure(self, h):
@@ -220,5 +222,4 @@ class BlockMaskEditor(FigureWidget):
             bar.set_height(v)
             label.set_position((label.get_position()[0], v))
             label.set_text(f"{v:.2f}")
-        h["cost_title"].set_text("forward cost vs dense (iomodel)")
         return h["fig"]

@@ -40,13 +40,11 @@ def fmt_bytes(n):
 
 
 def _grid_shape(shape):
-    """(number of leading slices, rows, cols) of a tensor: the last two dims are drawn, the rest is `lead`."""
+    """(rows, cols) a tensor is drawn as: all leading dims stacked into rows (batch x heads x seq), last dim across."""
     shape = tuple(int(s) for s in shape)
     if len(shape) == 0:
-        return 1, 1, 1
-    if len(shape) == 1:
-        return 1, 1, shape[0]
-    return int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1, shape[-2], shape[-1]
+        return 1, 1
+    return int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
 
 
 class _Replay:
@@ -83,9 +81,26 @@ class _Replay:
                 self.program_keys.append(key)
             rows.append((tid[e.tensor], e.op == "load", int(e.nbytes), int(e.lead), *map(int, e.rows), *map(int, e.cols),
                          prog_ids[key]))
-        a = np.array(rows, dtype=np.int64)  # (n_events, 10)
-        self.tensor, self.is_load, self.nbytes, self.lead = a[:, 0], a[:, 1].astype(bool), a[:, 2], a[:, 3]
+        a = np.array(rows, dtype=np.int64)  # (n_events, 9)
+        self.tensor, self.is_load, self.nbytes, lead = a[:, 0], a[:, 1].astype(bool), a[:, 2], a[:, 3]
         self.r0, self.r1, self.c0, self.c1, self.prog = a[:, 4], a[:, 5], a[:, 6], a[:, 7], a[:, 8]
+        # Rows in the stacked picture: lead * rows_per_lead + row. A kernel may view a tensor with other
+        # leading dims than the one `tensors` describes (the softmax kernel sees P as (B*H*N, N), the PV
+        # kernel as (B, H, N, N)), so a launch that uses more leads than the described shape has gets
+        # rows_per_lead = the tensor's rows / the leads it used.
+        launch = np.array([int(e.launch) for e in events])
+        for i, n in enumerate(self.names):
+            total_rows = self.grid[n][0]
+            shape = tuple(trace.tensors[n].shape)
+            described = shape[-2] if len(shape) >= 2 else 1  # rows per lead in the described view
+            for la in np.unique(launch[self.tensor == i]):
+                sel = (self.tensor == i) & (launch == la)
+                n_leads = int(lead[sel].max()) + 1
+                per_lead = described
+                if n_leads * described > total_rows and total_rows % n_leads == 0:
+                    per_lead = total_rows // n_leads
+                self.r0[sel] += lead[sel] * per_lead
+                self.r1[sel] += lead[sel] * per_lead
         self.n = len(events)
         self.cum_read = np.concatenate([[0], np.cumsum(np.where(self.is_load, self.nbytes, 0))])
         self.cum_written = np.concatenate([[0], np.cumsum(np.where(self.is_load, 0, self.nbytes))])
@@ -98,24 +113,23 @@ class _Replay:
             self.row_edges[n] = re if len(re) <= 33 else np.array([], np.int64)
             self.col_edges[n] = ce if len(ce) <= 33 else np.array([], np.int64)
         # a wide, flat tensor (the log-sum-exp L, one number per query row) is drawn standing up
-        self.transposed = {n: self.grid[n][1] <= 4 and self.grid[n][2] > 4 * self.grid[n][1] for n in self.names}
+        self.transposed = {n: self.grid[n][0] <= 4 and self.grid[n][1] > 4 * self.grid[n][0] for n in self.names}
         # darkest blue = the most reads any element gets in the whole trace
-        final = [self.counts(n, lead, self.n)[0].max() for n in self.names for lead in range(self.grid[n][0])]
-        self.max_reads = max(1, int(max(final)))
+        self.max_reads = max(1, max(int(self.counts(n, self.n)[0].max()) for n in self.names))
 
-    def counts(self, name, lead, step):
-        """(reads, writes) per element of tensor `name`, slice `lead`, after the first `step` events."""
-        _, r, c = self.grid[name]
+    def counts(self, name, step):
+        """(reads, writes) per element of tensor `name` (rows: leading dims stacked), after the first `step` events."""
+        r, c = self.grid[name]
         reads, writes = np.zeros((r, c), np.int32), np.zeros((r, c), np.int32)
         i = self.names.index(name)
-        sel = np.nonzero((self.tensor[:step] == i) & (self.lead[:step] == lead))[0]
+        sel = np.nonzero(self.tensor[:step] == i)[0]
         for j in sel:
             target = reads if self.is_load[j] else writes
             target[self.r0[j] : self.r1[j], self.c0[j] : self.c1[j]] += 1
         return reads, writes
 
-    def image(self, name, lead, step):
-        reads, writes = self.counts(name, lead, step)
+    def image(self, name, step):
+        reads, writes = self.counts(name, step)
         # read at least once: light blue; the most-read elements of the trace: dark blue
         level = np.where(reads > 0, 0.3 + 0.7 * np.log1p(reads) / np.log1p(self.max_reads), 0.0)[..., None]
         rgb = _UNTOUCHED + level * (_READ - _UNTOUCHED)
@@ -125,7 +139,7 @@ class _Replay:
     def sram(self, step):
         """What the program of the last event holds after `step` events: its latest tile of each tensor.
 
-        -> (program key or None, [(tensor, op, rows, cols, nbytes), ...])
+        -> (program key or None, [(tensor, op, rows, cols, nbytes), ...]); rows in the stacked picture.
         """
         if step <= 0:
             return None, []
@@ -155,8 +169,8 @@ class MemoryTraffic(FigureWidget):
 
     Controls: ``step`` (how many events have happened; the same step for every
     trace, clipped to each trace's length), ``play`` (a Play button driving
-    ``step``), ``lead`` (which batch x head slice is drawn, when there are
-    several) and ``sram_kib`` (SRAM size for the block-size study).
+    ``step``) and ``sram_kib`` (SRAM size for the block-size study). A tensor's
+    leading dims (batch x heads) are stacked in its picture, head after head.
     ``counters`` gives the bytes read and written so far per trace; at the last
     step they equal the trace's ``bytes_read`` and ``bytes_written``.
 
@@ -176,26 +190,28 @@ class MemoryTraffic(FigureWidget):
         for r in self.replays:
             r.max_reads = most
         n_max = max(r.n for r in self.replays)
-        n_leads = max(r.grid[n][0] for r in self.replays for n in r.names)
         style = {"description_width": "initial"}
+        # redraws queue up in the kernel if values come faster than it draws: the slider sends on release,
+        # and a full play is about 60 frames of 300 ms
         self.step = widgets.IntSlider(value=n_max, min=0, max=n_max, description="events done", style=style,
-                                      layout=widgets.Layout(width="480px"))
-        self.play = widgets.Play(value=n_max, min=0, max=n_max, step=max(1, math.ceil(n_max / 120)), interval=150,
+                                      layout=widgets.Layout(width="480px"), continuous_update=False)
+        self.play = widgets.Play(value=n_max, min=0, max=n_max, step=max(1, math.ceil(n_max / 60)), interval=300,
                                  description="play")
         widgets.jslink((self.play, "value"), (self.step, "value"))
-        self.lead = widgets.Dropdown(options=[(f"batch x head {i}", i) for i in range(n_leads)], value=0,
-                                     description="slice", style=style)
         self.counters_html = widgets.HTML()
         self.step.observe(self.redraw, names="value")
-        self.lead.observe(self.redraw, names="value")
-        top = [self.play, self.step] + ([self.lead] if n_leads > 1 else [])
+        top = [self.play, self.step]
         below = [self.counters_html]
         self.sram_study = None
         if sram_study:
             from attnlab.widgets._sram_study import SramStudy
 
-            if not (isinstance(sram_shape, (tuple, list)) and len(sram_shape) == 2):
-                raise TypeError(f"sram_shape: expected (N, d), got {sram_shape!r}")
+            if not (isinstance(sram_shape, (tuple, list)) and len(sram_shape) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in sram_shape)):
+                raise TypeError(f"sram_shape: expected a pair of ints (N, d), got {sram_shape!r}")
+            if not (16 <= sram_shape[0] <= 512 and sram_shape[1] in (16, 32, 64, 128)):
+                raise ValueError(f"sram_shape: expected N in [16, 512] (traced in the interpreter) and d in "
+                                 f"16, 32, 64, 128 (the kernels' head dims), got {tuple(sram_shape)}")
             self.sram_study = SramStudy(*sram_shape)
             self.sram_kib = self.sram_study.slider
             below += [self.sram_study.box]
@@ -232,15 +248,26 @@ class MemoryTraffic(FigureWidget):
             ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows)
 
     # ---------------------------------------------------------------- drawing
-    def _make_figure(self):
+    def to_figure(self):
+        """The replay at the current step and, below it, the SRAM-size plot (when the widget has one)."""
+        return self._update_figure(self._make_figure(with_sram=self.sram_study is not None))
+
+    def _static_png(self):
+        return figure_png(self.to_figure())  # the stored picture includes the SRAM plot
+
+    def _make_figure(self, with_sram=False):
         n_tr = len(self.replays)
         height_each = 2.6
-        fig = new_figure(11, height_each * n_tr + 0.3)
-        subfigs = np.atleast_1d(fig.subfigures(n_tr, 1, hspace=0.04))
-        h = {"fig": fig, "rows": []}
+        fig = new_figure(11, height_each * n_tr + 0.3 + (3.4 if with_sram else 0))
+        ratios = [height_each] * n_tr + ([3.4] if with_sram else [])
+        subfigs = np.atleast_1d(fig.subfigures(len(ratios), 1, hspace=0.04, height_ratios=ratios))
+        if with_sram:
+            self.sram_study.to_figure(subfigs[-1])
+            subfigs = subfigs[:-1]
+        h = {"fig": fig, "rows": [], "dynamic": []}  # dynamic: what a step changes (blitted)
         layouts = []
         for r in self.replays:
-            shown = {n: (r.grid[n][2], r.grid[n][1]) if r.transposed[n] else r.grid[n][1:] for n in r.names}
+            shown = {n: (r.grid[n][1], r.grid[n][0]) if r.transposed[n] else r.grid[n] for n in r.names}
             tallest = max(nr for nr, _ in shown.values())
             layouts.append((shown, [max(shown[n][1] / tallest, 0.2) for n in r.names]))
         # the same horizontal scale in every row: shorter rows get a blank spacer before the SRAM panel
@@ -257,11 +284,11 @@ class MemoryTraffic(FigureWidget):
                 row["images"][n] = ax.imshow(np.zeros((nr, nc, 3)), interpolation="nearest", aspect="auto",
                                              extent=(0, nc, nr, 0))
                 re, ce = (r.col_edges[n], r.row_edges[n]) if r.transposed[n] else (r.row_edges[n], r.col_edges[n])
-                ax.hlines(re, 0, nc, color="white", lw=0.6)
-                ax.vlines(ce, 0, nr, color="white", lw=0.6)
+                row.setdefault("grid", []).extend(
+                    [ax.hlines(re, 0, nc, color="white", lw=0.6), ax.vlines(ce, 0, nr, color="white", lw=0.6)])
                 ax.set_xticks([])
                 ax.set_yticks([])
-                _, gr, gc = r.grid[n]
+                gr, gc = r.grid[n]
                 ax.set_title(f"{n}\n{gr}x{gc}", fontsize=8)
                 row["boxes"][n] = ax.add_patch(Rectangle((0, 0), 0, 0, fill=False, lw=2.2, visible=False))
             sax = axes[-1]
@@ -271,6 +298,9 @@ class MemoryTraffic(FigureWidget):
             row["sram_text"] = sax.text(0.04, 0.96, "", va="top", ha="left", fontsize=8, family="monospace",
                                         transform=sax.transAxes)
             row["header"] = sub.suptitle("", fontsize=10, x=0.01, ha="left")
+            # blitted in this order: the pictures, the block grid over them, the outline, the texts
+            h["dynamic"] += [*row["images"].values(), *row.get("grid", []), *row["boxes"].values(), row["sram_text"],
+                             row["header"]]
             if not h["rows"]:
                 sax.text(0.04, 0.03, "blue: read from HBM (darker: more often)\norange: written (brown: written, read back)\n"
                          "outline: last event (green load, red store)", fontsize=7, va="bottom",
@@ -282,21 +312,19 @@ class MemoryTraffic(FigureWidget):
         for i, (r, row) in enumerate(zip(self.replays, h["rows"])):
             s = self.step_of(i)
             for n in r.names:
-                lead = min(self.lead.value, r.grid[n][0] - 1)
-                img = r.image(n, lead, s)
+                img = r.image(n, s)
                 row["images"][n].set_data(img.transpose(1, 0, 2) if r.transposed[n] else img)
                 row["boxes"][n].set_visible(False)
             if s > 0:
                 j = s - 1
                 n = r.names[r.tensor[j]]
-                if r.lead[j] == min(self.lead.value, r.grid[n][0] - 1):
-                    box = row["boxes"][n]
-                    x0, x1, y0, y1 = r.c0[j], r.c1[j], r.r0[j], r.r1[j]
-                    if r.transposed[n]:
-                        x0, x1, y0, y1 = y0, y1, x0, x1
-                    box.set_bounds(x0, y0, x1 - x0, y1 - y0)
-                    box.set_edgecolor("#00b000" if r.is_load[j] else "red")
-                    box.set_visible(True)
+                box = row["boxes"][n]
+                x0, x1, y0, y1 = r.c0[j], r.c1[j], r.r0[j], r.r1[j]
+                if r.transposed[n]:
+                    x0, x1, y0, y1 = y0, y1, x0, x1
+                box.set_bounds(x0, y0, x1 - x0, y1 - y0)
+                box.set_edgecolor("#00b000" if r.is_load[j] else "red")
+                box.set_visible(True)
             prog, held = r.sram(s)
             if prog is None:
                 text = "(nothing yet)"

@@ -1,0 +1,119 @@
+"""Compile every GPU variant of the course's kernels for an NVIDIA target, without a GPU.
+
+Usage: python benchmarks/gpu_compile_check.py [--arch 90] [--quick]
+
+Triton can lower a kernel to PTX and a cubin with its bundled ptxas on a machine with no
+GPU. This script does that for the launch configurations the wrappers actually use on a
+GPU (block sizes, warps, stages from ``gpu_config`` and ``standard_block_sizes``; fp16, bf16 and
+fp32; head dims 16 to 128; causal, sparse), and prints each kernel's shared memory next to
+the target's limit. It catches compile errors and shared-memory overflows of the native
+path on a CPU-only machine; it does not run anything and says nothing about speed.
+"""
+
+import argparse
+import importlib
+import inspect
+import sys
+import time
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+fa = importlib.import_module("attnlab.kernels.flash_attention")
+sm = importlib.import_module("attnlab.kernels.softmax")
+st = importlib.import_module("attnlab.kernels.standard_attention")
+
+SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 75: 64 * 1024}
+TL_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+INDEX_PTRS = {"KV_NUM", "KV_IDX", "Q_NUM", "Q_IDX"}
+STAT_PTRS = {"L", "DELTA"}
+
+
+def signature(kernel, dtype, consts, ints=("H", "N_Q", "N_K"), floats=("sm_scale", "alpha"), none=()):
+    params = list(inspect.signature(kernel.fn).parameters)
+    sig, constexprs = {}, {}
+    for i, n in enumerate(params):
+        if n in consts:
+            sig[n], constexprs[(i,)] = "constexpr", consts[n]
+        elif n in none:
+            sig[n], constexprs[(i,)] = "constexpr", None
+        elif n in floats:
+            sig[n] = "fp32"
+        elif n in ints or not n.isupper():
+            sig[n] = "i32"
+        elif n in INDEX_PTRS:
+            sig[n] = "*i32"
+        elif n in STAT_PTRS:
+            sig[n] = "*fp32"
+        else:
+            sig[n] = "*" + TL_NAME[dtype]
+    return sig, constexprs
+
+
+def compile_one(target, kernel, sig, constexprs, num_warps, num_stages):
+    src = ASTSource(JITFunction(kernel.fn), sig, constexprs)
+    return triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (80 = A100, 90 = H100/H200, 75 = T4)")
+    ap.add_argument("--quick", action="store_true", help="fp16, d in {64, 128} only")
+    args = ap.parse_args()
+    target = GPUTarget("cuda", args.arch, 32)
+    limit = SHARED_LIMIT.get(args.arch, 99 * 1024)
+    print(f"triton {triton.__version__}, target sm_{args.arch}, shared memory limit {limit // 1024} KiB")
+    failures = 0
+    dtypes = [torch.float16] if args.quick else [torch.float16, torch.bfloat16, torch.float32]
+    if args.arch < 80:
+        dtypes = [t for t in dtypes if t != torch.bfloat16]  # no bf16 tensor cores before Ampere
+    dims = [64, 128] if args.quick else [16, 32, 64, 128]
+    jobs = []
+    for dtype in dtypes:
+        prec = fa.dot_precision(dtype)
+        for d in dims:
+            cap = (args.arch // 10, args.arch % 10)
+            f, bw = fa.gpu_config(d, dtype, cap), fa.gpu_config(d, dtype, cap, backward=True)
+            bm, bn, w_f, s_f = f["block_m"], f["block_n"], f["num_warps"], f["num_stages"]
+            bbm, bbn, w_b, s_b = bw["block_m"], bw["block_n"], bw["num_warps"], bw["num_stages"]
+            for causal in (False, True):
+                for sparse in (False, True):
+                    none = () if sparse else tuple(INDEX_PTRS)
+                    c = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, SPARSE=sparse, DOT_PRECISION=prec)
+                    jobs.append((fa._attn_fwd_kernel, dtype, c, none, w_f, s_f))
+                    cb = dict(c, BLOCK_M=bbm, BLOCK_N=bbn)
+                    jobs.append((fa._attn_bwd_dkdv_kernel, dtype, cb, none, w_b, s_b))
+                    jobs.append((fa._attn_bwd_dq_kernel, dtype, cb, none, w_b, s_b))
+            jobs.append((fa._attn_bwd_preprocess_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=bbm), (), 4, 3))
+            sbm, sbn, sbk = st.standard_block_sizes(d, dtype, "cuda", capability=cap)
+            st_stages = 3 if args.arch >= 80 else 1
+            jobs.append((st._scores_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=sbm, BLOCK_N=sbn, CAUSAL=True, DOT_PRECISION=prec), (), 4, st_stages))
+            jobs.append((st._pv_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=sbm, BLOCK_N=sbn, DOT_PRECISION=prec), (), 4, st_stages))
+        jobs.append((st._matmul_kernel, dtype, dict(BLOCK_M=sbm, BLOCK_N=sbn, BLOCK_K=sbk, DOT_PRECISION=prec), (), 4, st_stages))
+        for block, one in ((1024, True), (sm.MAX_FUSED_BLOCK, True), (sm.MAX_FUSED_BLOCK, False)):
+            jobs.append((sm._softmax_kernel, dtype, dict(BLOCK=block, ROWS=1, ONE_PASS=one), (), 4, 3))
+        jobs.append((st._softmax_bwd_kernel, dtype, dict(BLOCK=4096, ROWS=1), (), 4, 3))
+    for kernel, dtype, consts, none, warps, stages in jobs:
+        ints = ("H", "N_Q", "N_K", "M", "N", "K") if kernel is st._matmul_kernel else ("H", "N_Q", "N_K")
+        sig, cx = signature(kernel, dtype, consts, ints=ints, none=none)
+        label = f"{kernel.__name__:<28} {TL_NAME[dtype]:>4} " + " ".join(
+            f"{k}={v}" for k, v in consts.items() if k not in ("DOT_PRECISION",)) + f" warps={warps} stages={stages}"
+        t0 = time.perf_counter()
+        try:
+            k = compile_one(target, kernel, sig, cx, warps, stages)
+            shared = k.metadata.shared
+            flag = "OK " if shared <= limit else "TOO MUCH SHARED MEMORY"
+            failures += shared > limit
+            print(f"{flag} {label}  shared {shared / 1024:.0f} KiB  ({time.perf_counter() - t0:.1f} s)")
+        except Exception as e:  # report and continue: the point is to see every failure
+            failures += 1
+            print(f"ERR {label}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
+    print(f"{len(jobs) - failures}/{len(jobs)} compiled within limits")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""attnlab.iomodel: hand counts on small cases and the asymptotics of Dao et al. 2022, Theorem 2."""
+
+import pytest
+import torch
+
+from attnlab import iomodel as io
+from attnlab.kernels import BlockMask, local_mask
+
+
+def test_standard_forward_hand_count():
+    # N = 4, d = 2, 1 byte per element, ideal (each operand read once):
+    # S = QK^T: read 8 + 8, write 16; softmax: read 16, write 16; O = PV: read 16 + 8, write 8
+    m = io.standard_forward_io(1, 1, 4, 4, d=2, bytes_per_element=1)
+    assert (m.bytes_read, m.bytes_written) == (56, 40)
+    assert m.flops == 2 * (2 * 4 * 4 * 2)
+    assert m.parts["softmax"].bytes_read == 16
+    # tiled with 2-row query blocks: K and V are read twice
+    t = io.standard_forward_io(1, 1, 4, 4, d=2, bytes_per_element=1, block_m=2)
+    assert t.bytes_read == 56 + 8 + 8
+    assert io.standard_forward_io(3, 5, 4, 4, d=2, bytes_per_element=1).bytes_read == 15 * 56
+
+
+def test_standard_backward_hand_count():
+    # ideal: dV (read P 16 + dO 8, write 8), dP (read dO 8 + V 8, write 16), dS (read 32, write 16),
+    # dQ (read dS 16 + K 8, write 8), dK (read dS 16 + Q 8, write 8)
+    m = io.standard_backward_io(1, 1, 4, 4, d=2, bytes_per_element=1)
+    assert (m.bytes_read, m.bytes_written) == (24 + 16 + 32 + 24 + 24, 8 + 16 + 16 + 8 + 8)
+    assert m.flops == 4 * 2 * 4 * 4 * 2
+
+
+def test_flash_forward_hand_count():
+    # N = 8, d = 2, blocks 4 x 4, 1 byte per element, L in fp32:
+    # read Q 16 + 2 query blocks x (K 16 + V 16) = 80; write O 16 + L 8 x 4 = 48
+    m = io.flash_forward_io(1, 1, 8, 8, d=2, bytes_per_element=1, block_m=4, block_n=4)
+    assert (m.bytes_read, m.bytes_written) == (80, 48)
+    # causal: tiles (0,0), (1,0), (1,1) only: K and V read for 3 blocks of 4 keys
+    c = io.flash_forward_io(1, 1, 8, 8, d=2, bytes_per_element=1, block_m=4, block_n=4, causal=True)
+    assert c.bytes_read == 16 + 3 * 4 * 2 * 2
+    assert c.flops == 4 * 3 * 16 * 2
+    # ragged: N = 6 with blocks of 4: the last blocks hold 2 rows / 2 keys
+    r = io.flash_forward_io(1, 1, 6, 6, d=2, bytes_per_element=1, block_m=4, block_n=4)
+    assert r.bytes_read == 12 + 2 * (2 * 6 * 2)
+
+
+def test_flash_backward_hand_count():
+    m = io.flash_backward_io(1, 1, 8, 8, d=2, bytes_per_element=1, block_m=4, block_n=4)
+    pre = (2 * 16, 8 * 4)
+    # dK/dV: K, V (32) + per visited tile (4) Q, dO (2 x 8) and L, D (2 x 4 x 4 B); write dK, dV (32)
+    dkdv = (32 + 4 * (16 + 32), 32)
+    # dQ: Q, dO (32) and L, D (64) + per visited tile (4) K, V (16); write dQ (16)
+    dq = (32 + 64 + 4 * 16, 16)
+    assert (m.bytes_read, m.bytes_written) == (pre[0] + dkdv[0] + dq[0], pre[1] + dkdv[1] + dq[1])
+
+
+def test_algorithm1_loop_order():
+    # K, V read once (32); for each of 2 key blocks: read Q, O (32) and l, m (2 x 8 x 4); write O (16), l, m (64)
+    m = io.flash_forward_io(1, 1, 8, 8, d=2, bytes_per_element=1, block_m=4, block_n=4, loop_order="kv_outer")
+    assert (m.bytes_read, m.bytes_written) == (32 + 2 * (32 + 64), 2 * (16 + 64))
+
+
+def test_paper_block_sizes():
+    assert io.flash_block_sizes(100 * 1024, 64, 2) == (64, 200)   # B_c = ceil(51200 / 256), B_r = min(B_c, d)
+    assert io.flash_block_sizes(8 * 1024, 64, 2) == (16, 16)
+    by_sram = io.flash_forward_io(1, 1, 1024, d=64, sram_bytes=100 * 1024)
+    assert by_sram == io.flash_forward_io(1, 1, 1024, d=64, block_m=64, block_n=200)
+
+
+def test_theorem2_quadratic_in_n():
+    d, e = 64, 2
+    for n in (2048, 4096):
+        std = io.standard_forward_io(1, 1, n, d=d, bytes_per_element=e).total_bytes
+        std2 = io.standard_forward_io(1, 1, 2 * n, d=d, bytes_per_element=e).total_bytes
+        assert 3.9 < std2 / std <= 4.0            # N d + N^2: the N^2 term dominates
+        fa = io.flash_forward_io(1, 1, n, d=d, bytes_per_element=e, sram_bytes=16 * 1024).total_bytes
+        fa2 = io.flash_forward_io(1, 1, 2 * n, d=d, bytes_per_element=e, sram_bytes=16 * 1024).total_bytes
+        assert 3.8 < fa2 / fa <= 4.0              # N^2 d^2 / M
+        assert fa < std
+
+
+def test_theorem2_inverse_in_sram():
+    # while B_r = M / 4d < d, doubling the SRAM halves the N^2 part of FlashAttention's traffic
+    n, d, e = 4096, 64, 2
+    linear = (n * d * e) + (n * d * e + n * 4)  # Q read once, O and L written once
+    parts = []
+    for sram in (4 * 1024, 8 * 1024, 16 * 1024):
+        parts.append(io.flash_forward_io(1, 1, n, d=d, bytes_per_element=e, sram_bytes=sram).total_bytes - linear)
+    assert parts[0] == 2 * parts[1] == 4 * parts[2]
+    # and the model tracks the theorem's order N^2 d^2 / M up to a constant
+    ratios = []
+    for n_, sram in ((2048, 4096), (4096, 4096), (4096, 16384)):
+        fa = io.flash_forward_io(1, 1, n_, d=d, bytes_per_element=e, sram_bytes=sram).total_bytes
+        ratios.append(fa / io.theorem2(n_, d, sram // e)["flash"])
+    assert max(ratios) / min(ratios) < 1.3
+
+
+def test_block_sparse_density_and_mask():
+    n, d, e, bs = 1024, 64, 2, (64, 64)
+    full = io.block_sparse_forward_io(1, 1, n, d=d, bytes_per_element=e, density=1.0, block_size=bs)
+    none = io.block_sparse_forward_io(1, 1, n, d=d, bytes_per_element=e, density=0.0, block_size=bs)
+    quarter = io.block_sparse_forward_io(1, 1, n, d=d, bytes_per_element=e, density=0.25, block_size=bs)
+    assert quarter.bytes_read == round(none.bytes_read + 0.25 * (full.bytes_read - none.bytes_read))
+    dense = io.flash_forward_io(1, 1, n, d=d, bytes_per_element=e, block_m=64, block_n=64)
+    assert full.bytes_read == dense.bytes_read + 4 * (16 + 16 * 16)  # + the int32 block lists
+    ones = BlockMask(torch.ones(1, 1, 16, 16, dtype=torch.bool), bs)
+    assert io.block_sparse_forward_io(1, 1, n, d=d, bytes_per_element=e, block_mask=ones) == full
+    loc = local_mask(n, n, 0, bs)  # the 16 diagonal tiles
+    m = io.block_sparse_forward_io(1, 1, n, d=d, bytes_per_element=e, block_mask=loc)
+    assert m.bytes_read == n * d * e + 16 * 2 * 64 * d * e + 4 * (16 + 16)
+    b = io.block_sparse_backward_io(2, 3, n, d=d, bytes_per_element=e, block_mask=loc)
+    assert b == io.block_sparse_backward_io(1, 1, n, d=d, bytes_per_element=e, block_mask=loc).scaled(6)
+
+
+def test_roofline_and_machines():
+    assert {"A100", "H100", "H200", "T4", "this machine"} <= set(io.MACHINES)
+    a100 = io.MACHINES["A100"]
+    assert a100.ridge_point == pytest.approx(312e12 / 1.555e12)
+    mem = io.roofline(1e9, 1e9, "A100")
+    assert mem.bound == "memory" and mem.time_s == pytest.approx(1e9 / 1.555e12)
+    assert io.roofline(1e12, 1e6, "A100").bound == "compute"
+    std = io.standard_forward_io(16, 16, 1024, d=64)
+    fa = io.flash_forward_io(16, 16, 1024, d=64, block_m=128, block_n=64)
+    assert fa.arithmetic_intensity > 3 * std.arithmetic_intensity  # same FLOPs, ~4x fewer bytes
+    assert io.roofline(std, machine="A100").bound == "memory"
+    assert io.roofline(fa, machine="H100").arithmetic_intensity == fa.arithmetic_intensity
+    here = io.MACHINES["this machine"]
+    assert here.peak_flops > 0 and here.hbm_bandwidth > 0 and "rough" in here.note
+
+
+def test_attention_flops():
+    assert io.attention_flops(1, 1, 4, 4, 2) == 4 * 16 * 2
+    assert io.attention_flops(1, 1, 4, 4, 2, causal=True) == 4 * 10 * 2
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="n_q"):
+        io.standard_forward_io(1, 1, 0)
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        io.flash_forward_io(1, 1, 8, bytes_per_element=0, block_m=4, block_n=4)
+    with pytest.raises(ValueError, match="sram_bytes"):
+        io.flash_forward_io(1, 1, 8)
+    with pytest.raises(ValueError, match="block_m"):
+        io.flash_forward_io(1, 1, 8, block_m=-1, block_n=4)
+    with pytest.raises(ValueError, match="kv_outer"):
+        io.flash_forward_io(1, 1, 8, block_m=4, block_n=4, causal=True, loop_order="kv_outer")
+    with pytest.raises(ValueError, match="machine"):
+        io.roofline(1, 1, "Z80")
+    with pytest.raises(ValueError, match="block_mask"):
+        io.block_sparse_forward_io(1, 1, 128, block_mask=torch.ones(1, 1, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="density"):
+        io.block_sparse_forward_io(1, 1, 128, density=2.0)

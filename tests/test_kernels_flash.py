@@ -1,0 +1,210 @@
+"""FlashAttention and standard-attention Triton kernels against torch SDPA, in the CPU interpreter."""
+
+import importlib
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.kernels import flash_attention, softmax, standard_attention
+from attnlab.kernels.flash_attention import default_block_sizes
+
+
+def _qkv(b, h, nq, nk, d, dtype=torch.float32, seed=0, scale=1.0, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=torch.float32) for n in (nq, nk, nk))
+    q = q * scale
+    return [t.to(dtype).requires_grad_(grad) for t in (q, k, v)]
+
+
+def _check(fn, q, k, v, causal, atol, rtol, **kw):
+    o = fn(q, k, v, causal=causal, **kw)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    assert o.dtype == q.dtype and o.shape == q.shape
+    torch.testing.assert_close(o.float(), ref, atol=atol, rtol=rtol)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad(o.float(), (q, k, v), g)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref_grads = torch.autograd.grad(F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal), (qf, kf, vf), g)
+    for name, a, b in zip("qkv", grads, ref_grads):
+        torch.testing.assert_close(a.float(), b, atol=atol, rtol=rtol, msg=lambda m: f"d{name}: {m}")
+
+
+@settings(max_examples=12)
+@given(
+    b=st.integers(1, 2), h=st.integers(1, 2), nq=st.integers(1, 80), nk=st.integers(1, 80),
+    d=st.sampled_from([16, 32]), causal=st.booleans(),
+    blocks=st.sampled_from([(16, 16), (32, 16), (16, 32), (64, 64)]),
+)
+def test_flash_matches_sdpa_random_shapes(b, h, nq, nk, d, causal, blocks):
+    q, k, v = _qkv(b, h, nq, nk, d, seed=nq * 100 + nk)
+    _check(flash_attention, q, k, v, causal, 2e-5, 2e-4, block_m=blocks[0], block_n=blocks[1])
+
+
+@pytest.mark.parametrize("nq,nk", [(1, 1), (1, 37), (37, 1), (129, 130), (200, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_ragged_and_seq1(nq, nk, causal):
+    q, k, v = _qkv(1, 2, nq, nk, 32, seed=nq + nk)
+    _check(flash_attention, q, k, v, causal, 2e-5, 2e-4)  # default interpreter blocks (128 x 128)
+
+
+@pytest.mark.parametrize("d", [16, 32, 64, 128])
+def test_flash_head_dims(d):
+    q, k, v = _qkv(1, 1, 33, 45, d, seed=d)
+    _check(flash_attention, q, k, v, True, 2e-5, 2e-4, block_m=16, block_n=32)
+
+
+def test_flash_large_logits_stay_finite():
+    # logits of magnitude ~1e4: the online softmax must not overflow
+    q, k, v = _qkv(1, 1, 40, 50, 16, scale=2500.0)
+    o = flash_attention(q, k, v, block_m=16, block_n=16)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-4)
+    grads = torch.autograd.grad(o.sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        assert torch.isfinite(a).all()
+        # the softmax is saturated: gradients are tiny differences of huge logits, so compare
+        # relative to each gradient's own magnitude
+        torch.testing.assert_close(a, b, atol=1e-3 * float(b.abs().max()) + 1e-6, rtol=0)
+
+
+def test_flash_fp16_looser_tolerance():
+    q, k, v = _qkv(1, 2, 70, 90, 32, dtype=torch.float16, seed=3)
+    _check(flash_attention, q, k, v, True, 2e-3, 2e-2, block_m=32, block_n=32)
+
+
+def test_flash_return_lse_and_scale():
+    q, k, v = _qkv(1, 1, 20, 30, 16, grad=False)
+    o, lse = flash_attention(q, k, v, scale=0.3, return_lse=True)
+    s = (q @ k.transpose(-1, -2)) * 0.3
+    torch.testing.assert_close(lse, torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(o, torch.softmax(s, -1) @ v, atol=1e-5, rtol=1e-5)
+    assert lse.shape == (1, 1, 20) and lse.dtype == torch.float32
+
+
+def test_flash_noncontiguous_inputs():
+    q, k, v = _qkv(1, 3, 24, 24, 16, grad=False)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    torch.testing.assert_close(flash_attention(qt, k, v), flash_attention(q, k, v))
+
+
+def test_interpreter_blocks_are_large():
+    assert default_block_sizes(64, torch.float32, "cpu") == (128, 128)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_standard_attention_matches_sdpa(causal):
+    q, k, v = _qkv(2, 1, 50, 70, 32, seed=5)
+    _check(standard_attention, q, k, v, causal, 2e-5, 2e-4, block_m=32, block_n=16, block_k=16)
+    q, k, v = _qkv(1, 1, 1, 1, 16, seed=6)
+    _check(standard_attention, q, k, v, causal, 2e-5, 2e-4)
+
+
+def test_softmax_one_and_two_pass(monkeypatch):
+    sm = importlib.import_module("attnlab.kernels.softmax")  # the name `softmax` is the function
+
+    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(0)) * 30
+    x[2] = float("-inf")  # a fully masked row gives zeros
+    ref = torch.softmax(x, -1).nan_to_num(0.0)
+    torch.testing.assert_close(softmax(x), ref)
+    monkeypatch.setattr(sm, "MAX_FUSED_BLOCK", 64)  # force the two-pass loop over 64-wide chunks
+    assert sm.softmax_block_size(300) == (64, False)
+    torch.testing.assert_close(softmax(x), ref)
+    torch.testing.assert_close(softmax(torch.randn(3, 1)), torch.ones(3, 1))
+    h = torch.randn(2, 3, 7, dtype=torch.float16)
+    torch.testing.assert_close(softmax(h), torch.softmax(h.float(), -1).half(), atol=1e-3, rtol=1e-3)
+
+
+# ---- bad input: raised before any launch, naming the argument ------------------------------
+def _good():
+    return _qkv(1, 1, 8, 8, 16, grad=False)
+
+
+@pytest.mark.parametrize("fn", [flash_attention, standard_attention])
+def test_bad_inputs(fn):
+    q, k, v = _good()
+    with pytest.raises(TypeError, match="bfloat16"):
+        fn(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    with pytest.raises(ValueError, match="head_dim"):
+        fn(*_qkv(1, 1, 8, 8, 24, grad=False))
+    with pytest.raises(ValueError, match="k has"):
+        fn(q, k[:, :, :, :8], v)
+    with pytest.raises(ValueError, match="v has"):
+        fn(q, k, v[:, :, :5])
+    with pytest.raises(ValueError, match="k has batch"):
+        fn(q, k.expand(2, 1, 8, 16), v)
+    with pytest.raises(ValueError, match="q must have shape"):
+        fn(q[0], k, v)
+    with pytest.raises(TypeError, match="k has dtype"):
+        fn(q, k.half(), v)
+    with pytest.raises(ValueError, match="on one device"):
+        fn(q, k.to("meta"), v)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        fn(q.numpy(), k, v)
+    with pytest.raises(TypeError, match="causal"):
+        fn(q, k, v, causal="yes")
+    with pytest.raises(ValueError, match="block_m"):
+        fn(q, k, v, block_m=24)
+
+
+def test_softmax_bad_inputs():
+    with pytest.raises(TypeError, match="x must be"):
+        softmax(torch.arange(4))
+    with pytest.raises(TypeError, match="bfloat16"):
+        softmax(torch.randn(2, 2).bfloat16())
+    with pytest.raises(ValueError, match="x must have"):
+        softmax(torch.randn(0))
+
+
+def test_kernels_run_in_interpreter_without_env(monkeypatch):
+    from attnlab.kernels._runtime import use_interpreter
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert use_interpreter("cpu")
+    assert not use_interpreter("cuda")
+    assert math.isfinite(float(flash_attention(*_good()).sum()))
+
+
+def test_native_gpu_path_compiles_without_a_gpu():
+    """Lower the forward kernel (fp16, causal, block-sparse, the GPU's block sizes) to a cubin for
+    sm_90 with Triton's bundled toolchain: catches breakage of the compiled path on a CPU machine."""
+    import inspect
+
+    import triton
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    try:
+        from triton.backends.compiler import GPUTarget
+    except ImportError as e:  # pragma: no cover
+        pytest.skip(f"no Triton GPU backend: {e}")
+    fa = importlib.import_module("attnlab.kernels.flash_attention")
+    kernel = fa._attn_fwd_kernel
+    bm, bn = fa.default_block_sizes(64, torch.float16, "cuda")
+    consts = dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, SPARSE=True, DOT_PRECISION="tf32")
+    sig, cx = {}, {}
+    for i, n in enumerate(inspect.signature(kernel.fn).parameters):
+        if n in consts:
+            sig[n], cx[(i,)] = "constexpr", consts[n]
+        elif n == "sm_scale":
+            sig[n] = "fp32"
+        elif n in ("KV_NUM", "KV_IDX"):
+            sig[n] = "*i32"
+        elif n == "L":
+            sig[n] = "*fp32"
+        elif n.isupper() and n not in ("H", "N_Q", "N_K"):
+            sig[n] = "*fp16"
+        else:
+            sig[n] = "i32"
+    try:
+        compiled = triton.compile(ASTSource(JITFunction(kernel.fn), sig, cx), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4, "num_stages": 3})
+    except (RuntimeError, FileNotFoundError) as e:  # pragma: no cover - toolchain missing from this triton build
+        if "ptxas" in str(e) or "not found" in str(e).lower():
+            pytest.skip(f"Triton's CUDA toolchain is not available: {e}")
+        raise
+    assert "cubin" in compiled.asm and compiled.metadata.shared <= 227 * 1024

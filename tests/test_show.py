@@ -1,0 +1,29 @@
+"""show_source shows the library's own code, kernels included, with the file it comes from."""
+
+import pytest
+
+from attnlab import scaled_dot_product_attention
+from attnlab.kernels.flash_attention import _attn_fwd_kernel
+from attnlab.show import _repo_relative, show_source
+
+
+def test_prints_the_source_outside_a_notebook(capsys):
+    show_source(scaled_dot_product_attention)
+    assert "def scaled_dot_product_attention(" in capsys.readouterr().out
+
+
+def test_unwraps_a_triton_kernel(capsys):
+    show_source(_attn_fwd_kernel, lines=(0, 3))
+    out = capsys.readouterr().out
+    assert "def _attn_fwd_kernel(" in out and len(out.splitlines()) == 3
+
+
+def test_names_the_file_from_the_top_of_the_course():
+    assert _repo_relative("/home/me/attnlab/attnlab/attention.py") == "attnlab/attention.py"
+    assert _repo_relative("/home/me/attnlab/kernels/softmax.py") == "kernels/softmax.py"
+    assert _repo_relative("/venv/site-packages/attnlab/kernels/softmax.py") == "kernels/softmax.py"
+
+
+def test_rejects_what_has_no_source():
+    with pytest.raises(TypeError, match="obj"):
+        show_source(42)
