@@ -19,8 +19,12 @@ def add_arguments(parser):
 
 def run(args):
     folder = Path(args.dir) if args.dir else lessons_dir()
-    if folder is None or not folder.is_dir():
-        print("error: --dir: no lessons folder found; pass the course's lessons/ folder", file=sys.stderr)
+    if folder is None:
+        print("error: --dir: no lessons folder found beside this attnlab; pass the course's lessons/ folder",
+              file=sys.stderr)
+        return 2
+    if not folder.is_dir():
+        print(f"error: --dir: {folder} is not a folder", file=sys.stderr)
         return 2
     if shutil.which("jupyter") is None and not Path(sys.executable).with_name("jupyter").exists():
         print("error: JupyterLab is not installed: fix: pip install -c attnlab/constraints.txt jupyterlab", file=sys.stderr)

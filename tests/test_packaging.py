@@ -149,3 +149,12 @@ def test_cli_runs_as_module_and_lists_commands():
     status = subprocess.run([sys.executable, "-m", "attnlab", "doctor"], cwd=ROOT,
                             capture_output=True, text=True)
     assert status.returncode == 0, status.stdout + status.stderr
+
+
+def test_lab_finds_the_lessons_and_names_a_bad_dir(capsys):
+    from attnlab import cli, lab
+
+    assert lab.lessons_dir() == ROOT / "lessons"
+    status = cli.main(["lab", "--dir", str(ROOT / "no-such-folder")])
+    assert status == 2
+    assert "--dir" in capsys.readouterr().err
