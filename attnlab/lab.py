@@ -1,5 +1,6 @@
 """``attnlab lab``: open JupyterLab on the lessons."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,22 @@ def run(args):
     if shutil.which("jupyter") is None and not Path(sys.executable).with_name("jupyter").exists():
         print("error: JupyterLab is not installed: fix: pip install -c attnlab/constraints.txt jupyterlab", file=sys.stderr)
         return 1
-    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={folder.parent}", str(folder.name)]
-    if args.no_browser:
+    return subprocess.call(command(folder, no_browser=args.no_browser), cwd=folder.parent)
+
+
+def command(folder, no_browser=False):
+    """The JupyterLab command line for a lessons folder.
+
+    The server's root is the course folder (the lessons' parent), so the lessons' links to
+    ../exercises and the learner's my-work/ resolve; the browser opens on the first lesson.
+    """
+    folder = Path(folder).resolve()
+    start = folder / "00_start_here.ipynb"
+    page = f"{folder.name}/{start.name}" if start.exists() else folder.name
+    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={folder.parent}",
+           f"--LabApp.default_url=/lab/tree/{page}"]
+    if no_browser:
         cmd.append("--no-browser")
-    return subprocess.call(cmd, cwd=folder.parent)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and cloud notebooks often run as root
+        cmd.append("--allow-root")
+    return cmd

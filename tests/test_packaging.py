@@ -155,6 +155,10 @@ def test_lab_finds_the_lessons_and_names_a_bad_dir(capsys):
     from attnlab import cli, lab
 
     assert lab.lessons_dir() == ROOT / "lessons"
+    cmd = lab.command(ROOT / "lessons", no_browser=True)
+    assert f"--ServerApp.root_dir={ROOT}" in cmd  # exercises/ and my-work/ are reachable from the lessons
+    assert "--LabApp.default_url=/lab/tree/lessons/00_start_here.ipynb" in cmd
+    assert "--no-browser" in cmd
     status = cli.main(["lab", "--dir", str(ROOT / "no-such-folder")])
     assert status == 2
     assert "--dir" in capsys.readouterr().err
