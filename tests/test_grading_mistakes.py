@@ -394,7 +394,7 @@ wrong("block-mask-to-elements", "off-by-one-block-edge",
 @triton.jit
 def _sparse_body(Q, K, V, O, block_mask, stride_h, stride_n, n_ctx, n_qb, n_kb, scale, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_MASK: tl.constexpr, TRANSPOSED: tl.constexpr,
-                 RESCALE: tl.constexpr, GUARD_EMPTY: tl.constexpr):
+                 RESCALE: tl.constexpr, GUARD_EMPTY: tl.constexpr, LOAD_ALL: tl.constexpr = 0):
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
     base = pid_h * stride_h
@@ -409,14 +409,28 @@ def _sparse_body(Q, K, V, O, block_mask, stride_h, stride_n, n_ctx, n_qb, n_kb, 
             keep = tl.load(block_mask + (pid_h * n_qb + j) * n_kb + pid_m)
         else:
             keep = tl.load(block_mask + (pid_h * n_qb + pid_m) * n_kb + j)
-        if keep != 0 or not USE_MASK:
-            offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
-            k = tl.load(K + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx, other=0.0)
-            v = tl.load(V + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx, other=0.0)
+        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        if LOAD_ALL == 2:  # loads hoisted above the test: every block's K and V is read, kept or not
+            k_all = tl.load(K + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx,
+                            other=0.0)
+            v_all = tl.load(V + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx,
+                            other=0.0)
+        if keep != 0 or not USE_MASK or LOAD_ALL == 1:
+            if LOAD_ALL == 2:
+                k = k_all
+                v = v_all
+            else:
+                k = tl.load(K + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx,
+                            other=0.0)
+                v = tl.load(V + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx,
+                            other=0.0)
             s = tl.where(offs_n[None, :] < n_ctx, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+            if LOAD_ALL == 1:  # every block computed, the skipped ones masked to -inf afterwards
+                s = tl.where(keep != 0, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no kept key yet: avoid -inf - -inf
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             if RESCALE:
                 acc = acc * alpha[:, None] + tl.dot(p, v)
@@ -450,6 +464,11 @@ wrong("block-sparse-loop", "acc-not-rescaled",
       block_sparse_fwd_kernel=_sparse_variant(**{**_SPARSE_OK, "RESCALE": False}))
 wrong("block-sparse-loop", "fully-masked-row",
       block_sparse_fwd_kernel=_sparse_variant(**{**_SPARSE_OK, "GUARD_EMPTY": False}))
+# right numbers, but skipped blocks are loaded (and masked afterwards): as many bytes as dense attention
+wrong("block-sparse-loop", "loads-skipped-blocks",
+      block_sparse_fwd_kernel=_sparse_variant(**{**_SPARSE_OK, "LOAD_ALL": 1}))
+wrong("block-sparse-loop", "loads-skipped-blocks",
+      block_sparse_fwd_kernel=_sparse_variant(**{**_SPARSE_OK, "LOAD_ALL": 2}))
 
 
 # --- the tests -------------------------------------------------------------------------

@@ -11,6 +11,10 @@ guard regions before and after) are filled with a sentinel value:
   a different sentinel changes its output: an **out-of-bounds load**;
 - elements of the output still holding the sentinel were never written.
 
+In the interpreter every load is also recorded with the program that made it, so
+the block-sparse check can fail a kernel that loads K/V blocks its mask leaves out
+(right numbers, dense traffic); on a GPU that part is skipped, and the check says so.
+
 Under Triton's interpreter (CPU) the buffers are real memory, so an access that
 stays within the guards is caught here instead of corrupting the process. The
 kernel runs on the GPU when there is one, else in the interpreter, whatever
@@ -110,18 +114,21 @@ class _JitCallsInterpreted:
 
 
 class _RecordLoads:
-    """While active (interpreter only), remember the address of every element a kernel loads."""
+    """While active (interpreter only), remember the address of every element a kernel loads,
+    and which program (grid index) loaded it."""
 
     def __enter__(self):
         from triton.runtime import interpreter
 
         self.addresses = []
+        self.programs = []  # the grid index (x, y, z) of each entry of ``addresses``
         cls = interpreter.InterpreterBuilder
         self._saved = cls.create_masked_load
-        saved, record = self._saved, self.addresses
+        saved, record, programs = self._saved, self.addresses, self.programs
 
         def create_masked_load(builder, ptrs, mask, *args, **kwargs):
             record.append(ptrs.data[mask.data.astype(bool)].ravel().copy())
+            programs.append(tuple(int(i) for i in builder.grid_idx))
             return saved(builder, ptrs, mask, *args, **kwargs)
 
         cls.create_masked_load = create_masked_load
@@ -133,18 +140,42 @@ class _RecordLoads:
         interpreter.InterpreterBuilder.create_masked_load = self._saved
         return False
 
+    def _in_memory(self, buffer, addresses):
+        """Indices into ``buffer.memory`` of those ``addresses`` that fall in it."""
+        import numpy as np
+
+        start, size = buffer.memory.data_ptr(), buffer.memory.element_size()
+        index = (np.asarray(addresses).astype(np.int64) - start) // size
+        return index[(index >= 0) & (index < buffer.memory.numel())]
+
     def outside(self, buffer):
         """How many loaded elements lie in ``buffer``'s memory but outside its tensor."""
         import numpy as np
 
         if not self.addresses:
             return 0
-        addr = np.concatenate(self.addresses).astype(np.int64)
-        start, size = buffer.memory.data_ptr(), buffer.memory.element_size()
-        index = (addr - start) // size
-        inside_memory = (index >= 0) & (index < buffer.memory.numel())
+        index = self._in_memory(buffer, np.concatenate(self.addresses))
         flags = buffer.inside.cpu().numpy()
-        return int((~flags[index[inside_memory]]).sum())
+        return int((~flags[index]).sum())
+
+    def loaded(self, buffer):
+        """{program (x, y, z): bool tensor of ``buffer``'s shape, True where that program loaded the element}."""
+        import numpy as np
+
+        # memory index -> flat index into the tensor (-1 outside it), laid out as the kernel sees it
+        element = torch.full((buffer.memory.numel(),), -1, dtype=torch.long)
+        view = buffer.view
+        element.as_strided(view.shape, view.stride(), view.storage_offset()).copy_(
+            torch.arange(view.numel()).view(view.shape))
+        element = element.numpy()
+        out = {}
+        for program, addresses in zip(self.programs, self.addresses):
+            flat = element[self._in_memory(buffer, addresses)]
+            flat = flat[flat >= 0]
+            if flat.size:
+                seen = out.setdefault(program, np.zeros(view.numel(), dtype=bool))
+                seen[flat] = True
+        return {p: torch.from_numpy(seen).view(buffer.shape) for p, seen in out.items()}
 
 
 def _interpreter_session():
@@ -188,11 +219,13 @@ OFF_BY_ONE = Mistake("off-by-one-block-edge", "off by one at the block edge: exa
                      "touched; the mask is offs < n, not offs <= n", None)
 
 
-def run_guarded(kernel, name, label, make_buffers, launch_args, outputs, pad=None):
+def run_guarded(kernel, name, label, make_buffers, launch_args, outputs, pad=None, loads=None):
     """Launch twice with different sentinels; detect out-of-bounds stores and loads.
 
     make_buffers(sentinel) -> dict of Buffers; launch_args(buffers) -> (grid, args, kwargs);
     outputs: names of the output buffers. Returns {name: output tensor} of the first run.
+    loads: optional {buffer name: None}; in the interpreter each entry is set to what the first
+    run's programs loaded from that buffer (:meth:`_RecordLoads.loaded`); on a GPU it stays None.
     """
     results = []
     for sentinel in SENTINELS:
@@ -205,9 +238,12 @@ def run_guarded(kernel, name, label, make_buffers, launch_args, outputs, pad=Non
         else:
             import numpy as np
 
-            with _RecordLoads() as loads, np.errstate(all="ignore"):  # overflow is the learner's to see in the output
+            with _RecordLoads() as recorded, np.errstate(all="ignore"):  # overflow is the learner's to see in the output
                 _launch(kernel, name, grid, args, kwargs, label)
-            loads_outside = {k: loads.outside(b) for k, b in bufs.items()}
+            loads_outside = {k: recorded.outside(b) for k, b in bufs.items()}
+            if loads is not None and not results:
+                for k in loads:
+                    loads[k] = recorded.loaded(bufs[k])
         changed = {k: b.outside_changed() for k, b in bufs.items()}
         bad = {k: n for k, n in changed.items() if n}
         if bad:
@@ -637,6 +673,37 @@ _SPARSE_MISTAKES = [
 ]
 
 
+LOADS_SKIPPED = Mistake(
+    "loads-skipped-blocks", "the kernel loads K/V blocks that the block mask leaves out: the output is right, but a "
+    "kernel that loads every block and masks the scores afterwards moves as many bytes as dense attention. Read the "
+    "mask entry first and load K and V only inside `if keep != 0:`, so a skipped block costs no loads", None)
+
+
+def _skipped_blocks_loaded(loaded, bmask, bn):
+    """None when no program loaded K or V outside its query block's kept key blocks, else what it loaded.
+
+    loaded: {"k": {program: bool (BH, N, D)}, "v": ...} from run_guarded; the grid is (n_qb, BH),
+    so program (pid_m, pid_h, 0) may read rows of key block j of head pid_h only where
+    bmask[pid_h, pid_m, j] is True.
+    """
+    for name in ("k", "v"):
+        for (pid_m, pid_h, _), seen in sorted(loaded[name].items()):
+            bh, n, _d = seen.shape
+            allowed = torch.zeros(bh, n, dtype=torch.bool)
+            allowed[pid_h] = bmask[pid_h, pid_m].repeat_interleave(bn)[:n]
+            extra = seen & ~allowed[..., None]
+            if extra.any():
+                rows = extra[pid_h].any(-1).nonzero().flatten()
+                blocks = sorted({int(r) // bn for r in rows})
+                where = (f"from key block(s) {', '.join(map(str, blocks))}, which block_mask[{pid_h}, {pid_m}] "
+                         f"leaves out" if blocks else "")
+                if extra.sum() > extra[pid_h].sum():
+                    where += (" and " if where else "") + "from other heads"
+                return (f"program (pid_m={pid_m}, pid_h={pid_h}) loaded {int(extra.sum())} element(s) of "
+                        f"`{name.upper()}` {where}")
+    return None
+
+
 @part("block-sparse-loop")
 def _check_sparse(ns):
     import triton
@@ -657,8 +724,17 @@ def _check_sparse(ns):
             args = (b["q"].view, b["k"].view, b["v"].view, o, mask_i32, o.stride(0), o.stride(1), n, nqb, nkb, scale)
             return (nqb, bh), args, {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}
 
-        got = run_guarded(kernel, "block_sparse_fwd_kernel", label, make, launch, ["o"])["o"]
+        loads = {"k": None, "v": None}
+        got = run_guarded(kernel, "block_sparse_fwd_kernel", label, make, launch, ["o"], loads=loads)["o"]
         want = specs.attention(q, k, v, scale=scale, mask=specs.block_to_element_mask(bmask, (bm, bn), n, n))
         _kernel_failure(label, "block_sparse_fwd_kernel", got, want, _SPARSE_MISTAKES,
                         (q, k, v, scale, bmask, bm, bn), {}, uses_dot=True)
-    return f"{len(cases)} launches match the spec (random, windowed and empty block rows), with no stray access"
+        if loads["k"] is not None:  # the interpreter recorded every load (no such record on a GPU)
+            why = _skipped_blocks_loaded(loads, bmask, bn)
+            if why:
+                raise Fail(f"`block_sparse_fwd_kernel` on {label}: {why}", [LOADS_SKIPPED])
+    done = f"{len(cases)} launches match the spec (random, windowed and empty block rows), with no stray access"
+    if _device() == "cuda":
+        return done + "; that skipped blocks are never loaded is checked only in Triton's interpreter (CPU), " \
+                      "skipped on this GPU"
+    return done + ", and no K or V load from a block the mask leaves out"
