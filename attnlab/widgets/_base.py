@@ -64,6 +64,25 @@ def rgba_png(fig):
     return buf.getvalue()
 
 
+def blit_png(fig, dynamic, store, first):
+    """PNG of ``fig`` where only the ``dynamic`` artists are redrawn after the first time.
+
+    The first call draws everything else once and keeps it in ``store["background"]``;
+    later calls restore that background and draw just the dynamic artists over it.
+    """
+    if first:
+        for artist in dynamic:
+            artist.set_animated(True)  # left out of a full draw: the background
+        fig.canvas.draw()
+        fig.set_layout_engine("none")
+        store["background"] = fig.canvas.copy_from_bbox(fig.bbox)
+    else:
+        fig.canvas.restore_region(store["background"])
+    for artist in dynamic:
+        fig.draw_artist(artist)
+    return rgba_png(fig)
+
+
 def as_array(x, name):
     """A float64 numpy array from a torch tensor, numpy array or nested list; TypeError naming `name` otherwise."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor without importing torch
@@ -136,17 +155,7 @@ class FigureWidget(widgets.VBox):
             if first:  # keep the constrained layout of the first draw
                 fig.set_layout_engine("none")
             return png
-        if first:
-            for artist in dynamic:
-                artist.set_animated(True)  # left out of a full draw: the background
-            fig.canvas.draw()
-            fig.set_layout_engine("none")
-            live["background"] = fig.canvas.copy_from_bbox(fig.bbox)
-        else:
-            fig.canvas.restore_region(live["background"])
-        for artist in dynamic:
-            fig.draw_artist(artist)
-        return rgba_png(fig)
+        return blit_png(fig, dynamic, live, first)
 
     def _update_state(self):
         """Recompute derived state (text panels etc.) before drawing; subclasses override."""

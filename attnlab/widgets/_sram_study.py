@@ -17,7 +17,7 @@ import time
 import ipywidgets as widgets
 import numpy as np
 
-from attnlab.widgets._base import new_figure, rgba_png
+from attnlab.widgets._base import blit_png, new_figure
 
 SRAM_KIB = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256)  # 192-256 KiB: an A100/H100 SM's shared memory + L1
 LARGE = {"n": 4096, "d": 64, "dtype": "float16", "element_size": 2}
@@ -156,18 +156,7 @@ class SramStudy:
         h = self._live
         self._update(h)
         fig = h["fig"]
-        dynamic = [*h["marks"], h["title"]]
-        if first:
-            for artist in dynamic:
-                artist.set_animated(True)
-            fig.canvas.draw()
-            fig.set_layout_engine("none")
-            h["background"] = fig.canvas.copy_from_bbox(fig.bbox)
-        else:
-            fig.canvas.restore_region(h["background"])
-        for artist in dynamic:
-            fig.draw_artist(artist)
-        self.image.value = rgba_png(fig)
+        self.image.value = blit_png(fig, [*h["marks"], h["title"]], h, first)
         self.last_redraw_ms = 1000 * (time.perf_counter() - t0)
         s = self.summary()
         self.text.value = (
