@@ -20,9 +20,11 @@ numpy, one program at a time. attnlab leans on four of its internals, all here:
    ``GridExecutor`` (to learn each launch's kernel, arguments and program ids). This is
    what :mod:`attnlab.memory` records.
 
-Supported: Triton 3.8.x (:data:`SUPPORTED_TRITON`). On any other version
-:func:`check_triton_version` raises a ``RuntimeError`` saying so, because these internals
-change between releases.
+Supported: Triton 3.8.x, the tested version, and 3.7.x and 3.6.x, on which the kernel and
+tracer tests pass too (:data:`SUPPORTED_TRITON`; 3.6 is what some GPU images ship). On any
+other version :func:`check_triton_version` raises a ``RuntimeError`` saying so, because these
+internals change between releases. Triton 3.6's interpreter also needs numpy older than 2.4
+(it converts one-element arrays to ``int``, which numpy 2.4 refuses): that is checked too.
 """
 
 from __future__ import annotations
@@ -36,24 +38,42 @@ import threading
 import numpy as np
 import torch
 
-SUPPORTED_TRITON = ("3.8",)
+SUPPORTED_TRITON = ("3.8", "3.7", "3.6")
 
 _lock = threading.RLock()
 _interpreted_library: dict = {}
 _LANGUAGE_MODULES = ("triton.language", "triton.language.standard", "triton.language.random", "triton.language.math")
 
 
+# Triton versions whose interpreter needs an older numpy: (triton, first numpy that breaks it)
+_NUMPY_LIMIT = {"3.6": (2, 4)}
+
+
+def interpreter_problem(triton_version: str, numpy_version: str) -> str | None:
+    """Why Triton's interpreter cannot run attnlab's kernels with these versions, or None."""
+    series = next((v for v in SUPPORTED_TRITON if triton_version == v or triton_version.startswith(v + ".")), None)
+    if series is None:
+        return (f"attnlab relies on internals of Triton's interpreter that it has checked for Triton "
+                f"{', '.join(v + '.x' for v in SUPPORTED_TRITON)}; this is Triton {triton_version}. "
+                f"Install the tested version: pip install 'triton==3.8.0'")
+    limit = _NUMPY_LIMIT.get(series)
+    if limit is not None:
+        major_minor = tuple(int(x) for x in numpy_version.split(".")[:2] if x.isdigit())
+        if major_minor >= limit:
+            return (f"Triton {triton_version}'s interpreter fails with numpy {numpy_version} "
+                    f"(numpy {limit[0]}.{limit[1]} refuses int() of a one-element array, which that "
+                    f"interpreter does): pip install 'numpy<{limit[0]}.{limit[1]}', or the tested "
+                    f"set: pip install 'triton==3.8.0' 'numpy==2.4.6'")
+    return None
+
+
 def check_triton_version() -> None:
-    """Raise ``RuntimeError`` unless the installed Triton is one whose interpreter we know."""
+    """Raise ``RuntimeError`` unless the installed Triton (and numpy) can run our interpreter hooks."""
     import triton
 
-    version = getattr(triton, "__version__", "unknown")
-    if not any(version == v or version.startswith(v + ".") for v in SUPPORTED_TRITON):
-        raise RuntimeError(
-            f"attnlab relies on internals of Triton's interpreter that it has checked for Triton "
-            f"{', '.join(v + '.x' for v in SUPPORTED_TRITON)}; this is Triton {version}. "
-            f"Install the tested version: pip install 'triton==3.8.0'"
-        )
+    problem = interpreter_problem(getattr(triton, "__version__", "unknown"), np.__version__)
+    if problem is not None:
+        raise RuntimeError(problem)
 
 
 def _fast_dot(original):

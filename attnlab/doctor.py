@@ -84,6 +84,13 @@ def diagnose():
         except Exception as exc:
             problems.append(f"triton fails to import ({type(exc).__name__}: {exc}): "
                             f"fix: pip install --force-reinstall -c attnlab/constraints.txt triton=={pins.get('triton')}")
+        else:
+            if gpu != "unknown" and _installed("numpy"):  # torch imported: the hooks module can be
+                from attnlab._interp_hooks import interpreter_problem
+
+                problem = interpreter_problem(triton.__version__, _installed("numpy"))
+                if problem is not None:
+                    problems.append(f"the kernels cannot run in Triton's interpreter: {problem}")
     tested = all(_base(_installed(n)) == pins.get(n) for n, _ in CHECKED if n in pins)
     rows.append(("tested set", "yes" if tested else "no (see warnings)"))
     if os.environ.get("TRITON_INTERPRET") not in (None, "", "0") and gpu not in ("none", "unknown"):
