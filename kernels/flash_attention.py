@@ -73,6 +73,7 @@ def _attn_fwd_kernel(
     H, N_Q, N_K, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_N: tl.constexpr,                # Nk % BLOCK_N == 0: no key block runs past the end
 ):
     pid_m = tl.program_id(0)             # which block of BLOCK_M queries
     pid_bh = tl.program_id(1)            # which (batch, head)
@@ -110,21 +111,34 @@ def _attn_fwd_kernel(
         else:
             start_n = it * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
         # read BLOCK_N * d elements of K (keys past Nk masked off)
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=offs_n[:, None] < N_K, other=0.0)
+        if EVEN_N:
+            k = tl.load(k_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), on chip
-        keep = offs_n[None, :] < N_K
+        # masks cost time on every element, so each is applied only to the blocks that need it
+        if not EVEN_N:
+            s = tl.where(offs_n[None, :] < N_K, s, float("-inf"))
         if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        s = tl.where(keep, s, float("-inf"))
+            if start_n + BLOCK_N > pid_m * BLOCK_M + 1:  # the block crosses the diagonal
+                s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
         # online softmax: new max, rescale what was accumulated so far
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: no NaN
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
+        if SPARSE:  # a row may have seen no key yet (m_new = -inf): subtract 0, not -inf, to avoid NaN
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:       # dense: every row sees key 0 in the first block, so m_new is finite
+            m_new_safe = m_new
+        p = tl.math.exp2(s - m_new_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_new_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         # read BLOCK_N * d elements of V
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=offs_n[:, None] < N_K, other=0.0)
+        if EVEN_N:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -180,6 +194,7 @@ def _attn_bwd_dkdv_kernel(
     H, N_Q, N_K, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,   # Nq % BLOCK_M == 0, Nk % BLOCK_N == 0
 ):
     # one program per (block of BLOCK_N keys, batch x head); it loops over query blocks
     pid_n = tl.program_id(0)
@@ -218,21 +233,35 @@ def _attn_bwd_dkdv_kernel(
         else:
             start_m = it * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_rows = offs_m[:, None] < N_Q
-        # read 2 * BLOCK_M * d elements (Q and dO) and 2 * BLOCK_M (L and D)
-        q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], mask=q_rows, other=0.0)
-        lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :]
+        do_ptrs = do_base + offs_m[:, None] * stride_don + offs_d[None, :]
+        # read 2 * BLOCK_M * d elements (Q and dO) and 2 * BLOCK_M (L and D); rows past Nq masked off
+        if EVEN_M:
+            q = tl.load(q_ptrs)
+            lse = tl.load(l_base + offs_m)
+        else:
+            q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
+            lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=0.0)
         # recompute P^T for this tile from Q, K and L (never stored in the forward)
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # empty row: P = 0
+        lse2 = lse * 1.4426950408889634
+        if SPARSE:  # a row that saw no key has L = -inf: make its P 0, not exp2(+inf)
+            lse2 = tl.where(lse == float("-inf"), float("inf"), lse2)
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale      # (BLOCK_N, BLOCK_M)
         p_t = tl.math.exp2(s_t - lse2[None, :])
-        keep = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
+        if not (EVEN_M and EVEN_N):
+            p_t = tl.where((offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K), p_t, 0.0)
         if CAUSAL:
-            keep = keep & (offs_n[:, None] <= offs_m[None, :])
-        p_t = tl.where(keep, p_t, 0.0)
-        do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
+            if start_m < pid_n * BLOCK_N + BLOCK_N - 1:  # the tile crosses the diagonal
+                p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
+        if EVEN_M:
+            do = tl.load(do_ptrs)
+        else:
+            do = tl.load(do_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
         dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)            # dV += P^T dO
-        delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        if EVEN_M:
+            delta = tl.load(delta_base + offs_m)
+        else:
+            delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # (dP)^T = V dO^T
         ds_t = p_t * (dp_t - delta[None, :])                                         # dS = P * (dP - D)
         dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)             # dK += dS^T Q
@@ -258,6 +287,7 @@ def _attn_bwd_dq_kernel(
     H, N_Q, N_K, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_N: tl.constexpr,
 ):
     # one program per (block of BLOCK_M queries, batch x head); the same key blocks as the forward
     pid_m = tl.program_id(0)
@@ -272,7 +302,9 @@ def _attn_bwd_dq_kernel(
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
     lse = tl.load(L + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    lse2 = lse * 1.4426950408889634
+    if SPARSE:  # a row that saw no key: P = 0
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse2)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     qk_scale = sm_scale * 1.4426950408889634
@@ -294,16 +326,24 @@ def _attn_bwd_dq_kernel(
         else:
             start_n = it * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kv_rows = offs_n[:, None] < N_K
-        # read 2 * BLOCK_N * d elements (K and V)
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        # read 2 * BLOCK_N * d elements (K and V); keys past Nk masked off
+        if EVEN_N:
+            k = tl.load(k_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse2[:, None])                  # recomputed P tile
-        keep = (offs_n[None, :] < N_K) & (offs_m[:, None] < N_Q)
+        if not EVEN_N:
+            p = tl.where(offs_n[None, :] < N_K, p, 0.0)
         if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        p = tl.where(keep, p, 0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
+            if start_n + BLOCK_N > pid_m * BLOCK_M + 1:      # the tile crosses the diagonal
+                p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        if EVEN_N:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO V^T
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dQ += dS K
@@ -430,6 +470,7 @@ def _flash_forward(q, k, v, causal, scale, block_m, block_n, kv_num=None, kv_idx
         H, n_q, n_k, scale,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
         CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+        EVEN_N=n_k % block_n == 0,
         **extra,
     )
     return o, lse.squeeze(-1)
@@ -467,6 +508,7 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m, block_n,
         H, n_q, n_k, scale,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
         CAUSAL=bool(causal), SPARSE=q_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+        EVEN_M=n_q % block_m == 0, EVEN_N=n_k % block_n == 0,
         **extra,
     )
     (kn, ki), sp_k = _sparse_args(kv_num, kv_idx)
@@ -482,6 +524,7 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m, block_n,
         H, n_q, n_k, scale,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
         CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+        EVEN_N=n_k % block_n == 0,
         **extra,
     )
     return dq, dk, dv

@@ -51,6 +51,16 @@ def test_flash_ragged_and_seq1(nq, nk, causal):
     _check(flash_attention, q, k, v, causal, 2e-5, 2e-4)  # default interpreter blocks (128 x 128)
 
 
+@pytest.mark.parametrize("nq,nk,bm,bn", [(64, 64, 16, 32), (64, 128, 32, 16), (128, 32, 16, 16), (96, 96, 32, 16),
+                                         (96, 64, 32, 32), (64, 96, 16, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_even_lengths_skip_masks_exactly(nq, nk, bm, bn, causal):
+    # lengths that are multiples of the blocks take the unmasked path (EVEN_M/EVEN_N), and only the
+    # blocks crossing the diagonal apply the causal mask: unequal blocks and Nq != Nk exercise both
+    q, k, v = _qkv(1, 2, nq, nk, 16, seed=nq + 7 * nk)
+    _check(flash_attention, q, k, v, causal, 2e-5, 2e-4, block_m=bm, block_n=bn)
+
+
 @pytest.mark.parametrize("d", [16, 32, 64, 128])
 def test_flash_head_dims(d):
     q, k, v = _qkv(1, 1, 33, 45, d, seed=d)
@@ -185,7 +195,7 @@ def test_native_gpu_path_compiles_without_a_gpu():
     fa = importlib.import_module("attnlab.kernels.flash_attention")
     kernel = fa._attn_fwd_kernel
     bm, bn = fa.default_block_sizes(64, torch.float16, "cuda")
-    consts = dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, SPARSE=True, DOT_PRECISION="tf32")
+    consts = dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, SPARSE=True, DOT_PRECISION="tf32", EVEN_N=False)
     sig, cx = {}, {}
     for i, n in enumerate(inspect.signature(kernel.fn).parameters):
         if n in consts:
