@@ -10,6 +10,11 @@ as in the FlashAttention-2 paper's benchmarks), then block-sparse against dense 
 FLOPs: forward 4 * B * H * N^2 * d (halved when causal), backward 2.5x the forward (the
 convention of the FlashAttention papers), block-sparse counted as the dense FLOPs scaled by
 the density (the work actually needed).
+
+Our kernels run as a learner gets them: autotuned at the first call of each shape (the table
+ends with what the autotuner timed and chose), unless ATTNLAB_AUTOTUNE=0 is set, which takes
+the fixed gpu_config instead. Timings are triton.testing.do_bench's (L2 flushed between
+runs), after a warm-up call that compiles and tunes.
 """
 
 import argparse
@@ -103,6 +108,19 @@ def main():
                   f"{sp[1]:>11.3f} {dense[1]:>10.3f} {dense[1] / sp[1]:>8.2f}")
         del q, k, v
         torch.cuda.empty_cache()
+
+    from attnlab.kernels._runtime import tuning_log
+
+    print("\nAutotuner choices (dense kernels; each candidate's ms per launch, * = chosen; "
+          "blocks m x n / warps / stages)")
+    for entry in tuning_log():
+        kind, d, dt, causal, n_q, n_k = entry["key"][:6]
+        cells = []
+        for cfg, ms, err in entry["timings"]:
+            label = f"{cfg['block_m']}x{cfg['block_n']}/{cfg['num_warps']}/{cfg['num_stages']}"
+            mark = "*" if cfg == entry["best"] else ""
+            cells.append(f"{mark}{label} {'failed: ' + err if err else f'{ms:.3f}'}")
+        print(f"{kind:>4} d={d:<3} causal={str(causal):<5} N<={n_q:<5} | " + " | ".join(cells))
     return 0
 
 

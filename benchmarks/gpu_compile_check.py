@@ -71,7 +71,7 @@ def main():
     if args.arch < 80:
         dtypes = [t for t in dtypes if t != torch.bfloat16]  # no bf16 tensor cores before Ampere
     dims = [64, 128] if args.quick else [16, 32, 64, 128]
-    jobs = []
+    jobs, optional = [], set()
     for dtype in dtypes:
         prec = fa.dot_precision(dtype)
         for d in dims:
@@ -91,6 +91,18 @@ def main():
                     jobs.append((fa._attn_bwd_dkdv_kernel, dtype, dict(cb, EVEN_M=even, EVEN_N=even), none, w_b, s_b))
                     jobs.append((fa._attn_bwd_dq_kernel, dtype, dict(cb, EVEN_N=even), none, w_b, s_b))
             jobs.append((fa._attn_bwd_preprocess_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=bbm), (), 4, 3))
+            # the autotuner's other candidates (dense, even lengths: what it times); one that
+            # does not fit is skipped on a GPU, so here it is reported, not counted as a failure
+            for kind, kernel in (("fwd", fa._attn_fwd_kernel), ("dkdv", fa._attn_bwd_dkdv_kernel),
+                                 ("dq", fa._attn_bwd_dq_kernel)):
+                for cand in fa.gpu_candidates(d, dtype, cap, kind)[1:]:
+                    for causal in (False, True):
+                        c = dict(HEAD_DIM=d, BLOCK_M=cand["block_m"], BLOCK_N=cand["block_n"], CAUSAL=causal,
+                                 SPARSE=False, DOT_PRECISION=prec, EVEN_N=True)
+                        if kind == "dkdv":
+                            c["EVEN_M"] = True
+                        optional.add(len(jobs))
+                        jobs.append((kernel, dtype, c, tuple(INDEX_PTRS), cand["num_warps"], cand["num_stages"]))
             sbm, sbn, sbk = st.standard_block_sizes(d, dtype, "cuda", capability=cap)
             st_stages = 3 if args.arch >= 80 else 1
             jobs.append((st._scores_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=sbm, BLOCK_N=sbn, CAUSAL=True, DOT_PRECISION=prec), (), 4, st_stages))
@@ -99,7 +111,8 @@ def main():
         for block, one in ((1024, True), (sm.MAX_FUSED_BLOCK, True), (sm.MAX_FUSED_BLOCK, False)):
             jobs.append((sm._softmax_kernel, dtype, dict(BLOCK=block, ROWS=1, ONE_PASS=one), (), 4, 3))
         jobs.append((st._softmax_bwd_kernel, dtype, dict(BLOCK=4096, ROWS=1), (), 4, 3))
-    for kernel, dtype, consts, none, warps, stages in jobs:
+    skipped = 0
+    for n, (kernel, dtype, consts, none, warps, stages) in enumerate(jobs):
         ints = ("H", "N_Q", "N_K", "M", "N", "K") if kernel is st._matmul_kernel else ("H", "N_Q", "N_K")
         sig, cx = signature(kernel, dtype, consts, ints=ints, none=none)
         label = f"{kernel.__name__:<28} {TL_NAME[dtype]:>4} " + " ".join(
@@ -108,13 +121,18 @@ def main():
         try:
             k = compile_one(target, kernel, sig, cx, warps, stages)
             shared = k.metadata.shared
-            flag = "OK " if shared <= limit else "TOO MUCH SHARED MEMORY"
-            failures += shared > limit
+            if shared <= limit:
+                flag = "OK "
+            elif n in optional:
+                flag, skipped = "SKIPPED BY THE AUTOTUNER (too much shared memory)", skipped + 1
+            else:
+                flag, failures = "TOO MUCH SHARED MEMORY", failures + 1
             print(f"{flag} {label}  shared {shared / 1024:.0f} KiB  ({time.perf_counter() - t0:.1f} s)")
         except Exception as e:  # report and continue: the point is to see every failure
             failures += 1
             print(f"ERR {label}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
-    print(f"{len(jobs) - failures}/{len(jobs)} compiled within limits")
+    print(f"{len(jobs) - failures - skipped}/{len(jobs)} compiled within limits"
+          + (f"; {skipped} autotuner candidates too big for sm_{args.arch} (skipped there)" if skipped else ""))
     return 1 if failures else 0
 
 

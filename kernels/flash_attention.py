@@ -29,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
+from ._runtime import autotune_enabled, check_interpreter_dtype, dot_precision, jit, tuned_config, use_interpreter
 
-__all__ = ["flash_attention", "naive_attention_reference", "SUPPORTED_HEAD_DIMS", "default_block_sizes", "gpu_config"]
+__all__ = ["flash_attention", "naive_attention_reference", "SUPPORTED_HEAD_DIMS", "default_block_sizes", "gpu_config",
+           "gpu_candidates"]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634  # exp(x) == exp2(x * LOG2E); exp2 is the GPU's native instruction
@@ -362,8 +363,10 @@ INTERPRETER_BLOCKS = (128, 128)
 
 def gpu_config(head_dim: int, dtype: torch.dtype, capability=(9, 0), backward: bool = False) -> dict:
     """Launch configuration on an NVIDIA GPU of compute ``capability``:
-    {"block_m", "block_n", "num_warps", "num_stages"}. Checked to compile within shared memory
-    for sm_75, sm_80 and sm_90 by ``benchmarks/gpu_compile_check.py``; not autotuned."""
+    {"block_m", "block_n", "num_warps", "num_stages"}. The fixed default: used with
+    ``ATTNLAB_AUTOTUNE=0`` or explicit block sizes, and the autotuner's first candidate.
+    Checked to compile within shared memory for sm_75, sm_80 and sm_90 by
+    ``benchmarks/gpu_compile_check.py``."""
     if dtype == torch.float32:
         bm, bn = (32, 32) if (backward or head_dim > 64) else (64, 32)
         warps = 4
@@ -388,19 +391,64 @@ def _capability(device):
 
 
 def default_block_sizes(head_dim: int, dtype: torch.dtype, device, backward: bool = False) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) the kernels use by default on ``device`` (interpreter or GPU)."""
+    """(BLOCK_M, BLOCK_N) of the fixed default on ``device`` (interpreter or GPU; on a GPU the
+    autotuner may pick others, see :func:`gpu_candidates`)."""
     if use_interpreter(device):
         return INTERPRETER_BLOCKS
     cfg = gpu_config(head_dim, dtype, _capability(device), backward)
     return cfg["block_m"], cfg["block_n"]
 
 
-def _launch_options(q, backward):
-    """num_warps / num_stages for a native launch (nothing for the interpreter)."""
+def gpu_candidates(head_dim: int, dtype: torch.dtype, capability=(9, 0), kernel: str = "fwd") -> list[dict]:
+    """The configurations the autotuner times for ``kernel`` ("fwd", "dkdv" or "dq") on a GPU:
+    :func:`gpu_config`'s default first, then a few of the shapes Triton's fused-attention
+    tutorial tries. A candidate that does not fit a GPU's shared memory is skipped there."""
+    default = gpu_config(head_dim, dtype, capability, backward=kernel != "fwd")
+
+    def cfg(bm, bn, warps, stages):
+        return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
+
+    if tuple(capability) < (8, 0):
+        extra = [cfg(64, 32, 4, 1), cfg(32, 32, 4, 1)]
+    elif dtype == torch.float32:
+        extra = [cfg(64, 32, 4, 2), cfg(32, 64, 4, 2), cfg(32, 32, 4, 3)]
+    elif kernel == "fwd":       # BLOCK_M queries per program, a loop over BLOCK_N keys
+        extra = [cfg(128, 128, 8, 3), cfg(128, 64, 8, 3), cfg(128, 32, 4, 4), cfg(64, 64, 4, 4)]
+    elif kernel == "dkdv":      # BLOCK_N keys per program, a loop over BLOCK_M queries
+        extra = [cfg(32, 128, 4, 3), cfg(64, 128, 8, 2), cfg(32, 64, 4, 3)]
+    else:                       # dq: BLOCK_M queries per program, a loop over BLOCK_N keys
+        extra = [cfg(128, 32, 4, 3), cfg(128, 64, 8, 2), cfg(64, 32, 4, 3)]
+    out = []
+    for c in [default] + extra:
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def _pow2(n):
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _config(kernel, q, n_q, n_k, causal, block_m, block_n, launch):
+    """The launch configuration of ``kernel``: {"block_m", "block_n"}, plus num_warps and
+    num_stages for a native launch. Block sizes the caller fixed are kept; otherwise the
+    interpreter takes :data:`INTERPRETER_BLOCKS` and a GPU the autotuner's choice (or
+    :func:`gpu_config` with ``ATTNLAB_AUTOTUNE=0``)."""
     if use_interpreter(q.device):
-        return {}
-    cfg = gpu_config(q.shape[-1], q.dtype, _capability(q.device), backward)
-    return {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+        bm, bn = INTERPRETER_BLOCKS if block_m is None else (block_m, block_n)
+        return {"block_m": bm, "block_n": bn}
+    d, cap = q.shape[-1], _capability(q.device)
+    if block_m is None and autotune_enabled():
+        key = (kernel, d, q.dtype, bool(causal), _pow2(n_q), _pow2(n_k), tuple(cap), str(q.device))
+        return tuned_config(key, gpu_candidates(d, q.dtype, cap, kernel), launch)
+    config = gpu_config(d, q.dtype, cap, backward=kernel != "fwd")
+    if block_m is not None:
+        config = dict(config, block_m=block_m, block_n=block_n)
+    return config
+
+
+def _native_options(config):
+    return {k: config[k] for k in ("num_warps", "num_stages") if k in config}
 
 
 def _validate_qkv(q, k, v, scale):
@@ -450,35 +498,40 @@ def _sparse_args(num, idx):
     return (num, idx), (num.stride(0), num.stride(1), idx.stride(0), idx.stride(1), idx.stride(2))
 
 
-def _flash_forward(q, k, v, causal, scale, block_m, block_n, kv_num=None, kv_idx=None):
-    """Launch the forward kernel. Returns o (B, H, Nq, d) and lse (B, H, Nq) float32."""
+def _flash_forward(q, k, v, causal, scale, block_m=None, block_n=None, kv_num=None, kv_idx=None):
+    """Launch the forward kernel. Returns o (B, H, Nq, d) and lse (B, H, Nq) float32.
+    Block sizes None: chosen by :func:`_config`."""
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
     o = torch.empty_like(q)
     lse = torch.empty((B, H, n_q, 1), device=q.device, dtype=torch.float32)
     (num, idx), sp = _sparse_args(kv_num, kv_idx)
-    grid = (triton.cdiv(n_q, block_m), B * H)
-    extra = _launch_options(q, backward=False)
-    _attn_fwd_kernel[grid](
-        q, k, v, o, lse, num, idx,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        o.stride(0), o.stride(1), o.stride(2),
-        lse.stride(0), lse.stride(1),
-        *sp,
-        H, n_q, n_k, scale,
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
-        EVEN_N=n_k % block_n == 0,
-        **extra,
-    )
+
+    def launch(config):
+        bm, bn = config["block_m"], config["block_n"]
+        _attn_fwd_kernel[(triton.cdiv(n_q, bm), B * H)](
+            q, k, v, o, lse, num, idx,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            o.stride(0), o.stride(1), o.stride(2),
+            lse.stride(0), lse.stride(1),
+            *sp,
+            H, n_q, n_k, scale,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
+            CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+            EVEN_N=n_k % bn == 0,
+            **_native_options(config),
+        )
+
+    launch(_config("fwd", q, n_q, n_k, causal, block_m, block_n, launch))
     return o, lse.squeeze(-1)
 
 
-def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m, block_n,
+def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m=None, block_n=None,
                     kv_num=None, kv_idx=None, q_num=None, q_idx=None):
-    """Launch the three backward kernels. Returns dq, dk, dv."""
+    """Launch the three backward kernels. Returns dq, dk, dv. Block sizes None: chosen by
+    :func:`_config`, separately for the dK/dV and the dQ kernel."""
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
     do = do.contiguous()
@@ -487,46 +540,55 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m, block_n,
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    extra = _launch_options(q, backward=True)
-    grid_m = (triton.cdiv(n_q, block_m), B * H)
-    _attn_bwd_preprocess_kernel[grid_m](
+    pre_m = block_m if block_m is not None else (INTERPRETER_BLOCKS[0] if use_interpreter(q.device) else 64)
+    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_m), B * H)](
         o, do, delta,
         o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), delta.stride(0), delta.stride(1),
-        H, n_q, HEAD_DIM=d, BLOCK_M=block_m,
+        H, n_q, HEAD_DIM=d, BLOCK_M=pre_m,
     )
     (qn, qi), sp_q = _sparse_args(q_num, q_idx)
-    _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), B * H)](
-        q, k, v, do, lse, delta, dk, dv, qn, qi,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        do.stride(0), do.stride(1), do.stride(2),
-        lse.stride(0), lse.stride(1),
-        dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2),
-        *sp_q,
-        H, n_q, n_k, scale,
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=bool(causal), SPARSE=q_num is not None, DOT_PRECISION=dot_precision(q.dtype),
-        EVEN_M=n_q % block_m == 0, EVEN_N=n_k % block_n == 0,
-        **extra,
-    )
+
+    def launch_dkdv(config):
+        bm, bn = config["block_m"], config["block_n"]
+        _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, bn), B * H)](
+            q, k, v, do, lse, delta, dk, dv, qn, qi,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            do.stride(0), do.stride(1), do.stride(2),
+            lse.stride(0), lse.stride(1),
+            dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2),
+            *sp_q,
+            H, n_q, n_k, scale,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
+            CAUSAL=bool(causal), SPARSE=q_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+            EVEN_M=n_q % bm == 0, EVEN_N=n_k % bn == 0,
+            **_native_options(config),
+        )
+
     (kn, ki), sp_k = _sparse_args(kv_num, kv_idx)
-    _attn_bwd_dq_kernel[grid_m](
-        q, k, v, do, lse, delta, dq, kn, ki,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        do.stride(0), do.stride(1), do.stride(2),
-        lse.stride(0), lse.stride(1),
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        *sp_k,
-        H, n_q, n_k, scale,
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
-        EVEN_N=n_k % block_n == 0,
-        **extra,
-    )
+
+    def launch_dq(config):
+        bm, bn = config["block_m"], config["block_n"]
+        _attn_bwd_dq_kernel[(triton.cdiv(n_q, bm), B * H)](
+            q, k, v, do, lse, delta, dq, kn, ki,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            do.stride(0), do.stride(1), do.stride(2),
+            lse.stride(0), lse.stride(1),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            *sp_k,
+            H, n_q, n_k, scale,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
+            CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+            EVEN_N=n_k % bn == 0,
+            **_native_options(config),
+        )
+
+    launch_dkdv(_config("dkdv", q, n_q, n_k, causal, block_m, block_n, launch_dkdv))
+    launch_dq(_config("dq", q, n_q, n_k, causal, block_m, block_n, launch_dq))
     return dq, dk, dv
 
 
@@ -558,8 +620,10 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, bloc
 
     q: (B, H, Nq, d), k and v: (B, H, Nk, d); d in 16, 32, 64, 128; float32 or float16
     (bfloat16 on a GPU). Returns o (B, H, Nq, d), and lse (B, H, Nq) float32 (natural log)
-    when ``return_lse``. ``block_m``/``block_n`` override the block sizes (forward and
-    backward alike); by default the interpreter uses 128 x 128 and a GPU smaller tiles.
+    when ``return_lse``. ``block_m``/``block_n`` fix the block sizes (forward and backward
+    alike). By default the interpreter uses 128 x 128, and a GPU the fastest of a few
+    configurations (:func:`gpu_candidates`), timed at the first call for each shape, as
+    ``@triton.autotune`` does; ``ATTNLAB_AUTOTUNE=0`` takes :func:`gpu_config`'s instead.
 
     Example: ``o = flash_attention(q, k, v, causal=True)``
     """
@@ -569,8 +633,7 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, bloc
     d = q.shape[-1]
     scale = float(d ** -0.5 if scale is None else scale)
     if block_m is None and block_n is None:
-        blocks_fwd = default_block_sizes(d, q.dtype, q.device)
-        blocks_bwd = default_block_sizes(d, q.dtype, q.device, backward=True)
+        blocks_fwd = blocks_bwd = (None, None)    # chosen at launch, per kernel
     else:
         dm, dn = default_block_sizes(d, q.dtype, q.device)
         blocks_fwd = blocks_bwd = (dm if block_m is None else block_m, dn if block_n is None else block_n)

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from attnlab.kernels import flash_attention, softmax, standard_attention
 from attnlab.kernels.flash_attention import default_block_sizes
 
+fa_mod = importlib.import_module("attnlab.kernels.flash_attention")  # the module (the package exports the function)
+
 
 def _qkv(b, h, nq, nk, d, dtype=torch.float32, seed=0, scale=1.0, grad=True):
     g = torch.Generator().manual_seed(seed)
@@ -218,3 +220,58 @@ def test_native_gpu_path_compiles_without_a_gpu():
             pytest.skip(f"Triton's CUDA toolchain is not available: {e}")
         raise
     assert "cubin" in compiled.asm and compiled.metadata.shared <= 227 * 1024
+
+
+def test_tuner_picks_the_fastest_skips_failures_and_remembers(monkeypatch):
+    from attnlab.kernels import _runtime
+
+    monkeypatch.setattr(_runtime, "_tuned", {})
+    monkeypatch.setattr(_runtime, "_tuning_log", [])
+    launched = []
+    times = {"a": 3.0, "b": 1.0, "c": 0.5}
+
+    def launch(cfg):
+        launched.append(cfg["name"])
+        if cfg["name"] == "c":
+            raise RuntimeError("out of resources: shared memory")
+
+    def bench(fn):
+        fn()
+        return times[launched[-1]]
+
+    cands = [{"name": "a"}, {"name": "b"}, {"name": "c"}]
+    assert _runtime.tuned_config("k", cands, launch, bench) == {"name": "b"}  # c was faster but failed
+    assert launched == ["a", "b", "c"]
+    assert _runtime.tuned_config("k", cands, launch, bench) == {"name": "b"} and len(launched) == 3  # cached
+    log = _runtime.tuning_log()[-1]
+    assert log["best"] == {"name": "b"} and log["timings"][2] == ({"name": "c"}, float("inf"), "RuntimeError")
+
+    def broken(cfg):
+        raise RuntimeError("no")
+
+    assert _runtime.tuned_config("k2", cands, broken, bench) == {"name": "a"}  # all fail: the default
+
+
+def test_gpu_launches_are_autotuned_unless_blocks_are_fixed(monkeypatch):
+    # the routing of a native launch, checked on the CPU by pretending q is on a GPU
+    seen = []
+
+    def fake_tuned(key, candidates, launch):
+        seen.append((key, candidates))
+        return candidates[-1]
+
+    monkeypatch.setattr(fa_mod, "use_interpreter", lambda device: False)
+    monkeypatch.setattr(fa_mod, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(fa_mod, "tuned_config", fake_tuned)
+    q = torch.empty(1, 2, 1000, 64, dtype=torch.float16)
+    for kernel in ("fwd", "dkdv", "dq"):
+        cfg = fa_mod._config(kernel, q, 1000, 1000, True, None, None, launch=None)
+        key, cands = seen[-1]
+        assert key[:6] == (kernel, 64, torch.float16, True, 1024, 1024) and cfg == cands[-1]
+        assert cands[0] == fa_mod.gpu_config(64, torch.float16, (9, 0), backward=kernel != "fwd")
+        assert len(cands) == len({tuple(sorted(c.items())) for c in cands}) >= 3
+    fixed = fa_mod._config("fwd", q, 1000, 1000, True, 32, 64, launch=None)
+    assert (fixed["block_m"], fixed["block_n"]) == (32, 64) and "num_warps" in fixed and len(seen) == 3
+    monkeypatch.setenv("ATTNLAB_AUTOTUNE", "0")
+    assert fa_mod._config("dq", q, 1000, 1000, False, None, None, launch=None) == fa_mod.gpu_config(
+        64, torch.float16, (9, 0), backward=True) and len(seen) == 3
