@@ -379,6 +379,8 @@ def gpu_config(head_dim: int, dtype: torch.dtype, capability=(9, 0), backward: b
     stages = 2 if (backward or head_dim > 64) else 3
     if tuple(capability) < (8, 0):  # Turing/Volta: 64 KiB of shared memory, no async copies
         bm, bn = min(bm, 64), min(bn, 32 if head_dim >= 128 else 64)
+        if dtype == torch.float32 and backward and head_dim >= 128:
+            bm = 16  # four fp32 tiles of 32 x 128 are 64 KiB already
         stages = 1
     return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
 

@@ -181,9 +181,12 @@ def test_kernels_run_in_interpreter_without_env(monkeypatch):
     assert math.isfinite(float(flash_attention(*_good()).sum()))
 
 
-def test_native_gpu_path_compiles_without_a_gpu():
-    """Lower the forward kernel (fp16, causal, block-sparse, the GPU's block sizes) to a cubin for
-    sm_90 with Triton's bundled toolchain: catches breakage of the compiled path on a CPU machine."""
+def _compile_for_gpu(kernel, consts, dtype, arch, num_warps, num_stages):
+    """Lower ``kernel`` to a cubin for sm_``arch`` with Triton's bundled toolchain, no GPU needed.
+
+    Pointers, strides and lengths are marked divisible by 16, as the JIT specialises a launch
+    on contiguous tensors: only then are loads pipelined through shared memory (cp.async), so
+    only then is the reported shared memory what a real launch needs."""
     import inspect
 
     import triton
@@ -194,32 +197,61 @@ def test_native_gpu_path_compiles_without_a_gpu():
         from triton.backends.compiler import GPUTarget
     except ImportError as e:  # pragma: no cover
         pytest.skip(f"no Triton GPU backend: {e}")
-    fa = importlib.import_module("attnlab.kernels.flash_attention")
-    kernel = fa._attn_fwd_kernel
-    bm, bn = fa.default_block_sizes(64, torch.float16, "cuda")
-    consts = dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, SPARSE=True, DOT_PRECISION="tf32", EVEN_N=False)
-    sig, cx = {}, {}
+    elem = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
+    sig, cx, attrs = {}, {}, {}
     for i, n in enumerate(inspect.signature(kernel.fn).parameters):
         if n in consts:
             sig[n], cx[(i,)] = "constexpr", consts[n]
-        elif n == "sm_scale":
+            continue
+        if n in ("KV_NUM", "KV_IDX", "Q_NUM", "Q_IDX") and not consts.get("SPARSE"):
+            sig[n], cx[(i,)] = "constexpr", None
+            continue
+        if n == "sm_scale":
             sig[n] = "fp32"
-        elif n in ("KV_NUM", "KV_IDX"):
+            continue
+        if n in ("KV_NUM", "KV_IDX", "Q_NUM", "Q_IDX"):
             sig[n] = "*i32"
-        elif n == "L":
+        elif n in ("L", "DELTA"):
             sig[n] = "*fp32"
         elif n.isupper() and n not in ("H", "N_Q", "N_K"):
-            sig[n] = "*fp16"
+            sig[n] = elem
         else:
             sig[n] = "i32"
+        if n != "H":
+            attrs[(i,)] = [["tt.divisibility", 16]]
     try:
-        compiled = triton.compile(ASTSource(JITFunction(kernel.fn), sig, cx), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4, "num_stages": 3})
+        return triton.compile(ASTSource(JITFunction(kernel.fn), sig, cx, attrs), target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
     except (RuntimeError, FileNotFoundError) as e:  # pragma: no cover - toolchain missing from this triton build
         if "ptxas" in str(e) or "not found" in str(e).lower():
             pytest.skip(f"Triton's CUDA toolchain is not available: {e}")
         raise
+
+
+def test_native_gpu_path_compiles_without_a_gpu():
+    """The forward kernel (fp16, causal, block-sparse, the GPU's block sizes) lowered for sm_90:
+    catches breakage of the compiled path on a CPU machine."""
+    bm, bn = fa_mod.default_block_sizes(64, torch.float16, "cuda")
+    consts = dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, SPARSE=True, DOT_PRECISION="tf32", EVEN_N=False)
+    compiled = _compile_for_gpu(fa_mod._attn_fwd_kernel, consts, torch.float16, 90, 4, 3)
     assert "cubin" in compiled.asm and compiled.metadata.shared <= 227 * 1024
+    assert "cp.async" in compiled.asm["ptx"] and "wgmma" in compiled.asm["ptx"]  # pipelined loads, Hopper MMA
+
+
+@pytest.mark.parametrize("arch,dtype,kind", [(75, torch.float32, "dkdv"), (75, torch.float16, "fwd"),
+                                             (80, torch.float16, "dkdv"), (90, torch.bfloat16, "fwd")])
+def test_default_gpu_configs_fit_shared_memory(arch, dtype, kind):
+    # the largest (head dim 128) default launch of each kernel must fit the GPU's shared memory:
+    # a T4 (sm_75, Colab's free GPU) has 64 KiB, an A100 163 KiB, an H100/H200 227 KiB
+    limit = {75: 64, 80: 163, 90: 227}[arch] * 1024
+    cfg = fa_mod.gpu_config(128, dtype, (arch // 10, arch % 10), backward=kind != "fwd")
+    kernel = {"fwd": fa_mod._attn_fwd_kernel, "dkdv": fa_mod._attn_bwd_dkdv_kernel}[kind]
+    consts = dict(HEAD_DIM=128, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], CAUSAL=True, SPARSE=False,
+                  DOT_PRECISION=fa_mod.dot_precision(dtype), EVEN_N=True)
+    if kind == "dkdv":
+        consts["EVEN_M"] = True
+    compiled = _compile_for_gpu(kernel, consts, dtype, arch, cfg["num_warps"], cfg["num_stages"])
+    assert compiled.metadata.shared <= limit, (cfg, compiled.metadata.shared)
 
 
 def test_tuner_picks_the_fastest_skips_failures_and_remembers(monkeypatch):
