@@ -6,8 +6,9 @@ Triton can lower a kernel to PTX and a cubin with its bundled ptxas on a machine
 GPU. This script does that for the launch configurations the wrappers actually use on a
 GPU (block sizes, warps, stages from ``gpu_config`` and ``standard_block_sizes``; fp16, bf16 and
 fp32; head dims 16 to 128; causal, sparse), and prints each kernel's shared memory next to
-the target's limit. It catches compile errors and shared-memory overflows of the native
-path on a CPU-only machine; it does not run anything and says nothing about speed.
+the target's limit, with the registers per thread and any spills that ptxas reports. It
+catches compile errors, shared-memory overflows and register spills of the native path on a
+CPU-only machine; it does not run anything and says nothing else about speed.
 """
 
 import argparse
@@ -67,6 +68,30 @@ def compile_one(target, kernel, sig, constexprs, num_warps, num_stages, attrs=No
     return triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
+def registers(ptx, arch):
+    """(registers per thread, spilled bytes) from ptxas -v on ``ptx``: a spill to local memory
+    in an attention kernel's loop costs more than any launch-configuration choice gains."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return None, None
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+        err = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", f.name, "-o", os.devnull],
+                             capture_output=True, text=True).stderr
+    finally:
+        os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", err)
+    spills = re.search(r"(\d+) bytes spill stores", err)
+    return (int(regs.group(1)) if regs else None), (int(spills.group(1)) if spills else None)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (80 = A100, 90 = H100/H200, 75 = T4)")
@@ -118,9 +143,10 @@ def main():
             jobs.append((st._pv_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=sbm, BLOCK_N=sbn, DOT_PRECISION=prec), (), 4, st_stages))
         jobs.append((st._matmul_kernel, dtype, dict(BLOCK_M=sbm, BLOCK_N=sbn, BLOCK_K=sbk, DOT_PRECISION=prec), (), 4, st_stages))
         for block, one in ((1024, True), (sm.MAX_FUSED_BLOCK, True), (sm.MAX_FUSED_BLOCK, False)):
-            jobs.append((sm._softmax_kernel, dtype, dict(BLOCK=block, ROWS=1, ONE_PASS=one), (), 4, 3))
-        jobs.append((st._softmax_bwd_kernel, dtype, dict(BLOCK=4096, ROWS=1), (), 4, 3))
-    skipped = 0
+            jobs.append((sm._softmax_kernel, dtype, dict(BLOCK=block, ROWS=1, ONE_PASS=one), (), sm.softmax_num_warps(block), 3))
+        for block in (4096, sm.MAX_FUSED_BLOCK):
+            jobs.append((st._softmax_bwd_kernel, dtype, dict(BLOCK=block, ROWS=1), (), sm.softmax_num_warps(block), 3))
+    skipped = spilled = 0
     for n, (kernel, dtype, consts, none, warps, stages) in enumerate(jobs):
         ints = ("H", "N_Q", "N_K", "M", "N", "K") if kernel is st._matmul_kernel else ("H", "N_Q", "N_K")
         sig, cx, attrs = signature(kernel, dtype, consts, ints=ints, none=none)
@@ -136,12 +162,16 @@ def main():
                 flag, skipped = "SKIPPED BY THE AUTOTUNER (too much shared memory)", skipped + 1
             else:
                 flag, failures = "TOO MUCH SHARED MEMORY", failures + 1
-            print(f"{flag} {label}  shared {shared / 1024:.0f} KiB  ({time.perf_counter() - t0:.1f} s)")
+            regs, spills = registers(k.asm["ptx"], args.arch)
+            spilled += bool(spills)
+            print(f"{flag} {label}  shared {shared / 1024:.0f} KiB, {regs} registers"
+                  f"{f', SPILLS {spills} bytes' if spills else ''}  ({time.perf_counter() - t0:.1f} s)")
         except Exception as e:  # report and continue: the point is to see every failure
             failures += 1
             print(f"ERR {label}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
     print(f"{len(jobs) - failures - skipped}/{len(jobs)} compiled within limits"
-          + (f"; {skipped} autotuner candidates too big for sm_{args.arch} (skipped there)" if skipped else ""))
+          + (f"; {skipped} autotuner candidates too big for sm_{args.arch} (skipped there)" if skipped else "")
+          + f"; {spilled} spill registers to local memory")
     return 1 if failures else 0
 
 

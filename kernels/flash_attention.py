@@ -367,21 +367,24 @@ def gpu_config(head_dim: int, dtype: torch.dtype, capability=(9, 0), backward: b
     ``ATTNLAB_AUTOTUNE=0`` or explicit block sizes, and the autotuner's first candidate.
     Checked to compile within shared memory for sm_75, sm_80 and sm_90 by
     ``benchmarks/gpu_compile_check.py``."""
-    if dtype == torch.float32:
+    if dtype == torch.float32:  # exact fp32 products (no tensor cores): small tiles, 8 warps, no spills
         bm, bn = (32, 32) if (backward or head_dim > 64) else (64, 32)
-        warps = 4
-    elif backward:
-        bm, bn = (64, 64) if head_dim <= 64 else (32, 64)
+        warps = 8
+    elif backward:  # 64 x 64 keeps both backward kernels on Hopper's wgmma (it needs 64-row tiles)
+        bm, bn = 64, 64
         warps = 8 if head_dim >= 128 else 4
     else:
         bm, bn = 128, 64
         warps = 8 if head_dim >= 128 else 4
     stages = 2 if (backward or head_dim > 64) else 3
-    if tuple(capability) < (8, 0):  # Turing/Volta: 64 KiB of shared memory, no async copies
-        bm, bn = min(bm, 64), min(bn, 32 if head_dim >= 128 else 64)
-        if dtype == torch.float32 and backward and head_dim >= 128:
-            bm = 16  # four fp32 tiles of 32 x 128 are 64 KiB already
-        stages = 1
+    if tuple(capability) < (8, 0):
+        # Turing/Volta (a T4): 64 KiB of shared memory, no async copies, and Triton's mma.sync
+        # code needs many registers there: these tiles are the ones ptxas compiles for sm_75
+        # without spilling (or spilling least), checked by benchmarks/gpu_compile_check.py
+        bm = 64 if (not backward and head_dim <= 64) else 32
+        if backward and head_dim >= 128 and dtype == torch.float32:
+            bm = 16
+        bn, warps, stages = 32, 8, 1
     return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
 
 
@@ -411,15 +414,17 @@ def gpu_candidates(head_dim: int, dtype: torch.dtype, capability=(9, 0), kernel:
         return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
 
     if tuple(capability) < (8, 0):
-        extra = [cfg(64, 32, 4, 1), cfg(32, 32, 4, 1)]
+        extra = [cfg(32, 32, 8, 1), cfg(64, 32, 8, 1), cfg(32, 64, 8, 1)]
     elif dtype == torch.float32:
-        extra = [cfg(64, 32, 4, 2), cfg(32, 64, 4, 2), cfg(32, 32, 4, 3)]
+        extra = [cfg(64, 32, 8, 2), cfg(32, 64, 8, 2), cfg(32, 32, 4, 3)]
     elif kernel == "fwd":       # BLOCK_M queries per program, a loop over BLOCK_N keys
         extra = [cfg(128, 128, 8, 3), cfg(128, 64, 8, 3), cfg(128, 32, 4, 4), cfg(64, 64, 4, 4)]
+    # all without register spills for head dims 64 and 128 on sm_90 (ptxas -v)
     elif kernel == "dkdv":      # BLOCK_N keys per program, a loop over BLOCK_M queries
-        extra = [cfg(32, 128, 4, 3), cfg(64, 128, 8, 2), cfg(32, 64, 4, 3)]
+        extra = [cfg(32, 128, 8, 3), cfg(64, 64, 8, 3),
+                 cfg(64, 128, 8, 2) if head_dim <= 64 else cfg(32, 64, 4, 3)]
     else:                       # dq: BLOCK_M queries per program, a loop over BLOCK_N keys
-        extra = [cfg(128, 32, 4, 3), cfg(128, 64, 8, 2), cfg(64, 32, 4, 3)]
+        extra = [cfg(128, 32, 8, 3), cfg(128, 64, 8, 2), cfg(64, 64, 8, 2)]
     out = []
     for c in [default] + extra:
         if c not in out:

@@ -113,6 +113,14 @@ def softmax_block_size(n_cols: int) -> tuple[int, bool]:
     return MAX_FUSED_BLOCK, False
 
 
+def softmax_num_warps(block: int) -> int:
+    """Warps per program on a GPU: a row of ``block`` floats is spread over the program's
+    threads, and with 4 warps a 16384-wide block is 128 values per thread, more than the
+    registers hold (ptxas spills them to local memory). Triton's softmax tutorial scales the
+    warps with the block in the same way."""
+    return 4 if block < 2048 else 8 if block < 8192 else 16
+
+
 def rows_per_program(block: int, device) -> int:
     """How many rows one program of the row-wise kernels handles."""
     return max(1, INTERPRETER_TILE // block) if use_interpreter(device) else 1
@@ -125,10 +133,12 @@ def _launch_softmax(s: torch.Tensor, p: torch.Tensor) -> None:
     rows = rows_per_program(block, s.device)
     n_prog = triton.cdiv(n_rows, rows)
     if use_interpreter(s.device):
-        grid = (n_prog,)
+        grid, extra = (n_prog,), {}
     else:
         grid = (min(n_prog, 8 * torch.cuda.get_device_properties(s.device).multi_processor_count),)
-    _softmax_kernel[grid](s, p, s.stride(0), p.stride(0), n_rows, n_cols, BLOCK=block, ROWS=rows, ONE_PASS=one_pass)
+        extra = {"num_warps": softmax_num_warps(block)}
+    _softmax_kernel[grid](s, p, s.stride(0), p.stride(0), n_rows, n_cols, BLOCK=block, ROWS=rows, ONE_PASS=one_pass,
+                          **extra)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
 from .flash_attention import _capability, _check_blocks, _validate_qkv
-from .softmax import _launch_softmax, rows_per_program
+from .softmax import _launch_softmax, rows_per_program, softmax_num_warps
 
 __all__ = ["standard_attention", "standard_block_sizes"]
 
@@ -222,7 +222,9 @@ def _standard_backward(do, q, k, v, p, scale, blocks):
     _matmul(do3, v3.transpose(1, 2), dp.view(L, n_q, n_k), 1.0, blocks)             # dP = dO V^T
     block = triton.next_power_of_2(n_k)
     rows = rows_per_program(block, q.device)
-    _softmax_bwd_kernel[(triton.cdiv(L * n_q, rows),)](p, dp, ds, n_k, L * n_q, n_k, scale, BLOCK=block, ROWS=rows)  # dS
+    extra = {} if use_interpreter(q.device) else {"num_warps": softmax_num_warps(block)}
+    _softmax_bwd_kernel[(triton.cdiv(L * n_q, rows),)](p, dp, ds, n_k, L * n_q, n_k, scale, BLOCK=block, ROWS=rows,
+                                                       **extra)  # dS
     _matmul(ds.view(L, n_q, n_k), k3, dq.view(L, n_q, d), 1.0, blocks)              # dQ = dS K
     _matmul(ds.view(L, n_q, n_k).transpose(1, 2), q3, dk.view(L, n_k, d), 1.0, blocks)  # dK = dS^T Q
     return dq, dk, dv

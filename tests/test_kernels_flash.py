@@ -239,13 +239,14 @@ def test_native_gpu_path_compiles_without_a_gpu():
 
 
 @pytest.mark.parametrize("arch,dtype,kind", [(75, torch.float32, "dkdv"), (75, torch.float16, "fwd"),
-                                             (80, torch.float16, "dkdv"), (90, torch.bfloat16, "fwd")])
+                                             (75, torch.float16, "dq"), (80, torch.float16, "dkdv"),
+                                             (90, torch.bfloat16, "fwd")])
 def test_default_gpu_configs_fit_shared_memory(arch, dtype, kind):
     # the largest (head dim 128) default launch of each kernel must fit the GPU's shared memory:
     # a T4 (sm_75, Colab's free GPU) has 64 KiB, an A100 163 KiB, an H100/H200 227 KiB
     limit = {75: 64, 80: 163, 90: 227}[arch] * 1024
     cfg = fa_mod.gpu_config(128, dtype, (arch // 10, arch % 10), backward=kind != "fwd")
-    kernel = {"fwd": fa_mod._attn_fwd_kernel, "dkdv": fa_mod._attn_bwd_dkdv_kernel}[kind]
+    kernel = {"fwd": fa_mod._attn_fwd_kernel, "dkdv": fa_mod._attn_bwd_dkdv_kernel, "dq": fa_mod._attn_bwd_dq_kernel}[kind]
     consts = dict(HEAD_DIM=128, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], CAUSAL=True, SPARSE=False,
                   DOT_PRECISION=fa_mod.dot_precision(dtype), EVEN_N=True)
     if kind == "dkdv":
