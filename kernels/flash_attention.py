@@ -32,7 +32,7 @@ import triton.language as tl
 from ._runtime import autotune_enabled, check_interpreter_dtype, dot_precision, jit, tuned_config, use_interpreter
 
 __all__ = ["flash_attention", "naive_attention_reference", "SUPPORTED_HEAD_DIMS", "default_block_sizes", "gpu_config",
-           "gpu_candidates"]
+           "gpu_candidates", "fixed_block_candidates"]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634  # exp(x) == exp2(x * LOG2E); exp2 is the GPU's native instruction
@@ -445,17 +445,48 @@ def _config(kernel, q, n_q, n_k, causal, block_m, block_n, launch):
         bm, bn = INTERPRETER_BLOCKS if block_m is None else (block_m, block_n)
         return {"block_m": bm, "block_n": bn}
     d, cap = q.shape[-1], _capability(q.device)
-    if block_m is None and autotune_enabled():
-        key = (kernel, d, q.dtype, bool(causal), _pow2(n_q), _pow2(n_k), tuple(cap), str(q.device))
-        return tuned_config(key, gpu_candidates(d, q.dtype, cap, kernel), launch)
-    config = gpu_config(d, q.dtype, cap, backward=kernel != "fwd")
-    if block_m is not None:
-        config = dict(config, block_m=block_m, block_n=block_n)
-    return config
+    if block_m is None:
+        if autotune_enabled():
+            key = (kernel, d, q.dtype, bool(causal), _pow2(n_q), _pow2(n_k), tuple(cap), str(q.device))
+            return tuned_config(key, gpu_candidates(d, q.dtype, cap, kernel), launch)
+        return gpu_config(d, q.dtype, cap, backward=kernel != "fwd")
+    # block sizes fixed by the caller (or by a block mask): only warps and stages are free
+    candidates = fixed_block_candidates(block_m, block_n, d, q.dtype, cap, backward=kernel != "fwd")
+    if autotune_enabled():
+        key = (kernel, d, q.dtype, bool(causal), _pow2(n_q), _pow2(n_k), tuple(cap), str(q.device), block_m, block_n)
+        return tuned_config(key, candidates, launch)
+    return candidates[0]
+
+
+def fixed_block_candidates(block_m, block_n, head_dim, dtype, capability=(9, 0), backward=False) -> list[dict]:
+    """Warps and stages to try when the block sizes are fixed (explicit ``block_m``/``block_n``,
+    or a block mask's block size); the first is the default. Large tiles need 8 warps: at
+    128 x 128 with 4 warps the backward kernels spill hundreds of bytes per thread (ptxas)."""
+    big = block_m * block_n >= 128 * 64 or (head_dim >= 128 and block_m * block_n >= 64 * 64)
+    first = 8 if big or dtype == torch.float32 or tuple(capability) < (8, 0) else 4  # sm_75: see gpu_config
+    pairs = [(first, 1), (12 - first, 1)] if tuple(capability) < (8, 0) else \
+        [(first, 2 if backward or head_dim > 64 else 3), (first, 3 if backward or head_dim > 64 else 2),
+         (12 - first, 2), (12 - first, 3)]
+    return [{"block_m": block_m, "block_n": block_n, "num_warps": w, "num_stages": st} for w, st in pairs]
 
 
 def _native_options(config):
     return {k: config[k] for k in ("num_warps", "num_stages") if k in config}
+
+
+def _launch_checked(kernel, launch, config, q):
+    """``launch(config)``, turning Triton's out-of-shared-memory error into one that names the
+    arguments to change (the tiles are fixed by block_m/block_n or by a block mask)."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        launch(config)
+    except OutOfResources as exc:
+        raise ValueError(
+            f"the {kernel} kernel with {config['block_m']} x {config['block_n']} tiles, head_dim {q.shape[-1]} "
+            f"and {q.dtype} needs more {exc.name} than this GPU has ({exc.required} > {exc.limit}): pass "
+            f"smaller block_m/block_n, or build the block mask with smaller blocks, or use float16"
+        ) from exc
 
 
 def _validate_qkv(q, k, v, scale):
@@ -531,7 +562,7 @@ def _flash_forward(q, k, v, causal, scale, block_m=None, block_n=None, kv_num=No
             **_native_options(config),
         )
 
-    launch(_config("fwd", q, n_q, n_k, causal, block_m, block_n, launch))
+    _launch_checked("forward", launch, _config("fwd", q, n_q, n_k, causal, block_m, block_n, launch), q)
     return o, lse.squeeze(-1)
 
 
@@ -594,8 +625,8 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m=None, block_n=No
             **_native_options(config),
         )
 
-    launch_dkdv(_config("dkdv", q, n_q, n_k, causal, block_m, block_n, launch_dkdv))
-    launch_dq(_config("dq", q, n_q, n_k, causal, block_m, block_n, launch_dq))
+    _launch_checked("dK/dV", launch_dkdv, _config("dkdv", q, n_q, n_k, causal, block_m, block_n, launch_dkdv), q)
+    _launch_checked("dQ", launch_dq, _config("dq", q, n_q, n_k, causal, block_m, block_n, launch_dq), q)
     return dq, dk, dv
 
 

@@ -83,12 +83,18 @@ def test_autotuner_ran_and_chose_a_candidate():
     fa = importlib.import_module("attnlab.kernels.flash_attention")
     q, k, v = _qkv(1, 4, 2048, 2048, 64, torch.float16, seed=5)
     flash_attention(q, k, v).sum().backward()
-    kinds = {entry["key"][0]: entry for entry in _runtime.tuning_log() if entry["key"][1] == 64}
+    # keys of free block sizes: (kernel, d, dtype, causal, Nq bucket, Nk bucket, capability, device)
+    kinds = {e["key"][0]: e for e in _runtime.tuning_log() if len(e["key"]) == 8 and e["key"][1] == 64
+             and e["key"][4] == 2048}
     assert {"fwd", "dkdv", "dq"} <= set(kinds)
     cap = torch.cuda.get_device_capability()
     for kind, entry in kinds.items():
         assert entry["best"] in fa.gpu_candidates(64, torch.float16, cap, kind)
         assert any(err is None for _, _, err in entry["timings"])
+    # fixed block sizes (a block mask's): only warps and stages were tuned
+    flash_attention(q, k, v, block_m=128, block_n=128)
+    fixed = [e for e in _runtime.tuning_log() if e["key"][-2:] == (128, 128) and e["key"][0] == "fwd"]
+    assert fixed and all((c["block_m"], c["block_n"]) == (128, 128) for c, _, _ in fixed[-1]["timings"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

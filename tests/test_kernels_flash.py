@@ -303,8 +303,35 @@ def test_gpu_launches_are_autotuned_unless_blocks_are_fixed(monkeypatch):
         assert key[:6] == (kernel, 64, torch.float16, True, 1024, 1024) and cfg == cands[-1]
         assert cands[0] == fa_mod.gpu_config(64, torch.float16, (9, 0), backward=kernel != "fwd")
         assert len(cands) == len({tuple(sorted(c.items())) for c in cands}) >= 3
+    # fixed block sizes (explicit, or a block mask's): only warps and stages are tuned
     fixed = fa_mod._config("fwd", q, 1000, 1000, True, 32, 64, launch=None)
-    assert (fixed["block_m"], fixed["block_n"]) == (32, 64) and "num_warps" in fixed and len(seen) == 3
+    key, cands = seen[-1]
+    assert key[-2:] == (32, 64) and all((c["block_m"], c["block_n"]) == (32, 64) for c in cands)
+    assert fixed == cands[-1] and len({(c["num_warps"], c["num_stages"]) for c in cands}) == len(cands) == 4
     monkeypatch.setenv("ATTNLAB_AUTOTUNE", "0")
     assert fa_mod._config("dq", q, 1000, 1000, False, None, None, launch=None) == fa_mod.gpu_config(
-        64, torch.float16, (9, 0), backward=True) and len(seen) == 3
+        64, torch.float16, (9, 0), backward=True)
+    big = fa_mod._config("dkdv", q, 1000, 1000, False, 128, 128, launch=None)
+    assert big == fa_mod.fixed_block_candidates(128, 128, 64, torch.float16, (9, 0), backward=True)[0]
+    assert big["num_warps"] == 8 and len(seen) == 4  # 4 warps spill at 128 x 128; nothing timed with tuning off
+
+
+def test_fixed_block_candidates():
+    small = fa_mod.fixed_block_candidates(32, 32, 64, torch.float16)
+    assert small[0] == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 3}
+    assert fa_mod.fixed_block_candidates(128, 128, 64, torch.float16, backward=True)[0]["num_warps"] == 8
+    assert fa_mod.fixed_block_candidates(64, 64, 128, torch.float16)[0]["num_warps"] == 8
+    turing = fa_mod.fixed_block_candidates(64, 64, 64, torch.float16, (7, 5))
+    assert [(c["num_warps"], c["num_stages"]) for c in turing] == [(8, 1), (4, 1)]
+
+
+def test_out_of_shared_memory_names_what_to_change():
+    from triton.runtime.errors import OutOfResources
+
+    q = torch.empty(1, 1, 128, 64)
+
+    def launch(config):
+        raise OutOfResources(81920, 65536, "shared memory")
+
+    with pytest.raises(ValueError, match=r"64 x 64 tiles, head_dim 64 and torch.float32 .* smaller block_m/block_n"):
+        fa_mod._launch_checked("dK/dV", launch, {"block_m": 64, "block_n": 64}, q)
