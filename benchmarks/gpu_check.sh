@@ -16,8 +16,9 @@
 #
 # The machine needs torch and triton with a GPU. The lessons also need nbclient, nbformat,
 # ipykernel, ipywidgets and matplotlib; where they are missing (a bare GPU image), put their
-# wheels in .whl/ (see benchmarks/gpu_wheels.txt) and this script installs them into a
-# temporary folder first.
+# wheels in .whl/ (bash benchmarks/fetch_gpu_wheels.sh, where pip reaches PyPI; .whl/ is
+# git-ignored, so send it along explicitly) and this script installs them into a temporary
+# folder first.
 set -u -o pipefail
 out=${1:-${OUT:-gpu-check}}
 mkdir -p "$out"
