@@ -182,46 +182,23 @@ def test_kernels_run_in_interpreter_without_env(monkeypatch):
 
 
 def _compile_for_gpu(kernel, consts, dtype, arch, num_warps, num_stages):
-    """Lower ``kernel`` to a cubin for sm_``arch`` with Triton's bundled toolchain, no GPU needed.
+    """Lower ``kernel`` to a cubin for sm_``arch`` with Triton's bundled toolchain, no GPU needed,
+    exactly as ``benchmarks/gpu_compile_check.py`` does (specialised like a real launch on
+    contiguous tensors, so loads are pipelined and the reported shared memory is real)."""
+    import importlib.util
+    import os
 
-    Pointers, strides and lengths are marked divisible by 16, as the JIT specialises a launch
-    on contiguous tensors: only then are loads pipelined through shared memory (cp.async), so
-    only then is the reported shared memory what a real launch needs."""
-    import inspect
-
-    import triton
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "gpu_compile_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_compile_check", path)
+    check = importlib.util.module_from_spec(spec)
     try:
-        from triton.backends.compiler import GPUTarget
-    except ImportError as e:  # pragma: no cover
+        spec.loader.exec_module(check)
+    except ImportError as e:  # pragma: no cover - a triton build without its GPU backend
         pytest.skip(f"no Triton GPU backend: {e}")
-    elem = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
-    sig, cx, attrs = {}, {}, {}
-    for i, n in enumerate(inspect.signature(kernel.fn).parameters):
-        if n in consts:
-            sig[n], cx[(i,)] = "constexpr", consts[n]
-            continue
-        if n in ("KV_NUM", "KV_IDX", "Q_NUM", "Q_IDX") and not consts.get("SPARSE"):
-            sig[n], cx[(i,)] = "constexpr", None
-            continue
-        if n == "sm_scale":
-            sig[n] = "fp32"
-            continue
-        if n in ("KV_NUM", "KV_IDX", "Q_NUM", "Q_IDX"):
-            sig[n] = "*i32"
-        elif n in ("L", "DELTA"):
-            sig[n] = "*fp32"
-        elif n.isupper() and n not in ("H", "N_Q", "N_K"):
-            sig[n] = elem
-        else:
-            sig[n] = "i32"
-        if n != "H":
-            attrs[(i,)] = [["tt.divisibility", 16]]
+    none = () if consts.get("SPARSE") else tuple(check.INDEX_PTRS)
+    sig, cx, attrs = check.signature(kernel, dtype, consts, none=none)
     try:
-        return triton.compile(ASTSource(JITFunction(kernel.fn), sig, cx, attrs), target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+        return check.compile_one(check.GPUTarget("cuda", arch, 32), kernel, sig, cx, num_warps, num_stages, attrs)
     except (RuntimeError, FileNotFoundError) as e:  # pragma: no cover - toolchain missing from this triton build
         if "ptxas" in str(e) or "not found" in str(e).lower():
             pytest.skip(f"Triton's CUDA toolchain is not available: {e}")
