@@ -464,9 +464,12 @@ def fixed_block_candidates(block_m, block_n, head_dim, dtype, capability=(9, 0),
     128 x 128 with 4 warps the backward kernels spill hundreds of bytes per thread (ptxas)."""
     big = block_m * block_n >= 128 * 64 or (head_dim >= 128 and block_m * block_n >= 64 * 64)
     first = 8 if big or dtype == torch.float32 or tuple(capability) < (8, 0) else 4  # sm_75: see gpu_config
-    pairs = [(first, 1), (12 - first, 1)] if tuple(capability) < (8, 0) else \
-        [(first, 2 if backward or head_dim > 64 else 3), (first, 3 if backward or head_dim > 64 else 2),
-         (12 - first, 2), (12 - first, 3)]
+    other = 4 if first == 8 else 8
+    if tuple(capability) < (8, 0):  # no async copies: one stage
+        pairs = [(first, 1), (other, 1)]
+    else:
+        stages = 2 if backward or head_dim > 64 else 3
+        pairs = [(first, stages), (first, 5 - stages), (other, 2), (other, 3)]
     return [{"block_m": block_m, "block_n": block_n, "num_warps": w, "num_stages": st} for w, st in pairs]
 
 
