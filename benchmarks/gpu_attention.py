@@ -109,7 +109,7 @@ def main():
         del q, k, v
         torch.cuda.empty_cache()
 
-    from attnlab.kernels._runtime import tuning_log
+    from attnlab.kernels._tuning import tuning_log
 
     print("\nAutotuner choices (dense kernels; each candidate's ms per launch, * = chosen; "
           "blocks m x n / warps / stages)")

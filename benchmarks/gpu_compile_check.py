@@ -26,6 +26,7 @@ from triton.runtime.jit import JITFunction
 fa = importlib.import_module("attnlab.kernels.flash_attention")
 sm = importlib.import_module("attnlab.kernels.softmax")
 st = importlib.import_module("attnlab.kernels.standard_attention")
+tune = importlib.import_module("attnlab.kernels._tuning")
 
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 75: 64 * 1024}
 TL_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -110,7 +111,7 @@ def main():
         prec = fa.dot_precision(dtype)
         for d in dims:
             cap = (args.arch // 10, args.arch % 10)
-            f, bw = fa.gpu_config(d, dtype, cap), fa.gpu_config(d, dtype, cap, backward=True)
+            f, bw = tune.gpu_config(d, dtype, cap), tune.gpu_config(d, dtype, cap, backward=True)
             bm, bn, w_f, s_f = f["block_m"], f["block_n"], f["num_warps"], f["num_stages"]
             bbm, bbn, w_b, s_b = bw["block_m"], bw["block_n"], bw["num_warps"], bw["num_stages"]
             for causal in (False, True):
@@ -129,7 +130,7 @@ def main():
             # does not fit is skipped on a GPU, so here it is reported, not counted as a failure
             for kind, kernel in (("fwd", fa._attn_fwd_kernel), ("dkdv", fa._attn_bwd_dkdv_kernel),
                                  ("dq", fa._attn_bwd_dq_kernel)):
-                for cand in fa.gpu_candidates(d, dtype, cap, kind)[1:]:
+                for cand in tune.gpu_candidates(d, dtype, cap, kind)[1:]:
                     for causal in (False, True):
                         c = dict(HEAD_DIM=d, BLOCK_M=cand["block_m"], BLOCK_N=cand["block_n"], CAUSAL=causal,
                                  SPARSE=False, DOT_PRECISION=prec, EVEN_N=True)
@@ -143,7 +144,7 @@ def main():
             for bs in (64, 128):
                 for kind, kernel in (("fwd", fa._attn_fwd_kernel), ("dkdv", fa._attn_bwd_dkdv_kernel),
                                      ("dq", fa._attn_bwd_dq_kernel)):
-                    fb = fa.fixed_block_candidates(bs, bs, d, dtype, cap, backward=kind != "fwd")[0]
+                    fb = tune.fixed_block_candidates(bs, bs, d, dtype, cap, backward=kind != "fwd")[0]
                     c = dict(HEAD_DIM=d, BLOCK_M=bs, BLOCK_N=bs, CAUSAL=False, SPARSE=True, DOT_PRECISION=prec,
                              EVEN_N=True)
                     if kind == "dkdv":

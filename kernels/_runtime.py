@@ -46,8 +46,7 @@ import torch
 
 from attnlab._interp_hooks import interpreter_session
 
-__all__ = ["jit", "interpreting", "use_interpreter", "check_interpreter_dtype", "dot_precision", "Kernel",
-           "autotune_enabled", "tuned_config", "tuning_log"]
+__all__ = ["jit", "interpreting", "use_interpreter", "check_interpreter_dtype", "dot_precision", "Kernel"]
 
 # How many `interpreting()` blocks are open. Deliberately process-wide, not thread-local:
 # autograd runs the backward of CUDA tensors on its own device thread, and a trace of
@@ -102,60 +101,6 @@ def check_interpreter_dtype(**tensors: torch.Tensor) -> None:
 def dot_precision(dtype: torch.dtype) -> str:
     """The ``input_precision`` the kernels pass to ``tl.dot`` for inputs of ``dtype``."""
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-# ---------------------------------------------------------------------------------------
-# Choosing a launch configuration on a GPU
-# ---------------------------------------------------------------------------------------
-# Like ``@triton.autotune`` in Triton's tutorials: the first launch for a key (kernel, head dim,
-# dtype, lengths rounded up to a power of two, ...) times a few candidate configurations and
-# every later launch with that key uses the fastest. attnlab does it in the wrappers rather
-# than with the decorator because the same kernels also take explicit block sizes (the
-# lessons choose them to show their effect on traffic) and run in the interpreter.
-_tuned: dict = {}
-_tuning_log: list = []
-
-
-def autotune_enabled() -> bool:
-    """On unless ``ATTNLAB_AUTOTUNE=0``: then the wrappers use their fixed default configuration."""
-    return os.environ.get("ATTNLAB_AUTOTUNE", "1").lower() not in ("0", "false", "no", "off")
-
-
-def tuned_config(key, candidates, launch, bench=None):
-    """The fastest of ``candidates`` (dicts) for ``key``, timed once per process.
-
-    ``launch(config)`` runs the kernel once with that configuration and must be safe to
-    repeat (the kernels only overwrite their outputs). A candidate that fails (a
-    configuration that does not fit the GPU's shared memory raises ``OutOfResources``) is
-    skipped; if all fail, the first candidate is returned and its error will surface at
-    the real launch. ``bench(fn) -> ms`` defaults to ``triton.testing.do_bench``.
-    """
-    if key in _tuned:
-        return _tuned[key]
-    if bench is None:
-        from triton.testing import do_bench
-
-        def bench(fn):
-            return do_bench(fn, warmup=5, rep=20)
-
-    timings = []
-    for i, config in enumerate(candidates):
-        try:
-            ms = bench(lambda: launch(config))
-        except Exception as exc:  # noqa: BLE001 - any failure rules this configuration out
-            timings.append((float("inf"), i, config, f"{type(exc).__name__}"))
-            continue
-        timings.append((ms, i, config, None))
-    ok = [t for t in timings if t[3] is None]
-    best = min(ok)[2] if ok else candidates[0]
-    _tuned[key] = best
-    _tuning_log.append({"key": key, "best": best, "timings": [(c, ms, err) for ms, _, c, err in timings]})
-    return best
-
-
-def tuning_log():
-    """What the autotuner timed so far: a list of {"key", "best", "timings": [(config, ms, error)]}."""
-    return list(_tuning_log)
 
 
 def _first_device(args, kwargs):

@@ -178,10 +178,6 @@ class BlockMask:
         ax.set_title(title or f"density {self.density:.0%}")
         return fig
 
-    def expand(self, batch: int, heads: int) -> "BlockMask":
-        """The same mask broadcast to (batch, heads, ...)."""
-        return BlockMask(self.mask.expand(batch, heads, *self.num_blocks).contiguous(), self.block_size)
-
 
 # ---------------------------------------------------------------------------------------
 # Patterns. Each takes the sequence lengths and the block size and returns a BlockMask of

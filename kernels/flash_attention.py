@@ -29,33 +29,25 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import autotune_enabled, check_interpreter_dtype, dot_precision, jit, tuned_config, use_interpreter
+from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
+from ._tuning import INTERPRETER_BLOCKS, default_block_sizes, launch, native_options
 
-__all__ = ["flash_attention", "naive_attention_reference", "SUPPORTED_HEAD_DIMS", "default_block_sizes", "gpu_config",
-           "gpu_candidates", "fixed_block_candidates"]
+__all__ = ["flash_attention", "SUPPORTED_HEAD_DIMS"]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
-LOG2E = 1.4426950408889634  # exp(x) == exp2(x * LOG2E); exp2 is the GPU's native instruction
-LN2 = 0.6931471805599453
+# exp(x) == exp2(x * LOG2E) and ln(x) == log2(x) * LN2: exp2 and log2 are the GPU's native instructions
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 # ---------------------------------------------------------------------------------------
-# The naive version first: what FlashAttention replaces.
+# The naive version first: what FlashAttention replaces (attnlab.attention's reference):
+#   s = q @ k.transpose(-2, -1) * scale      # read (Nq + Nk) d;   write Nq Nk   (S)
+#   p = torch.softmax(s, dim=-1)             # read Nq Nk;         write Nq Nk   (P)
+#   o = p @ v                                # read Nq Nk + Nk d;  write Nq d    (O)
+# per head: 3 Nq Nk + (2 Nq + 2 Nk) d elements at least; FlashAttention: O((Nq + Nk) d)
+# per pass over K/V, and the Nq x Nk terms are gone.
 # ---------------------------------------------------------------------------------------
-def naive_attention_reference(q, k, v, causal=False, scale=None):
-    """Attention in plain PyTorch with the N x N matrices materialised. Shapes as above."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    # read Nq*d + Nk*d elements; write Nq*Nk elements (S)
-    s = (q @ k.transpose(-2, -1)) * scale
-    if causal:
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    # read Nq*Nk elements; write Nq*Nk elements (P)
-    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
-    # read Nq*Nk + Nk*d elements; write Nq*d elements (O)
-    return p @ v
-    # per head: 3 Nq Nk + (2 Nq + 2 Nk) d elements at least; FlashAttention: O((Nq + Nk) d)
-    # per pass over K/V, and the Nq x Nk terms are gone.
 
 
 # ---------------------------------------------------------------------------------------
@@ -88,7 +80,7 @@ def _attn_fwd_kernel(
 
     # read BLOCK_M * d elements of Q, once (rows past Nq are masked off and cost nothing)
     q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
-    qk_scale = sm_scale * 1.4426950408889634          # fold log2(e) in: use exp2 below
+    qk_scale = sm_scale * LOG2E          # fold log2(e) in: use exp2 below
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max (log2 units)
     l_i = tl.zeros([BLOCK_M], tl.float32)                # running row sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)      # running unnormalised output
@@ -149,7 +141,7 @@ def _attn_fwd_kernel(
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
     # write BLOCK_M elements of L: log-sum-exp in natural-log units (-inf for an empty row)
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     tl.store(L + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
     # per program: read (1 + 2 * visited blocks) tiles, write one O tile and one L column.
     # per (batch, head), not causal: read Nq d + ceil(Nq / BLOCK_M) * 2 Nk d, write Nq d + Nq
@@ -211,8 +203,8 @@ def _attn_bwd_dkdv_kernel(
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
     l_base = L + b * stride_lb + h * stride_lh
-    delta_base = DELTA + b * stride_lb + h * stride_lh
-    qk_scale = sm_scale * 1.4426950408889634
+    delta_base = DELTA + b * stride_lb + h * stride_lh   # DELTA has L's layout (asserted by the wrapper)
+    qk_scale = sm_scale * LOG2E
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
 
@@ -244,7 +236,7 @@ def _attn_bwd_dkdv_kernel(
             q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
             lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=0.0)
         # recompute P^T for this tile from Q, K and L (never stored in the forward)
-        lse2 = lse * 1.4426950408889634
+        lse2 = lse * LOG2E
         if SPARSE:  # a row that saw no key has L = -inf: make its P 0, not exp2(+inf)
             lse2 = tl.where(lse == float("-inf"), float("inf"), lse2)
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale      # (BLOCK_N, BLOCK_M)
@@ -303,12 +295,12 @@ def _attn_bwd_dq_kernel(
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
     lse = tl.load(L + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
-    lse2 = lse * 1.4426950408889634
+    lse2 = lse * LOG2E
     if SPARSE:  # a row that saw no key: P = 0
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse2)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     if SPARSE:
@@ -355,143 +347,8 @@ def _attn_bwd_dq_kernel(
 
 
 # ---------------------------------------------------------------------------------------
-# Wrappers
+# Wrappers (the launch configurations are chosen in _tuning.py)
 # ---------------------------------------------------------------------------------------
-# The interpreter pays a fixed cost per operation, not per element: big blocks are cheap.
-INTERPRETER_BLOCKS = (128, 128)
-
-
-def gpu_config(head_dim: int, dtype: torch.dtype, capability=(9, 0), backward: bool = False) -> dict:
-    """Launch configuration on an NVIDIA GPU of compute ``capability``:
-    {"block_m", "block_n", "num_warps", "num_stages"}. The fixed default: used with
-    ``ATTNLAB_AUTOTUNE=0`` or explicit block sizes, and the autotuner's first candidate.
-    Checked to compile within shared memory for sm_75, sm_80 and sm_90 by
-    ``benchmarks/gpu_compile_check.py``."""
-    if dtype == torch.float32:  # exact fp32 products (no tensor cores): small tiles, 8 warps, no spills
-        bm, bn = (32, 32) if (backward or head_dim > 64) else (64, 32)
-        warps = 8
-    elif backward:  # 64 x 64 keeps both backward kernels on Hopper's wgmma (it needs 64-row tiles)
-        bm, bn = 64, 64
-        warps = 8 if head_dim >= 128 else 4
-    else:
-        bm, bn = 128, 64
-        warps = 8 if head_dim >= 128 else 4
-    stages = 2 if (backward or head_dim > 64) else 3
-    if tuple(capability) < (8, 0):
-        # Turing/Volta (a T4): 64 KiB of shared memory, no async copies, and Triton's mma.sync
-        # code needs many registers there: these tiles are the ones ptxas compiles for sm_75
-        # without spilling (or spilling least), checked by benchmarks/gpu_compile_check.py
-        bm = 64 if (not backward and head_dim <= 64) else 32
-        if backward and head_dim >= 128 and dtype == torch.float32:
-            bm = 16
-        bn, warps, stages = 32, 8, 1
-    return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
-
-
-def _capability(device):
-    try:
-        return torch.cuda.get_device_capability(device)
-    except Exception:  # no CUDA here (compile checks, tests): assume a recent GPU
-        return (9, 0)
-
-
-def default_block_sizes(head_dim: int, dtype: torch.dtype, device, backward: bool = False) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the fixed default on ``device`` (interpreter or GPU; on a GPU the
-    autotuner may pick others, see :func:`gpu_candidates`)."""
-    if use_interpreter(device):
-        return INTERPRETER_BLOCKS
-    cfg = gpu_config(head_dim, dtype, _capability(device), backward)
-    return cfg["block_m"], cfg["block_n"]
-
-
-def gpu_candidates(head_dim: int, dtype: torch.dtype, capability=(9, 0), kernel: str = "fwd") -> list[dict]:
-    """The configurations the autotuner times for ``kernel`` ("fwd", "dkdv" or "dq") on a GPU:
-    :func:`gpu_config`'s default first, then a few of the shapes Triton's fused-attention
-    tutorial tries. A candidate that does not fit a GPU's shared memory is skipped there."""
-    default = gpu_config(head_dim, dtype, capability, backward=kernel != "fwd")
-
-    def cfg(bm, bn, warps, stages):
-        return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
-
-    if tuple(capability) < (8, 0):
-        extra = [cfg(32, 32, 8, 1), cfg(64, 32, 8, 1), cfg(32, 64, 8, 1)]
-    elif dtype == torch.float32:
-        extra = [cfg(64, 32, 8, 2), cfg(32, 64, 8, 2), cfg(32, 32, 4, 3)]
-    elif kernel == "fwd":       # BLOCK_M queries per program, a loop over BLOCK_N keys
-        extra = [cfg(128, 128, 8, 3), cfg(128, 64, 8, 3), cfg(128, 32, 4, 4), cfg(64, 64, 4, 4)]
-    # all without register spills for head dims 64 and 128 on sm_90 (ptxas -v)
-    elif kernel == "dkdv":      # BLOCK_N keys per program, a loop over BLOCK_M queries
-        extra = [cfg(32, 128, 8, 3), cfg(64, 64, 8, 3),
-                 cfg(64, 128, 8, 2) if head_dim <= 64 else cfg(32, 64, 4, 3)]
-    else:                       # dq: BLOCK_M queries per program, a loop over BLOCK_N keys
-        extra = [cfg(128, 32, 8, 3), cfg(128, 64, 8, 2), cfg(64, 64, 8, 2)]
-    out = []
-    for c in [default] + extra:
-        if c not in out:
-            out.append(c)
-    return out
-
-
-def _pow2(n):
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def _config(kernel, q, n_q, n_k, causal, block_m, block_n, launch):
-    """The launch configuration of ``kernel``: {"block_m", "block_n"}, plus num_warps and
-    num_stages for a native launch. Block sizes the caller fixed are kept; otherwise the
-    interpreter takes :data:`INTERPRETER_BLOCKS` and a GPU the autotuner's choice (or
-    :func:`gpu_config` with ``ATTNLAB_AUTOTUNE=0``)."""
-    if use_interpreter(q.device):
-        bm, bn = INTERPRETER_BLOCKS if block_m is None else (block_m, block_n)
-        return {"block_m": bm, "block_n": bn}
-    d, cap = q.shape[-1], _capability(q.device)
-    if block_m is None:
-        if autotune_enabled():
-            key = (kernel, d, q.dtype, bool(causal), _pow2(n_q), _pow2(n_k), tuple(cap), str(q.device))
-            return tuned_config(key, gpu_candidates(d, q.dtype, cap, kernel), launch)
-        return gpu_config(d, q.dtype, cap, backward=kernel != "fwd")
-    # block sizes fixed by the caller (or by a block mask): only warps and stages are free
-    candidates = fixed_block_candidates(block_m, block_n, d, q.dtype, cap, backward=kernel != "fwd")
-    if autotune_enabled():
-        key = (kernel, d, q.dtype, bool(causal), _pow2(n_q), _pow2(n_k), tuple(cap), str(q.device), block_m, block_n)
-        return tuned_config(key, candidates, launch)
-    return candidates[0]
-
-
-def fixed_block_candidates(block_m, block_n, head_dim, dtype, capability=(9, 0), backward=False) -> list[dict]:
-    """Warps and stages to try when the block sizes are fixed (explicit ``block_m``/``block_n``,
-    or a block mask's block size); the first is the default. Large tiles need 8 warps: at
-    128 x 128 with 4 warps the backward kernels spill hundreds of bytes per thread (ptxas)."""
-    big = block_m * block_n >= 128 * 64 or (head_dim >= 128 and block_m * block_n >= 64 * 64)
-    first = 8 if big or dtype == torch.float32 or tuple(capability) < (8, 0) else 4  # sm_75: see gpu_config
-    other = 4 if first == 8 else 8
-    if tuple(capability) < (8, 0):  # no async copies: one stage
-        pairs = [(first, 1), (other, 1)]
-    else:
-        stages = 2 if backward or head_dim > 64 else 3
-        pairs = [(first, stages), (first, 5 - stages), (other, 2), (other, 3)]
-    return [{"block_m": block_m, "block_n": block_n, "num_warps": w, "num_stages": st} for w, st in pairs]
-
-
-def _native_options(config):
-    return {k: config[k] for k in ("num_warps", "num_stages") if k in config}
-
-
-def _launch_checked(kernel, launch, config, q):
-    """``launch(config)``, turning Triton's out-of-shared-memory error into one that names the
-    arguments to change (the tiles are fixed by block_m/block_n or by a block mask)."""
-    from triton.runtime.errors import OutOfResources
-
-    try:
-        launch(config)
-    except OutOfResources as exc:
-        raise ValueError(
-            f"the {kernel} kernel with {config['block_m']} x {config['block_n']} tiles, head_dim {q.shape[-1]} "
-            f"and {q.dtype} needs more {exc.name} than this GPU has ({exc.required} > {exc.limit}): pass "
-            f"smaller block_m/block_n, or build the block mask with smaller blocks, or use float16"
-        ) from exc
-
-
 def _validate_qkv(q, k, v, scale):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -541,14 +398,14 @@ def _sparse_args(num, idx):
 
 def _flash_forward(q, k, v, causal, scale, block_m=None, block_n=None, kv_num=None, kv_idx=None):
     """Launch the forward kernel. Returns o (B, H, Nq, d) and lse (B, H, Nq) float32.
-    Block sizes None: chosen by :func:`_config`."""
+    Block sizes None: chosen by :func:`_tuning.choose_config`."""
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
     o = torch.empty_like(q)
     lse = torch.empty((B, H, n_q, 1), device=q.device, dtype=torch.float32)
     (num, idx), sp = _sparse_args(kv_num, kv_idx)
 
-    def launch(config):
+    def run(config):
         bm, bn = config["block_m"], config["block_n"]
         _attn_fwd_kernel[(triton.cdiv(n_q, bm), B * H)](
             q, k, v, o, lse, num, idx,
@@ -562,22 +419,24 @@ def _flash_forward(q, k, v, causal, scale, block_m=None, block_n=None, kv_num=No
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
             CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
             EVEN_N=n_k % bn == 0,
-            **_native_options(config),
+            **native_options(config),
         )
 
-    _launch_checked("forward", launch, _config("fwd", q, n_q, n_k, causal, block_m, block_n, launch), q)
+    launch("fwd", run, q, n_q, n_k, causal, block_m, block_n)
     return o, lse.squeeze(-1)
 
 
 def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m=None, block_n=None,
                     kv_num=None, kv_idx=None, q_num=None, q_idx=None):
     """Launch the three backward kernels. Returns dq, dk, dv. Block sizes None: chosen by
-    :func:`_config`, separately for the dK/dV and the dQ kernel."""
+    :func:`_tuning.choose_config`, separately for the dK/dV and the dQ kernel."""
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
     do = do.contiguous()
     lse = lse.unsqueeze(-1)                       # (B, H, Nq, 1) column, as the forward stored it
-    delta = torch.empty_like(lse)
+    delta = torch.empty_like(lse)                 # D = rowsum(dO * O), laid out exactly like L:
+    # the dK/dV and dQ kernels address DELTA with L's strides, so that layout is a requirement
+    assert delta.stride() == lse.stride(), "DELTA must share L's layout (the kernels use L's strides for it)"
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -589,7 +448,7 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m=None, block_n=No
     )
     (qn, qi), sp_q = _sparse_args(q_num, q_idx)
 
-    def launch_dkdv(config):
+    def run_dkdv(config):
         bm, bn = config["block_m"], config["block_n"]
         _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, bn), B * H)](
             q, k, v, do, lse, delta, dk, dv, qn, qi,
@@ -605,12 +464,12 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m=None, block_n=No
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
             CAUSAL=bool(causal), SPARSE=q_num is not None, DOT_PRECISION=dot_precision(q.dtype),
             EVEN_M=n_q % bm == 0, EVEN_N=n_k % bn == 0,
-            **_native_options(config),
+            **native_options(config),
         )
 
     (kn, ki), sp_k = _sparse_args(kv_num, kv_idx)
 
-    def launch_dq(config):
+    def run_dq(config):
         bm, bn = config["block_m"], config["block_n"]
         _attn_bwd_dq_kernel[(triton.cdiv(n_q, bm), B * H)](
             q, k, v, do, lse, delta, dq, kn, ki,
@@ -625,11 +484,11 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m=None, block_n=No
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
             CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
             EVEN_N=n_k % bn == 0,
-            **_native_options(config),
+            **native_options(config),
         )
 
-    _launch_checked("dK/dV", launch_dkdv, _config("dkdv", q, n_q, n_k, causal, block_m, block_n, launch_dkdv), q)
-    _launch_checked("dQ", launch_dq, _config("dq", q, n_q, n_k, causal, block_m, block_n, launch_dq), q)
+    launch("dkdv", run_dkdv, q, n_q, n_k, causal, block_m, block_n)
+    launch("dq", run_dq, q, n_q, n_k, causal, block_m, block_n)
     return dq, dk, dv
 
 
@@ -663,8 +522,8 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, bloc
     (bfloat16 on a GPU). Returns o (B, H, Nq, d), and lse (B, H, Nq) float32 (natural log)
     when ``return_lse``. ``block_m``/``block_n`` fix the block sizes (forward and backward
     alike). By default the interpreter uses 128 x 128, and a GPU the fastest of a few
-    configurations (:func:`gpu_candidates`), timed at the first call for each shape, as
-    ``@triton.autotune`` does; ``ATTNLAB_AUTOTUNE=0`` takes :func:`gpu_config`'s instead.
+    configurations (:func:`attnlab.kernels._tuning.gpu_candidates`), timed at the first call for each shape, as
+    ``@triton.autotune`` does; ``ATTNLAB_AUTOTUNE=0`` takes :func:`attnlab.kernels._tuning.gpu_config`'s instead.
 
     Example: ``o = flash_attention(q, k, v, causal=True)``
     """

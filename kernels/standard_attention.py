@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
-from .flash_attention import _capability, _check_blocks, _validate_qkv
+from ._tuning import device_capability as gpu_capability
+from .flash_attention import _check_blocks, _validate_qkv
 from .softmax import _launch_softmax, rows_per_program, softmax_num_warps
 
 __all__ = ["standard_attention", "standard_block_sizes"]
@@ -157,14 +158,14 @@ def standard_block_sizes(head_dim, dtype, device, capability=None):
     """(BLOCK_M, BLOCK_N, BLOCK_K) of the standard kernels (matmul tiles) on ``device``."""
     if use_interpreter(device):
         return 128, 128, 128
-    if tuple(capability or _capability(device)) < (8, 0):  # 64 KiB of shared memory
+    if tuple(capability or gpu_capability(device)) < (8, 0):  # 64 KiB of shared memory
         return 64, 32, 32
     return (64, 64, 32) if dtype == torch.float32 else (128, 64, 32)
 
 
 def _options(device):
     """Native launches on pre-Ampere GPUs: no software pipelining (it needs async copies)."""
-    if use_interpreter(device) or tuple(_capability(device)) >= (8, 0):
+    if use_interpreter(device) or tuple(gpu_capability(device)) >= (8, 0):
         return {}
     return {"num_stages": 1}
 

@@ -76,7 +76,7 @@ def test_flash_attention_fixed_blocks_and_lse_on_gpu():
 
 
 def test_autotuner_ran_and_chose_a_candidate():
-    from attnlab.kernels import _runtime, flash_attention
+    from attnlab.kernels import _tuning, flash_attention
 
     if DEV == "cpu":
         pytest.skip("the autotuner times native launches only")
@@ -84,16 +84,16 @@ def test_autotuner_ran_and_chose_a_candidate():
     q, k, v = _qkv(1, 4, 2048, 2048, 64, torch.float16, seed=5)
     flash_attention(q, k, v).sum().backward()
     # keys of free block sizes: (kernel, d, dtype, causal, Nq bucket, Nk bucket, capability, device)
-    kinds = {e["key"][0]: e for e in _runtime.tuning_log() if len(e["key"]) == 8 and e["key"][1] == 64
+    kinds = {e["key"][0]: e for e in _tuning.tuning_log() if len(e["key"]) == 8 and e["key"][1] == 64
              and e["key"][4] == 2048}
     assert {"fwd", "dkdv", "dq"} <= set(kinds)
     cap = torch.cuda.get_device_capability()
     for kind, entry in kinds.items():
-        assert entry["best"] in fa.gpu_candidates(64, torch.float16, cap, kind)
+        assert entry["best"] in _tuning.gpu_candidates(64, torch.float16, cap, kind)
         assert any(err is None for _, _, err in entry["timings"])
     # fixed block sizes (a block mask's): only warps and stages were tuned
     flash_attention(q, k, v, block_m=128, block_n=128)
-    fixed = [e for e in _runtime.tuning_log() if e["key"][-2:] == (128, 128) and e["key"][0] == "fwd"]
+    fixed = [e for e in _tuning.tuning_log() if e["key"][-2:] == (128, 128) and e["key"][0] == "fwd"]
     assert fixed and all((c["block_m"], c["block_n"]) == (128, 128) for c, _, _ in fixed[-1]["timings"])
 
 

@@ -133,7 +133,8 @@ def test_bad_masks_and_inputs():
     with pytest.raises(ValueError, match="block_mask has shape"):
         block_sparse_attention(q, k, v, torch.ones(1, 1, 3, 9, dtype=torch.bool), block_size=(32, 16))
     with pytest.raises(ValueError, match="block_mask has shape"):
-        block_sparse_attention(q, k, v, local_mask(NQ, NK, 1, BS).expand(3, 1))
+        m = local_mask(NQ, NK, 1, BS)
+        block_sparse_attention(q, k, v, BlockMask(m.mask.expand(3, 1, *m.num_blocks).contiguous(), m.block_size))
     with pytest.raises(TypeError, match="block_mask"):
         block_sparse_attention(q, k, v, torch.ones(1, 1, 4, 9), block_size=(32, 16))
     with pytest.raises(TypeError, match="block_mask"):

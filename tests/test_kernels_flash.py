@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.kernels import flash_attention, softmax, standard_attention
-from attnlab.kernels.flash_attention import default_block_sizes
+from attnlab.kernels import _tuning
+from attnlab.kernels._tuning import default_block_sizes
 
 fa_mod = importlib.import_module("attnlab.kernels.flash_attention")  # the module (the package exports the function)
 
@@ -208,7 +209,7 @@ def _compile_for_gpu(kernel, consts, dtype, arch, num_warps, num_stages):
 def test_native_gpu_path_compiles_without_a_gpu():
     """The forward kernel (fp16, causal, block-sparse, the GPU's block sizes) lowered for sm_90:
     catches breakage of the compiled path on a CPU machine."""
-    bm, bn = fa_mod.default_block_sizes(64, torch.float16, "cuda")
+    bm, bn = _tuning.default_block_sizes(64, torch.float16, "cuda")
     consts = dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, SPARSE=True, DOT_PRECISION="tf32", EVEN_N=False)
     compiled = _compile_for_gpu(fa_mod._attn_fwd_kernel, consts, torch.float16, 90, 4, 3)
     assert "cubin" in compiled.asm and compiled.metadata.shared <= 227 * 1024
@@ -222,7 +223,7 @@ def test_default_gpu_configs_fit_shared_memory(arch, dtype, kind):
     # the largest (head dim 128) default launch of each kernel must fit the GPU's shared memory:
     # a T4 (sm_75, Colab's free GPU) has 64 KiB, an A100 163 KiB, an H100/H200 227 KiB
     limit = {75: 64, 80: 163, 90: 227}[arch] * 1024
-    cfg = fa_mod.gpu_config(128, dtype, (arch // 10, arch % 10), backward=kind != "fwd")
+    cfg = _tuning.gpu_config(128, dtype, (arch // 10, arch % 10), backward=kind != "fwd")
     kernel = {"fwd": fa_mod._attn_fwd_kernel, "dkdv": fa_mod._attn_bwd_dkdv_kernel, "dq": fa_mod._attn_bwd_dq_kernel}[kind]
     consts = dict(HEAD_DIM=128, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], CAUSAL=True, SPARSE=False,
                   DOT_PRECISION=fa_mod.dot_precision(dtype), EVEN_N=True)
@@ -230,85 +231,3 @@ def test_default_gpu_configs_fit_shared_memory(arch, dtype, kind):
         consts["EVEN_M"] = True
     compiled = _compile_for_gpu(kernel, consts, dtype, arch, cfg["num_warps"], cfg["num_stages"])
     assert compiled.metadata.shared <= limit, (cfg, compiled.metadata.shared)
-
-
-def test_tuner_picks_the_fastest_skips_failures_and_remembers(monkeypatch):
-    from attnlab.kernels import _runtime
-
-    monkeypatch.setattr(_runtime, "_tuned", {})
-    monkeypatch.setattr(_runtime, "_tuning_log", [])
-    launched = []
-    times = {"a": 3.0, "b": 1.0, "c": 0.5}
-
-    def launch(cfg):
-        launched.append(cfg["name"])
-        if cfg["name"] == "c":
-            raise RuntimeError("out of resources: shared memory")
-
-    def bench(fn):
-        fn()
-        return times[launched[-1]]
-
-    cands = [{"name": "a"}, {"name": "b"}, {"name": "c"}]
-    assert _runtime.tuned_config("k", cands, launch, bench) == {"name": "b"}  # c was faster but failed
-    assert launched == ["a", "b", "c"]
-    assert _runtime.tuned_config("k", cands, launch, bench) == {"name": "b"} and len(launched) == 3  # cached
-    log = _runtime.tuning_log()[-1]
-    assert log["best"] == {"name": "b"} and log["timings"][2] == ({"name": "c"}, float("inf"), "RuntimeError")
-
-    def broken(cfg):
-        raise RuntimeError("no")
-
-    assert _runtime.tuned_config("k2", cands, broken, bench) == {"name": "a"}  # all fail: the default
-
-
-def test_gpu_launches_are_autotuned_unless_blocks_are_fixed(monkeypatch):
-    # the routing of a native launch, checked on the CPU by pretending q is on a GPU
-    seen = []
-
-    def fake_tuned(key, candidates, launch):
-        seen.append((key, candidates))
-        return candidates[-1]
-
-    monkeypatch.setattr(fa_mod, "use_interpreter", lambda device: False)
-    monkeypatch.setattr(fa_mod, "_capability", lambda device: (9, 0))
-    monkeypatch.setattr(fa_mod, "tuned_config", fake_tuned)
-    q = torch.empty(1, 2, 1000, 64, dtype=torch.float16)
-    for kernel in ("fwd", "dkdv", "dq"):
-        cfg = fa_mod._config(kernel, q, 1000, 1000, True, None, None, launch=None)
-        key, cands = seen[-1]
-        assert key[:6] == (kernel, 64, torch.float16, True, 1024, 1024) and cfg == cands[-1]
-        assert cands[0] == fa_mod.gpu_config(64, torch.float16, (9, 0), backward=kernel != "fwd")
-        assert len(cands) == len({tuple(sorted(c.items())) for c in cands}) >= 3
-    # fixed block sizes (explicit, or a block mask's): only warps and stages are tuned
-    fixed = fa_mod._config("fwd", q, 1000, 1000, True, 32, 64, launch=None)
-    key, cands = seen[-1]
-    assert key[-2:] == (32, 64) and all((c["block_m"], c["block_n"]) == (32, 64) for c in cands)
-    assert fixed == cands[-1] and len({(c["num_warps"], c["num_stages"]) for c in cands}) == len(cands) == 4
-    monkeypatch.setenv("ATTNLAB_AUTOTUNE", "0")
-    assert fa_mod._config("dq", q, 1000, 1000, False, None, None, launch=None) == fa_mod.gpu_config(
-        64, torch.float16, (9, 0), backward=True)
-    big = fa_mod._config("dkdv", q, 1000, 1000, False, 128, 128, launch=None)
-    assert big == fa_mod.fixed_block_candidates(128, 128, 64, torch.float16, (9, 0), backward=True)[0]
-    assert big["num_warps"] == 8 and len(seen) == 4  # 4 warps spill at 128 x 128; nothing timed with tuning off
-
-
-def test_fixed_block_candidates():
-    small = fa_mod.fixed_block_candidates(32, 32, 64, torch.float16)
-    assert small[0] == {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 3}
-    assert fa_mod.fixed_block_candidates(128, 128, 64, torch.float16, backward=True)[0]["num_warps"] == 8
-    assert fa_mod.fixed_block_candidates(64, 64, 128, torch.float16)[0]["num_warps"] == 8
-    turing = fa_mod.fixed_block_candidates(64, 64, 64, torch.float16, (7, 5))
-    assert [(c["num_warps"], c["num_stages"]) for c in turing] == [(8, 1), (4, 1)]
-
-
-def test_out_of_shared_memory_names_what_to_change():
-    from triton.runtime.errors import OutOfResources
-
-    q = torch.empty(1, 1, 128, 64)
-
-    def launch(config):
-        raise OutOfResources(81920, 65536, "shared memory")
-
-    with pytest.raises(ValueError, match=r"64 x 64 tiles, head_dim 64 and torch.float32 .* smaller block_m/block_n"):
-        fa_mod._launch_checked("dK/dV", launch, {"block_m": 64, "block_n": 64}, q)
