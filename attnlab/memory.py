@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from attnlab import _interp_hooks
+from attnlab.measure import format_bytes
 
 __all__ = ["trace", "MemoryTrace", "MemoryEvent", "TensorInfo"]
 
@@ -127,19 +128,12 @@ class MemoryTrace:
     def __repr__(self):
         lines = [
             f"MemoryTrace: {len(self.launches)} launch(es) {self.launches}, {len(self.events)} loads/stores",
-            f"  read {_fmt(self.bytes_read)}, written {_fmt(self.bytes_written)}, total {_fmt(self.total_bytes)}"
-            f" (unique: read {_fmt(self.unique_bytes_read)}, written {_fmt(self.unique_bytes_written)})",
+            f"  read {format_bytes(self.bytes_read)}, written {format_bytes(self.bytes_written)}, total {format_bytes(self.total_bytes)}"
+            f" (unique: read {format_bytes(self.unique_bytes_read)}, written {format_bytes(self.unique_bytes_written)})",
         ]
         for name, d in self.by_tensor.items():
-            lines.append(f"  {name:>6}: read {_fmt(d['read']):>10}  written {_fmt(d['written']):>10}")
+            lines.append(f"  {name:>6}: read {format_bytes(d['read']):>10}  written {format_bytes(d['written']):>10}")
         return "\n".join(lines)
-
-
-def _fmt(n):
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 class _Recorder:
