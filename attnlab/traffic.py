@@ -36,7 +36,7 @@ import torch
 from attnlab import iomodel
 from attnlab.memory import trace
 
-__all__ = ["gpt2_medium_comparison", "format_comparison", "PAPER_GB"]
+__all__ = ["gpt2_medium_comparison", "format_comparison", "loop_order_rows", "PAPER_GB"]
 
 PAPER_GB = {"standard": 40.3, "flash": 4.4}  # Dao et al. 2022, Fig. 2 (forward + backward, HBM R/W)
 
@@ -86,21 +86,37 @@ def gpt2_medium_comparison(seq: int = 1024, head_dim: int = 64, batch: int = 64,
         iomodel.flash_backward_io(1, 1, seq, seq, head_dim, e, block_m=bm, block_n=bn))
     # Dao et al. 2022's own algorithms at the paper's shape: the two bars of Fig. 2 (left), predicted
     fig2 = iomodel.fig2(batch, heads, seq, head_dim, e)
-    # where FA2's loop order stands: passes over the streamed operands, and bytes, at batch x heads
-    br, bc = fig2["blocks"]
-    loop_order = [
-        _loop_row("Algorithm 1 + 4 (paper): K/V outside, Q/O/dQ streamed", (bc,), fig2["flash"], seq),
-        _loop_row(f"FA2 order (attnlab), traced blocks {bm} x {bn}", (bm, bn), _fa2(batch, heads, seq, head_dim, e, bm, bn), seq),
-        _loop_row(f"FA2 order at the paper's blocks B_r={br}, B_c={bc}", (br, bc),
-                  _fa2(batch, heads, seq, head_dim, e, br, bc), seq),
-        _loop_row(f"FA2 order with outer blocks of {bc} (as many passes as the paper)", (bc, bc),
-                  _fa2(batch, heads, seq, head_dim, e, bc, bc), seq),
-    ]
+    loop_order = loop_order_rows(batch, heads, seq, head_dim, e, traced_blocks=(bm, bn))
     # what the block size changes: FlashAttention traffic (model, forward + backward) for square blocks
     sweep = {b: _fa2(batch, heads, seq, head_dim, e, b, b).total_bytes / 1e9 for b in (32, 64, 128, 256)}
     return {"rows": rows, "batch_heads": batch * heads, "block_sweep_gb": sweep, "seq": seq, "head_dim": head_dim,
             "dtype": str(dtype), "flash_blocks": tuple(flash_blocks), "standard_blocks": tuple(standard_blocks),
             "paper_block_sizes": fig2["blocks"], "fig2": fig2, "loop_order": loop_order, "paper_gb": dict(PAPER_GB)}
+
+
+def loop_order_rows(batch=64, heads=16, seq=1024, head_dim=64, bytes_per_element=2, traced_blocks=(128, 128),
+                    sram_bytes=iomodel.A100_SRAM_BYTES) -> list:
+    """The paper's loop order (Algorithms 1 and 4: K/V outside) beside FlashAttention-2's (attnlab's
+    kernels: Q outside in the forward and dQ kernels, K/V outside in the dK/dV kernel), forward +
+    backward at batch x heads, from attnlab.iomodel. Each row: name, passes (how often the streamed
+    operands are read, per kernel), gb, io.
+
+    Example: ``[(r["name"], r["gb"]) for r in loop_order_rows()]``
+    """
+    e = bytes_per_element
+    br, bc = iomodel.flash_block_sizes(sram_bytes, head_dim, e)
+    paper = (iomodel.paper_flash_forward_io(batch, heads, seq, head_dim, e, sram_bytes=sram_bytes)
+             + iomodel.paper_flash_backward_io(batch, heads, seq, head_dim, e, sram_bytes=sram_bytes))
+    bm, bn = traced_blocks
+    return [
+        _loop_row(f"Algorithm 1 + 4 (paper), B_r={br}, B_c={bc}: K/V outside", (bc,), paper, seq),
+        _loop_row(f"FA2 order (attnlab's kernels), blocks {bm} x {bn}", (bm, bn),
+                  _fa2(batch, heads, seq, head_dim, e, bm, bn), seq),
+        _loop_row(f"FA2 order at the paper's blocks B_r={br}, B_c={bc}", (br, bc),
+                  _fa2(batch, heads, seq, head_dim, e, br, bc), seq),
+        _loop_row(f"FA2 order, outer blocks of {bc} (the paper's passes)", (bc, bc),
+                  _fa2(batch, heads, seq, head_dim, e, bc, bc), seq),
+    ]
 
 
 def _fa2(batch, heads, seq, d, e, bm, bn):
