@@ -25,6 +25,15 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
   block_mask=None, density=None, block_size=(64, 64), causal=False)`` and
   ``block_sparse_backward_io(...)``: the same kernels walking a block list; with a
   ``BlockMask`` (or bool tensor) exact, with ``density`` the expected value.
+* ``paper_standard_forward_io`` / ``paper_standard_backward_io(batch, heads, n, d=64,
+  bytes_per_element=2, *, mask="additive", dropout=True)``: standard attention as Dao et al.
+  2022's PyTorch baseline runs it, one kernel per operation (S, mask, softmax, dropout, PV; the
+  backward through the saved P);
+* ``paper_flash_forward_io`` / ``paper_flash_backward_io(batch, heads, n, d=64,
+  bytes_per_element=2, *, sram_bytes=A100_SRAM_BYTES)``: the paper's Algorithm 1/2 and
+  Algorithm 4 (K/V loop outside, Q/O/dQ streamed past each key block) at its block sizes;
+* ``fig2(...)``: both bars of Dao et al. 2022, Fig. 2 (left) from the four above, term by term,
+  beside the paper's 40.3 GB and 4.4 GB (``FIG2``).
 * ``softmax_io(rows, cols, bytes_per_element=4)``: the fused softmax kernel.
 * ``attention_flops(batch, heads, n_q, n_k=None, d=64, causal=False)``: 4 n_q n_k d (the
   two matmuls of the forward; causal halves the useful work, not the standard kernels').
