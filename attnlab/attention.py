@@ -53,6 +53,55 @@ def _check_tensor(x, name, ndim=None, what=None):
         raise ValueError(f"{name}: expected a {ndim}-D tensor{what}, got shape {tuple(x.shape)}")
 
 
+def _check_positive_ints(**dims):
+    """Raise unless every keyword argument is a positive int (named in the error)."""
+    for name, n in dims.items():
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"{name}: expected an int, got {type(n).__name__}")
+        if n <= 0:
+            raise ValueError(f"{name}: expected a positive int, got {n}")
+
+
+def _check_additive_inputs(query, keys, query_dim, key_dim):
+    """AdditiveAttention's inputs: query (B, query_dim), keys (B, N, key_dim), same dtype and device."""
+    _check_tensor(query, "query", 2, "(batch, query_dim)")
+    _check_tensor(keys, "keys", 3, "(batch, seq, key_dim)")
+    if query.shape[1] != query_dim:
+        raise ValueError(f"query: expected last dim query_dim={query_dim}, got shape {tuple(query.shape)}")
+    if keys.shape[2] != key_dim:
+        raise ValueError(f"keys: expected last dim key_dim={key_dim}, got shape {tuple(keys.shape)}")
+    if keys.shape[0] != query.shape[0]:
+        raise ValueError(f"keys: expected batch {query.shape[0]} like query, got shape {tuple(keys.shape)}")
+    if keys.dtype != query.dtype:
+        raise TypeError(f"keys: expected dtype {query.dtype} (the dtype of query), got {keys.dtype}")
+    if keys.device != query.device:
+        raise ValueError(f"keys: expected device {query.device} (the device of query), got {keys.device}")
+
+
+def _check_key_mask(mask, shape):
+    """None, or a bool (batch, seq) mask of exactly ``shape`` (True = real token)."""
+    if mask is None:
+        return
+    _check_tensor(mask, "mask", 2, "(batch, seq)")
+    if mask.shape != shape:
+        raise ValueError(f"mask: expected shape {tuple(shape)} (batch, seq), got {tuple(mask.shape)}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask: expected a bool tensor (True = real token), got dtype {mask.dtype}")
+
+
+def _check_mha_inputs(query, key, value, d_model):
+    """MultiHeadAttention's inputs: (batch, seq, d_model) each; key and value share (batch, seq)."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(x, name, 3, "(batch, seq, d_model)")
+        if x.shape[-1] != d_model:
+            raise ValueError(f"{name}: expected last dim d_model={d_model}, got shape {tuple(x.shape)}")
+    if key.shape[0] != query.shape[0]:
+        raise ValueError(f"key: expected batch {query.shape[0]} like query, got shape {tuple(key.shape)}")
+    if value.shape[:2] != key.shape[:2]:
+        raise ValueError(f"value: expected (batch, seq) = {tuple(key.shape[:2])} like key, "
+                         f"got shape {tuple(value.shape)}")
+
+
 def _check_qkv(q, k, v):
     """Check q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv): rank, shapes, dtypes, devices."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -235,47 +284,25 @@ class AdditiveAttention(nn.Module):
 
     def __init__(self, query_dim, key_dim, hidden_dim):
         super().__init__()
-        for name, n in (("query_dim", query_dim), ("key_dim", key_dim), ("hidden_dim", hidden_dim)):
-            if isinstance(n, bool) or not isinstance(n, int):
-                raise TypeError(f"{name}: expected an int, got {type(n).__name__}")
-            if n <= 0:
-                raise ValueError(f"{name}: expected a positive int, got {n}")
+        _check_positive_ints(query_dim=query_dim, key_dim=key_dim, hidden_dim=hidden_dim)
         self.query_dim, self.key_dim, self.hidden_dim = query_dim, key_dim, hidden_dim
         self.W = nn.Linear(query_dim, hidden_dim, bias=False)   # projects the query s
         self.U = nn.Linear(key_dim, hidden_dim, bias=False)     # projects each key h_j
         self.v = nn.Linear(hidden_dim, 1, bias=False)           # reads one score out
 
-    def _check(self, query, keys):
-        _check_tensor(query, "query", 2, "(batch, query_dim)")
-        _check_tensor(keys, "keys", 3, "(batch, seq, key_dim)")
-        if query.shape[1] != self.query_dim:
-            raise ValueError(f"query: expected last dim query_dim={self.query_dim}, got shape {tuple(query.shape)}")
-        if keys.shape[2] != self.key_dim:
-            raise ValueError(f"keys: expected last dim key_dim={self.key_dim}, got shape {tuple(keys.shape)}")
-        if keys.shape[0] != query.shape[0]:
-            raise ValueError(f"keys: expected batch {query.shape[0]} like query, got shape {tuple(keys.shape)}")
-        if keys.dtype != query.dtype:
-            raise TypeError(f"keys: expected dtype {query.dtype} (the dtype of query), got {keys.dtype}")
-        if keys.device != query.device:
-            raise ValueError(f"keys: expected device {query.device} (the device of query), got {keys.device}")
-
     def score(self, query, keys):
         """Raw scores ``v^T tanh(W s + U h_j)``: query (B, Dq), keys (B, N, Dk) -> (B, N)."""
-        self._check(query, keys)
+        _check_additive_inputs(query, keys, self.query_dim, self.key_dim)
         ws = self.W(query)[:, None, :]          # (B, 1, hidden)
         uh = self.U(keys)                       # (B, N, hidden)
         return self.v(torch.tanh(ws + uh))[..., 0]   # (B, N)
 
     def forward(self, query, keys, mask=None):
-        scores = self.score(query, keys)         # (B, N)
+        scores = self.score(query, keys)         # (B, N); checks query and keys
+        _check_key_mask(mask, scores.shape)
         if mask is None:
             weights = softmax(scores, dim=-1)    # (B, N)
         else:
-            _check_tensor(mask, "mask", 2, "(batch, seq)")
-            if mask.shape != scores.shape:
-                raise ValueError(f"mask: expected shape {tuple(scores.shape)} (batch, seq), got {tuple(mask.shape)}")
-            if mask.dtype != torch.bool:
-                raise TypeError(f"mask: expected a bool tensor (True = real token), got dtype {mask.dtype}")
             weights = masked_softmax(scores, mask, dim=-1)               # (B, N)
         context = torch.einsum("bn,bnd->bd", weights, keys)             # (B, Dk)
         return context, weights
@@ -336,11 +363,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model, num_heads, bias=True):
         super().__init__()
-        for name, n in (("d_model", d_model), ("num_heads", num_heads)):
-            if isinstance(n, bool) or not isinstance(n, int):
-                raise TypeError(f"{name}: expected an int, got {type(n).__name__}")
-            if n <= 0:
-                raise ValueError(f"{name}: expected a positive int, got {n}")
+        _check_positive_ints(d_model=d_model, num_heads=num_heads)
         if d_model % num_heads != 0:
             raise ValueError(f"num_heads: expected a divisor of d_model={d_model}, got {num_heads}")
         self.d_model, self.num_heads, self.d_head = d_model, num_heads, d_model // num_heads
@@ -366,17 +389,9 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(B, N, h * d)                      # (B, N, d_model)
 
     def forward(self, query, key=None, value=None, mask=None, causal=False, return_weights=False):
-        key = query if key is None else key
+        key = query if key is None else key          # self-attention by default
         value = key if value is None else value
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            _check_tensor(x, name, 3, "(batch, seq, d_model)")
-            if x.shape[-1] != self.d_model:
-                raise ValueError(f"{name}: expected last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
-        if key.shape[0] != query.shape[0]:
-            raise ValueError(f"key: expected batch {query.shape[0]} like query, got shape {tuple(key.shape)}")
-        if value.shape[:2] != key.shape[:2]:
-            raise ValueError(f"value: expected (batch, seq) = {tuple(key.shape[:2])} like key, "
-                             f"got shape {tuple(value.shape)}")
+        _check_mha_inputs(query, key, value, self.d_model)
         q = self.split_heads(self.q_proj(query))     # (B, h, Nq, d_head)
         k = self.split_heads(self.k_proj(key))       # (B, h, Nk, d_head)
         v = self.split_heads(self.v_proj(value))     # (B, h, Nk, d_head)

@@ -25,6 +25,15 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
   block_mask=None, density=None, block_size=(64, 64), causal=False)`` and
   ``block_sparse_backward_io(...)``: the same kernels walking a block list; with a
   ``BlockMask`` (or bool tensor) exact, with ``density`` the expected value.
+* ``paper_standard_forward_io`` / ``paper_standard_backward_io(batch, heads, n, d=64,
+  bytes_per_element=2, *, mask="additive", dropout=True)``: standard attention as Dao et al.
+  2022's PyTorch baseline runs it, one kernel per operation (S, mask, softmax, dropout, PV; the
+  backward through the saved P);
+* ``paper_flash_forward_io`` / ``paper_flash_backward_io(batch, heads, n, d=64,
+  bytes_per_element=2, *, sram_bytes=A100_SRAM_BYTES)``: the paper's Algorithm 1/2 and
+  Algorithm 4 (K/V loop outside, Q/O/dQ streamed past each key block) at its block sizes;
+* ``fig2(...)``: both bars of Dao et al. 2022, Fig. 2 (left) from the four above, term by term,
+  beside the paper's 40.3 GB and 4.4 GB (``FIG2``).
 * ``softmax_io(rows, cols, bytes_per_element=4)``: the fused softmax kernel.
 * ``attention_flops(batch, heads, n_q, n_k=None, d=64, causal=False)``: 4 n_q n_k d (the
   two matmuls of the forward; causal halves the useful work, not the standard kernels').
@@ -64,6 +73,8 @@ __all__ = [
     "IO", "Machine", "Roofline", "MACHINES", "roofline", "flash_block_sizes", "softmax_io",
     "standard_forward_io", "standard_backward_io", "flash_forward_io", "flash_backward_io",
     "block_sparse_forward_io", "block_sparse_backward_io", "attention_flops", "theorem2", "matmul_io",
+    "A100_SRAM_BYTES", "FIG2", "fig2", "paper_flash_forward_io", "paper_flash_backward_io",
+    "paper_standard_forward_io", "paper_standard_backward_io",
 ]
 
 
@@ -294,10 +305,8 @@ def flash_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, 
     if loop_order == "kv_outer":
         if causal or block_mask is not None:
             raise ValueError("loop_order='kv_outer' models the paper's dense, non-causal Algorithm 1 only")
-        tc = math.ceil(n_k / block_n)
-        reads = 2 * n_k * d * e + tc * (2 * n_q * d * e + 2 * n_q * lse_bytes)
-        writes = tc * (n_q * d * e + 2 * n_q * lse_bytes)
-        return _part("flash_fwd_alg1", reads, writes, 4 * n_q * n_k * d).scaled(batch * heads)
+        alg1 = _algorithm1(n_q, n_k, d, e, block_n, lse_bytes, init=False)  # the loop only, no initialisation
+        return _part("flash_fwd_alg1", alg1.bytes_read, alg1.bytes_written, alg1.flops).scaled(batch * heads)
     if loop_order != "q_outer":
         raise ValueError(f"loop_order must be 'q_outer' or 'kv_outer', got {loop_order!r}")
     return _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, block_mask is not None, lse_bytes)
@@ -365,6 +374,149 @@ def block_sparse_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_elemen
                              density=None, block_size=(64, 64), causal=False, lse_bytes=4) -> IO:
     """Block-sparse FlashAttention backward (preprocess, dK/dV over q_indices, dQ over kv_indices)."""
     return _sparse_io("bwd", batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes)
+
+
+# ---------------------------------------------------------------------------------------
+# Dao et al. 2022 as the paper ran it: the two bars of Fig. 2 (left), in bytes
+# ---------------------------------------------------------------------------------------
+# "A100 GPU has 40-80GB of high bandwidth memory (HBM) ... and 192KB of on-chip SRAM per each of
+# 108 streaming multiprocessors" (Dao et al. 2022, Section 2.1). Algorithm 1 sizes its blocks from
+# that M: B_c = ceil(M / 4d), B_r = min(B_c, d), M counted in elements (here float16).
+A100_SRAM_BYTES = 192 * 1024
+
+# Dao et al. 2022 (arXiv:2205.14135v2), Fig. 2 left: GPT-2 medium's attention, forward + backward,
+# on an A100: sequence 1024, head dim 64, 16 heads, batch 64, float16. HBM reads + writes in GB.
+FIG2 = {"batch": 64, "heads": 16, "n": 1024, "d": 64, "bytes_per_element": 2,
+        "standard_gb": 40.3, "flash_gb": 4.4}
+
+
+def _algorithm1(n_q, n_k, d, e, block_n, stats_bytes, init=True):
+    """Algorithm 1/2's forward for one head: the K/V loop outside, the Q loop inside."""
+    tc = math.ceil(n_k / block_n)                  # passes over Q, O, l, m: one per K/V block
+    flops = 4 * n_q * n_k * d
+    return (_part("init O, l, m", 0, (n_q * d * e + 2 * n_q * stats_bytes) if init else 0)
+            + _part("K_j, V_j in (once)", 2 * n_k * d * e, 0)
+            + _part("Q_i, O_i, l_i, m_i in (per K/V block)", tc * (2 * n_q * d * e + 2 * n_q * stats_bytes), 0)
+            + _part("O_i, l_i, m_i out (per K/V block)", 0, tc * (n_q * d * e + 2 * n_q * stats_bytes), flops))
+
+
+def paper_flash_forward_io(batch, heads, n, d=64, bytes_per_element=2, *, sram_bytes=A100_SRAM_BYTES,
+                           block_m=None, block_n=None, stats_bytes=4, init=True) -> IO:
+    """FlashAttention's forward as Dao et al. 2022 write it (Algorithm 1, and Algorithm 2 with
+    dropout, which moves the same bytes: the dropout mask is regenerated, never stored), per head:
+
+    initialise O = 0, l = 0, m = -inf in HBM (``init``); for each of the T_c = ceil(N / B_c) key
+    blocks: read K_j, V_j once, and for every query block read Q_i, O_i, l_i, m_i and write O_i,
+    l_i, m_i back. Block sizes from the SRAM as in the paper (``flash_block_sizes``) unless given;
+    l and m are float32 (``stats_bytes``). Dense: a causal mask is applied on chip, no block skipped.
+    Parts name each term. Example: ``paper_flash_forward_io(64, 16, 1024).total_bytes / 1e9``
+    """
+    _check(batch, heads, n, n, d, bytes_per_element)
+    block_m, block_n = _resolve_blocks(d, bytes_per_element, block_m, block_n, sram_bytes)
+    return _algorithm1(n, n, d, bytes_per_element, block_n, stats_bytes, init).scaled(batch * heads)
+
+
+def paper_flash_backward_io(batch, heads, n, d=64, bytes_per_element=2, *, sram_bytes=A100_SRAM_BYTES,
+                            block_m=None, block_n=None, stats_bytes=4, init=True) -> IO:
+    """FlashAttention's backward as Dao et al. 2022 write it (Appendix B, Algorithm 4), per head:
+
+    initialise dQ, dK, dV = 0 in HBM (``init``); for each of the T_c key blocks: read K_j, V_j
+    once, and for every query block read Q_i, O_i, dO_i, dQ_i, l_i, m_i and write dQ_i back
+    (dQ accumulates in HBM); write dK_j, dV_j once. P and dP are recomputed on chip.
+    Example: ``paper_flash_backward_io(64, 16, 1024).total_bytes / 1e9``
+    """
+    _check(batch, heads, n, n, d, bytes_per_element)
+    block_m, block_n = _resolve_blocks(d, bytes_per_element, block_m, block_n, sram_bytes)
+    e, s = bytes_per_element, stats_bytes
+    tc = math.ceil(n / block_n)
+    io = (_part("init dQ, dK, dV", 0, 3 * n * d * e if init else 0)
+          + _part("K_j, V_j in (once)", 2 * n * d * e, 0)
+          + _part("Q_i, O_i, dO_i, dQ_i, l_i, m_i in (per K/V block)", tc * (4 * n * d * e + 2 * n * s), 0)
+          + _part("dQ_i out (per K/V block)", 0, tc * n * d * e)
+          + _part("dK_j, dV_j out (once)", 0, 2 * n * d * e, 10 * n * n * d))
+    return io.scaled(batch * heads)
+
+
+def _check_mask_kind(mask):
+    if mask not in (None, "additive", "fill"):
+        raise ValueError(f"mask must be None, 'additive' or 'fill', got {mask!r}")
+
+
+def paper_standard_forward_io(batch, heads, n, d=64, bytes_per_element=2, *, mask="additive", dropout=True,
+                              dropout_mask_bytes=1) -> IO:
+    """Standard attention's forward as the paper's PyTorch baseline runs it: one kernel per
+    operation, each reading its N x N input from HBM and writing its N x N output, per head:
+
+    S = QK^T * scale (read Q, K; write S); the causal mask (read S, write S'; ``mask=None`` skips
+    it); softmax (read, write P); dropout (read P, write P~ and its mask, ``dropout_mask_bytes``
+    per element: PyTorch keeps a bool mask for the backward); O = P~ V (read P~, V; write O).
+    The mask tensor itself is one (N, N) tensor broadcast over batch x heads: counted once per
+    call ("mask tensor"), as broadcast operands are everywhere in attnlab.
+    Example: ``paper_standard_forward_io(64, 16, 1024).total_bytes / 1e9``
+    """
+    _check(batch, heads, n, n, d, bytes_per_element)
+    _check_mask_kind(mask)
+    e, nn_, nd = bytes_per_element, n * n * bytes_per_element, n * d * bytes_per_element
+    io = _part("S = QK^T", 2 * nd, nn_, 2 * n * n * d)
+    if mask is not None:
+        io = io + _part("mask", nn_, nn_)
+    io = io + _part("softmax", nn_, nn_)
+    if dropout:
+        io = io + _part("dropout", nn_, nn_ + n * n * dropout_mask_bytes)
+    io = (io + _part("O = PV", nn_ + nd, nd, 2 * n * n * d)).scaled(batch * heads)
+    if mask is not None:
+        io = io + _part("mask tensor (read once, broadcast)", n * n * e, 0)
+    return io
+
+
+def paper_standard_backward_io(batch, heads, n, d=64, bytes_per_element=2, *, mask="additive", dropout=True,
+                               dropout_mask_bytes=1) -> IO:
+    """Standard attention's backward through the saved P, one kernel per operation, per head:
+
+    dV = P~^T dO (read P~, dO; write dV); dP~ = dO V^T (read dO, V; write dP~); the dropout
+    backward (read dP~ and the mask; write dP); the softmax backward dS = P * (dP - rowsum(P * dP))
+    (read P and dP; write dS); the mask's backward (``mask="fill"``, a masked_fill or where: read and
+    write dS; an ``"additive"`` mask's gradient passes through unchanged, no kernel); dQ = dS K and
+    dK = dS^T Q (read dS and K or Q; write dQ or dK).
+    Example: ``paper_standard_backward_io(64, 16, 1024).total_bytes / 1e9``
+    """
+    _check(batch, heads, n, n, d, bytes_per_element)
+    _check_mask_kind(mask)
+    nn_, nd = n * n * bytes_per_element, n * d * bytes_per_element
+    mm = 2 * n * n * d
+    io = (_part("dV = P^T dO", nn_ + nd, nd, mm)
+          + _part("dP = dO V^T", 2 * nd, nn_, mm))
+    if dropout:
+        io = io + _part("dropout backward", nn_ + n * n * dropout_mask_bytes, nn_)
+    io = io + _part("softmax backward", 2 * nn_, nn_)
+    if mask == "fill":
+        io = io + _part("mask backward", nn_, nn_)
+    io = io + _part("dQ = dS K", nn_ + nd, nd, mm) + _part("dK = dS^T Q", nn_ + nd, nd, mm)
+    return io.scaled(batch * heads)
+
+
+def fig2(batch=FIG2["batch"], heads=FIG2["heads"], n=FIG2["n"], d=FIG2["d"],
+         bytes_per_element=FIG2["bytes_per_element"], *, sram_bytes=A100_SRAM_BYTES, mask="additive",
+         dropout=True) -> dict:
+    """Both bars of Dao et al. 2022, Fig. 2 (left), predicted from the paper's own algorithms.
+
+    Returns {"standard": IO, "flash": IO (forward + backward, parts per term), "standard_forward",
+    "standard_backward", "flash_forward", "flash_backward": IO, "blocks": (B_r, B_c),
+    "paper_gb": {"standard", "flash"}, "model_gb": {...}, "relative_error": {...}}.
+    Example: ``fig2()["model_gb"]``
+    """
+    kw = dict(mask=mask, dropout=dropout)
+    sf = paper_standard_forward_io(batch, heads, n, d, bytes_per_element, **kw)
+    sb = paper_standard_backward_io(batch, heads, n, d, bytes_per_element, **kw)
+    ff = paper_flash_forward_io(batch, heads, n, d, bytes_per_element, sram_bytes=sram_bytes)
+    fb = paper_flash_backward_io(batch, heads, n, d, bytes_per_element, sram_bytes=sram_bytes)
+    paper = {"standard": FIG2["standard_gb"], "flash": FIG2["flash_gb"]}
+    model = {"standard": (sf + sb).total_bytes / 1e9, "flash": (ff + fb).total_bytes / 1e9}
+    return {"standard": sf + sb, "flash": ff + fb, "standard_forward": sf, "standard_backward": sb,
+            "flash_forward": ff, "flash_backward": fb,
+            "blocks": flash_block_sizes(sram_bytes, d, bytes_per_element),
+            "paper_gb": paper, "model_gb": model,
+            "relative_error": {k: model[k] / paper[k] - 1 for k in paper}}
 
 
 def theorem2(n: int, d: int, sram_elements: int, density: float = 1.0) -> dict:

@@ -1,16 +1,21 @@
 """Show the library's own code in a lesson, so what the learner reads is what runs."""
 
+import ast
 import inspect
 import textwrap
 
 
-def show_source(obj, *, lines=None):
+def show_source(obj, *, lines=None, constexprs=None):
     """Display the source of a function, class or module of attnlab.
 
     In a notebook the code is shown highlighted; elsewhere it is printed.
     ``lines=(start, stop)`` keeps only that slice of the source's lines.
+    ``constexprs={"SPARSE": False}`` shows a kernel as Triton compiles it for those values: each
+    ``if NAME:`` (or ``if not NAME:``) keeps only the branch that runs, dedented; comments inside
+    it stay. This cuts by the code's structure, never by a comment's wording.
 
-    Example: ``show_source(attnlab.scaled_dot_product_attention)``
+    Example: ``show_source(attnlab.scaled_dot_product_attention)``;
+    ``show_source(_attn_fwd_kernel, constexprs={"SPARSE": False})``
     """
     obj = getattr(obj, "fn", obj)  # a Triton kernel (attnlab's Kernel, triton.JITFunction): its Python function
     try:
@@ -18,6 +23,8 @@ def show_source(obj, *, lines=None):
     except TypeError as exc:
         raise TypeError(f"obj: expected a function, class or module, got {type(obj).__name__}") from exc
     source = textwrap.dedent(source)
+    if constexprs:
+        source = specialize(source, constexprs)
     if lines is not None:
         start, stop = lines
         source = "\n".join(source.splitlines()[start:stop])
@@ -42,3 +49,56 @@ def _repo_relative(path):
     if not tops:
         return path
     return "/".join(parts[tops[-1]:])  # the innermost: attnlab/kernels/x.py in a wheel -> kernels/x.py
+
+
+def specialize(source, constexprs):
+    """``source`` with every ``if NAME:`` / ``if not NAME:`` on a name of ``constexprs`` replaced by
+    the branch that runs for its value (what Triton does to a ``tl.constexpr`` at compile time).
+
+    Example: ``specialize("if A:\\n    x = 1\\nelse:\\n    x = 2\\n", {"A": False}) == "x = 2"``
+    """
+    text = source.splitlines()
+    keep, dedent, used = [True] * len(text), [0] * len(text), set()
+
+    def value(test):
+        if isinstance(test, ast.Name) and test.id in constexprs:
+            used.add(test.id)
+            return bool(constexprs[test.id])
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            v = value(test.operand)
+            return None if v is None else not v
+        return None
+
+    def indent(i):
+        return len(text[i]) - len(text[i].lstrip())
+
+    def header(i, region):  # drop a header line (if / else), keeping its comment above the kept branch
+        keep[i] = False
+        if "#" in text[i] and region and any(text[j].strip() for j in region):
+            first = next(j for j in region if text[j].strip())
+            text[i] = " " * indent(first) + text[i][text[i].index("#"):]
+            keep[i], dedent[i] = True, dedent[first]
+
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.If) or (v := value(node.test)) is None:
+            continue
+        if_line, end = node.lineno - 1, node.end_lineno
+        else_line = next((i for i in range(node.body[-1].end_lineno, end) if text[i].strip().startswith("else")), None)
+        if node.orelse and else_line is None:
+            raise ValueError(f"constexprs: an elif on {ast.unparse(node.test)} is not supported")
+        body = range(if_line + 1, else_line if else_line is not None else end)
+        orelse = range(else_line + 1, end) if else_line is not None else range(0)
+        kept, dropped = (body, orelse) if v else (orelse, body)
+        for j in dropped:
+            keep[j] = False
+        for j in kept:
+            if text[j].strip():
+                dedent[j] += indent(kept[0]) - indent(if_line) if kept else 0
+        header(if_line, kept if v else range(0))
+        if else_line is not None:
+            header(else_line, kept if not v else range(0))
+    unknown = set(constexprs) - used
+    if unknown:
+        raise ValueError(f"constexprs: {sorted(unknown)} is not the condition of any if in this source")
+    out = [t[d:] if t.strip() else t for t, d, k in zip(text, dedent, keep) if k]
+    return "\n".join(out)

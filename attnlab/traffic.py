@@ -4,25 +4,27 @@ Dao et al. 2022 (FlashAttention, Fig. 2, left; arXiv v1/v2) report, for GPT-2 me
 attention (sequence length 1024, head dimension 64) on an A100, 40.3 GB of HBM reads and
 writes for standard attention against 4.4 GB for FlashAttention (about 9x), forward plus
 backward. The defaults batch 64 x 16 heads follow that figure's caption (GPT-2 medium has
-16 heads; batch 64 as we read the caption of arXiv v2; check the paper before quoting the
-absolute gigabytes: the *ratio* does not depend on batch x heads).
+16 heads, batch size 64).
 :func:`gpt2_medium_comparison` measures the same thing from the course's own
 kernels: it traces one head (batch 1, heads 1) of each kernel in Triton's interpreter with
 :func:`attnlab.memory.trace`, checks the counts against :mod:`attnlab.iomodel`, and scales
 them by batch x heads (every head moves the same bytes).
 
-What changes the numbers:
+Two comparisons, kept apart:
 
-* the ratio does not depend on batch x heads, only the absolute gigabytes do;
-* the FlashAttention block sizes: K and V are read once per block of B_r queries, so the
-  traffic falls as B_r grows (bigger SRAM -> bigger blocks, Theorem 2's N^2 d^2 / M). The
-  paper's rule B_c = ceil(M / 4d), B_r = min(B_c, d) gives B_r = 64 for d = 64 on an A100;
-  real kernels use 128-row query blocks;
-* the standard side is dominated by the N x N matrices S, P (forward) and dP, dS (backward),
-  written and read in fp16: ~ 4 N^2 forward, ~ 10 N^2 forward plus backward;
-* the paper's standard implementation also applies dropout and masking as separate kernels
-  (more N x N passes) and counts fp32 softmax statistics; ours is the minimal unfused
-  baseline, so our standard number and hence the ratio come out somewhat lower.
+* **the paper's bars, predicted**: :func:`attnlab.iomodel.fig2` counts Dao et al.'s own
+  algorithms at the figure's shape: standard attention as a PyTorch baseline runs it (S, the
+  causal mask, softmax, dropout and PV as separate kernels, and the backward through the saved
+  P), and FlashAttention's Algorithm 1/2 forward and Algorithm 4 backward at the paper's block
+  sizes B_c = ceil(M / 4d) = 384, B_r = min(B_c, d) = 64 for an A100's 192 KB of SRAM. Both bars
+  come out within a few percent of 40.3 GB and 4.4 GB, term by term;
+* **attnlab's kernels, traced**: the minimal unfused baseline (no mask or dropout pass) and the
+  FlashAttention-2 kernels at 128 x 128 blocks. FA2 streams K and V once per *query* block
+  where Algorithm 1 streams Q and O once per *key* block: fewer bytes per pass, but with
+  128-row outer blocks it makes 8 passes where the paper's 384-key blocks make 3
+  (``loop_order`` in the result says it in numbers).
+
+The ratio does not depend on batch x heads, only the absolute gigabytes do.
 
 Run ``python benchmarks/gpt2_traffic.py`` for the table; lesson 07 shows it.
 """
@@ -34,7 +36,7 @@ import torch
 from attnlab import iomodel
 from attnlab.memory import trace
 
-__all__ = ["gpt2_medium_comparison", "format_comparison", "PAPER_GB"]
+__all__ = ["gpt2_medium_comparison", "format_comparison", "loop_order_rows", "PAPER_GB"]
 
 PAPER_GB = {"standard": 40.3, "flash": 4.4}  # Dao et al. 2022, Fig. 2 (forward + backward, HBM R/W)
 
@@ -47,8 +49,10 @@ def gpt2_medium_comparison(seq: int = 1024, head_dim: int = 64, batch: int = 64,
     Returns {"rows": [...], "batch_heads": int, "flash_blocks": ..., ...}; each row is a dict with
     ``method`` ("standard" | "flash"), ``pass`` ("forward" | "forward+backward"),
     ``traced_bytes`` (one head, measured), ``model_bytes`` (one head, attnlab.iomodel),
-    ``gb`` (traced x batch x heads / 1e9). Also ``paper_block_sizes`` (B_r, B_c from an A100's
-    192 KB of SRAM) with ``paper_flash_gb`` (the model at those block sizes).
+    ``gb`` (traced x batch x heads / 1e9). Also ``fig2`` (:func:`attnlab.iomodel.fig2`: the paper's
+    own algorithms at its shape, both bars, term by term), ``paper_block_sizes`` (B_r, B_c from an
+    A100's 192 KB of SRAM), ``loop_order`` (rows: name, passes, gb, io: the paper's K/V-outer loop
+    beside the FA2 loop order at several block sizes) and ``block_sweep_gb``.
 
     Example: ``format_comparison(gpt2_medium_comparison())``
     """
@@ -80,21 +84,59 @@ def gpt2_medium_comparison(seq: int = 1024, head_dim: int = 64, batch: int = 64,
         lambda a, b_, c: flash_attention(a, b_, c, block_m=bm, block_n=bn),
         iomodel.flash_forward_io(1, 1, seq, seq, head_dim, e, block_m=bm, block_n=bn),
         iomodel.flash_backward_io(1, 1, seq, seq, head_dim, e, block_m=bm, block_n=bn))
-    paper_blocks = iomodel.flash_block_sizes(iomodel.MACHINES["A100"].sram_per_sm, head_dim, e)
-    alg1 = iomodel.flash_forward_io(batch, heads, seq, seq, head_dim, e, block_m=paper_blocks[0],
-                                    block_n=paper_blocks[1], loop_order="kv_outer")
-    fa2 = (iomodel.flash_forward_io(batch, heads, seq, seq, head_dim, e, block_m=paper_blocks[0], block_n=paper_blocks[1])
-           + iomodel.flash_backward_io(batch, heads, seq, seq, head_dim, e, block_m=paper_blocks[0], block_n=paper_blocks[1]))
+    # Dao et al. 2022's own algorithms at the paper's shape: the two bars of Fig. 2 (left), predicted
+    fig2 = iomodel.fig2(batch, heads, seq, head_dim, e)
+    loop_order = loop_order_rows(batch, heads, seq, head_dim, e, traced_blocks=(bm, bn))
     # what the block size changes: FlashAttention traffic (model, forward + backward) for square blocks
-    sweep = {}
-    for b in (32, 64, 128, 256):
-        io = (iomodel.flash_forward_io(batch, heads, seq, seq, head_dim, e, block_m=b, block_n=b)
-              + iomodel.flash_backward_io(batch, heads, seq, seq, head_dim, e, block_m=b, block_n=b))
-        sweep[b] = io.total_bytes / 1e9
-    return {"rows": rows, "batch_heads": batch * heads, "block_sweep_gb": sweep, "seq": seq, "head_dim": head_dim, "dtype": str(dtype),
-            "flash_blocks": tuple(flash_blocks), "standard_blocks": tuple(standard_blocks),
-            "paper_block_sizes": paper_blocks, "paper_flash_gb": fa2.total_bytes / 1e9,
-            "paper_alg1_forward_gb": alg1.total_bytes / 1e9, "paper_gb": dict(PAPER_GB)}
+    sweep = {b: _fa2(batch, heads, seq, head_dim, e, b, b).total_bytes / 1e9 for b in (32, 64, 128, 256)}
+    return {"rows": rows, "batch_heads": batch * heads, "block_sweep_gb": sweep, "seq": seq, "head_dim": head_dim,
+            "dtype": str(dtype), "flash_blocks": tuple(flash_blocks), "standard_blocks": tuple(standard_blocks),
+            "paper_block_sizes": fig2["blocks"], "fig2": fig2, "loop_order": loop_order, "paper_gb": dict(PAPER_GB)}
+
+
+def loop_order_rows(batch=64, heads=16, seq=1024, head_dim=64, bytes_per_element=2, traced_blocks=(128, 128),
+                    sram_bytes=iomodel.A100_SRAM_BYTES) -> list:
+    """The paper's loop order (Algorithms 1 and 4: K/V outside) beside FlashAttention-2's (attnlab's
+    kernels: Q outside in the forward and dQ kernels, K/V outside in the dK/dV kernel), forward +
+    backward at batch x heads, from attnlab.iomodel. Each row: name, passes (how often the streamed
+    operands are read, per kernel), gb, io.
+
+    Example: ``[(r["name"], r["gb"]) for r in loop_order_rows()]``
+    """
+    e = bytes_per_element
+    br, bc = iomodel.flash_block_sizes(sram_bytes, head_dim, e)
+    paper = (iomodel.paper_flash_forward_io(batch, heads, seq, head_dim, e, sram_bytes=sram_bytes)
+             + iomodel.paper_flash_backward_io(batch, heads, seq, head_dim, e, sram_bytes=sram_bytes))
+    bm, bn = traced_blocks
+    return [
+        _loop_row(f"Algorithm 1 + 4 (paper), B_r={br}, B_c={bc}: K/V outside", (bc,), paper, seq),
+        _loop_row(f"FA2 order (attnlab's kernels), blocks {bm} x {bn}", (bm, bn),
+                  _fa2(batch, heads, seq, head_dim, e, bm, bn), seq),
+        _loop_row(f"FA2 order at the paper's blocks B_r={br}, B_c={bc}", (br, bc),
+                  _fa2(batch, heads, seq, head_dim, e, br, bc), seq),
+        _loop_row(f"FA2 order, outer blocks of {bc} (the paper's passes)", (bc, bc),
+                  _fa2(batch, heads, seq, head_dim, e, bc, bc), seq),
+    ]
+
+
+def _fa2(batch, heads, seq, d, e, bm, bn):
+    """attnlab's FlashAttention-2 kernels (forward + backward) as modelled by attnlab.iomodel."""
+    return (iomodel.flash_forward_io(batch, heads, seq, seq, d, e, block_m=bm, block_n=bn)
+            + iomodel.flash_backward_io(batch, heads, seq, seq, d, e, block_m=bm, block_n=bn))
+
+
+def _loop_row(name, blocks, io, seq):
+    """passes: how often the streamed operands are re-read, per kernel (forward; dK/dV; dQ).
+    The paper's Algorithm 1 and 4 stream Q, O (and dO, dQ) once per key block: seq / B_c passes each.
+    FA2 streams K, V once per query block (forward, dQ) and Q, dO once per key block (dK/dV)."""
+    import math
+
+    if len(blocks) == 1:
+        passes = (math.ceil(seq / blocks[0]),) * 2
+    else:
+        bm, bn = blocks
+        passes = (math.ceil(seq / bm), math.ceil(seq / bn), math.ceil(seq / bm))
+    return {"name": name, "passes": passes, "gb": io.total_bytes / 1e9, "io": io}
 
 
 def format_comparison(result: dict) -> str:
@@ -112,10 +154,17 @@ def format_comparison(result: dict) -> str:
     pg = result["paper_gb"]
     lines.append(f"Dao et al. 2022, Fig. 2 (forward+backward): {pg['standard']} GB vs {pg['flash']} GB = "
                  f"{pg['standard'] / pg['flash']:.1f}x")
-    br, bc = result["paper_block_sizes"]
-    lines.append(f"model at the paper's block sizes for an A100's 192 KB SRAM (B_r={br}, B_c={bc}): "
-                 f"our kernels {result['paper_flash_gb']:.2f} GB forward+backward; "
-                 f"Algorithm 1 (K/V outer loop) forward {result['paper_alg1_forward_gb']:.2f} GB")
+    f2 = result["fig2"]
+    br, bc = f2["blocks"]
+    lines.append(f"Dao et al.'s own algorithms (attnlab.iomodel.fig2: B_r={br}, B_c={bc} from an A100's 192 KB SRAM): "
+                 f"standard {f2['model_gb']['standard']:.2f} GB ({f2['relative_error']['standard']:+.1%} vs the paper), "
+                 f"FlashAttention {f2['model_gb']['flash']:.2f} GB ({f2['relative_error']['flash']:+.1%})")
+    for name, bar in (("standard", "standard"), ("flash", "flash")):
+        for part, io in (f2[f"{bar}_forward"] + f2[f"{bar}_backward"]).parts.items():
+            lines.append(f"    {name:<8} {part:<52} {io.total_bytes / 1e9:>7.3f} GB")
+    lines.append("loop order (forward + backward; passes = how often the streamed operands are read: fwd, [dK/dV,] dQ):")
+    for r in result["loop_order"]:
+        lines.append(f"    {r['name']:<64} passes {str(r['passes']):<13} {r['gb']:>6.2f} GB")
     lines.append("flash forward+backward (model) for square blocks B_r = B_c: " + ", ".join(
         f"{b}: {gb:.2f} GB" for b, gb in result["block_sweep_gb"].items()))
     return "\n".join(lines)

@@ -4,9 +4,12 @@ Each file reads like one of Triton's tutorials: what you learn, the naive versio
 memory traffic counted, the kernel with its traffic counted, the launching wrapper.
 
 * ``vector_add.py``: the first kernel (programs, blocks, pointers, masks).
-* ``softmax.py``: fused row softmax.
+* ``tutorial_softmax.py``: fused row softmax at the size of Triton's tutorial, one row per program.
+* ``softmax.py``: the fused row softmax the course ships (rows per program, two passes for long rows).
 * ``standard_attention.py``: unfused attention (S, softmax, PV) and its backward.
-* ``flash_attention.py``: FlashAttention-2 forward and backward.
+* ``flash_steps.py``: FlashAttention built in steps: (a) the loop, (b) boundary masks, (c) causal
+  block skipping, and a minimal backward (dK/dV and dQ kernels).
+* ``flash_attention.py``: FlashAttention-2 forward and backward, as shipped.
 * ``block_mask.py`` and ``block_sparse_attention.py``: block-sparse FlashAttention.
 
 On CUDA tensors the kernels run compiled; on CPU tensors they run in Triton's interpreter

@@ -82,9 +82,7 @@ def block_sparse_attention(q, k, v, block_mask, block_size=None, causal=False, s
 
     Example: ``o = block_sparse_attention(q, k, v, local_mask(512, 512, 64, (64, 64)))``
     """
-    _validate_qkv(q, k, v, scale)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _validate_qkv(q, k, v, scale, causal)
     if block_size is not None:
         _check_block_size(block_size)
     B, H, n_q, d = q.shape

@@ -349,7 +349,9 @@ def _attn_bwd_dq_kernel(
 # ---------------------------------------------------------------------------------------
 # Wrappers (the launch configurations are chosen in _tuning.py)
 # ---------------------------------------------------------------------------------------
-def _validate_qkv(q, k, v, scale):
+def _validate_qkv(q, k, v, scale, causal=False):
+    """The checks every attention wrapper makes before launching: tensors, shapes, dtypes, devices,
+    head dim, scale and causal, each error naming the argument."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -381,6 +383,19 @@ def _validate_qkv(q, k, v, scale):
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
     check_interpreter_dtype(q=q, k=k, v=v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+
+
+def _explicit_blocks(q, block_m, block_n):
+    """(BLOCK_M, BLOCK_N) fixed by the caller (a missing one takes the default), checked; or
+    (None, None) when neither is given: then each kernel's blocks are chosen at launch."""
+    if block_m is None and block_n is None:
+        return None, None
+    dm, dn = default_block_sizes(q.shape[-1], q.dtype, q.device)
+    blocks = (dm if block_m is None else block_m, dn if block_n is None else block_n)
+    _check_blocks(*blocks)
+    return blocks
 
 
 def _check_blocks(block_m, block_n):
@@ -527,17 +542,9 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, bloc
 
     Example: ``o = flash_attention(q, k, v, causal=True)``
     """
-    _validate_qkv(q, k, v, scale)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    d = q.shape[-1]
-    scale = float(d ** -0.5 if scale is None else scale)
-    if block_m is None and block_n is None:
-        blocks_fwd = blocks_bwd = (None, None)    # chosen at launch, per kernel
-    else:
-        dm, dn = default_block_sizes(d, q.dtype, q.device)
-        blocks_fwd = blocks_bwd = (dm if block_m is None else block_m, dn if block_n is None else block_n)
-        _check_blocks(*blocks_fwd)
+    _validate_qkv(q, k, v, scale, causal)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    blocks = _explicit_blocks(q, block_m, block_n)   # (None, None): chosen at launch, per kernel
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o, lse = _FlashAttention.apply(q, k, v, causal, scale, blocks_fwd, blocks_bwd)
+    o, lse = _FlashAttention.apply(q, k, v, causal, scale, blocks, blocks)  # forward and backward blocks
     return (o, lse) if return_lse else o

@@ -141,6 +141,16 @@ def _launch_softmax(s: torch.Tensor, p: torch.Tensor) -> None:
                           **extra)
 
 
+def _check_softmax_input(x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1 or x.numel() == 0:
+        raise ValueError(f"x must have at least one element and one dimension, got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
+    check_interpreter_dtype(x=x)
+
+
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension with one fused Triton kernel.
 
@@ -149,13 +159,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
     Example: ``softmax(torch.randn(4, 1000))``
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() < 1 or x.numel() == 0:
-        raise ValueError(f"x must have at least one element and one dimension, got shape {tuple(x.shape)}")
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
-    check_interpreter_dtype(x=x)
+    _check_softmax_input(x)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y2 = torch.empty_like(x2)
     _launch_softmax(x2, y2)

@@ -246,6 +246,19 @@ class _StandardAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def _standard_blocks(q, k, block_m, block_n, block_k):
+    """The block sizes of the three kernels (defaults where None), checked; and the longest row
+    the backward's softmax kernel can hold."""
+    bm, bn, bk = standard_block_sizes(q.shape[-1], q.dtype, q.device)
+    blocks = (bm if block_m is None else block_m, bn if block_n is None else block_n, bk if block_k is None else block_k)
+    _check_blocks(blocks[0], blocks[1])
+    if not isinstance(blocks[2], int) or blocks[2] < 16 or blocks[2] & (blocks[2] - 1):
+        raise ValueError(f"block_k must be a power of two >= 16, got {blocks[2]!r}")
+    if k.shape[-2] > 16384 and q.requires_grad:
+        raise ValueError(f"k has {k.shape[-2]} positions; the standard backward's softmax kernel holds rows up to 16384")
+    return blocks
+
+
 def standard_attention(q, k, v, causal=False, scale=None, *, block_m=None, block_n=None, block_k=None):
     """Unfused attention as three Triton kernels (S, softmax, PV); differentiable.
 
@@ -254,17 +267,8 @@ def standard_attention(q, k, v, causal=False, scale=None, *, block_m=None, block
 
     Example: ``o = standard_attention(q, k, v, causal=True)``
     """
-    _validate_qkv(q, k, v, scale)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    d = q.shape[-1]
-    scale = float(d ** -0.5 if scale is None else scale)
-    bm, bn, bk = standard_block_sizes(d, q.dtype, q.device)
-    blocks = (bm if block_m is None else block_m, bn if block_n is None else block_n, bk if block_k is None else block_k)
-    _check_blocks(blocks[0], blocks[1])
-    if not isinstance(blocks[2], int) or blocks[2] < 16 or blocks[2] & (blocks[2] - 1):
-        raise ValueError(f"block_k must be a power of two >= 16, got {blocks[2]!r}")
-    if k.shape[-2] > 16384 and q.requires_grad:
-        raise ValueError(f"k has {k.shape[-2]} positions; the standard backward's softmax kernel holds rows up to 16384")
+    _validate_qkv(q, k, v, scale, causal)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    blocks = _standard_blocks(q, k, block_m, block_n, block_k)   # (BLOCK_M, BLOCK_N, BLOCK_K), checked
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return _StandardAttention.apply(q, k, v, causal, scale, blocks)

@@ -38,14 +38,8 @@ def add_kernel(
     # per program: read 2 * BLOCK, write BLOCK elements; in total read 2n, write n
 
 
-def vector_add(x: torch.Tensor, y: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """``x + y`` for two 1-D tensors, by :func:`add_kernel`: one program per ``block`` elements.
-
-    x, y: ``(n,)`` on the same device, same floating dtype -> ``(n,)``.
-    CPU tensors run in Triton's interpreter, CUDA tensors natively.
-
-    Example: ``vector_add(torch.arange(5.0), torch.ones(5))``
-    """
+def _check_add_args(x, y, block):
+    """x and y: 1-D floating tensors of one shape, dtype and device; block: a power of two."""
     for name, t in (("x", x), ("y", y)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -62,6 +56,17 @@ def vector_add(x: torch.Tensor, y: torch.Tensor, block: int = 1024) -> torch.Ten
     if not isinstance(block, int) or block <= 0 or block & (block - 1):
         raise ValueError(f"block: expected a power of two, got {block!r}")
     check_interpreter_dtype(x=x, y=y)
+
+
+def vector_add(x: torch.Tensor, y: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """``x + y`` for two 1-D tensors, by :func:`add_kernel`: one program per ``block`` elements.
+
+    x, y: ``(n,)`` on the same device, same floating dtype -> ``(n,)``.
+    CPU tensors run in Triton's interpreter, CUDA tensors natively.
+
+    Example: ``vector_add(torch.arange(5.0), torch.ones(5))``
+    """
+    _check_add_args(x, y, block)
     x, y = x.contiguous(), y.contiguous()
     z = torch.empty_like(x)
     n = x.numel()

@@ -148,3 +148,81 @@ def test_bad_arguments():
         io.block_sparse_forward_io(1, 1, 128, block_mask=torch.ones(1, 1, 3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="density"):
         io.block_sparse_forward_io(1, 1, 128, density=2.0)
+
+
+# --- Dao et al. 2022 as the paper ran it: Fig. 2 (left) -------------------------------
+def test_paper_flash_hand_count():
+    # N = 8, d = 2, 1 byte per element, B_c = 4 (T_c = 2 key blocks), l and m of 4 bytes:
+    # init O (16) + l, m (2 x 8 x 4); K, V once (32); per key block read Q, O (32) + l, m (64), write O (16) + l, m (64)
+    f = io.paper_flash_forward_io(1, 1, 8, d=2, bytes_per_element=1, block_m=2, block_n=4)
+    assert (f.bytes_read, f.bytes_written) == (32 + 2 * (32 + 64), 16 + 64 + 2 * (16 + 64))
+    assert f.parts["init O, l, m"].bytes_written == 80
+    # Algorithm 1's loop alone is flash_forward_io's kv_outer count
+    alg1 = io.flash_forward_io(1, 1, 8, 8, d=2, bytes_per_element=1, block_m=2, block_n=4, loop_order="kv_outer")
+    assert alg1.total_bytes == f.total_bytes - 80
+    # backward: init dQ, dK, dV (48); K, V (32); per key block read Q, O, dO, dQ (64) + l, m (64), write dQ (16);
+    # write dK, dV (32)
+    b = io.paper_flash_backward_io(1, 1, 8, d=2, bytes_per_element=1, block_m=2, block_n=4)
+    assert (b.bytes_read, b.bytes_written) == (32 + 2 * (64 + 64), 48 + 2 * 16 + 32)
+    assert b.scaled(6) == io.paper_flash_backward_io(2, 3, 8, d=2, bytes_per_element=1, block_m=2, block_n=4)
+
+
+def test_paper_standard_hand_count():
+    # N = 4, d = 2, 1 byte per element, 1-byte dropout mask: N^2 = 16, Nd = 8
+    f = io.paper_standard_forward_io(1, 1, 4, d=2, bytes_per_element=1)
+    parts = {k: (v.bytes_read, v.bytes_written) for k, v in f.parts.items()}
+    assert parts == {"S = QK^T": (16, 16), "mask": (16, 16), "softmax": (16, 16), "dropout": (16, 32),
+                     "O = PV": (24, 8), "mask tensor (read once, broadcast)": (16, 0)}
+    b = io.paper_standard_backward_io(1, 1, 4, d=2, bytes_per_element=1)
+    parts = {k: (v.bytes_read, v.bytes_written) for k, v in b.parts.items()}
+    assert parts == {"dV = P^T dO": (24, 8), "dP = dO V^T": (16, 16), "dropout backward": (32, 16),
+                     "softmax backward": (32, 16), "dQ = dS K": (24, 8), "dK = dS^T Q": (24, 8)}
+    # a masked_fill-style mask adds one N x N pass to the backward; no mask, no dropout: Algorithm 0
+    fill = io.paper_standard_backward_io(1, 1, 4, d=2, bytes_per_element=1, mask="fill")
+    assert fill.total_bytes == b.total_bytes + 32
+    plain = io.paper_standard_forward_io(1, 1, 4, d=2, bytes_per_element=1, mask=None, dropout=False)
+    assert plain == io.standard_forward_io(1, 1, 4, d=2, bytes_per_element=1)
+    with pytest.raises(ValueError, match="mask must be"):
+        io.paper_standard_forward_io(1, 1, 4, mask="causal")
+
+
+def test_fig2_both_bars_within_15_percent():
+    r = io.fig2()
+    assert r["blocks"] == (64, 384)                       # B_r = min(ceil(M / 4d), d), B_c = ceil(M / 4d), M = 96K halves
+    assert r["paper_gb"] == {"standard": 40.3, "flash": 4.4}
+    for bar in ("standard", "flash"):
+        model = r[bar].total_bytes / 1e9
+        assert abs(model / r["paper_gb"][bar] - 1) < 0.15, (bar, model)
+        assert r["model_gb"][bar] == model
+    assert r["standard"] == r["standard_forward"] + r["standard_backward"]
+    # every N x N pass is 2 N^2 bytes per head: 18 of them, plus 12 Nd, for the standard bar
+    per_head = 2 * (18 * 1024 * 1024 + 12 * 1024 * 64)
+    assert r["standard"].total_bytes == 1024 * per_head + 2 * 1024 * 1024   # + the broadcast mask, once
+    # the ratio is the paper's order: several times fewer bytes
+    assert 7 < r["standard"].total_bytes / r["flash"].total_bytes < 11
+    # a masked_fill mask, or no dropout, moves the standard bar by one or more N x N passes
+    assert io.fig2(mask="fill")["model_gb"]["standard"] > r["model_gb"]["standard"] > io.fig2(dropout=False)["model_gb"]["standard"]
+
+
+def test_model_equals_traced_bytes_of_attnlab_kernels():
+    from attnlab.kernels import flash_attention, standard_attention
+    from attnlab.memory import trace
+
+    n, d, bm, bn = 80, 16, 32, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, d, generator=g).half().requires_grad_() for _ in range(3))
+
+    def fwd_bwd(fn):
+        def run():
+            o = fn(q, k, v)
+            o.backward(torch.ones_like(o))
+        return run
+
+    fa = trace(fwd_bwd(lambda a, b, c: flash_attention(a, b, c, causal=True, block_m=bm, block_n=bn)))
+    model = (io.flash_forward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm, block_n=bn, causal=True)
+             + io.flash_backward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm, block_n=bn, causal=True))
+    assert (fa.bytes_read, fa.bytes_written) == (model.bytes_read, model.bytes_written)
+    std = trace(fwd_bwd(lambda a, b, c: standard_attention(a, b, c, block_m=bm, block_n=bn, block_k=16)))
+    model = (io.standard_forward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm)
+             + io.standard_backward_io(1, 2, n, d=d, bytes_per_element=2, blocks=(bm, bn, 16)))
+    assert (std.bytes_read, std.bytes_written) == (model.bytes_read, model.bytes_written)

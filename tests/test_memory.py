@@ -135,3 +135,4 @@ def test_gpt2_comparison_small_shape():
     by = {(r["method"], r["pass"]): r["traced_bytes"] for r in res["rows"]}
     assert by[("flash", "forward")] < by[("standard", "forward")]
     assert "40.3 GB vs 4.4 GB" in format_comparison(res)
+    assert res["fig2"]["model_gb"]["standard"] > 0 and len(res["loop_order"]) == 4

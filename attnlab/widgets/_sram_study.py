@@ -87,6 +87,11 @@ class SramStudy:
                                  self.slider, self.image, self.text])
         self.redraw()
 
+    def tile_bytes(self, b_r, b_c):
+        """On-chip bytes of Algorithm 1's tiles for these blocks: Q_i and O_i (B_r x d), K_j and V_j
+        (B_c x d), at the traced element size; B_c = M / 4d makes them fit in M."""
+        return (2 * b_r + 2 * b_c) * self.d * self.element_size
+
     def summary(self):
         """Numbers for the current M: block sizes and bytes, live (traced shape) and iomodel (large shape)."""
         m = self.slider.value
@@ -114,6 +119,16 @@ class SramStudy:
         (mark_l,) = ax_l.plot([], [], "o", ms=11, mfc="none", mec="k")
         b, h, n_q, d = self.q_shape
         ax_l.set_title(f"live traces: N={n_q}, d={d}, float32 (measured)", fontsize=10)
+        # where FlashAttention moves MORE than standard attention: it reads K and V once per block
+        # of B_r queries (2 N^2 d / B_r elements), standard attention writes and reads S and P
+        # (about 4 N^2): flash loses while B_r < d / 2
+        worse = [m for m in SRAM_KIB if self.live_bytes[self.live_blocks[m]] > self.live_standard]
+        if worse:
+            b_r = max(self.live_blocks[m][0] for m in worse)
+            ax_l.axvspan(x[0] / 1.3, max(worse) * 1.3, color="tab:red", alpha=0.07, lw=0)
+            ax_l.text(x[0], self.live_standard / 1024 * 0.55,
+                      f"flash > standard while B_r <= {b_r}:\nK, V re-read N/B_r >= {n_q // b_r} times,\n"
+                      f"2N\u00b2d/B_r > S, P's ~4N\u00b2", fontsize=7, va="top", color="tab:red")
         ax_l.set_ylabel("HBM bytes (KiB)")
         large = np.array([self.large_bytes[m] for m in SRAM_KIB])
         ax_r.plot(x, large / 2**20, "o-", color="tab:blue", label="flash (iomodel)")
@@ -140,10 +155,12 @@ class SramStudy:
         s = self.summary()
         h["marks"][0].set_data([s["sram_kib"]], [s["live_bytes"] / 1024])
         h["marks"][1].set_data([s["sram_kib"]], [s["large_bytes"] / 2**20])
+        br, bc = s["live_blocks"]
         h["title"].set_text(
-            f"M = {s['sram_kib']} KiB: traced B_r x B_c = {s['live_blocks'][0]} x {s['live_blocks'][1]} "
-            f"({fmt_bytes(s['live_bytes'])}); large shape {s['large_blocks'][0]} x {s['large_blocks'][1]} "
-            f"({fmt_bytes(s['large_bytes'])})")
+            f"SRAM study (what if M = {s['sram_kib']} KiB): B_r x B_c = {br} x {bc}, tiles Q, K, V, O = "
+            f"{fmt_bytes(self.tile_bytes(br, bc))} <= M, traced {fmt_bytes(s['live_bytes'])}; large shape "
+            f"{s['large_blocks'][0]} x {s['large_blocks'][1]} ({fmt_bytes(s['large_bytes'])})\n"
+            f"(the traces above are separate: the kernels' default 128 x 128 blocks)")
 
     def redraw(self, *_):
         """Move the markers and retitle: the curves are drawn once, the rest is blitted over them."""
@@ -163,5 +180,8 @@ class SramStudy:
             f"<small>Block sizes from M as in FlashAttention's Algorithm 1 (B_c = M/(4d), B_r = min(B_c, d)), rounded "
             f"to the kernels' powers of two in [16, 128] and capped by the sequence length. Left: the real flash "
             f"kernel traced at N={self.n_q}, d={self.d}. Right: {self.large_source}. Standard attention does not depend on M "
-            f"(traced: {fmt_bytes(s['live_standard_bytes'])}; model: {fmt_bytes(s['large_standard_bytes'])}).</small>"
+            f"(traced: {fmt_bytes(s['live_standard_bytes'])}; model: {fmt_bytes(s['large_standard_bytes'])}). "
+            f"At small M FlashAttention moves more than standard attention: it reads K and V once per block of B_r "
+            f"queries (2N\u00b2d/B_r elements), more than standard's ~4N\u00b2 for S and P while B_r < d/2. "
+            f"M is the study's what-if; the traces above use the default 128 x 128 blocks.</small>"
         )
