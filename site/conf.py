@@ -1,0 +1,94 @@
+"""Sphinx configuration of the course website (``make site``; see site/build.py).
+
+The sources are staged by site/build.py into build/site/src (copies of lessons/,
+exercises/, docs/ and pages generated from README.md and the docstrings); this file is
+read from site/ with ``sphinx-build -c site``. Notebooks are rendered from their stored
+outputs and never executed. Nothing is fetched from another host when a page is viewed:
+widgets show the PNG stored beside their widget view, MathJax is served from _static.
+"""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # the attnlab in this checkout, for autodoc
+
+import course_site  # noqa: E402
+
+project = "attnlab"
+author = "the attnlab authors"
+copyright = "the attnlab authors, MIT licence"
+root_doc = "index"
+
+extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.viewcode"]
+exclude_patterns = ["**/.ipynb_checkpoints", "_static"]
+
+# --- notebooks: stored outputs only ---------------------------------------------------------
+nb_execution_mode = "off"
+nb_merge_streams = True
+# a widget output holds its widget view and an image/png of the widget: never render the view
+# (it would need the widget manager's JavaScript from a CDN), so the PNG is shown
+nb_mime_priority_overrides = [(builder, "application/vnd.jupyter.widget-view+json", None)
+                              for builder in ("html", "dirhtml", "singlehtml")]
+nb_ipywidgets_js = {}
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
+myst_heading_anchors = 3
+
+# --- math: MathJax 3 served from this site (copied from the django-static-mathjax wheel) ------
+mathjax_path = "mathjax/tex-mml-chtml.js"
+mathjax3_config = {"options": {"menuOptions": {"settings": {"assistiveMml": False}}}}
+
+# --- API from docstrings ----------------------------------------------------------------------
+autodoc_member_order = "bysource"
+autodoc_default_options = {"undoc-members": False}
+autodoc_typehints = "none"  # signatures stay as written; types are in the docstrings
+
+# --- HTML -----------------------------------------------------------------------------------
+html_theme = "sphinx_book_theme"
+html_title = "attnlab: attention, from Bahdanau to block-sparse FlashAttention"
+html_theme_options = {
+    "repository_url": course_site.REPO_URL,
+    "repository_branch": course_site.REPO_BRANCH,
+    "use_repository_button": True,
+    "show_toc_level": 2,
+}
+html_last_updated_fmt = None
+html_show_sphinx = False
+
+
+def _run_yourself(app, docname, source):
+    """Give each lesson page its notebook and an "open in Colab" link, under the title.
+
+    Added to the page while it is read; the staged notebook (and so the downloaded file) is
+    the lesson exactly as stored.
+    """
+    import json
+
+    folder, _, name = docname.partition("/")
+    if folder not in ("lessons", "exercises") or not source or not source[0].lstrip().startswith("{"):
+        return
+    nb = json.loads(source[0])
+    path = f"{folder}/{name}.ipynb"
+    links = [f"{{download}}`download the notebook <{name}.ipynb>`"]
+    if folder == "lessons":
+        links.append(f"[open in Colab]({course_site.colab_url(path)}) (its first code cell installs the course "
+                     "there, as the README's Colab cell does)")
+    else:
+        links.append("run it with `attnlab start` (copies the exercises to my-work/) and check it with "
+                     "`attnlab grade`: see [grading](../docs/grading.md)")
+    links.append(f"[source]({course_site.source_url(path)})")
+    cell = {"cell_type": "markdown", "id": "attnlab-site-links", "metadata": {},
+            "source": ":::{note}\n**Run it yourself:** " + " · ".join(links) + "\n:::\n"}
+    nb["cells"].insert(1 if nb["cells"] and nb["cells"][0]["cell_type"] == "markdown" else 0, cell)
+    source[0] = json.dumps(nb)
+
+
+def _copy_mathjax(app, exception):
+    if exception is None and app.builder.format == "html":
+        course_site.copy_mathjax(Path(app.outdir) / "_static" / "mathjax")
+
+
+def setup(app):
+    app.connect("source-read", _run_yourself)
+    app.connect("build-finished", _copy_mathjax)
