@@ -46,19 +46,23 @@ autodoc_typehints = "none"  # signatures stay as written; types are in the docst
 
 # --- HTML -----------------------------------------------------------------------------------
 html_theme = "sphinx_book_theme"
-html_title = "attnlab: attention, from Bahdanau to block-sparse FlashAttention"
+html_title = "attnlab: the attention course"
 html_theme_options = {
     "repository_url": course_site.REPO_URL,
     "repository_branch": course_site.REPO_BRANCH,
     "use_repository_button": True,
     "show_toc_level": 2,
 }
+# the lessons' figures are drawn for a white page (matplotlib's defaults); a reader can still
+# switch to dark in the header
+html_context = {"default_mode": "light"}
 html_last_updated_fmt = None
 html_show_sphinx = False
 
 
 def _run_yourself(app, docname, source):
-    """Give each lesson page its notebook and an "open in Colab" link, under the title.
+    """Give each lesson page its notebook and an "open in Colab" link (exercise pages: their
+    notebook and how to grade it), under the title.
 
     Added to the page while it is read; the staged notebook (and so the downloaded file) is
     the lesson exactly as stored.
@@ -78,9 +82,15 @@ def _run_yourself(app, docname, source):
         links.append("run it with `attnlab start` (copies the exercises to my-work/) and check it with "
                      "`attnlab grade`: see [grading](../docs/grading.md)")
     links.append(f"[source]({course_site.source_url(path)})")
-    cell = {"cell_type": "markdown", "id": "attnlab-site-links", "metadata": {},
-            "source": ":::{note}\n**Run it yourself:** " + " · ".join(links) + "\n:::\n"}
-    nb["cells"].insert(1 if nb["cells"] and nb["cells"][0]["cell_type"] == "markdown" else 0, cell)
+    note = "\n\n:::{note}\n**Run it yourself:** " + " · ".join(links) + "\n:::\n\n"
+    cells = nb["cells"]
+    first = cells[0] if cells else None
+    text = "".join(first["source"]) if first and first["cell_type"] == "markdown" else ""
+    if text.startswith("# "):  # right under the title
+        title, _, rest = text.partition("\n")
+        first["source"] = title + note + rest
+    else:
+        cells.insert(0, {"cell_type": "markdown", "id": "attnlab-site-links", "metadata": {}, "source": note})
     source[0] = json.dumps(nb)
 
 

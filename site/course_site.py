@@ -34,10 +34,10 @@ API_PAGES = [
     ("models", "Models and data", ["attnlab.models.transformer", "attnlab.models.seq2seq", "attnlab.data.toy",
                                    "attnlab.data.translation", "attnlab.pretrained", "attnlab.train", "attnlab.bleu"]),
     ("measure", "Measuring and showing", ["attnlab.measure", "attnlab.show"]),
-    ("grading", "Grading", ["attnlab.grading"]),
+    ("grading", "Grading", ["attnlab.grading", "attnlab.grading.checks"]),
 ]
 
-PACKAGES_THAT_REEXPORT = {"attnlab.kernels", "attnlab.widgets"}
+PACKAGES_THAT_REEXPORT = {"attnlab.kernels", "attnlab.widgets", "attnlab.grading"}
 
 # what of MathJax's es5 tree the site serves from _static/mathjax (the rest is unused):
 # the combined TeX component, the fonts it loads, and what it loads on demand
@@ -123,7 +123,7 @@ def api_index():
 def api_page(title, modules):
     lines = [f"# {title}", ""]
     for mod in modules:
-        # a package that re-exports its submodules' names (attnlab.kernels, attnlab.widgets) gets
+        # a package that re-exports its submodules' names (attnlab.kernels, .widgets, .grading) gets
         # its docstring only: the names are documented once, in the submodule that defines them
         options = [] if mod in PACKAGES_THAT_REEXPORT else ["   :members:", "   :show-inheritance:"]
         lines += [f"## `{mod}`", "", "```{eval-rst}", f".. automodule:: {mod}", *options, "```", ""]
