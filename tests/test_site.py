@@ -340,7 +340,7 @@ def served(site):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://127.0.0.1:{server.server_address[1]}", site
     finally:
         server.shutdown()
         server.server_close()
@@ -348,14 +348,21 @@ def served(site):
 
 @pytest.mark.browser
 def test_pages_load_their_figures_and_math_from_this_site_only(served):
+    """Four pages served over HTTP on localhost, and a lesson opened as a file, as a reader of
+    build/site/html may: every picture loads, all math is typeset with fonts from the site, no
+    request goes elsewhere, nothing fails, the console shows no error."""
     from playwright.sync_api import sync_playwright
 
+    served, site = served
+    local = (served + "/", site.as_uri() + "/")
     lesson07 = next(p for p in LESSONS if p.name.startswith("07_"))
+    figures07 = len(_pngs(json.loads(lesson07.read_text(encoding="utf-8"))))
     pages = {  # page -> how many pictures it must show at least
-        "index.html": 0,
-        f"lessons/{lesson07.stem}.html": len(_pngs(json.loads(lesson07.read_text(encoding="utf-8")))),
-        "docs/widgets.html": len(list((REPO / "docs" / "img").glob("*.png"))),
-        "api/kernels.html": 0,
+        f"{served}/index.html": 0,
+        f"{served}/lessons/{lesson07.stem}.html": figures07,
+        f"{served}/docs/widgets.html": len(list((REPO / "docs" / "img").glob("*.png"))),
+        f"{served}/api/kernels.html": 0,
+        (site / "lessons" / f"{lesson07.stem}.html").as_uri(): figures07,
     }
     ARTIFACTS.mkdir(exist_ok=True)
     outside, failed, errors = [], [], []
@@ -366,7 +373,7 @@ def test_pages_load_their_figures_and_math_from_this_site_only(served):
 
             def route(r):  # record and refuse anything not from this site
                 url = r.request.url
-                if url.startswith(served + "/") or url.startswith(("data:", "blob:", "about:")):
+                if url.startswith(local) or url.startswith(("data:", "blob:", "about:")):
                     r.continue_()
                 else:
                     outside.append(url)
@@ -378,8 +385,9 @@ def test_pages_load_their_figures_and_math_from_this_site_only(served):
             page.on("response", lambda res: res.status >= 400 and failed.append(f"{res.url}: HTTP {res.status}"))
             page.on("console", lambda m: m.type == "error" and errors.append(m.text))
             page.on("pageerror", lambda e: errors.append(str(e)))
-            for name, at_least in pages.items():
-                page.goto(f"{served}/{name}", wait_until="load", timeout=60_000)
+            for url, at_least in pages.items():
+                name = url.split("/html/")[-1] if url.startswith("file:") else url.removeprefix(served + "/")
+                page.goto(url, wait_until="load", timeout=60_000)
                 page.evaluate("document.querySelectorAll('img[loading=lazy]').forEach(i => i.loading = 'eager')")
                 page.wait_for_function("Array.from(document.images).every(i => i.complete)", timeout=30_000)
                 images = page.evaluate(
@@ -397,7 +405,12 @@ def test_pages_load_their_figures_and_math_from_this_site_only(served):
                         " document.querySelectorAll('mjx-merror').length]")
                     assert typeset[0] == typeset[1] and typeset[2] == 0, f"{name}: math not typeset: {typeset}"
                 page.wait_for_load_state("networkidle", timeout=30_000)
-                page.screenshot(path=str(ARTIFACTS / f"site-{Path(name).stem}.png"))
+                page.evaluate("document.fonts.ready.then(() => true)")
+                bad_fonts = page.evaluate(
+                    "Array.from(document.fonts).filter(f => f.status === 'error').map(f => f.family)")
+                assert not bad_fonts, f"{name}: fonts that did not load: {bad_fonts}"
+                kind = "file-" if url.startswith("file:") else ""
+                page.screenshot(path=str(ARTIFACTS / f"site-{kind}{Path(name).stem}.png"))
         finally:
             browser.close()
     assert not outside, f"requests to other hosts: {outside}"
