@@ -60,12 +60,27 @@ html_last_updated_fmt = None
 html_show_sphinx = False
 
 
-def _run_yourself(app, docname, source):
-    """Give each lesson page its notebook and an "open in Colab" link (exercise pages: their
-    notebook and how to grade it), under the title.
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
-    Added to the page while it is read; the staged notebook (and so the downloaded file) is
-    the lesson exactly as stored.
+
+def _widgets_as_pictures(nb):
+    """A widget output shows its stored PNG and nothing else (the bundle may also carry text/html,
+    which myst-nb would rank above the PNG); saved widget state is dropped (no widget manager
+    runs on the site, and the state would be embedded in the page)."""
+    nb.get("metadata", {}).pop("widgets", None)
+    for cell in nb["cells"]:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if WIDGET_VIEW in data and "image/png" in data:
+                output["data"] = {k: v for k, v in data.items() if k in ("image/png", "text/plain")}
+
+
+def _prepare_notebook(app, docname, source):
+    """Lessons and exercises as the site shows them: widgets as their pictures, and under the
+    title the notebook's download and "open in Colab" links (exercise pages: how to grade).
+
+    Done to the page while it is read; the staged notebook (and so the downloaded file) is
+    the notebook exactly as stored.
     """
     import json
 
@@ -73,6 +88,7 @@ def _run_yourself(app, docname, source):
     if folder not in ("lessons", "exercises") or not source or not source[0].lstrip().startswith("{"):
         return
     nb = json.loads(source[0])
+    _widgets_as_pictures(nb)
     path = f"{folder}/{name}.ipynb"
     links = [f"{{download}}`download the notebook <{name}.ipynb>`"]
     if folder == "lessons":
@@ -100,5 +116,5 @@ def _copy_mathjax(app, exception):
 
 
 def setup(app):
-    app.connect("source-read", _run_yourself)
+    app.connect("source-read", _prepare_notebook)
     app.connect("build-finished", _copy_mathjax)

@@ -138,6 +138,21 @@ def test_home_page_is_generated_from_the_readme():
         course_site.home_page("# t\n\nno table\n", [], [])
 
 
+def test_widget_outputs_become_their_picture_on_the_site():
+    conf = _load("conf")
+    view = {"model_id": "abc", "version_major": 2, "version_minor": 0}
+    nb = {"metadata": {"widgets": {"application/vnd.jupyter.widget-state+json": {"state": {"abc": {}}}}},
+          "cells": [{"cell_type": "code", "outputs": [
+              {"output_type": "display_data", "metadata": {},
+               "data": {conf.WIDGET_VIEW: view, "image/png": "iVBO", "text/html": "<div>", "text/plain": "VBox()"}},
+              {"output_type": "execute_result", "metadata": {}, "data": {"text/html": "<table>", "text/plain": "t"}}]}]}
+    conf._widgets_as_pictures(nb)
+    widget, table = nb["cells"][0]["outputs"]
+    assert widget["data"] == {"image/png": "iVBO", "text/plain": "VBox()"}
+    assert table["data"] == {"text/html": "<table>", "text/plain": "t"}  # other outputs as they are
+    assert "widgets" not in nb["metadata"]
+
+
 # --- the built site ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
