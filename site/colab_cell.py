@@ -52,33 +52,24 @@ def _is_install_cell(cell):
         cell["cell_type"] == "code" and "".join(cell["source"]).startswith(MARKER))
 
 
-def _lines(text):
-    """Source as Jupyter stores it: a list of lines, each but the last ending in a newline."""
-    lines = text.splitlines(keepends=True)
-    return lines
-
-
 def update(nb, repo_url=None):
-    """Insert or refresh the install cell in notebook dict ``nb`` (in place). Returns True if it changed."""
-    source = _lines(cell_source(repo_url))
+    """Insert or refresh the install cell in notebook dict ``nb`` (in place): one cell, with the
+    current text, first among the code cells. Returns True if anything changed."""
+    source = cell_source(repo_url).splitlines(keepends=True)  # as Jupyter stores it: a list of lines
     cells = nb["cells"]
     found = [i for i, c in enumerate(cells) if _is_install_cell(c)]
     first_code = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"), len(cells))
-    if len(found) == 1 and found[0] == first_code:
-        cell = cells[found[0]]
+    if found == [first_code]:
+        cell = cells[first_code]
         if cell["source"] == source and cell.get("id") == CELL_ID and not cell.get("outputs"):
             return False
-        cell["source"], cell["outputs"], cell["execution_count"] = source, [], None
-        if "id" in cell or nb.get("nbformat_minor", 0) >= 5:
-            cell["id"] = CELL_ID
+        cell.update(source=source, outputs=[], execution_count=None, id=CELL_ID)
         return True
-    for i in reversed(found):  # a stray copy (moved or duplicated): one cell, first among the code cells
+    for i in reversed(found):  # a stray copy (moved or duplicated) goes; the one cell is inserted anew
         del cells[i]
     first_code = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"), len(cells))
-    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source}
-    if nb.get("nbformat_minor", 0) >= 5:
-        cell["id"] = CELL_ID
-    cells.insert(first_code, cell)
+    cells.insert(first_code, {"cell_type": "code", "execution_count": None, "id": CELL_ID, "metadata": {},
+                              "outputs": [], "source": source})
     return True
 
 

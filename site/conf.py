@@ -90,7 +90,7 @@ def _prepare_notebook(app, docname, source):
     nb = json.loads(source[0])
     _widgets_as_pictures(nb)
     path = f"{folder}/{name}.ipynb"
-    links = [f"{{download}}`download the notebook <{name}.ipynb>`"]
+    links = [f"[download the notebook](path:{name}.ipynb)"]
     if folder == "lessons":
         links.append(f"[open in Colab]({course_site.colab_url(path)}) (its first code cell installs the course "
                      "there, as the README's Colab cell does)")
