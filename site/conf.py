@@ -36,8 +36,7 @@ myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
 myst_heading_anchors = 3
 
 # --- math: MathJax 3 served from this site (copied from the django-static-mathjax wheel) ------
-mathjax_path = "mathjax/tex-mml-chtml.js"
-mathjax3_config = {"options": {"menuOptions": {"settings": {"assistiveMml": False}}}}
+mathjax_path = "mathjax/tex-mml-chtml.js"  # in _static; see _copy_mathjax below
 
 # --- API from docstrings ----------------------------------------------------------------------
 autodoc_member_order = "bysource"
@@ -56,7 +55,6 @@ html_theme_options = {
 # the lessons' figures are drawn for a white page (matplotlib's defaults); a reader can still
 # switch to dark in the header
 html_context = {"default_mode": "light"}
-html_last_updated_fmt = None
 html_show_sphinx = False
 
 

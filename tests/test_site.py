@@ -211,6 +211,7 @@ def _external(url):
     return bool(re.match(r"^(https?:)?//", url.strip(), re.I))
 
 
+@pytest.mark.slow  # builds the site once for the module (about 15 s of CPU)
 def test_site_has_every_lesson_exercise_guide_and_api_page(site):
     for path in LESSONS:
         assert (site / "lessons" / f"{path.stem}.html").exists(), path.name
@@ -223,6 +224,7 @@ def test_site_has_every_lesson_exercise_guide_and_api_page(site):
     assert not (site / "solutions").exists()
 
 
+@pytest.mark.slow  # builds the site once for the module (about 15 s of CPU)
 def test_home_page_is_the_readme_course_table(site):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     _, sections = course_site.readme_sections(readme)
@@ -237,6 +239,7 @@ def test_home_page_is_the_readme_course_table(site):
         assert re.sub(r"`", "", what.strip()) in text, what
 
 
+@pytest.mark.slow  # builds the site once for the module (about 15 s of CPU)
 def test_lesson_pages_link_their_notebook_and_colab(site):
     for path in LESSONS:
         page = site / "lessons" / f"{path.stem}.html"
@@ -259,6 +262,7 @@ def _widget_outputs(nb):
                for c in nb["cells"] for o in c.get("outputs", []))
 
 
+@pytest.mark.slow  # builds the site once for the module (about 15 s of CPU)
 def test_lessons_show_every_stored_figure_and_widget_pictures(site):
     widgets = 0
     for path in LESSONS:
@@ -277,6 +281,7 @@ def test_lessons_show_every_stored_figure_and_widget_pictures(site):
     assert widgets > 0  # the lessons do hold widget outputs, and their PNGs are among the pictures above
 
 
+@pytest.mark.slow  # builds the site once for the module (about 15 s of CPU)
 def test_no_page_loads_anything_from_another_host(site):
     found = []
     for page in _pages(site):
@@ -309,6 +314,7 @@ def _solution_lines(path):
     return lines
 
 
+@pytest.mark.slow  # builds the site once for the module (about 15 s of CPU)
 def test_exercise_pages_hold_no_solution(site):
     everything = "\n".join(html.unescape(re.sub(r"<[^>]+>", "", p.read_text(encoding="utf-8")))
                            for p in _pages(site / "exercises"))
@@ -324,6 +330,7 @@ def test_exercise_pages_hold_no_solution(site):
     assert checked > 0
 
 
+@pytest.mark.slow  # builds the site once for the module (about 15 s of CPU)
 def test_api_pages_document_every_exported_name(site):
     import attnlab
     import attnlab.kernels as kernels
@@ -361,6 +368,7 @@ def served(site):
         server.server_close()
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_pages_load_their_figures_and_math_from_this_site_only(served):
     """Four pages served over HTTP on localhost, and a lesson opened as a file, as a reader of
