@@ -1,6 +1,8 @@
 # The course's two commands:
 #   make lab    create .venv with the tested versions, install attnlab, open JupyterLab on lessons/
 #   make test   create .venv if missing, run the whole test suite (CI runs exactly this)
+# and the course as a website:
+#   make site   build it from the stored outputs into build/site/html (warnings are errors)
 #
 # The tested versions are pinned in one place, attnlab/constraints.txt.
 # TORCH_INDEX picks where torch comes from: empty means the default index
@@ -15,12 +17,12 @@ CONSTRAINTS := attnlab/constraints.txt
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: lab test env clean-env exercises
+.PHONY: lab test env docs-env site clean-env exercises
 
 lab: env
 	$(BIN)/attnlab lab
 
-test: env
+test: env docs-env
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
@@ -31,6 +33,17 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[lab,test]'
 	$(BIN)/attnlab doctor
 	touch $@
+
+# the docs extra (Sphinx, myst-nb, the theme, MathJax), added to .venv when first needed;
+# tests/test_site.py builds the site too, so make test installs it as well
+docs-env: $(VENV)/.docs-installed
+
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml $(CONSTRAINTS)
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[docs]'
+	touch $@
+
+site: docs-env
+	$(BIN)/python site/build.py --strict
 
 exercises: env
 	$(BIN)/attnlab generate

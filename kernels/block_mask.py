@@ -211,7 +211,7 @@ def causal_block_mask(n_q, n_k, block_size=(64, 64)) -> BlockMask:
 
 
 def local_mask(n_q, n_k, window, block_size=(64, 64)) -> BlockMask:
-    """Sliding window: tiles holding a pair with |query - key| <= window (in tokens).
+    """Sliding window: tiles holding a pair with ``|query - key| <= window`` (in tokens).
 
     Example: ``local_mask(512, 512, window=64, block_size=(64, 64))``
     """
