@@ -3,14 +3,15 @@
 import pytest
 import torch
 
-from attnlab.data.toy import IGNORE, InductionCopy, KeyValueLookup, PreviousTwo, batches
+from attnlab.data.toy import IGNORE, InductionCopy, KeyValueLookup, PreviousK, PreviousTwo, batches
 
 
 def gen(seed=0):
     return torch.Generator().manual_seed(seed)
 
 
-TASKS = [KeyValueLookup(n_pairs=5, n_keys=7, n_values=6), PreviousTwo(vocab=5, seq_len=9), InductionCopy(vocab=9, half=6)]
+TASKS = [KeyValueLookup(n_pairs=5, n_keys=7, n_values=6), PreviousTwo(vocab=5, seq_len=9), PreviousK(k=3, vocab=4, seq_len=7),
+         InductionCopy(vocab=9, half=6)]
 
 
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: type(t).__name__)
@@ -50,6 +51,21 @@ def test_previous_two_targets_are_the_ordered_pair():
     assert torch.equal(targets[:, i], tokens[:, i - 1] * 6 + tokens[:, i - 2])
 
 
+def test_previous_k_targets_are_the_ordered_tuple_and_previous_two_is_k_2():
+    task = PreviousK(k=3, vocab=5, seq_len=9)
+    tokens, targets = task.sample(50, gen())
+    assert task.n_classes == 125 and (targets[:, :3] == IGNORE).all()
+    for i in range(3, 9):                                          # decode the class back into the three tokens
+        cls = targets[:, i]
+        assert torch.equal(cls // 25, tokens[:, i - 1])
+        assert torch.equal(cls // 5 % 5, tokens[:, i - 2])
+        assert torch.equal(cls % 5, tokens[:, i - 3])
+    two, k2 = PreviousTwo(5, 9), PreviousK(k=2, vocab=5, seq_len=9)   # same positional arguments as before
+    assert two.k == 2 and two.n_classes == 25
+    a, b = two.sample(20, gen(2)), k2.sample(20, gen(2))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
 def test_induction_copy_repeats_a_segment_of_varying_length_and_predicts_next():
     task = InductionCopy(vocab=10, half=6, min_len=3)
     tokens, targets = task.sample(200, gen())
@@ -79,6 +95,10 @@ def test_bad_input_names_the_argument():
         PreviousTwo(vocab=2.5)
     with pytest.raises(ValueError, match="seq_len"):
         PreviousTwo(seq_len=2)
+    with pytest.raises(ValueError, match="seq_len"):
+        PreviousK(k=4, seq_len=4)
+    with pytest.raises(ValueError, match="k"):
+        PreviousK(k=0)
     with pytest.raises(ValueError, match="batch_size"):
         KeyValueLookup().sample(0)
     with pytest.raises(ValueError, match="min_len"):

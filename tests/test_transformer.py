@@ -89,6 +89,22 @@ def test_training_reduces_the_loss_and_is_deterministic():
     assert 0.0 <= accuracy(model, task, n=100) <= 1.0
 
 
+def test_cosine_schedule_and_evaluations_during_training():
+    task = PreviousTwo(vocab=5, seq_len=8)
+    model = TinyTransformer(task.vocab_size, task.n_classes, d_model=16, num_heads=2, d_mlp=0,
+                            max_len=task.seq_len, seed=0)
+    history = train(model, task, steps=30, batch_size=16, lr=1e-2, seed=0, schedule="cosine", eval_every=10, eval_n=50)
+    assert [step for step, _, _ in history["eval"]] == [10, 20, 30]
+    assert history["eval"][-1][1:] == tuple(evaluate(model, task, n=50).values())   # the last one is the final model
+    assert not model.training
+    # the schedule changes training (lr decays to 0), the constant one is the default
+    same = TinyTransformer(task.vocab_size, task.n_classes, d_model=16, num_heads=2, d_mlp=0,
+                           max_len=task.seq_len, seed=0)
+    constant = train(same, task, steps=30, batch_size=16, lr=1e-2, seed=0)
+    assert constant["loss"][0] == history["loss"][0] and constant["loss"][-1] != history["loss"][-1]
+    assert constant["eval"] == []
+
+
 def test_loss_fn_skips_ignored_positions():
     logits = torch.randn(2, 3, 4)
     targets = torch.tensor([[-100, 1, 2], [3, -100, -100]])
@@ -112,3 +128,7 @@ def test_bad_input_names_the_argument():
         model(torch.full((1, 3), 10))
     with pytest.raises(ValueError, match="steps"):
         train(model, KeyValueLookup(), steps=-1)
+    with pytest.raises(ValueError, match="schedule"):
+        train(model, KeyValueLookup(), steps=1, schedule="linear")
+    with pytest.raises(ValueError, match="eval_every"):
+        train(model, KeyValueLookup(), steps=1, eval_every=0)

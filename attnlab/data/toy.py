@@ -14,7 +14,7 @@ The tasks:
   by matching the query against the keys, so its difficulty is all in learning ``q.k``.
 - ``PreviousTwo``: at every position, name the previous token and the one before it, in order
   (lesson 04). One head can attend to one place sharply; two relationships at once is what
-  several heads are for.
+  several heads are for. ``PreviousK`` is the same with the ``k`` previous tokens.
 - ``InductionCopy``: a random sequence, then the same sequence again; predict each next token
   of the repeat. Solved by a previous-token head in layer 0 and an induction head in layer 1.
 
@@ -26,11 +26,11 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["IGNORE", "KeyValueLookup", "PreviousTwo", "InductionCopy", "batches"]
+__all__ = ["IGNORE", "KeyValueLookup", "PreviousK", "PreviousTwo", "InductionCopy", "batches"]
 
 IGNORE = -100  # targets equal to this are skipped by the loss and by accuracy
 
@@ -111,23 +111,28 @@ class KeyValueLookup:
 
 
 @dataclass(frozen=True)
-class PreviousTwo:
-    """Random tokens; at position i predict the ordered pair (token i-1, token i-2).
+class PreviousK:
+    """Random tokens; at position i predict the ordered tuple (token i-1, token i-2, ..., token i-k).
 
-    The target class is ``x[i-1] * vocab + x[i-2]`` (``n_classes = vocab**2``); positions 0 and
-    1 have no target. Chance accuracy is ``1 / vocab**2``.
+    The target class is ``x[i-1] * vocab**(k-1) + x[i-2] * vocab**(k-2) + ... + x[i-k]``
+    (``n_classes = vocab**k``); positions 0 to k-1 have no target. Chance accuracy is
+    ``1 / vocab**k``. The task needs ``k`` relationships at once, one per offset: the number of
+    heads it favours is set by ``k`` (lesson 04 moves it).
 
-    Example: ``PreviousTwo(vocab=8, seq_len=12).sample(2)`` -> tokens and targets ``(2, 12)``
+    Example: ``PreviousK(k=3, vocab=8, seq_len=12).sample(2)`` -> tokens and targets ``(2, 12)``
     """
 
+    k: int = 2
     vocab: int = 8
     seq_len: int = 12
 
     def __post_init__(self):
+        _check_positive("k", self.k)
         _check_positive("vocab", self.vocab)
         _check_positive("seq_len", self.seq_len)
-        if self.seq_len < 3:
-            raise ValueError(f"seq_len: expected at least 3 (two previous tokens and a target), got {self.seq_len}")
+        if self.seq_len < self.k + 1:
+            raise ValueError(f"seq_len: expected at least k + 1 = {self.k + 1} (k previous tokens and a target), "
+                             f"got {self.seq_len}")
 
     @property
     def vocab_size(self):
@@ -135,17 +140,34 @@ class PreviousTwo:
 
     @property
     def n_classes(self):
-        return self.vocab * self.vocab
+        return self.vocab ** self.k
 
     def sample(self, batch_size, generator=None):
         _check_batch(batch_size, generator)
-        tokens = torch.randint(self.vocab, (batch_size, self.seq_len), generator=generator)   # (B, N)
+        k, N = self.k, self.seq_len
+        tokens = torch.randint(self.vocab, (batch_size, N), generator=generator)           # (B, N)
         targets = torch.full_like(tokens, IGNORE)
-        targets[:, 2:] = tokens[:, 1:-1] * self.vocab + tokens[:, :-2]                       # (x[i-1], x[i-2])
+        classes = torch.zeros_like(tokens[:, k:])                                            # (B, N - k)
+        for offset in range(1, k + 1):                                                       # x[i-1] most significant
+            classes = classes * self.vocab + tokens[:, k - offset:N - offset]                # token i - offset
+        targets[:, k:] = classes
         return tokens, targets
 
     def token_names(self, tokens):
         return [str(t) for t in torch.as_tensor(tokens).tolist()]
+
+
+@dataclass(frozen=True)
+class PreviousTwo(PreviousK):
+    """``PreviousK`` with ``k = 2``: at position i predict the ordered pair (token i-1, token i-2).
+
+    The target class is ``x[i-1] * vocab + x[i-2]`` (``n_classes = vocab**2``); positions 0 and
+    1 have no target. Chance accuracy is ``1 / vocab**2``.
+
+    Example: ``PreviousTwo(vocab=8, seq_len=12).sample(2)`` -> tokens and targets ``(2, 12)``
+    """
+
+    k: int = field(default=2, init=False)
 
 
 @dataclass(frozen=True)

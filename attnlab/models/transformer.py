@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -32,7 +33,7 @@ from torch import nn
 from attnlab.attention import MultiHeadAttention, scaled_dot_product_attention
 from attnlab.data.toy import IGNORE, batches
 
-__all__ = ["SelfAttention", "Block", "TinyTransformer", "loss_fn", "train", "evaluate", "accuracy"]
+__all__ = ["SelfAttention", "Block", "TinyTransformer", "loss_fn", "train", "evaluate", "accuracy", "SCHEDULES"]
 
 
 class SelfAttention(MultiHeadAttention):
@@ -162,28 +163,42 @@ def loss_fn(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
 
-def train(model, task, steps, batch_size=64, lr=3e-3, seed=0, clip=1.0, progress=False, desc=None):
+SCHEDULES = ("constant", "cosine")
+
+
+def train(model, task, steps, batch_size=64, lr=3e-3, seed=0, clip=1.0, progress=False, desc=None,
+          schedule="constant", eval_every=None, eval_n=500):
     """Train ``model`` on fresh batches of ``task`` with Adam for ``steps`` steps.
 
     The batches come from a generator seeded with ``seed`` (``attnlab.data.toy.batches``), so a
     model built with the same ``seed`` trains the same way every run. Gradients are clipped to
-    norm ``clip`` (``None``: no clipping). ``progress=True`` shows a tqdm bar.
-    Returns ``{"loss": [loss at every step], "seconds": wall time, "steps": steps}``.
+    norm ``clip`` (``None``: no clipping). ``schedule="cosine"`` decays the learning rate from
+    ``lr`` to 0 along half a cosine over the ``steps`` (so the run ends settled); ``"constant"``
+    keeps it. ``eval_every=k`` also evaluates on ``eval_n`` held-out sequences (``evaluate``)
+    after every ``k`` steps. ``progress=True`` shows a tqdm bar.
+    Returns ``{"loss": [loss at every step], "seconds": wall time, "steps": steps,
+    "eval": [(step, test loss, test accuracy), ...]}`` (``"eval"`` empty without ``eval_every``).
 
-    Example: ``history = train(model, PreviousTwo(), steps=200)``
+    Example: ``history = train(model, PreviousTwo(), steps=400, schedule="cosine", eval_every=50)``
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps: expected a non-negative int, got {steps!r}")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr: expected a positive number, got {lr!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
+    if eval_every is not None and (isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1):
+        raise ValueError(f"eval_every: expected a positive int or None, got {eval_every!r}")
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    if schedule == "cosine":   # lr * (1 + cos(pi * step / steps)) / 2: from lr down to 0 at the last step
+        decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps)))
     data = batches(task, batch_size, seed=seed)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc=desc or type(model).__name__, unit="step")
-    losses = []
+    losses, evals = [], []
     model.train()
     start = time.perf_counter()
     for step in range(steps):
@@ -194,7 +209,12 @@ def train(model, task, steps, batch_size=64, lr=3e-3, seed=0, clip=1.0, progress
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
+        if schedule == "cosine":
+            decay.step()
         losses.append(loss.item())
+        if eval_every is not None and (step + 1) % eval_every == 0:
+            r = evaluate(model, task, n=eval_n)                  # puts the model back in training mode
+            evals.append((step + 1, r["loss"], r["accuracy"]))
         if bar is not None:
             bar.update(1)
             if step % 25 == 0 or step == steps - 1:
@@ -202,7 +222,7 @@ def train(model, task, steps, batch_size=64, lr=3e-3, seed=0, clip=1.0, progress
     if bar is not None:
         bar.close()
     model.eval()
-    return {"loss": losses, "seconds": time.perf_counter() - start, "steps": steps}
+    return {"loss": losses, "seconds": time.perf_counter() - start, "steps": steps, "eval": evals}
 
 
 @torch.no_grad()
