@@ -42,6 +42,8 @@ import math
 
 import torch
 
+from attnlab import validate
+
 __all__ = [
     "local_window_mask",
     "local_window_block_mask",
@@ -59,60 +61,15 @@ __all__ = [
 ]
 
 
-# ----------------------------------------------------------------------------- checks
-def _check_qkv(q, k, v, *, same_length=False):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name}: expected shape (batch, heads, seq, head_dim), got {tuple(t.shape)}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
-        raise ValueError(
-            f"q, k, v: batch and heads must match, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"k: head_dim {k.shape[-1]} must equal q's head_dim {q.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"v: seq {v.shape[-2]} must equal k's seq {k.shape[-2]}")
-    if q.dtype != k.dtype or k.dtype != v.dtype:
-        raise TypeError(f"q, k, v: dtypes must match, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if same_length and q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"k: seq {k.shape[-2]} must equal q's seq {q.shape[-2]} here")
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
-
-
-def _check_nonneg_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name}: expected an int >= 0, got {value}")
-
-
-def _scale(scale, head_dim):
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
-        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    if not scale > 0:
-        raise ValueError(f"scale: expected a positive float, got {scale}")
-    return float(scale)
-
-
 def relative_error(approx, exact):
     """``||approx - exact|| / ||exact||`` (Frobenius norms over all elements), as a float.
 
     Example: ``relative_error(performer_attention(q, k, v), exact)``
     """
+    validate.tensor(approx, "approx")
+    validate.tensor(exact, "exact")
     if approx.shape != exact.shape:
-        raise ValueError(f"approx: shape {tuple(approx.shape)} must equal exact's {tuple(exact.shape)}")
+        raise ValueError(f"approx: expected shape {tuple(exact.shape)} like exact, got {tuple(approx.shape)}")
     return float((approx.double() - exact.double()).norm() / exact.double().norm())
 
 
@@ -129,9 +86,9 @@ def local_window_mask(n_q, n_k, window, causal=False, device=None):
 
     Example: ``local_window_mask(8, 8, window=2)``
     """
-    _check_positive_int("n_q", n_q)
-    _check_positive_int("n_k", n_k)
-    _check_nonneg_int("window", window)
+    validate.integer(n_q, "n_q")
+    validate.integer(n_k, "n_k")
+    validate.integer(window, "window", minimum=0)
     i = torch.arange(n_q, device=device)[:, None]  # (n_q, 1)
     j = torch.arange(n_k, device=device)[None, :]  # (1, n_k)
     mask = (i - j).abs() <= window  # (n_q, n_k)
@@ -151,14 +108,10 @@ def local_window_block_mask(n_q, n_k, window, block_size=(64, 64), causal=False,
 
     Example: ``local_window_block_mask(256, 256, window=32, block_size=(64, 64))``
     """
-    if not (isinstance(block_size, (tuple, list)) and len(block_size) == 2):
-        raise TypeError(f"block_size: expected a pair (BQ, BK), got {block_size!r}")
-    bq, bk = block_size
-    _check_positive_int("block_size[0]", bq)
-    _check_positive_int("block_size[1]", bk)
-    _check_positive_int("n_q", n_q)
-    _check_positive_int("n_k", n_k)
-    _check_nonneg_int("window", window)
+    bq, bk = validate.block_pair(block_size, single_int=False)
+    validate.integer(n_q, "n_q")
+    validate.integer(n_k, "n_k")
+    validate.integer(window, "window", minimum=0)
     nqb, nkb = -(-n_q // bq), -(-n_k // bk)
     a = torch.arange(nqb, device=device)[:, None]  # query block index (nqb, 1)
     b = torch.arange(nkb, device=device)[None, :]  # key block index (1, nkb)
@@ -182,12 +135,13 @@ def local_window_attention(q, k, v, window, causal=False, scale=None):
 
     Example: ``out = local_window_attention(q, k, v, window=16)``
     """
-    _check_qkv(q, k, v)
-    _check_nonneg_int("window", window)
+    validate.qkv(q, k, v)
+    validate.integer(window, "window", minimum=0)
+    validate.flag(causal, "causal")
     from attnlab.attention import scaled_dot_product_attention
 
     mask = local_window_mask(q.shape[-2], k.shape[-2], window, causal=causal, device=q.device)
-    return scaled_dot_product_attention(q, k, v, mask=mask, scale=_scale(scale, q.shape[-1]))
+    return scaled_dot_product_attention(q, k, v, mask=mask, scale=validate.scale(scale, q.shape[-1]))
 
 
 def path_length(mask):
@@ -203,8 +157,7 @@ def path_length(mask):
 
     Example: ``path_length(local_window_mask(64, 64, window=4))`` -> 16
     """
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise TypeError("mask: expected a bool torch.Tensor")
+    validate.tensor(mask, "mask", dtypes=(torch.bool,))
     if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
         raise ValueError(f"mask: expected a square (n, n) self-attention mask, got {tuple(mask.shape)}")
     n = mask.shape[0]
@@ -239,8 +192,8 @@ def local_window_path_length(n, window):
 
     Example: ``local_window_path_length(64, 4)`` -> 16
     """
-    _check_positive_int("n", n)
-    _check_positive_int("window", window)
+    validate.integer(n, "n")
+    validate.integer(window, "window")
     return max(1, math.ceil((n - 1) / window))
 
 
@@ -262,10 +215,9 @@ def linformer_projection(n, rank, projection="pool", seed=0, dtype=torch.float32
 
     Example: ``E, F = linformer_projection(1024, 64)``
     """
-    _check_positive_int("n", n)
-    _check_positive_int("rank", rank)
-    if projection not in _PROJECTIONS:
-        raise ValueError(f"projection: expected one of {_PROJECTIONS}, got {projection!r}")
+    validate.integer(n, "n")
+    validate.integer(rank, "rank")
+    validate.one_of(projection, "projection", _PROJECTIONS)
     if projection == "pool":
         if rank > n:
             raise ValueError(f"rank: pooling needs rank <= n, got rank={rank} for n={n}")
@@ -294,11 +246,11 @@ def linformer_attention(q, k, v, rank, projection="pool", seed=0, scale=None):
 
     Example: ``out = linformer_attention(q, k, v, rank=64)``
     """
-    _check_qkv(q, k, v)
-    _check_positive_int("rank", rank)
+    validate.qkv(q, k, v)
+    validate.integer(rank, "rank")
     n = k.shape[-2]
     e, f = linformer_projection(n, rank, projection=projection, seed=seed, dtype=q.dtype, device=q.device)
-    s = _scale(scale, q.shape[-1])
+    s = validate.scale(scale, q.shape[-1])
     k_proj = e @ k  # (rank, N) @ (B, H, N, D) -> (B, H, rank, D)
     v_proj = f @ v  # (B, H, rank, Dv)
     scores = (q @ k_proj.transpose(-2, -1)) * s  # (B, H, Nq, rank)
@@ -320,8 +272,8 @@ def performer_features(head_dim, num_features, seed=0, orthogonal=True, dtype=to
 
     Example: ``w = performer_features(64, 256, seed=0)``
     """
-    _check_positive_int("head_dim", head_dim)
-    _check_positive_int("num_features", num_features)
+    validate.integer(head_dim, "head_dim")
+    validate.integer(num_features, "num_features")
     return _features(head_dim, num_features, int(seed), bool(orthogonal)).to(dtype=dtype, device=device)
 
 
@@ -374,11 +326,12 @@ def performer_attention(q, k, v, num_features=256, seed=0, causal=False, scale=N
 
     Example: ``out = performer_attention(q, k, v, num_features=256, seed=0)``
     """
-    _check_qkv(q, k, v)
-    _check_positive_int("num_features", num_features)
+    validate.qkv(q, k, v)
+    validate.integer(num_features, "num_features")
+    validate.flag(causal, "causal")
     if causal and q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal: needs q and k of the same length, got {q.shape[-2]} and {k.shape[-2]}")
-    s = _scale(scale, q.shape[-1])
+        raise ValueError(f"k: expected seq {q.shape[-2]} like q (causal Performer), got shape {tuple(k.shape)}")
+    s = validate.scale(scale, q.shape[-1], positive=True)  # the features use sqrt(scale)
     w = performer_features(q.shape[-1], num_features, seed=seed, orthogonal=orthogonal, dtype=q.dtype, device=q.device)
     root = math.sqrt(s)
     phi_q = _positive_features(q * root, w, is_query=True)  # (B, H, Nq, m)
@@ -397,7 +350,7 @@ def performer_attention(q, k, v, num_features=256, seed=0, causal=False, scale=N
 # ----------------------------------------------------------------------------- cost model
 def _check_shape_args(**kw):
     for name, value in kw.items():
-        _check_positive_int(name, value)
+        validate.integer(value, name)
 
 
 def _step(name, flops, read, written, e):
@@ -422,7 +375,7 @@ def local_window_io(batch, heads, n, d=64, window=64, block_size=(64, 64), bytes
     from attnlab.iomodel import block_sparse_forward_io
 
     _check_shape_args(batch=batch, heads=heads, n=n, d=d, bytes_per_element=bytes_per_element)
-    _check_nonneg_int("window", window)
+    validate.integer(window, "window", minimum=0)
     mask = local_window_block_mask(n, n, window, block_size=block_size)
     return block_sparse_forward_io(batch, heads, n, d=d, bytes_per_element=bytes_per_element,
                                    block_mask=mask, block_size=tuple(block_size))

@@ -28,6 +28,8 @@ import math
 import torch
 from torch import nn
 
+from attnlab import validate
+
 __all__ = [
     "softmax",
     "masked_softmax",
@@ -42,47 +44,27 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------
-# input checks (shared with attnlab/tiled.py)
+# input checks specific to this file's modules (the shared rules are in attnlab/validate.py)
 # ---------------------------------------------------------------------------------------------
-
-def _check_tensor(x, name, ndim=None, what=None):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if ndim is not None and x.dim() != ndim:
-        what = f" {what}" if what else ""
-        raise ValueError(f"{name}: expected a {ndim}-D tensor{what}, got shape {tuple(x.shape)}")
-
-
-def _check_positive_ints(**dims):
-    """Raise unless every keyword argument is a positive int (named in the error)."""
-    for name, n in dims.items():
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"{name}: expected an int, got {type(n).__name__}")
-        if n <= 0:
-            raise ValueError(f"{name}: expected a positive int, got {n}")
-
 
 def _check_additive_inputs(query, keys, query_dim, key_dim):
     """AdditiveAttention's inputs: query (B, query_dim), keys (B, N, key_dim), same dtype and device."""
-    _check_tensor(query, "query", 2, "(batch, query_dim)")
-    _check_tensor(keys, "keys", 3, "(batch, seq, key_dim)")
+    validate.tensor(query, "query", 2, "(batch, query_dim)")
+    validate.tensor(keys, "keys", 3, "(batch, seq, key_dim)")
     if query.shape[1] != query_dim:
         raise ValueError(f"query: expected last dim query_dim={query_dim}, got shape {tuple(query.shape)}")
     if keys.shape[2] != key_dim:
         raise ValueError(f"keys: expected last dim key_dim={key_dim}, got shape {tuple(keys.shape)}")
     if keys.shape[0] != query.shape[0]:
         raise ValueError(f"keys: expected batch {query.shape[0]} like query, got shape {tuple(keys.shape)}")
-    if keys.dtype != query.dtype:
-        raise TypeError(f"keys: expected dtype {query.dtype} (the dtype of query), got {keys.dtype}")
-    if keys.device != query.device:
-        raise ValueError(f"keys: expected device {query.device} (the device of query), got {keys.device}")
+    validate.like(keys, "keys", query, "query")
 
 
 def _check_key_mask(mask, shape):
     """None, or a bool (batch, seq) mask of exactly ``shape`` (True = real token)."""
     if mask is None:
         return
-    _check_tensor(mask, "mask", 2, "(batch, seq)")
+    validate.tensor(mask, "mask", 2, "(batch, seq)")
     if mask.shape != shape:
         raise ValueError(f"mask: expected shape {tuple(shape)} (batch, seq), got {tuple(mask.shape)}")
     if mask.dtype != torch.bool:
@@ -92,7 +74,7 @@ def _check_key_mask(mask, shape):
 def _check_mha_inputs(query, key, value, d_model):
     """MultiHeadAttention's inputs: (batch, seq, d_model) each; key and value share (batch, seq)."""
     for name, x in (("query", query), ("key", key), ("value", value)):
-        _check_tensor(x, name, 3, "(batch, seq, d_model)")
+        validate.tensor(x, name, 3, "(batch, seq, d_model)")
         if x.shape[-1] != d_model:
             raise ValueError(f"{name}: expected last dim d_model={d_model}, got shape {tuple(x.shape)}")
     if key.shape[0] != query.shape[0]:
@@ -100,53 +82,6 @@ def _check_mha_inputs(query, key, value, d_model):
     if value.shape[:2] != key.shape[:2]:
         raise ValueError(f"value: expected (batch, seq) = {tuple(key.shape[:2])} like key, "
                          f"got shape {tuple(value.shape)}")
-
-
-def _check_qkv(q, k, v):
-    """Check q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv): rank, shapes, dtypes, devices."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(x, name, 4, "(batch, heads, seq, head_dim)")
-        if not x.is_floating_point():
-            raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
-    for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
-            raise TypeError(f"{name}: expected dtype {q.dtype} (the dtype of q), got {x.dtype}")
-        if x.device != q.device:
-            raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
-    if k.shape[:2] != q.shape[:2]:
-        raise ValueError(
-            f"k: expected (batch, heads) = {tuple(q.shape[:2])} like q, got shape {tuple(k.shape)}")
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(
-            f"k: expected head_dim {q.shape[3]} like q, got shape {tuple(k.shape)}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(
-            f"v: expected (batch, heads, seq) = {tuple(k.shape[:3])} like k, got shape {tuple(v.shape)}")
-
-
-def _check_scale(scale, head_dim):
-    """Return the softmax scale: ``1/sqrt(head_dim)`` by default."""
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite number, got {scale}")
-    return float(scale)
-
-
-def _check_mask(mask, shape, name="mask"):
-    """Check that a bool mask broadcasts to ``shape`` (B, H, Nq, Nk)."""
-    _check_tensor(mask, name)
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{name}: expected a bool tensor (True = attend), got dtype {mask.dtype}")
-    if mask.dim() > len(shape):
-        raise ValueError(f"{name}: expected at most {len(shape)} dims broadcastable to {tuple(shape)}, "
-                         f"got shape {tuple(mask.shape)}")
-    for m, s in zip(reversed(mask.shape), reversed(shape)):
-        if m not in (1, s):
-            raise ValueError(f"{name}: expected a shape broadcastable to {tuple(shape)} "
-                             f"(batch, heads, n_q, n_k), got {tuple(mask.shape)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,9 +99,7 @@ def softmax(x, dim=-1):
 
     Example: ``softmax(torch.tensor([1000.0, 1000.0]))  # tensor([0.5, 0.5])``
     """
-    _check_tensor(x, "x")
-    if not x.is_floating_point():
-        raise TypeError(f"x: expected a floating-point tensor, got dtype {x.dtype}")
+    validate.tensor(x, "x", floating=True)
     m = x.amax(dim=dim, keepdim=True).detach()   # (..., 1, ...) row maxima; the shift cancels, so no gradient
     e = torch.exp(x - m)                   # (...) every entry in (0, 1]
     return e / e.sum(dim=dim, keepdim=True)
@@ -183,19 +116,8 @@ def masked_softmax(x, mask, dim=-1):
 
     Example: ``masked_softmax(torch.zeros(2, 3), torch.tensor([True, True, False]))  # [[.5, .5, 0], ...]``
     """
-    _check_tensor(x, "x")
-    if not x.is_floating_point():
-        raise TypeError(f"x: expected a floating-point tensor, got dtype {x.dtype}")
-    _check_tensor(mask, "mask")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask: expected a bool tensor (True = keep), got dtype {mask.dtype}")
-    try:
-        torch.broadcast_shapes(mask.shape, x.shape)
-    except RuntimeError:
-        raise ValueError(f"mask: expected a shape broadcastable to {tuple(x.shape)}, "
-                         f"got {tuple(mask.shape)}") from None
-    if torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
-        raise ValueError(f"mask: expected a shape broadcastable to {tuple(x.shape)}, got {tuple(mask.shape)}")
+    validate.tensor(x, "x", floating=True)
+    validate.bool_mask(mask, "mask", x.shape, "True = keep")
     x = x.masked_fill(~mask, float("-inf"))            # (...) masked scores -> -inf
     m = x.amax(dim=dim, keepdim=True).detach()         # (..., 1, ...) -inf on fully masked rows
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # keep exp(-inf - m) = 0, not NaN
@@ -284,7 +206,8 @@ class AdditiveAttention(nn.Module):
 
     def __init__(self, query_dim, key_dim, hidden_dim):
         super().__init__()
-        _check_positive_ints(query_dim=query_dim, key_dim=key_dim, hidden_dim=hidden_dim)
+        for name, n in (("query_dim", query_dim), ("key_dim", key_dim), ("hidden_dim", hidden_dim)):
+            validate.integer(n, name)
         self.query_dim, self.key_dim, self.hidden_dim = query_dim, key_dim, hidden_dim
         self.W = nn.Linear(query_dim, hidden_dim, bias=False)   # projects the query s
         self.U = nn.Linear(key_dim, hidden_dim, bias=False)     # projects each key h_j
@@ -322,12 +245,13 @@ def scaled_dot_product_attention(q, k, v, mask=None, causal=False, scale=None, r
 
     Example: ``out = scaled_dot_product_attention(q, k, v, causal=True)``
     """
-    _check_qkv(q, k, v)
-    scale = _check_scale(scale, q.shape[-1])
+    validate.qkv(q, k, v)
+    scale = validate.scale(scale, q.shape[-1])
+    validate.flag(causal, "causal")
     B, H, Nq, _ = q.shape
     Nk = k.shape[2]
     if mask is not None:
-        _check_mask(mask, (B, H, Nq, Nk))
+        validate.bool_mask(mask, "mask", (B, H, Nq, Nk))
         if mask.device != q.device:
             raise ValueError(f"mask: expected device {q.device} (the device of q), got {mask.device}")
     scores = (q @ k.transpose(-2, -1)) * scale               # (B, H, Nq, Nk)
@@ -363,7 +287,8 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model, num_heads, bias=True):
         super().__init__()
-        _check_positive_ints(d_model=d_model, num_heads=num_heads)
+        validate.integer(d_model, "d_model")
+        validate.integer(num_heads, "num_heads")
         if d_model % num_heads != 0:
             raise ValueError(f"num_heads: expected a divisor of d_model={d_model}, got {num_heads}")
         self.d_model, self.num_heads, self.d_head = d_model, num_heads, d_model // num_heads
@@ -374,7 +299,7 @@ class MultiHeadAttention(nn.Module):
 
     def split_heads(self, x):
         """(B, N, d_model) -> (B, h, N, d_head): head i gets features [i*d_head, (i+1)*d_head)."""
-        _check_tensor(x, "x", 3, "(batch, seq, d_model)")
+        validate.tensor(x, "x", 3, "(batch, seq, d_model)")
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
         B, N, _ = x.shape
@@ -382,7 +307,7 @@ class MultiHeadAttention(nn.Module):
 
     def merge_heads(self, x):
         """(B, h, N, d_head) -> (B, N, d_model): the inverse of ``split_heads``."""
-        _check_tensor(x, "x", 4, "(batch, heads, seq, d_head)")
+        validate.tensor(x, "x", 4, "(batch, heads, seq, d_head)")
         if x.shape[1] != self.num_heads or x.shape[3] != self.d_head:
             raise ValueError(f"x: expected (B, {self.num_heads}, N, {self.d_head}), got shape {tuple(x.shape)}")
         B, h, N, d = x.shape
@@ -416,8 +341,9 @@ def naive_attention(q, k, v, causal=False, scale=None):
 
     Example: ``out, nbytes = naive_attention(q, k, v)  # nbytes == 2 * B*H*Nq*Nk * 4 for fp32``
     """
-    _check_qkv(q, k, v)
-    scale = _check_scale(scale, q.shape[-1])
+    validate.qkv(q, k, v)
+    scale = validate.scale(scale, q.shape[-1])
+    validate.flag(causal, "causal")
     S = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)      # (B, H, Nq, Nk)  first n-by-n matrix
     if causal:
         keep = causal_mask(q.shape[2], k.shape[2], device=q.device)   # (Nq, Nk)
@@ -434,17 +360,6 @@ def naive_attention(q, k, v, causal=False, scale=None):
 # 7. block-sparse reference
 # ---------------------------------------------------------------------------------------------
 
-def _block_size_pair(block_size):
-    if isinstance(block_size, int) and not isinstance(block_size, bool):
-        block_size = (block_size, block_size)
-    if (not isinstance(block_size, (tuple, list)) or len(block_size) != 2
-            or any(isinstance(b, bool) or not isinstance(b, int) for b in block_size)):
-        raise TypeError(f"block_size: expected an int or a pair of ints (BQ, BK), got {block_size!r}")
-    if any(b <= 0 for b in block_size):
-        raise ValueError(f"block_size: expected positive sizes, got {tuple(block_size)}")
-    return tuple(block_size)
-
-
 def block_sparse_reference(q, k, v, block_mask, block_size=None, causal=False, scale=None):
     """Dense attention under the element mask that a block mask implies.
 
@@ -460,22 +375,22 @@ def block_sparse_reference(q, k, v, block_mask, block_size=None, causal=False, s
 
     Example: ``out = block_sparse_reference(q, k, v, torch.eye(4, dtype=torch.bool)[None, None], 16)``
     """
-    _check_qkv(q, k, v)
+    validate.qkv(q, k, v)
     if not isinstance(block_mask, torch.Tensor) and hasattr(block_mask, "mask"):
         carried = getattr(block_mask, "block_size", None)
         if carried is not None:
-            carried = _block_size_pair(tuple(carried) if not isinstance(carried, int) else carried)
-            if block_size is not None and _block_size_pair(block_size) != carried:
+            carried = validate.block_pair(tuple(carried) if not isinstance(carried, int) else carried)
+            if block_size is not None and validate.block_pair(block_size) != carried:
                 raise ValueError(f"block_size: expected {carried} (the block_mask's block_size), "
-                                 f"got {_block_size_pair(block_size)}")
+                                 f"got {validate.block_pair(block_size)}")
             block_size = carried
         block_mask = block_mask.mask
-    _check_tensor(block_mask, "block_mask", 4, "(batch or 1, heads or 1, n_q_blocks, n_k_blocks)")
+    validate.tensor(block_mask, "block_mask", 4, "(batch or 1, heads or 1, n_q_blocks, n_k_blocks)")
     if block_mask.dtype != torch.bool:
         raise TypeError(f"block_mask: expected a bool tensor, got dtype {block_mask.dtype}")
     if block_size is None:
         raise TypeError("block_size: expected an int or (BQ, BK) since block_mask carries none, got None")
-    BQ, BK = _block_size_pair(block_size)
+    BQ, BK = validate.block_pair(block_size)
     B, H, Nq, _ = q.shape
     Nk = k.shape[2]
     n_qb, n_kb = -(-Nq // BQ), -(-Nk // BK)      # ceil divisions

@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnlab import validate
+
 __all__ = [
     "IO", "Machine", "Roofline", "MACHINES", "roofline", "flash_block_sizes", "softmax_io",
     "standard_forward_io", "standard_backward_io", "flash_forward_io", "flash_backward_io",
@@ -120,13 +122,11 @@ def _part(name, read, written, flops=0):
 def _check(batch, heads, n_q, n_k, d, bytes_per_element):
     for name, val in (("batch", batch), ("heads", heads), ("n_q", n_q), ("n_k", n_k), ("d", d),
                       ("bytes_per_element", bytes_per_element)):
-        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-            raise ValueError(f"{name} must be a positive int, got {val!r}")
+        validate.integer(val, name)
 
 
 def _check_block(name, val):
-    if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 1):
-        raise ValueError(f"{name} must be a positive int or None, got {val!r}")
+    validate.integer(val, name, allow_none=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -160,8 +160,7 @@ def attention_flops(batch, heads, n_q, n_k=None, d=64, causal=False) -> int:
 def flash_block_sizes(sram_bytes: int, d: int, bytes_per_element: int = 2) -> tuple[int, int]:
     """(B_r, B_c) from the SRAM size as in Dao et al. 2022, Algorithm 1:
     M = sram_bytes / bytes_per_element elements, B_c = ceil(M / 4d), B_r = min(B_c, d)."""
-    if not isinstance(sram_bytes, int) or sram_bytes < 1:
-        raise ValueError(f"sram_bytes must be a positive int, got {sram_bytes!r}")
+    validate.integer(sram_bytes, "sram_bytes")
     m = sram_bytes // bytes_per_element
     b_c = math.ceil(m / (4 * d))
     return min(b_c, d), b_c
@@ -229,11 +228,11 @@ def _visit_masks(batch, heads, n_q, n_k, block_m, block_n, causal, block_mask):
     else:
         m = block_mask.mask if hasattr(block_mask, "mask") else block_mask
         if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
-            raise TypeError("block_mask must be a BlockMask or a bool tensor")
+            raise TypeError(f"block_mask: expected a BlockMask or a bool tensor, got {type(m).__name__}")
         if m.dim() == 2:
             m = m[None, None]
         if tuple(m.shape[-2:]) != (tr, tc) or m.shape[0] not in (1, batch) or m.shape[1] not in (1, heads):
-            raise ValueError(f"block_mask has shape {tuple(m.shape)}; expected ({batch} or 1, {heads} or 1, {tr}, {tc})")
+            raise ValueError(f"block_mask: expected shape ({batch} or 1, {heads} or 1, {tr}, {tc}), got {tuple(m.shape)}")
         m = m.cpu()
     if causal:
         m = m & _causal_tiles(n_q, n_k, block_m, block_n)
@@ -304,11 +303,11 @@ def flash_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, 
     e = bytes_per_element
     if loop_order == "kv_outer":
         if causal or block_mask is not None:
-            raise ValueError("loop_order='kv_outer' models the paper's dense, non-causal Algorithm 1 only")
+            raise ValueError("loop_order: expected 'q_outer' with causal or a block_mask ('kv_outer' models the "
+                             "paper's dense, non-causal Algorithm 1 only), got 'kv_outer'")
         alg1 = _algorithm1(n_q, n_k, d, e, block_n, lse_bytes, init=False)  # the loop only, no initialisation
         return _part("flash_fwd_alg1", alg1.bytes_read, alg1.bytes_written, alg1.flops).scaled(batch * heads)
-    if loop_order != "q_outer":
-        raise ValueError(f"loop_order must be 'q_outer' or 'kv_outer', got {loop_order!r}")
+    validate.one_of(loop_order, "loop_order", ("q_outer", "kv_outer"))
     return _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, block_mask is not None, lse_bytes)
 
 
@@ -329,8 +328,7 @@ def flash_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *,
 
 
 def _check_density(density):
-    if not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
-        raise ValueError(f"density must be a number in [0, 1], got {density!r}")
+    validate.number_in(density, "density", 0, 1)
 
 
 def _sparse_io(kind, batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes):
@@ -343,10 +341,11 @@ def _sparse_io(kind, batch, heads, n_q, n_k, d, bytes_per_element, block_mask, d
         fn = _flash_fwd if kind == "fwd" else _flash_bwd
         return fn(batch, heads, n_q, n_k, d, bytes_per_element, bm, bn, causal, block_mask, True, lse_bytes)
     if density is None:
-        raise ValueError("give block_mask (exact) or density (expected value)")
+        raise ValueError("block_mask, density: expected one of them (block_mask exact, density an expected value), "
+                         "got neither")
     _check_density(density)
     if causal:
-        raise ValueError("with density, causal is not modelled: give the causal BlockMask instead")
+        raise ValueError("causal: expected False with density (not modelled): give the causal BlockMask instead, got True")
     bm, bn = block_size
     tr, tc = math.ceil(n_q / bm), math.ceil(n_k / bn)
     fn = _flash_fwd if kind == "fwd" else _flash_bwd
@@ -438,8 +437,7 @@ def paper_flash_backward_io(batch, heads, n, d=64, bytes_per_element=2, *, sram_
 
 
 def _check_mask_kind(mask):
-    if mask not in (None, "additive", "fill"):
-        raise ValueError(f"mask must be None, 'additive' or 'fill', got {mask!r}")
+    validate.one_of(mask, "mask", (None, "additive", "fill"))
 
 
 def paper_standard_forward_io(batch, heads, n, d=64, bytes_per_element=2, *, mask="additive", dropout=True,
@@ -610,10 +608,10 @@ def roofline(flops, bytes_moved=None, machine="A100") -> Roofline:
     if isinstance(flops, IO):
         flops, bytes_moved = flops.flops, flops.total_bytes
     if bytes_moved is None or bytes_moved <= 0:
-        raise ValueError(f"bytes_moved must be positive, got {bytes_moved!r}")
+        raise ValueError(f"bytes_moved: expected a positive number, got {bytes_moved!r}")
     if isinstance(machine, str):
         if machine not in MACHINES:
-            raise ValueError(f"machine must be one of {sorted(MACHINES)}, got {machine!r}")
+            validate.one_of(machine, "machine", sorted(MACHINES))
         machine = MACHINES[machine]
     ai = flops / bytes_moved
     ridge = machine.ridge_point

@@ -216,7 +216,7 @@ def trace(fn, *args, **kwargs) -> MemoryTrace:
     Example: ``trace(flash_attention, q, k, v).bytes_read``
     """
     if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
     _interp_hooks.check_triton_version()
     from attnlab.kernels._runtime import interpreting
 

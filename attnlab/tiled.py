@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from attnlab.attention import _check_qkv, _check_scale
+from attnlab import validate
 
 __all__ = ["tiled_attention"]
 
@@ -290,13 +290,6 @@ class _TiledAttention(torch.autograd.Function):
                 dv.reshape(B, H, Nk, Dv).to(ctx.dtype), None, None, None, None)
 
 
-def _check_block(n, name):
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{name}: expected a positive int, got {type(n).__name__}")
-    if n <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {n}")
-
-
 def tiled_attention(q, k, v, causal=False, scale=None, block_q=DEFAULT_BLOCK_Q, block_k=DEFAULT_BLOCK_K,
                     return_lse=False):
     """FlashAttention in PyTorch: exact attention without ever materialising the (Nq, Nk) matrices.
@@ -311,9 +304,10 @@ def tiled_attention(q, k, v, causal=False, scale=None, block_q=DEFAULT_BLOCK_Q, 
 
     Example: ``out, lse = tiled_attention(q, k, v, causal=True, block_q=64, block_k=64, return_lse=True)``
     """
-    _check_qkv(q, k, v)
-    scale = _check_scale(scale, q.shape[-1])
-    _check_block(block_q, "block_q")
-    _check_block(block_k, "block_k")
-    out, lse = _TiledAttention.apply(q, k, v, bool(causal), scale, block_q, block_k)
+    validate.qkv(q, k, v)
+    scale = validate.scale(scale, q.shape[-1])
+    validate.integer(block_q, "block_q")
+    validate.integer(block_k, "block_k")
+    validate.flag(causal, "causal")
+    out, lse = _TiledAttention.apply(q, k, v, causal, scale, block_q, block_k)
     return (out, lse) if return_lse else out

@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from attnlab import validate
+
 __all__ = [
     "BlockMask", "local_mask", "strided_mask", "global_mask", "causal_block_mask", "random_mask",
     "full_mask", "union", "intersection", "SUPPORTED_BLOCK_SIZES",
@@ -34,18 +36,11 @@ SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
 
 
 def _check_block_size(block_size, name="block_size"):
-    if (not isinstance(block_size, (tuple, list)) or len(block_size) != 2
-            or not all(isinstance(b, int) and not isinstance(b, bool) for b in block_size)):
-        raise TypeError(f"{name} must be a pair of ints (BQ, BK), got {block_size!r}")
-    for b in block_size:
-        if b not in SUPPORTED_BLOCK_SIZES:
-            raise ValueError(f"{name} entries must be one of {SUPPORTED_BLOCK_SIZES}, got {tuple(block_size)}")
-    return tuple(int(b) for b in block_size)
+    return validate.block_pair(block_size, name, allowed=SUPPORTED_BLOCK_SIZES, single_int=False)
 
 
 def _check_len(n, name):
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n!r}")
+    return validate.integer(n, name)
 
 
 class BlockMask:
@@ -64,14 +59,11 @@ class BlockMask:
     """
 
     def __init__(self, mask: torch.Tensor, block_size=(64, 64)):
-        if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"mask must be a bool torch.Tensor, got {type(mask).__name__}")
-        if mask.dtype != torch.bool:
-            raise TypeError(f"mask must have dtype torch.bool, got {mask.dtype}")
+        validate.tensor(mask, "mask", dtypes=(torch.bool,))
         if mask.dim() == 2:
             mask = mask[None, None]
         if mask.dim() != 4 or mask.shape[-1] == 0 or mask.shape[-2] == 0:
-            raise ValueError(f"mask must have shape (B or 1, H or 1, query blocks, key blocks), got {tuple(mask.shape)}")
+            raise ValueError(f"mask: expected shape (B or 1, H or 1, query blocks, key blocks), got {tuple(mask.shape)}")
         self.mask = mask
         self.block_size = _check_block_size(block_size)
 
@@ -128,8 +120,9 @@ class BlockMask:
         _check_len(n_k, "n_k")
         if not self.seq_lengths_ok(n_q, n_k):
             raise ValueError(
-                f"n_q={n_q}, n_k={n_k} need {math.ceil(n_q / self.block_size[0])} x "
-                f"{math.ceil(n_k / self.block_size[1])} blocks of {self.block_size}, but the mask has {self.num_blocks}"
+                f"n_q, n_k: expected lengths that fit the mask's {self.num_blocks} blocks of {self.block_size}, "
+                f"got n_q={n_q}, n_k={n_k} (they need {math.ceil(n_q / self.block_size[0])} x "
+                f"{math.ceil(n_k / self.block_size[1])})"
             )
         bq, bk = self.block_size
         m = self.mask.repeat_interleave(bq, dim=-2).repeat_interleave(bk, dim=-1)
@@ -215,8 +208,7 @@ def local_mask(n_q, n_k, window, block_size=(64, 64)) -> BlockMask:
 
     Example: ``local_mask(512, 512, window=64, block_size=(64, 64))``
     """
-    if not isinstance(window, int) or window < 0:
-        raise ValueError(f"window must be a non-negative int (tokens), got {window!r}")
+    validate.integer(window, "window", minimum=0)
     bs, i, j, q_lo, q_hi, k_lo, k_hi = _block_ranges(n_q, n_k, block_size)
     return BlockMask((k_lo <= q_hi + window) & (k_hi >= q_lo - window), bs)
 
@@ -226,8 +218,7 @@ def strided_mask(n_q, n_k, stride, block_size=(64, 64)) -> BlockMask:
 
     Example: ``strided_mask(512, 512, stride=4)``
     """
-    if not isinstance(stride, int) or stride < 1:
-        raise ValueError(f"stride must be a positive int (blocks), got {stride!r}")
+    validate.integer(stride, "stride")
     bs, i, j, *_ = _block_ranges(n_q, n_k, block_size)
     return BlockMask((i - j) % stride == 0, bs)
 
@@ -238,8 +229,7 @@ def global_mask(n_q, n_k, num_blocks=1, block_size=(64, 64)) -> BlockMask:
 
     Example: ``local_mask(512, 512, 64) | global_mask(512, 512, num_blocks=1)``
     """
-    if not isinstance(num_blocks, int) or num_blocks < 0:
-        raise ValueError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+    validate.integer(num_blocks, "num_blocks", minimum=0)
     bs, i, j, *_ = _block_ranges(n_q, n_k, block_size)
     return BlockMask((i < num_blocks) | (j < num_blocks), bs)
 
@@ -252,8 +242,7 @@ def random_mask(n_q, n_k, density, block_size=(64, 64), seed=0, batch=1, heads=1
 
     Example: ``random_mask(1024, 1024, density=0.25, seed=0)``
     """
-    if not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
-        raise ValueError(f"density must be a number in [0, 1], got {density!r}")
+    validate.number_in(density, "density", 0, 1)
     bs, i, j, *_ = _block_ranges(n_q, n_k, block_size)
     g = torch.Generator().manual_seed(int(seed))
     return BlockMask(torch.rand(batch, heads, i.shape[0], j.shape[1], generator=g) < density, bs)
@@ -261,14 +250,14 @@ def random_mask(n_q, n_k, density, block_size=(64, 64), seed=0, batch=1, heads=1
 
 def _combine(masks, op, name):
     if not masks:
-        raise ValueError(f"{name} needs at least one BlockMask")
+        raise ValueError(f"masks: expected at least one BlockMask for {name}, got none")
     for m in masks:
         if not isinstance(m, BlockMask):
-            raise TypeError(f"{name} takes BlockMask objects, got {type(m).__name__}")
+            raise TypeError(f"masks: expected BlockMask objects for {name}, got {type(m).__name__}")
         if m.block_size != masks[0].block_size:
-            raise ValueError(f"{name}: block sizes differ ({m.block_size} vs {masks[0].block_size})")
+            raise ValueError(f"masks: expected one block size for {name}, got {masks[0].block_size} and {m.block_size}")
         if m.num_blocks != masks[0].num_blocks:
-            raise ValueError(f"{name}: numbers of blocks differ ({m.num_blocks} vs {masks[0].num_blocks})")
+            raise ValueError(f"masks: expected one number of blocks for {name}, got {masks[0].num_blocks} and {m.num_blocks}")
     out = masks[0].mask
     for m in masks[1:]:
         out = op(out, m.mask)

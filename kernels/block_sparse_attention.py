@@ -39,21 +39,22 @@ def prepare_block_mask(block_mask, block_size, n_q, n_k, batch, heads, causal=Fa
     """
     if isinstance(block_mask, BlockMask):
         if block_size is not None and tuple(block_size) != block_mask.block_size:
-            raise ValueError(f"block_size {tuple(block_size)} differs from block_mask.block_size {block_mask.block_size}")
+            raise ValueError(f"block_size: expected {block_mask.block_size} (the block_mask's block_size), "
+                             f"got {tuple(block_size)}")
         bm = block_mask
     elif isinstance(block_mask, torch.Tensor):
         if block_mask.dtype != torch.bool:
-            raise TypeError(f"block_mask must be a bool tensor or a BlockMask, got a tensor of {block_mask.dtype}")
+            raise TypeError(f"block_mask: expected a BlockMask or a bool tensor, got a tensor of dtype {block_mask.dtype}")
         bm = BlockMask(block_mask, _check_block_size((64, 64) if block_size is None else block_size))
     else:
-        raise TypeError(f"block_mask must be a BlockMask or a bool tensor, got {type(block_mask).__name__}")
+        raise TypeError(f"block_mask: expected a BlockMask or a bool tensor, got {type(block_mask).__name__}")
     bq, bk = bm.block_size
     want = (math.ceil(n_q / bq), math.ceil(n_k / bk))
     b, h = bm.shape[:2]
     if bm.num_blocks != want or b not in (1, batch) or h not in (1, heads):
         raise ValueError(
-            f"block_mask has shape {bm.shape}; for q with {n_q} positions, k with {n_k}, batch {batch}, "
-            f"heads {heads} and block_size {bm.block_size} it must be ({batch} or 1, {heads} or 1, {want[0]}, {want[1]})"
+            f"block_mask: expected shape ({batch} or 1, {heads} or 1, {want[0]}, {want[1]}) for q with {n_q} positions, "
+            f"k with {n_k}, batch {batch}, heads {heads} and block_size {bm.block_size}, got {bm.shape}"
         )
     # the lists are built on the host once per (mask version, causal, batch, heads, device) and
     # cached on the BlockMask, so repeated calls (a training loop, a benchmark) pay nothing

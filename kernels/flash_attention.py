@@ -23,11 +23,11 @@ The same kernels, with ``SPARSE=True``, are the block-sparse kernels of
 indices instead of a range.
 """
 
-import math
-
 import torch
 import triton
 import triton.language as tl
+
+from attnlab import validate
 
 from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
 from ._tuning import INTERPRETER_BLOCKS, default_block_sizes, launch, native_options
@@ -35,6 +35,7 @@ from ._tuning import INTERPRETER_BLOCKS, default_block_sizes, launch, native_opt
 __all__ = ["flash_attention", "SUPPORTED_HEAD_DIMS"]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # bfloat16 on a GPU only
 # exp(x) == exp2(x * LOG2E) and ln(x) == log2(x) * LN2: exp2 and log2 are the GPU's native instructions
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -350,41 +351,17 @@ def _attn_bwd_dq_kernel(
 # Wrappers (the launch configurations are chosen in _tuning.py)
 # ---------------------------------------------------------------------------------------
 def _validate_qkv(q, k, v, scale, causal=False):
-    """The checks every attention wrapper makes before launching: tensors, shapes, dtypes, devices,
-    head dim, scale and causal, each error naming the argument."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape (batch, heads, seq, head_dim), got {tuple(t.shape)}")
-        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
-        if t.shape[-2] == 0:
-            raise ValueError(f"{name} must have at least one position (seq >= 1), got shape {tuple(t.shape)}")
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all inputs must be on one device")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: all inputs must share a dtype")
-        if t.shape[:2] != q.shape[:2]:
-            raise ValueError(f"{name} has batch and heads {tuple(t.shape[:2])} but q has {tuple(q.shape[:2])}")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k has head_dim {k.shape[-1]} but q has {q.shape[-1]}")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"v has {v.shape[-2]} positions but k has {k.shape[-2]}")
-    if v.shape[-1] != q.shape[-1]:
-        raise ValueError(f"v has head_dim {v.shape[-1]} but q has {q.shape[-1]} (the kernels need them equal)")
+    """The checks every attention wrapper makes before launching (attnlab.validate's rules, plus
+    what the kernels need: one head dim for q, k and v, a supported head dim, a CPU or CUDA
+    tensor, and no bfloat16 in the interpreter)."""
+    validate.qkv(q, k, v, dtypes=KERNEL_DTYPES, same_head_dim=True, nonempty=True)
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"q has head_dim {q.shape[-1]}; the kernels support head_dim in {SUPPORTED_HEAD_DIMS}")
+        raise ValueError(f"q: expected head_dim in {SUPPORTED_HEAD_DIMS}, got shape {tuple(q.shape)}")
     if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"q is on {q.device}; the kernels run on CPU (interpreter) or CUDA tensors")
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
+        raise ValueError(f"q: expected a CPU (interpreter) or CUDA tensor, got device {q.device}")
+    validate.scale(scale, q.shape[-1])
+    validate.flag(causal, "causal")
     check_interpreter_dtype(q=q, k=k, v=v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
 
 
 def _explicit_blocks(q, block_m, block_n):
@@ -399,9 +376,8 @@ def _explicit_blocks(q, block_m, block_n):
 
 
 def _check_blocks(block_m, block_n):
-    for name, bs in (("block_m", block_m), ("block_n", block_n)):
-        if not isinstance(bs, int) or isinstance(bs, bool) or bs < 16 or bs & (bs - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {bs!r}")
+    validate.power_of_two(block_m, "block_m")
+    validate.power_of_two(block_n, "block_n")
 
 
 def _sparse_args(num, idx):

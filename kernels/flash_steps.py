@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab import validate
+
 from ._runtime import jit
 from .flash_attention import _check_blocks, _validate_qkv
 
@@ -234,13 +236,12 @@ def _check_step_args(q, k, v, block_m, block_n, even=False):
     """q, k, v as for ``flash_attention``, one length N for all three, contiguous layout is made here;
     block sizes powers of two >= 16; ``even``: N must be a multiple of both (the unmasked kernels)."""
     _validate_qkv(q, k, v, None)
-    if k.shape[-2] != q.shape[-2]:
-        raise ValueError(f"k has {k.shape[-2]} positions but q has {q.shape[-2]}: the step kernels take one length N")
+    validate.qkv(q, k, v, same_length=True)            # the step kernels take one length N
     _check_blocks(block_m, block_n)
     n = q.shape[-2]
     if even and (n % block_m or n % block_n):
-        raise ValueError(f"q has N = {n} positions, not a multiple of block_m = {block_m} and block_n = {block_n}: "
-                         f"this kernel has no masks (use flash_forward_masked)")
+        raise ValueError(f"q: expected N a multiple of block_m = {block_m} and block_n = {block_n} (this kernel has "
+                         f"no masks: use flash_forward_masked), got shape {tuple(q.shape)}")
 
 
 def _launch_forward(kernel, q, k, v, block_m, block_n, **meta):
@@ -278,8 +279,7 @@ def flash_forward_causal(q, k, v, causal=True, block_m=64, block_n=64):
     Example: ``o = flash_forward_causal(q, k, v)``
     """
     _check_step_args(q, k, v, block_m, block_n)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    validate.flag(causal, "causal")
     return _launch_forward(fwd_causal_kernel, q, k, v, block_m, block_n, CAUSAL=causal)
 
 
@@ -294,9 +294,9 @@ def flash_backward_minimal(q, k, v, o, lse, do, block_m=64, block_n=64):
     _check_step_args(q, k, v, block_m, block_n, even=True)
     B, H, n, d = q.shape
     for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, (B, H, n))):
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
-            raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        validate.tensor(t, name)
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     q, k, v, do = (t.contiguous() for t in (q, k, v, do))
     lse = lse.float().contiguous()
     delta = (o.float() * do.float()).sum(-1).contiguous()   # (B, H, N): D_i = rowsum(dO_i * O_i)

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab import validate
+
 from ._runtime import check_interpreter_dtype, jit, use_interpreter
 
 __all__ = ["softmax", "naive_softmax", "softmax_block_size", "rows_per_program", "MAX_FUSED_BLOCK"]
@@ -142,12 +144,9 @@ def _launch_softmax(s: torch.Tensor, p: torch.Tensor) -> None:
 
 
 def _check_softmax_input(x):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() < 1 or x.numel() == 0:
-        raise ValueError(f"x must have at least one element and one dimension, got shape {tuple(x.shape)}")
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
+    validate.tensor(x, "x", dtypes=(torch.float32, torch.float16, torch.bfloat16), nonempty=True)
+    if x.dim() < 1:
+        raise ValueError(f"x: expected at least one dimension, got shape {tuple(x.shape)}")
     check_interpreter_dtype(x=x)
 
 

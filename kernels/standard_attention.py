@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab import validate
+
 from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
 from ._tuning import device_capability as gpu_capability
 from .flash_attention import _check_blocks, _validate_qkv
@@ -252,10 +254,10 @@ def _standard_blocks(q, k, block_m, block_n, block_k):
     bm, bn, bk = standard_block_sizes(q.shape[-1], q.dtype, q.device)
     blocks = (bm if block_m is None else block_m, bn if block_n is None else block_n, bk if block_k is None else block_k)
     _check_blocks(blocks[0], blocks[1])
-    if not isinstance(blocks[2], int) or blocks[2] < 16 or blocks[2] & (blocks[2] - 1):
-        raise ValueError(f"block_k must be a power of two >= 16, got {blocks[2]!r}")
+    validate.power_of_two(blocks[2], "block_k")
     if k.shape[-2] > 16384 and q.requires_grad:
-        raise ValueError(f"k has {k.shape[-2]} positions; the standard backward's softmax kernel holds rows up to 16384")
+        raise ValueError(f"k: expected at most 16384 positions (the standard backward's softmax kernel holds "
+                         f"one row), got shape {tuple(k.shape)}")
     return blocks
 
 

@@ -66,7 +66,7 @@ def tutorial_softmax(x: torch.Tensor) -> torch.Tensor:
 def _check_tutorial_input(x):
     _check_softmax_input(x)
     if x.dim() != 2:
-        raise ValueError(f"x must be 2-D (rows, cols), got shape {tuple(x.shape)}")
+        raise ValueError(f"x: expected a 2-D tensor (rows, cols), got shape {tuple(x.shape)}")
     if x.shape[1] > 16384:
-        raise ValueError(f"x has rows of {x.shape[1]} elements; this kernel holds a row of at most 16384 in one "
-                         f"block (attnlab.kernels.softmax takes longer rows in two passes)")
+        raise ValueError(f"x: expected rows of at most 16384 elements (one block; attnlab.kernels.softmax takes "
+                         f"longer rows in two passes), got shape {tuple(x.shape)}")

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab import validate
+
 from ._runtime import check_interpreter_dtype, jit
 
 __all__ = ["vector_add", "add_kernel"]
@@ -41,20 +43,11 @@ def add_kernel(
 def _check_add_args(x, y, block):
     """x and y: 1-D floating tensors of one shape, dtype and device; block: a power of two."""
     for name, t in (("x", x), ("y", y)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 1:
-            raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(t.shape)}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
-    if x.shape != y.shape:
-        raise ValueError(f"y: shape {tuple(y.shape)} must equal x's {tuple(x.shape)}")
-    if x.dtype != y.dtype:
-        raise TypeError(f"y: dtype {y.dtype} must equal x's {x.dtype}")
-    if x.device != y.device:
-        raise ValueError(f"y: device {y.device} must equal x's {x.device}")
-    if not isinstance(block, int) or block <= 0 or block & (block - 1):
-        raise ValueError(f"block: expected a power of two, got {block!r}")
+        validate.tensor(t, name, 1, floating=True)
+    validate.like(y, "y", x, "x")
+    if y.shape != x.shape:
+        raise ValueError(f"y: expected shape {tuple(x.shape)} like x, got {tuple(y.shape)}")
+    validate.power_of_two(block, "block", minimum=1)
     check_interpreter_dtype(x=x, y=y)
 
 

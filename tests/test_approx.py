@@ -211,7 +211,7 @@ def test_performer_bad_input():
         performer_attention(q, k, v, scale=-1.0)
     with pytest.raises(TypeError, match="q"):
         performer_attention(q.to(torch.int64), k, v)
-    with pytest.raises(TypeError, match="dtypes"):
+    with pytest.raises(TypeError, match="k: expected dtype"):
         performer_attention(q.double(), k, v)
 
 

@@ -182,7 +182,7 @@ def test_paper_standard_hand_count():
     assert fill.total_bytes == b.total_bytes + 32
     plain = io.paper_standard_forward_io(1, 1, 4, d=2, bytes_per_element=1, mask=None, dropout=False)
     assert plain == io.standard_forward_io(1, 1, 4, d=2, bytes_per_element=1)
-    with pytest.raises(ValueError, match="mask must be"):
+    with pytest.raises(ValueError, match="mask: expected one of"):
         io.paper_standard_forward_io(1, 1, 4, mask="causal")
 
 

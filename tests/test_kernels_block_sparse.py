@@ -130,9 +130,9 @@ def test_block_mask_inspection():
 
 def test_bad_masks_and_inputs():
     q, k, v = _qkv(1, 1)
-    with pytest.raises(ValueError, match="block_mask has shape"):
+    with pytest.raises(ValueError, match="block_mask: expected shape"):
         block_sparse_attention(q, k, v, torch.ones(1, 1, 3, 9, dtype=torch.bool), block_size=(32, 16))
-    with pytest.raises(ValueError, match="block_mask has shape"):
+    with pytest.raises(ValueError, match="block_mask: expected shape"):
         m = local_mask(NQ, NK, 1, BS)
         block_sparse_attention(q, k, v, BlockMask(m.mask.expand(3, 1, *m.num_blocks).contiguous(), m.block_size))
     with pytest.raises(TypeError, match="block_mask"):
@@ -141,7 +141,7 @@ def test_bad_masks_and_inputs():
         block_sparse_attention(q, k, v, [[True]])
     with pytest.raises(ValueError, match="block_size"):
         block_sparse_attention(q, k, v, torch.ones(1, 1, 4, 9, dtype=torch.bool), block_size=(32, 24))
-    with pytest.raises(ValueError, match="differs"):
+    with pytest.raises(ValueError, match="the block_mask's block_size"):
         block_sparse_attention(q, k, v, local_mask(NQ, NK, 1, BS), block_size=(64, 64))
     with pytest.raises(TypeError, match="bfloat16"):
         block_sparse_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), local_mask(NQ, NK, 1, BS))
@@ -151,9 +151,9 @@ def test_bad_masks_and_inputs():
         local_mask(10, 10, -1)
     with pytest.raises(ValueError, match="density"):
         random_mask(10, 10, 1.5)
-    with pytest.raises(ValueError, match="block sizes differ"):
+    with pytest.raises(ValueError, match="masks: expected one block size"):
         union(local_mask(64, 64, 1, (32, 32)), local_mask(64, 64, 1, (16, 16)))
-    with pytest.raises(TypeError, match="mask must have dtype"):
+    with pytest.raises(TypeError, match="mask: expected dtype bool"):
         BlockMask(torch.ones(1, 1, 2, 2), (16, 16))
     with pytest.raises(ValueError, match="n_q=10"):
         local_mask(64, 64, 1, (32, 32)).to_element_mask(10, 64)

@@ -47,9 +47,9 @@ def test_tutorial_softmax_float16_and_traffic():
 
 
 def test_tutorial_softmax_bad_input():
-    with pytest.raises(ValueError, match="x must be 2-D"):
+    with pytest.raises(ValueError, match="x: expected a 2-D tensor"):
         tutorial_softmax(torch.randn(2, 3, 4))
-    with pytest.raises(TypeError, match="x must be float32"):
+    with pytest.raises(TypeError, match="x: expected dtype float32"):
         tutorial_softmax(torch.ones(2, 3, dtype=torch.int64))
     with pytest.raises(ValueError, match="16384"):
         tutorial_softmax(torch.randn(1, 16385))
@@ -64,7 +64,7 @@ def test_step_a_loop_matches_reference(n, bm, bn):
 
 def test_step_a_needs_even_n():
     q, k, v = _qkv(1, 1, 100, 16)
-    with pytest.raises(ValueError, match="not a multiple of block_m"):
+    with pytest.raises(ValueError, match="q: expected N a multiple of block_m"):
         flash_forward_loop(q, k, v, 32, 32)
 
 
@@ -142,7 +142,7 @@ def test_minimal_backward_traffic_equals_iomodel():
 def test_minimal_backward_bad_arguments():
     q, k, v = _qkv(1, 1, 64, 16)
     o, lse = flash_attention(q, k, v, return_lse=True)
-    with pytest.raises(ValueError, match="lse must be a tensor of shape"):
+    with pytest.raises(ValueError, match="lse: expected shape"):
         flash_backward_minimal(q, k, v, o, lse[..., :3], torch.ones_like(q), 16, 16)
-    with pytest.raises(ValueError, match="block_m must be a power of two"):
+    with pytest.raises(ValueError, match="block_m: expected a power of two"):
         flash_forward_masked(q, k, v, 24, 16)

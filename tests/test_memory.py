@@ -120,7 +120,7 @@ def test_sparsity_scales_traffic():
 def test_trace_of_plain_function_and_bad_fn():
     t = trace(lambda: 3)
     assert t.events == [] and t.bytes_read == 0 and t.launches == [] and t.result == 3
-    with pytest.raises(TypeError, match="fn must be callable"):
+    with pytest.raises(TypeError, match="fn: expected a callable"):
         trace(5)
 
 

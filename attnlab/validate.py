@@ -1,0 +1,164 @@
+"""Argument checks shared by every public function of attnlab and attnlab.kernels: one rule, one wording.
+
+Every error names the argument, says what was expected and what came::
+
+    q: expected a 4-D tensor (batch, heads, seq, head_dim), got shape (2, 3, 4)
+    scale: expected a real number or None, got bool
+
+A wrong *type* (not a tensor, a bool where a number belongs, an integer tensor where floats
+belong, a dtype that differs from q's) raises ``TypeError``; a wrong *value* (a shape, a length,
+a device, a range) raises ``ValueError``. The reference attention (``attention.py``,
+``tiled.py``), the approximations (``approx.py``), the IO model (``iomodel.py``), the Triton
+kernels and ``BlockMask`` all call these, so a rule changes in one place.
+
+Example::
+
+    from attnlab import validate
+    validate.qkv(q, k, v)
+    scale = validate.scale(scale, q.shape[-1])
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = ["tensor", "like", "qkv", "scale", "flag", "integer", "power_of_two", "number_in", "one_of", "bool_mask",
+           "block_pair"]
+
+
+def _type_name(x):
+    return type(x).__name__
+
+
+def tensor(x, name, ndim=None, layout=None, *, floating=False, dtypes=None, nonempty=False):
+    """``x`` is a torch.Tensor (of ``ndim`` dims named by ``layout``, floating point, one of
+    ``dtypes``, with at least one element along every dim when ``nonempty``)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {_type_name(x)}")
+    if ndim is not None and x.dim() != ndim:
+        layout = f" {layout}" if layout else ""
+        raise ValueError(f"{name}: expected a {ndim}-D tensor{layout}, got shape {tuple(x.shape)}")
+    if dtypes is not None and x.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name}: expected dtype {names}, got {x.dtype}")
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
+    if nonempty and any(s == 0 for s in x.shape):
+        raise ValueError(f"{name}: expected at least one element along every dim, got shape {tuple(x.shape)}")
+    return x
+
+
+def like(x, name, ref, ref_name):
+    """``x`` has ``ref``'s dtype (else TypeError) and device (else ValueError)."""
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{name}: expected dtype {ref.dtype} (the dtype of {ref_name}), got {x.dtype}")
+    if x.device != ref.device:
+        raise ValueError(f"{name}: expected device {ref.device} (the device of {ref_name}), got {x.device}")
+
+
+def qkv(q, k, v, *, dtypes=None, same_head_dim=False, same_length=False, nonempty=True):
+    """q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv): floating tensors of one dtype and device.
+    ``same_head_dim``: Dv == D (the kernels); ``same_length``: Nq == Nk; ``nonempty``: every
+    length at least 1."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        tensor(x, name, 4, "(batch, heads, seq, head_dim)", floating=True, dtypes=dtypes, nonempty=nonempty)
+    for name, x in (("k", k), ("v", v)):
+        like(x, name, q, "q")
+    if k.shape[:2] != q.shape[:2]:
+        raise ValueError(f"k: expected (batch, heads) = {tuple(q.shape[:2])} like q, got shape {tuple(k.shape)}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"k: expected head_dim {q.shape[3]} like q, got shape {tuple(k.shape)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v: expected (batch, heads, seq) = {tuple(k.shape[:3])} like k, got shape {tuple(v.shape)}")
+    if same_head_dim and v.shape[3] != q.shape[3]:
+        raise ValueError(f"v: expected head_dim {q.shape[3]} like q (the kernels need them equal), "
+                         f"got shape {tuple(v.shape)}")
+    if same_length and k.shape[2] != q.shape[2]:
+        raise ValueError(f"k: expected seq {q.shape[2]} like q, got shape {tuple(k.shape)}")
+
+
+def scale(value, head_dim, *, positive=False):
+    """The softmax scale as a float: ``1/sqrt(head_dim)`` for None, else a finite real number
+    (not a bool; ``positive`` where the method needs ``sqrt(scale)``)."""
+    if value is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"scale: expected a real number or None, got {_type_name(value)}")
+    if not math.isfinite(value):
+        raise ValueError(f"scale: expected a finite number, got {value}")
+    if positive and not value > 0:
+        raise ValueError(f"scale: expected a positive number, got {value}")
+    return float(value)
+
+
+def flag(value, name):
+    """``value`` is a bool (not 0/1, not a string)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {_type_name(value)}")
+    return value
+
+
+def integer(value, name, *, minimum=1, allow_none=False):
+    """``value`` is an int (not a bool) of at least ``minimum`` (or None when ``allow_none``)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int{' or None' if allow_none else ''}, got {_type_name(value)}")
+    if value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name}: expected {what}, got {value}")
+    return int(value)
+
+
+def power_of_two(value, name, minimum=16):
+    """``value`` is an int power of two of at least ``minimum`` (a Triton block size)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int power of two >= {minimum}, got {_type_name(value)}")
+    if value < minimum or value & (value - 1):
+        raise ValueError(f"{name}: expected a power of two >= {minimum}, got {value}")
+    return int(value)
+
+
+def number_in(value, name, low, high):
+    """``value`` is a real number (not a bool) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a number in [{low}, {high}], got {_type_name(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"{name}: expected a number in [{low}, {high}], got {value}")
+    return value
+
+
+def one_of(value, name, choices):
+    """``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def bool_mask(mask, name, shape, meaning="True = attend"):
+    """A bool tensor that broadcasts to ``shape``."""
+    tensor(mask, name)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name}: expected a bool tensor ({meaning}), got dtype {mask.dtype}")
+    if mask.dim() > len(shape) or any(m not in (1, s) for m, s in zip(reversed(mask.shape), reversed(shape))):
+        raise ValueError(f"{name}: expected a shape broadcastable to {tuple(shape)}, got {tuple(mask.shape)}")
+    return mask
+
+
+def block_pair(value, name="block_size", *, allowed=None, single_int=True):
+    """A tile size (BQ, BK) as a tuple of two positive ints (an int means a square tile when
+    ``single_int``); with ``allowed``, each must be one of those sizes."""
+    if single_int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (value, value)
+    what = "an int or a pair of ints (BQ, BK)" if single_int else "a pair of ints (BQ, BK)"
+    if (not isinstance(value, (tuple, list)) or len(value) != 2
+            or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) for b in value)):
+        raise TypeError(f"{name}: expected {what}, got {value!r}")
+    if allowed is not None and any(b not in allowed for b in value):
+        raise ValueError(f"{name}: expected sizes in {tuple(allowed)}, got {tuple(value)}")
+    if any(b <= 0 for b in value):
+        raise ValueError(f"{name}: expected positive sizes, got {tuple(value)}")
+    return tuple(int(b) for b in value)
