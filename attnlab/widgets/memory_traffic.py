@@ -194,7 +194,7 @@ class MemoryTraffic(FigureWidget):
         # redraws queue up in the kernel if values come faster than it draws: the slider sends on release,
         # and a full play is about 60 frames of 300 ms
         self.step = widgets.IntSlider(value=n_max, min=0, max=n_max, description="events done", style=style,
-                                      layout=widgets.Layout(width="480px"), continuous_update=False)
+                                      layout=widgets.Layout(width="480px", max_width="100%"), continuous_update=False)
         self.play = widgets.Play(value=n_max, min=0, max=n_max, step=max(1, math.ceil(n_max / 60)), interval=300,
                                  description="play")
         widgets.jslink((self.play, "value"), (self.step, "value"))
@@ -214,7 +214,11 @@ class MemoryTraffic(FigureWidget):
                                  f"16, 32, 64, 128 (the kernels' head dims), got {tuple(sram_shape)}")
             self.sram_study = SramStudy(*sram_shape)
             self.sram_kib = self.sram_study.slider
-            below += [self.sram_study.box]
+            # a secondary panel: folded away, so the replay alone fits a laptop screen (open it with a click,
+            # or from code: traffic.sram_panel.selected_index = 0)
+            self.sram_panel = widgets.Accordion(children=[self.sram_study.box], selected_index=None)
+            self.sram_panel.set_title(0, "SRAM size and HBM traffic (FlashAttention forward)")
+            below += [self.sram_panel]
         self._build([widgets.HBox(top)], below)
 
     # ---------------------------------------------------------------- state
@@ -245,7 +249,8 @@ class MemoryTraffic(FigureWidget):
                  f"{fmt_bytes(c['bytes_written'])} / {fmt_bytes(c['total_written'])}",
                  fmt_bytes(c["bytes_read"] + c["bytes_written"])] for c in self.counters]
         self.counters_html.value = html_table(
-            ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows)
+            ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows,
+            numeric=(1, 2, 3, 4))
 
     # ---------------------------------------------------------------- drawing
     def to_figure(self):
@@ -257,8 +262,8 @@ class MemoryTraffic(FigureWidget):
 
     def _make_figure(self, with_sram=False):
         n_tr = len(self.replays)
-        height_each = 2.6
-        fig = new_figure(11, height_each * n_tr + 0.3 + (3.4 if with_sram else 0))
+        height_each = 2.2  # three traces and the controls fit a 1280 x 800 screen
+        fig = new_figure(10, height_each * n_tr + 0.3 + (3.4 if with_sram else 0))
         ratios = [height_each] * n_tr + ([3.4] if with_sram else [])
         subfigs = np.atleast_1d(fig.subfigures(len(ratios), 1, hspace=0.04, height_ratios=ratios))
         if with_sram:
