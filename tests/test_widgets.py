@@ -382,3 +382,30 @@ def test_stored_notebook_output_carries_a_png_that_nbconvert_shows(tmp_path):
     assert "widgets" not in nb.metadata
     html, _ = HTMLExporter().from_notebook_node(nb)
     assert "data:image/png;base64," + data["image/png"][:40] in html
+
+
+def test_all_heads_view_labels_each_head_above_its_map():
+    """Lesson 04's overview: every "head i" label lies outside every map (was drawn half over them)."""
+    w = AttentionMap(_attention_weights(1, 6, 12, 12), query_tokens=[str(10 + i) for i in range(12)])
+    w.head.value = "all"
+    fig = w.to_figure()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    maps = [ax for ax in fig.axes if ax.images and ax.get_title()]
+    assert [ax.get_title() for ax in maps] == [f"head {h}" for h in range(6)]
+    for ax in maps:
+        label = ax.title.get_window_extent(renderer)
+        for other in maps:
+            assert not label.overlaps(other.get_window_extent(renderer)), (ax.get_title(), other.get_title())
+
+
+def test_top_keys_name_query_and_key_positions():
+    tokens = [str(10 + i) for i in range(6)]  # numeric tokens: the position tells them apart from the numbers
+    w = AttentionMap(_attention_weights(1, 1, 6, 6)[0, 0], query_tokens=tokens)
+    w.query.value = 3
+    assert "keys of query 3 <code>13</code>" in w.top_keys_html.value
+    j, tok, _ = w.top_keys()[0]
+    assert f"{j}:&nbsp;{tok}" in w.top_keys_html.value
+    assert [label for label, _ in w.query.options][4] == "3: 13"
+    fig = w.to_figure()
+    assert any(ax.get_title() == "top keys of query 3 '13'" for ax in fig.axes)

@@ -130,6 +130,11 @@ def html_table(header, rows, numeric=()):
             f"<tr>{head}</tr>{body}</table></div>")
 
 
+def text_panel():
+    """An ``ipywidgets.HTML`` for a widget's tables: never wider than the widget (a wide table scrolls inside it)."""
+    return widgets.HTML(layout=widgets.Layout(max_width="100%", overflow="auto"))
+
+
 def show_png(image, png):
     """Put PNG bytes (rendered with ``SCALE``) in an ``ipywidgets.Image`` shown at CSS size (shrunk if its box is narrower)."""
     w, _ = css_size(png)

@@ -6,7 +6,7 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from attnlab.widgets._base import FigureWidget, as_array, html_table, new_figure
+from attnlab.widgets._base import FigureWidget, as_array, html_table, new_figure, text_panel
 
 ALL_HEADS = "all"
 NO_QUERY = -1  # the query selector's "(none)" (a Dropdown cannot select an option whose value is None)
@@ -79,14 +79,14 @@ class AttentionMap(FigureWidget):
         )
         self.query = widgets.Dropdown(description="query", style=style)
         self._set_query_options()
-        self.top_keys_html = widgets.HTML()
+        self.top_keys_html = text_panel()
 
         for control in (self.layer, self.head, self.query):
             control.observe(self.redraw, names="value")
         self.example.observe(self._on_example, names="value")
         # only show selectors that have a choice to make
         selectors = [c for c, n in ((self.example, self.n_examples), (self.layer, n_layers), (self.head, n_heads)) if n > 1]
-        row = widgets.HBox([*selectors, self.query])
+        row = widgets.HBox([*selectors, self.query], layout=widgets.Layout(flex_flow="row wrap"))  # wraps when narrow
         self._build([row], [self.top_keys_html])
 
     # ---------------------------------------------------------------- input

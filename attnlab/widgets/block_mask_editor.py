@@ -13,7 +13,7 @@ to pass to ``attnlab.kernels.block_sparse_attention``.
 import ipywidgets as widgets
 import numpy as np
 
-from attnlab.widgets._base import FigureWidget, html_table, new_figure
+from attnlab.widgets._base import FigureWidget, html_table, new_figure, text_panel
 from attnlab.widgets.memory_traffic import fmt_bytes
 
 PRESETS = ("custom", "local", "strided", "global", "causal", "random", "dense", "empty")
@@ -95,7 +95,7 @@ class BlockMaskEditor(FigureWidget):
                                            layout=widgets.Layout(width="140px"))
         for c in (self.preset, self.param, self.density_target, self.seed):
             c.observe(self._on_preset, names="value")
-        self.stats_html = widgets.HTML()
+        self.stats_html = text_panel()
         controls = widgets.VBox([self.preset, self.param, self.density_target, self.seed, self.stats_html],
                                 layout=widgets.Layout(min_width="300px", flex="1 1 360px"))
         head = widgets.HTML("<b>click tiles</b> (rows: query blocks, columns: key blocks)")

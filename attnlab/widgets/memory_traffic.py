@@ -21,7 +21,7 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from attnlab.widgets._base import FigureWidget, figure_png, html_table, new_figure
+from attnlab.widgets._base import FigureWidget, figure_png, html_table, new_figure, text_panel
 
 # tensors in the order a reader expects: inputs, intermediates, outputs
 _ORDER = ["Q", "K", "V", "S", "P", "O", "L", "dO", "dQ", "dK", "dV", "D"]
@@ -198,7 +198,7 @@ class MemoryTraffic(FigureWidget):
         self.play = widgets.Play(value=n_max, min=0, max=n_max, step=max(1, math.ceil(n_max / 60)), interval=300,
                                  description="play")
         widgets.jslink((self.play, "value"), (self.step, "value"))
-        self.counters_html = widgets.HTML()
+        self.counters_html = text_panel()
         self.step.observe(self.redraw, names="value")
         top = [self.play, self.step]
         below = [self.counters_html]
@@ -219,7 +219,7 @@ class MemoryTraffic(FigureWidget):
             self.sram_panel = widgets.Accordion(children=[self.sram_study.box], selected_index=None)
             self.sram_panel.set_title(0, "SRAM size and HBM traffic (FlashAttention forward)")
             below += [self.sram_panel]
-        self._build([widgets.HBox(top)], below)
+        self._build([widgets.HBox(top, layout=widgets.Layout(flex_flow="row wrap"))], below)  # wraps when narrow
 
     # ---------------------------------------------------------------- state
     def step_of(self, i):
@@ -262,7 +262,7 @@ class MemoryTraffic(FigureWidget):
 
     def _make_figure(self, with_sram=False):
         n_tr = len(self.replays)
-        height_each = 2.2  # three traces and the controls fit a 1280 x 800 screen
+        height_each = 1.9  # three traces, the controls and the counters fit a 1280 x 800 screen
         fig = new_figure(10, height_each * n_tr + 0.3 + (3.4 if with_sram else 0))
         ratios = [height_each] * n_tr + ([3.4] if with_sram else [])
         subfigs = np.atleast_1d(fig.subfigures(len(ratios), 1, hspace=0.04, height_ratios=ratios))
