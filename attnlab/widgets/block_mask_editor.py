@@ -86,7 +86,7 @@ class BlockMaskEditor(FigureWidget):
         )
         self.preset = widgets.Dropdown(options=PRESETS, value="custom", description="preset", style=style)
         n = max(self.n_q_blocks, self.n_k_blocks)
-        wide = widgets.Layout(width="360px", max_width="100%")  # the whole track visible beside its label
+        wide = widgets.Layout(width="440px", max_width="100%")  # the whole track visible beside its label
         self.param = widgets.IntSlider(value=min(2, n), min=1, max=n, description="window / stride / globals",
                                        style=style, continuous_update=False, layout=wide)
         self.density_target = widgets.FloatSlider(value=0.3, min=0.0, max=1.0, step=0.05, description="random density",
