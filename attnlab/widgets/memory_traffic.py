@@ -299,16 +299,17 @@ class MemoryTraffic(FigureWidget):
             sax = axes[-1]
             sax.set_xticks([])
             sax.set_yticks([])
-            sax.set_title("SRAM (current program)", fontsize=9)
-            row["sram_text"] = sax.text(0.04, 0.96, "", va="top", ha="left", fontsize=8, family="monospace",
+            sax.set_title("SRAM (current program)", fontsize=10)
+            # sizes chosen to stay readable when the picture is shrunk to 74% (1024 px screen, side bar open)
+            row["sram_text"] = sax.text(0.04, 0.96, "", va="top", ha="left", fontsize=9, family="monospace", linespacing=1.1,
                                         transform=sax.transAxes)
-            row["header"] = sub.suptitle("", fontsize=10, x=0.01, ha="left")
+            row["header"] = sub.suptitle("", fontsize=11, x=0.01, ha="left")
             # blitted in this order: the pictures, the block grid over them, the outline, the texts
             h["dynamic"] += [*row["images"].values(), *row.get("grid", []), *row["boxes"].values(), row["sram_text"],
                              row["header"]]
             if not h["rows"]:
                 sax.text(0.04, 0.03, "blue: read from HBM (darker: more often)\norange: written (brown: written, read back)\n"
-                         "outline: last event (green load, red store)", fontsize=7, va="bottom",
+                         "outline: last event (green load, red store)", fontsize=8, va="bottom",
                          transform=sax.transAxes, color="0.3")
             h["rows"].append(row)
         return h
