@@ -1,5 +1,6 @@
 # The course's two commands:
 #   make lab    create .venv with the tested versions, install attnlab, open JupyterLab on lessons/
+#               (Notebook 7 is installed too: .venv/bin/jupyter notebook lessons/)
 #   make test   create .venv if missing, run the whole test suite (CI runs exactly this)
 # and the course as a website:
 #   make site   build it from the stored outputs into build/site/html (warnings are errors)
@@ -27,10 +28,11 @@ test: env docs-env
 
 env: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) attnlab/lab_settings/attnlab.json
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet -c $(CONSTRAINTS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[lab,test]'
+	$(BIN)/attnlab lab --install-settings
 	$(BIN)/attnlab doctor
 	touch $@
 

@@ -6,7 +6,11 @@ Everything here runs the real function and reads the real allocator:
 * on the CPU it records every allocation and free that PyTorch's allocator
   makes during the call (``torch.profiler`` with ``profile_memory=True``) and
   returns the highest running total. This counts tensors PyTorch allocates,
-  not Python objects or the allocator's cached-but-free pages.
+  not Python objects or the allocator's cached-but-free pages. The profiler
+  sees only the thread that started it, so the call runs with one torch
+  thread: code that spreads its work over threads when torch has several
+  (``attnlab.tiled`` runs its blocks on a thread pool) then runs it all on
+  the measured thread, and its tiles are counted.
 
 Used by lesson 05 (time and memory against n, C13/C14) and lesson 08 (the
 longest sequence that fits in a memory budget, C18 scaled down).
@@ -75,6 +79,8 @@ def peak_memory(fn, *args, device=None, **kwargs):
     call* on ``device`` (default CPU) above what was allocated before it:
     tensors made inside ``fn`` (its intermediates and output) count; tensors
     passed in do not. To count the inputs too, create them inside ``fn``.
+    On the CPU ``fn`` runs with ``torch.set_num_threads(1)`` (restored after):
+    the profiler records the allocations of this thread only.
 
     Example: ``out, peak = peak_memory(torch.matmul, a, b)``
     """
@@ -94,8 +100,13 @@ def peak_memory(fn, *args, device=None, **kwargs):
     from torch.profiler import ProfilerActivity, profile
     from torch._C._profiler import _EventType
 
-    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn(*args, **kwargs)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # everything on the profiled thread (see the module docstring)
+    try:
+        with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            result = fn(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
     events = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:

@@ -29,7 +29,7 @@ def show_source(obj, *, lines=None, constexprs=None):
         start, stop = lines
         source = "\n".join(source.splitlines()[start:stop])
     try:
-        from IPython.display import Markdown, display
+        from IPython.display import display
         from IPython import get_ipython
     except ImportError:  # plain Python: print it
         print(source)
@@ -38,8 +38,37 @@ def show_source(obj, *, lines=None, constexprs=None):
         print(source)
         return None
     where = _repo_relative(inspect.getsourcefile(obj) or "")
-    display(Markdown(f"`{where}`\n```python\n{source}\n```"))
+    display(_Listing(where, source))
     return None
+
+
+class _Listing:
+    """A source listing for a notebook: highlighted HTML that scrolls sideways instead of wrapping
+    (a wrapped line breaks mid-word where the frontend's ``pre`` style allows it), with Markdown
+    and plain text for frontends that do not show HTML."""
+
+    def __init__(self, where, source):
+        self.where, self.source = where, source
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        import html
+
+        try:
+            from pygments import highlight
+            from pygments.formatters import HtmlFormatter
+            from pygments.lexers import PythonLexer
+
+            body = highlight(self.source, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=True))
+        except ImportError:  # pragma: no cover - IPython brings pygments
+            body = html.escape(self.source)
+        pre = ("white-space:pre; overflow-wrap:normal; word-break:normal; overflow-x:auto; "
+               "padding:6px 8px; margin:2px 0; line-height:1.3; font-size:var(--jp-code-font-size, 13px); "
+               "background:var(--jp-layout-color2, #f5f5f5)")
+        return {
+            "text/html": f"<div><code>{html.escape(self.where)}</code><pre style='{pre}'>{body}</pre></div>",
+            "text/markdown": f"`{self.where}`\n```python\n{self.source}\n```",
+            "text/plain": f"{self.where}\n{self.source}",
+        }
 
 
 def _repo_relative(path):

@@ -147,17 +147,30 @@ def _run_blocks(program, n_blocks, device):
     parallel *ops*: intra-op threads must synchronise after every small op of every tile, which
     on a busy machine cost more than the work itself (measured: 6x slower at N = 4096).
     On a GPU the ops are asynchronous launches already, so the blocks simply run in order.
+
+    Grad mode is per thread in torch, and a new thread starts with it on. The programs run
+    under the caller's mode (off inside autograd's forward and backward): with it on, the
+    no-grad views of inputs that require grad count as requiring grad, so each thread would
+    record a graph and, writing its rows of the shared output, rewrite that tensor's autograd
+    history while the other threads write theirs; that race raised "a leaf Variable that
+    requires grad is being used in an in-place operation" about once in 80 calls.
     """
     n_threads = torch.get_num_threads()
     if device.type != "cpu" or n_threads <= 1 or n_blocks <= 1:
         for i in range(n_blocks):
             program(i)
         return
+    grad_enabled = torch.is_grad_enabled()
+
+    def program_in_callers_mode(i):
+        with torch.set_grad_enabled(grad_enabled):
+            program(i)
+
     with _THREADS_LOCK:                     # one parallel section at a time: the thread count is global
         torch.set_num_threads(1)
         try:
             with ThreadPoolExecutor(max_workers=min(n_threads, n_blocks)) as pool:
-                list(pool.map(program, range(n_blocks)))   # list() re-raises a program's error
+                list(pool.map(program_in_callers_mode, range(n_blocks)))   # list() re-raises a program's error
         finally:
             torch.set_num_threads(n_threads)
 

@@ -1,14 +1,20 @@
-"""The four widgets in a real browser: JupyterLab on localhost, driven by headless Chromium.
+"""The widgets and the lessons in a real browser: JupyterLab and Notebook 7 on localhost, driven by headless Chromium.
 
-Starts JupyterLab (random free port, no token) in a temporary folder with a
-notebook that shows all four widgets, opens it in Debian's Chromium through
-Python Playwright, runs all cells, checks that every widget rendered (no "Error
-displaying widget", no "model not found"), changes a control and sees the
-picture change. Screenshots go to test-artifacts/ (and, with
-ATTNLAB_UPDATE_DOCS_IMG=1, to docs/img/ for the README).
+Starts JupyterLab (random free port, no token) in a temporary folder, opens notebooks in
+Debian's Chromium through Python Playwright and checks what a learner meets:
 
-Without Chromium or Playwright the test is skipped with the reason, except when
-the environment variable CI is set: then it fails.
+- the four widgets render and respond (no "Error displaying widget", no "model not found");
+  at 1280 x 800 each fits the screen (bounding boxes asserted), at 1024 px wide with the file
+  browser open each is still readable; sliders show their track, table columns stay apart,
+  ``show_source`` listings scroll instead of wrapping mid-word;
+- run, save, close, shut the kernel down and reopen (in JupyterLab and in Notebook 7): every
+  widget still shows its picture, from the widget state the install makes Lab save;
+- opening and saving an unrun lesson leaves the file byte for byte as it was
+  (``attnlab.notebook_format``).
+
+Screenshots go to test-artifacts/ (and, with ATTNLAB_UPDATE_DOCS_IMG=1, to docs/img/ for the
+docs). Without Chromium or Playwright the tests are skipped with the reason, except when the
+environment variable CI is set: then they fail.
 """
 
 import json
@@ -68,6 +74,10 @@ traffic""",
     """\
 editor = BlockMaskEditor(8, 8, preset="local")
 editor""",
+    """\
+from attnlab.show import show_source
+import attnlab.tiled
+show_source(attnlab.tiled._forward_reference)""",
 ]
 
 
@@ -97,14 +107,20 @@ def _notebook(path):
 
 @pytest.fixture
 def jupyterlab(tmp_path):
+    """(url, folder): a JupyterLab server (which also serves Notebook 7) on an empty folder, with the
+    environment's own app settings (attnlab's overrides.d) and throwaway user settings."""
     reason = _reason_unavailable()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"browser test cannot run in CI: {reason}")
         pytest.skip(reason)
+    from attnlab.lab import settings_path
+
+    if not settings_path().is_file():
+        pytest.fail(f"attnlab's Lab settings are not installed at {settings_path()}: run `make env` "
+                    "(or `attnlab lab --install-settings`)")
     work = tmp_path / "lab"
     work.mkdir()
-    _notebook(work / "widgets.ipynb")
     port = _free_port()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -128,7 +144,7 @@ def jupyterlab(tmp_path):
     proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + 90
         while True:
             try:
                 urllib.request.urlopen(f"{url}/api/status", timeout=2)
@@ -138,7 +154,7 @@ def jupyterlab(tmp_path):
                     log.flush()
                     pytest.fail("JupyterLab did not start:\n" + (tmp_path / "jupyterlab.log").read_text()[-3000:])
                 time.sleep(0.5)
-        yield url
+        yield url, work
     finally:
         proc.terminate()
         try:
@@ -148,73 +164,211 @@ def jupyterlab(tmp_path):
         log.close()
 
 
-def _image_src(page, cls):
-    return page.locator(f".{cls} img").first.get_attribute("src")
-
-
-def test_widgets_render_and_respond_in_jupyterlab(jupyterlab):
+@pytest.fixture
+def browser():
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 2400})
-            console = []
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-            page.goto(f"{jupyterlab}/lab/tree/widgets.ipynb", timeout=60_000)
-            page.wait_for_function("window.jupyterapp !== undefined && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.context !== undefined", timeout=60_000)
-            # wait for the kernel, then run everything
-            page.wait_for_function(
-                "() => { const w = window.jupyterapp.shell.currentWidget;"
-                " const k = w.sessionContext.session && w.sessionContext.session.kernel;"
-                " return k && k.status === 'idle'; }", timeout=60_000)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            for cls in WIDGETS:
-                page.locator(f".{cls} img").first.wait_for(state="visible", timeout=90_000)
-            page.wait_for_function(
-                "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
-                timeout=60_000)
-            text = page.locator(".jp-Notebook").inner_text()
-            page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
-            assert "Error displaying widget" not in text, text[-2000:]
-            assert "model not found" not in text, text[-2000:]
-            assert "Traceback" not in text, text[-3000:]
-            for cls in WIDGETS:
-                node = page.locator(f".{cls}").first
-                node.scroll_into_view_if_needed()
-                box = node.bounding_box()
-                assert box and box["width"] > 200 and box["height"] > 150, (cls, box)
-                src = _image_src(page, cls)
-                assert src, f"{cls}: the picture has no source"
-                node.screenshot(path=str(ARTIFACTS / f"{cls}.png"))
-                if os.environ.get("ATTNLAB_UPDATE_DOCS_IMG"):
-                    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-                    node.screenshot(path=str(DOCS_IMG / f"{cls.removeprefix('attnlab-')}.png"))
-
-            # change a control as a learner would: pick head 2 in the attention map
-            before = _image_src(page, "attnlab-attentionmap")
-            page.locator(".attnlab-attentionmap select").nth(1).select_option(label="head 2")
-            page.wait_for_function(
-                "(before) => document.querySelector('.attnlab-attentionmap img').getAttribute('src') !== before",
-                arg=before, timeout=30_000)
-            # and click a tile of the block-mask editor: its picture changes too
-            before = _image_src(page, "attnlab-blockmaskeditor")
-            page.locator(".attnlab-blockmaskeditor .widget-toggle-button").nth(7).click()
-            page.wait_for_function(
-                "(before) => document.querySelector('.attnlab-blockmaskeditor img').getAttribute('src') !== before",
-                arg=before, timeout=30_000)
-            # the play button of the memory-traffic replay drives its step slider, and the kernel redraws
-            before = _image_src(page, "attnlab-memorytraffic")
-            page.locator(".attnlab-memorytraffic .widget-play button").first.click()
-            page.wait_for_function(
-                "(before) => document.querySelector('.attnlab-memorytraffic img').getAttribute('src') !== before",
-                arg=before, timeout=30_000)
-            page.locator(".attnlab-memorytraffic .widget-play button").nth(1).click()  # pause
-            page.locator(".attnlab-attentionmap").first.screenshot(path=str(ARTIFACTS / "attentionmap-head2.png"))
-            page.locator(".attnlab-blockmaskeditor").first.screenshot(path=str(ARTIFACTS / "blockmaskeditor-clicked.png"))
-            for cls in WIDGETS:  # no redraw failed (a failing redraw writes "error:" in the widget's status line)
-                assert "error:" not in page.locator(f".{cls}").first.inner_text(), cls
+            yield b
         finally:
-            browser.close()
+            b.close()
+
+
+CURRENT = "window.jupyterapp.shell.currentWidget"
+
+
+def _open_in_lab(page, url, path):
+    """Open ``path`` in JupyterLab and wait until its kernel is idle."""
+    page.goto(f"{url}/lab/tree/{path}", timeout=90_000)
+    page.wait_for_function(f"window.jupyterapp !== undefined && {CURRENT} && {CURRENT}.context !== undefined"
+                           f" && {CURRENT}.context.isReady", timeout=90_000)
+    _wait_idle(page)
+
+
+def _wait_idle(page, timeout=90_000):
+    page.wait_for_function(
+        f"() => {{ const w = {CURRENT}; const k = w.sessionContext.session && w.sessionContext.session.kernel;"
+        " return k && k.status === 'idle'; }", timeout=timeout)
+
+
+def _lab_command(page, js):
+    page.evaluate(f"async () => {{ await ({js}); return null; }}")
+
+
+def _image_src(page, cls):
+    return page.locator(f".{cls} img").first.get_attribute("src")
+
+
+def _widget_report(page, cls):
+    """Measurements of one widget's DOM: its box, its pictures (rendered vs natural CSS width), slider tracks,
+    table cells that overflow, and whether it is wider than its output area."""
+    return page.evaluate("""(cls) => {
+        const node = document.querySelector('.' + cls);
+        const r = node.getBoundingClientRect();
+        const area = node.closest('.jp-OutputArea-output') || node.parentElement;
+        const imgs = [...node.querySelectorAll('img')].filter(i => i.offsetParent !== null).map(i => ({
+            shown: i.getBoundingClientRect().width, css: parseFloat(i.style.width) || i.naturalWidth / 2,
+            natural: i.naturalWidth}));
+        const tracks = [...node.querySelectorAll('.slider-container')].filter(t => t.offsetParent !== null)
+            .map(t => t.getBoundingClientRect().width);
+        const overflowing = [...node.querySelectorAll('td, th')].filter(c => c.scrollWidth > c.clientWidth + 1)
+            .map(c => c.textContent);
+        const tight = [...node.querySelectorAll('tr')].flatMap(tr => {
+            const cells = [...tr.children];
+            return cells.slice(0, -1).filter(c => c.textContent.trim() && parseFloat(getComputedStyle(c).paddingRight) < 4)
+                .map(c => c.textContent);
+        });
+        return {x: r.x, y: r.y, width: r.width, height: r.height, area_width: area.getBoundingClientRect().width,
+                scroll_overflow: node.scrollWidth - node.clientWidth, imgs, tracks, overflowing, tight};
+    }""", cls)
+
+
+def _run_all(page):
+    page.evaluate(f"{CURRENT}.content.activeCellIndex = 0")
+    _lab_command(page, "window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    for cls in WIDGETS:
+        page.locator(f".{cls} img").first.wait_for(state="visible", timeout=120_000)
+    page.wait_for_function(f"() => {CURRENT}.sessionContext.session.kernel.status === 'idle'", timeout=120_000)
+
+
+def _assert_no_widget_errors(text):
+    assert "Error displaying widget" not in text, text[-2000:]
+    assert "model not found" not in text, text[-2000:]
+    assert "Traceback" not in text, text[-3000:]
+
+
+def test_widgets_fit_the_screen_render_and_respond_in_jupyterlab(jupyterlab, browser):
+    url, work = jupyterlab
+    _notebook(work / "widgets.ipynb")
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    console = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    _open_in_lab(page, url, "widgets.ipynb")
+    if not page.evaluate("window.jupyterapp.shell.leftCollapsed"):  # 1280 x 800 with the side bar closed
+        _lab_command(page, "window.jupyterapp.commands.execute('application:toggle-left-area')")
+    _run_all(page)
+    _assert_no_widget_errors(page.locator(".jp-Notebook").inner_text())
+
+    # 1280 x 800, side bar closed: every widget fits the screen at full size
+    boxes = {}
+    for cls in WIDGETS:
+        node = page.locator(f".{cls}").first
+        node.scroll_into_view_if_needed()
+        rep = _widget_report(page, cls)
+        boxes[cls] = rep
+        node.screenshot(path=str(ARTIFACTS / f"{cls}-1280x800.png"))
+        if os.environ.get("ATTNLAB_UPDATE_DOCS_IMG"):
+            DOCS_IMG.mkdir(parents=True, exist_ok=True)
+            node.screenshot(path=str(DOCS_IMG / f"{cls.removeprefix('attnlab-')}.png"))
+        # (ipywidgets' 2 px margins around a 100%-wide child make a box 4 px wider than its content: allowed)
+        assert 200 < rep["width"] <= rep["area_width"] + 1 and rep["scroll_overflow"] <= 4, (cls, rep)
+        assert 150 < rep["height"] <= 720, (cls, rep)  # 800 less JupyterLab's menu, tool and status bars
+        for img in rep["imgs"]:
+            assert img["natural"] >= 2 * img["css"] - 2, (cls, img)       # twice the pixels ...
+            assert abs(img["shown"] - img["css"]) <= 2, (cls, img)        # ... shown at CSS size
+        assert all(w >= 100 for w in rep["tracks"]), (cls, rep["tracks"])  # the whole slider track, not a stub
+        assert not rep["overflowing"] and not rep["tight"], (cls, rep)     # table columns stay apart
+        assert _image_src(page, cls), f"{cls}: the picture has no source"
+
+    # the show_source listing scrolls sideways instead of wrapping
+    pre = page.locator(".jp-OutputArea-output pre").filter(has_text="def _forward_reference").first
+    pre.scroll_into_view_if_needed()
+    listing = pre.evaluate("""(p) => ({ws: getComputedStyle(p).whiteSpace, height: p.clientHeight,
+                                       line: parseFloat(getComputedStyle(p).lineHeight), lines: p.textContent.split('\\n').length})""")
+    assert listing["ws"] == "pre", listing
+    assert listing["height"] <= (listing["lines"] + 1) * listing["line"], listing  # no line broke in two
+
+    # 1024 px wide with the file browser open: nothing wider than the notebook, pictures still readable
+    page.set_viewport_size({"width": 1024, "height": 800})
+    _lab_command(page, "window.jupyterapp.commands.execute('filebrowser:activate')")
+    page.wait_for_timeout(1500)
+    assert not page.evaluate("window.jupyterapp.shell.leftCollapsed")
+    for cls in WIDGETS:
+        node = page.locator(f".{cls}").first
+        node.scroll_into_view_if_needed()
+        rep = _widget_report(page, cls)
+        boxes[cls + "@1024"] = rep
+        node.screenshot(path=str(ARTIFACTS / f"{cls}-1024-sidebar.png"))
+        assert rep["width"] <= rep["area_width"] + 1 and rep["scroll_overflow"] <= 4, (cls, rep)
+        for img in rep["imgs"]:
+            assert img["shown"] >= 0.7 * img["css"], (cls, img)  # shrunk at most to 70%: text stays readable
+    (ARTIFACTS / "widget-boxes.json").write_text(json.dumps(boxes, indent=1))
+    page.set_viewport_size({"width": 1280, "height": 800})
+
+    # change a control as a learner would: pick head 2 in the attention map
+    before = _image_src(page, "attnlab-attentionmap")
+    page.locator(".attnlab-attentionmap select").nth(1).select_option(label="head 2")
+    page.wait_for_function(
+        "(before) => document.querySelector('.attnlab-attentionmap img').getAttribute('src') !== before",
+        arg=before, timeout=30_000)
+    # the query selector names position and token
+    options = page.locator(".attnlab-attentionmap select").nth(2).evaluate("s => [...s.options].map(o => o.text)")
+    assert "3: on" in [o.replace("\xa0", " ") for o in options], options
+    # click a tile of the block-mask editor: its picture changes too
+    before = _image_src(page, "attnlab-blockmaskeditor")
+    page.locator(".attnlab-blockmaskeditor .widget-toggle-button").nth(7).click()
+    page.wait_for_function(
+        "(before) => document.querySelector('.attnlab-blockmaskeditor img').getAttribute('src') !== before",
+        arg=before, timeout=30_000)
+    # the play button of the memory-traffic replay drives its step slider, and the kernel redraws
+    before = _image_src(page, "attnlab-memorytraffic")
+    page.locator(".attnlab-memorytraffic .widget-play button").first.click()
+    page.wait_for_function(
+        "(before) => document.querySelector('.attnlab-memorytraffic img').getAttribute('src') !== before",
+        arg=before, timeout=30_000)
+    page.locator(".attnlab-memorytraffic .widget-play button").nth(1).click()  # pause
+    # the SRAM study is folded away; one click opens it
+    page.locator(".attnlab-memorytraffic .jupyter-widget-Collapse-header, .attnlab-memorytraffic .lm-AccordionPanel-title,"
+                 " .attnlab-memorytraffic .widget-collapse-header, .attnlab-memorytraffic .p-Collapse-header").first.click()
+    page.locator(".attnlab-memorytraffic img").nth(1).wait_for(state="visible", timeout=30_000)
+    page.locator(".attnlab-memorytraffic").first.screenshot(path=str(ARTIFACTS / "memorytraffic-sram-open.png"))
+    page.locator(".attnlab-attentionmap").first.screenshot(path=str(ARTIFACTS / "attentionmap-head2.png"))
+    page.locator(".attnlab-blockmaskeditor").first.screenshot(path=str(ARTIFACTS / "blockmaskeditor-clicked.png"))
+    for cls in WIDGETS:  # no redraw failed (a failing redraw writes "error:" in the widget's status line)
+        assert "error:" not in page.locator(f".{cls}").first.inner_text(), cls
+
+
+def test_saved_lesson_keeps_its_widgets_in_jupyterlab_and_notebook_7(jupyterlab, browser):
+    """Run, save, close, shut the kernel down, reopen: the widgets come back from the saved widget state."""
+    url, work = jupyterlab
+    _notebook(work / "widgets.ipynb")
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    _open_in_lab(page, url, "widgets.ipynb")
+    _run_all(page)
+    _lab_command(page, f"{CURRENT}.context.save()")
+    saved = json.loads((work / "widgets.ipynb").read_text())
+    state = saved["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    assert len(state) > 10, "JupyterLab saved no widget state: is attnlab's overrides.d/attnlab.json installed?"
+    _lab_command(page, f"{CURRENT}.sessionContext.shutdown()")
+    _lab_command(page, "window.jupyterapp.commands.execute('application:close-all')")
+    page.close()
+
+    for where, path in (("jupyterlab", "lab/tree/widgets.ipynb"), ("notebook7", "notebooks/widgets.ipynb")):
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{url}/{path}", timeout=90_000)
+        for cls in WIDGETS:
+            page.locator(f".{cls} img").first.wait_for(state="visible", timeout=90_000)
+        page.wait_for_timeout(1000)
+        text = page.locator(".jp-Notebook").first.inner_text()
+        page.screenshot(path=str(ARTIFACTS / f"reopened-{where}.png"), full_page=True)
+        _assert_no_widget_errors(text)
+        for cls in WIDGETS:
+            assert _image_src(page, cls), f"{where}: {cls} shows no picture after reopening"
+        page.close()
+
+
+def test_opening_and_saving_an_unrun_lesson_changes_nothing(jupyterlab, browser):
+    url, work = jupyterlab
+    lesson = REPO / "lessons" / "00_start_here.ipynb"
+    (work / "lessons").mkdir()
+    copy = work / "lessons" / lesson.name
+    shutil.copyfile(lesson, copy)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    _open_in_lab(page, url, f"lessons/{lesson.name}")
+    page.wait_for_timeout(2000)  # let Lab copy the kernel's spec and language_info into the model
+    _lab_command(page, f"{CURRENT}.context.save()")
+    page.close()
+    assert copy.read_bytes() == lesson.read_bytes(), "JupyterLab rewrote the lesson: run python -m attnlab.notebook_format"

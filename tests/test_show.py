@@ -27,3 +27,13 @@ def test_names_the_file_from_the_top_of_the_course():
 def test_rejects_what_has_no_source():
     with pytest.raises(TypeError, match="obj"):
         show_source(42)
+
+
+def test_notebook_listing_scrolls_instead_of_wrapping_mid_word():
+    from attnlab.show import _Listing
+
+    bundle = _Listing("attnlab/attention.py", "def f(x):\n    return x  # a long comment that must not wrap\n")._repr_mimebundle_()
+    html = bundle["text/html"]
+    assert "white-space:pre;" in html and "word-break:normal" in html and "overflow-x:auto" in html
+    assert "attnlab/attention.py" in html and "return" in html
+    assert bundle["text/markdown"].startswith("`attnlab/attention.py`\n```python\ndef f(x):")

@@ -13,6 +13,7 @@ import torch
 from matplotlib.figure import Figure
 
 from attnlab.widgets import AttentionMap, BlockMaskEditor, MemoryTraffic, ScalingExplorer
+from attnlab.widgets._base import png_size
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -28,9 +29,14 @@ def _attention_weights(layers, heads, n_q, n_k, seed=0):
 def _assert_shows(widget):
     """The live picture is a PNG, the static fallback is in the mimebundle, to_figure() is a Figure."""
     assert widget.png.startswith(PNG)
-    bundle = widget._repr_mimebundle_()
+    bundle, metadata = widget._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert base64.b64decode(bundle["image/png"]).startswith(PNG)
+    png = base64.b64decode(bundle["image/png"])
+    assert png.startswith(PNG)
+    # rendered at twice the pixels, shown at CSS size: sharp on a 2x display, no bigger on a 1x one
+    w, h = png_size(png)
+    assert metadata["image/png"] == {"width": w // 2, "height": h // 2}
+    assert widget._image.layout.width == f"{png_size(widget.png)[0] // 2}px"
     fig = widget.to_figure()
     assert isinstance(fig, Figure) and fig.axes
 
@@ -372,6 +378,34 @@ def test_stored_notebook_output_carries_a_png_that_nbconvert_shows(tmp_path):
     data = nb.cells[0].outputs[-1]["data"]
     assert {"application/vnd.jupyter.widget-view+json", "image/png", "text/plain"} <= set(data)
     assert base64.b64decode(data["image/png"]).startswith(PNG)
+    assert nb.cells[0].outputs[-1]["metadata"]["image/png"]["width"] == png_size(base64.b64decode(data["image/png"]))[0] // 2
     assert "widgets" not in nb.metadata
     html, _ = HTMLExporter().from_notebook_node(nb)
     assert "data:image/png;base64," + data["image/png"][:40] in html
+
+
+def test_all_heads_view_labels_each_head_above_its_map():
+    """Lesson 04's overview: every "head i" label lies outside every map (was drawn half over them)."""
+    w = AttentionMap(_attention_weights(1, 6, 12, 12), query_tokens=[str(10 + i) for i in range(12)])
+    w.head.value = "all"
+    fig = w.to_figure()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    maps = [ax for ax in fig.axes if ax.images and ax.get_title()]
+    assert [ax.get_title() for ax in maps] == [f"head {h}" for h in range(6)]
+    for ax in maps:
+        label = ax.title.get_window_extent(renderer)
+        for other in maps:
+            assert not label.overlaps(other.get_window_extent(renderer)), (ax.get_title(), other.get_title())
+
+
+def test_top_keys_name_query_and_key_positions():
+    tokens = [str(10 + i) for i in range(6)]  # numeric tokens: the position tells them apart from the numbers
+    w = AttentionMap(_attention_weights(1, 1, 6, 6)[0, 0], query_tokens=tokens)
+    w.query.value = 3
+    assert "keys of query 3 <code>13</code>" in w.top_keys_html.value
+    j, tok, _ = w.top_keys()[0]
+    assert f"{j}:&nbsp;{tok}" in w.top_keys_html.value
+    assert [label for label, _ in w.query.options][4] == "3: 13"
+    fig = w.to_figure()
+    assert any(ax.get_title() == "top keys of query 3 '13'" for ax in fig.axes)

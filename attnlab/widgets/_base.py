@@ -31,8 +31,21 @@ import PIL.Image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-# Picture resolution: small enough to redraw fast and keep notebooks light.
+# Picture size: a figure of w x h inches is shown at w * DPI x h * DPI CSS pixels (small enough to
+# fit a laptop screen) and rendered with SCALE times the pixels, sharp on a 2x (HiDPI) display.
 DPI = 80
+SCALE = 2
+
+
+def png_size(png):
+    """(width, height) in pixels of PNG bytes (from the IHDR chunk)."""
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def css_size(png):
+    """(width, height) in CSS pixels at which a picture rendered with ``SCALE`` is shown."""
+    w, h = png_size(png)
+    return round(w / SCALE), round(h / SCALE)
 
 
 class ShowableFigure(Figure):
@@ -40,12 +53,15 @@ class ShowableFigure(Figure):
     and that a notebook shows as a PNG when it ends a cell (``_repr_png_``), whatever the backend."""
 
     def _repr_png_(self):
-        return figure_png(self)
+        png = figure_png(self)
+        w, h = css_size(png)
+        return png, {"width": w, "height": h}  # twice the pixels, shown at CSS size
 
 
 def new_figure(width, height):
-    """A ShowableFigure of `width` x `height` inches with an Agg canvas and constrained layout."""
-    fig = ShowableFigure(figsize=(width, height), dpi=DPI, layout="constrained")
+    """A ShowableFigure of `width` x `height` inches (shown at ``DPI`` CSS pixels per inch, rendered at
+    ``SCALE`` times that) with an Agg canvas and constrained layout."""
+    fig = ShowableFigure(figsize=(width, height), dpi=DPI * SCALE, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -97,12 +113,33 @@ def as_array(x, name):
     return arr
 
 
-def html_table(header, rows):
-    """A small HTML table for the widgets' text panels: header a list of str, rows lists of str (already escaped)."""
-    cell = "padding:1px 10px 1px 0; text-align:left"
-    head = "".join(f"<th style='{cell}'>{h}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table style='border-collapse:collapse; font-size:90%'><tr>{head}</tr>{body}</table>"
+def html_table(header, rows, numeric=()):
+    """A small HTML table for the widgets' text panels: header a list of str, rows lists of str (already escaped).
+
+    Columns are padded apart and cells never wrap, so numbers cannot run into each other;
+    the columns whose indices are in ``numeric`` are right-aligned. A table wider than its
+    panel scrolls sideways inside it.
+    """
+    def cell(j, tag, text):
+        align = "right" if j in numeric else "left"
+        return f"<{tag} style='padding:1px 0.9em 1px 0; text-align:{align}; white-space:nowrap'>{text}</{tag}>"
+
+    head = "".join(cell(j, "th", h) for j, h in enumerate(header))
+    body = "".join("<tr>" + "".join(cell(j, "td", c) for j, c in enumerate(row)) + "</tr>" for row in rows)
+    return (f"<div style='overflow-x:auto; max-width:100%'><table style='border-collapse:collapse; font-size:90%'>"
+            f"<tr>{head}</tr>{body}</table></div>")
+
+
+def text_panel():
+    """An ``ipywidgets.HTML`` for a widget's tables: never wider than the widget (a wide table scrolls inside it)."""
+    return widgets.HTML(layout=widgets.Layout(max_width="100%", overflow="auto"))
+
+
+def show_png(image, png):
+    """Put PNG bytes (rendered with ``SCALE``) in an ``ipywidgets.Image`` shown at CSS size (shrunk if its box is narrower)."""
+    w, _ = css_size(png)
+    image.layout.width = f"{w}px"
+    image.value = png
 
 
 class FigureWidget(widgets.VBox):
@@ -116,7 +153,8 @@ class FigureWidget(widgets.VBox):
     def _build(self, children_above, children_below=()):
         # natural size (not stretched to the cell's width by the VBox), shrunk only if the cell is narrower
         self._image = widgets.Image(
-            format="png", layout=widgets.Layout(max_width="100%", height="auto", align_self="flex-start")
+            format="png", layout=widgets.Layout(max_width="100%", height="auto", align_self="flex-start",
+                                                object_fit="contain")
         )
         self._status = widgets.HTML()
         self.last_redraw_ms = None
@@ -189,7 +227,7 @@ class FigureWidget(widgets.VBox):
         t0, c0 = time.perf_counter(), time.process_time()
         try:
             self._update_state()
-            self._image.value = self._render_png()
+            show_png(self._image, self._render_png())
             self._status.value = ""
         except Exception as exc:  # show it in the notebook, then let it propagate (tests see it)
             self._status.value = f"<span style='color:#b00'>error: {type(exc).__name__}: {exc}</span>"
@@ -211,5 +249,8 @@ class FigureWidget(widgets.VBox):
     def _repr_mimebundle_(self, **kwargs):
         data = super()._repr_mimebundle_(**kwargs)
         if data is not None and self._image.value:
-            data["image/png"] = base64.b64encode(self._static_png()).decode("ascii")
+            png = self._static_png()
+            data["image/png"] = base64.b64encode(png).decode("ascii")
+            w, h = css_size(png)
+            return data, {"image/png": {"width": w, "height": h}}  # twice the pixels, shown at CSS size
         return data

@@ -17,7 +17,7 @@ import time
 import ipywidgets as widgets
 import numpy as np
 
-from attnlab.widgets._base import blit_png, new_figure
+from attnlab.widgets._base import blit_png, new_figure, show_png
 
 SRAM_KIB = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256)  # 192-256 KiB: an A100/H100 SM's shared memory + L1
 LARGE = {"n": 4096, "d": 64, "dtype": "float16", "element_size": 2}
@@ -78,8 +78,10 @@ class SramStudy:
         self.slider = widgets.SelectionSlider(
             options=[(f"{m} KiB", m) for m in SRAM_KIB], value=128 if 128 in SRAM_KIB else SRAM_KIB[-1],
             description="SRAM size M", style={"description_width": "initial"}, continuous_update=False,
+            layout=widgets.Layout(width="420px", max_width="100%"),  # the whole track visible
         )
-        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", align_self="flex-start"))
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto",
+                                                                      align_self="flex-start"))
         self.text = widgets.HTML()
         self.slider.observe(self.redraw, names="value")
         self._live = None
@@ -173,7 +175,7 @@ class SramStudy:
         h = self._live
         self._update(h)
         fig = h["fig"]
-        self.image.value = blit_png(fig, [*h["marks"], h["title"]], h, first)
+        show_png(self.image, blit_png(fig, [*h["marks"], h["title"]], h, first))
         self.last_redraw_ms = 1000 * (time.perf_counter() - t0)
         s = self.summary()
         self.text.value = (

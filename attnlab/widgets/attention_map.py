@@ -6,7 +6,7 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from attnlab.widgets._base import FigureWidget, as_array, html_table, new_figure
+from attnlab.widgets._base import FigureWidget, as_array, html_table, new_figure, text_panel
 
 ALL_HEADS = "all"
 NO_QUERY = -1  # the query selector's "(none)" (a Dropdown cannot select an option whose value is None)
@@ -79,14 +79,14 @@ class AttentionMap(FigureWidget):
         )
         self.query = widgets.Dropdown(description="query", style=style)
         self._set_query_options()
-        self.top_keys_html = widgets.HTML()
+        self.top_keys_html = text_panel()
 
         for control in (self.layer, self.head, self.query):
             control.observe(self.redraw, names="value")
         self.example.observe(self._on_example, names="value")
         # only show selectors that have a choice to make
         selectors = [c for c, n in ((self.example, self.n_examples), (self.layer, n_layers), (self.head, n_heads)) if n > 1]
-        row = widgets.HBox([*selectors, self.query])
+        row = widgets.HBox([*selectors, self.query], layout=widgets.Layout(flex_flow="row wrap"))  # wraps when narrow
         self._build([row], [self.top_keys_html])
 
     # ---------------------------------------------------------------- input
@@ -204,7 +204,7 @@ class AttentionMap(FigureWidget):
             self.top_keys_html.value = "<i>Pick a query token to list the keys it attends to most.</i>"
             return
         heads = range(self.n_heads) if self.head.value == ALL_HEADS else [self.head.value]
-        rows = [[f"head {h}"] + [f"<code>{html.escape(tok)}</code>&nbsp;{w:.3f}" for _, tok, w in self.top_keys(q, h)]
+        rows = [[f"head {h}"] + [f"<code>{j}:&nbsp;{html.escape(tok)}</code>&nbsp;{w:.3f}" for j, tok, w in self.top_keys(q, h)]
                 for h in heads]
         self.top_keys_html.value = (
             f"<b>top {self.top_k} keys of query {q} <code>{html.escape(self.query_tokens[q])}</code></b>"
@@ -280,30 +280,27 @@ class AttentionMap(FigureWidget):
         return h
 
     def _make_overview(self, w):
-        """All heads of the layer as one tiled image (one imshow: fast for many heads)."""
+        """All heads of the layer, one small map each, with its label above it (outside the map)."""
         n_heads, n_q, n_k = w.shape
         cols = int(min(n_heads, 4 if n_heads <= 8 else int(np.ceil(np.sqrt(n_heads)))))
         rows = int(np.ceil(n_heads / cols))
-        gap = max(1, int(round(0.12 * max(n_q, n_k))))
-        shape = (rows * (n_q + gap) - gap, cols * (n_k + gap) - gap)
         width = 8.0
-        fig = new_figure(width, float(np.clip(width * shape[0] / shape[1] * 0.9 + 0.8, 2.5, 9)))
-        ax = fig.subplots()
-        h = {"fig": fig, "kind": "overview", "cols": cols, "gap": gap, "shape": shape}
-        h["im"] = ax.imshow(np.full(shape, np.nan), interpolation="nearest", aspect="auto")
-        fig.colorbar(h["im"], ax=ax, fraction=0.04, pad=0.02)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        h["rows"] = []
-        for head in range(n_heads):
-            r, c = divmod(head, cols)
-            y0, x0 = r * (n_q + gap), c * (n_k + gap)
-            ax.text(x0, y0 - 0.3, f"head {head}", fontsize=8, va="bottom")
-            h["rows"].append(ax.add_patch(Rectangle((x0 - 0.5, y0 - 0.5), n_k, 1, fill=False, edgecolor="red",
+        cell_h = (width - 0.8) / cols * n_q / n_k
+        fig = new_figure(width, float(np.clip(rows * (cell_h + 0.3) + 0.6, 2.5, 8.5)))
+        axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+        h = {"fig": fig, "kind": "overview", "ims": [], "rows": []}
+        for head, ax in enumerate(axes):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if head >= n_heads:
+                ax.set_axis_off()
+                continue
+            h["ims"].append(ax.imshow(np.zeros((n_q, n_k)), interpolation="nearest", aspect="auto"))
+            ax.set_title(f"head {head}", fontsize=9, pad=3)  # above the map, never on it
+            h["rows"].append(ax.add_patch(Rectangle((-0.5, -0.5), n_k, 1, fill=False, edgecolor="red",
                                                     linewidth=1.5, clip_on=False, visible=False)))
-        h["title"] = ax.set_title("", fontsize=10, pad=14)
-        for side in ax.spines.values():
-            side.set_visible(False)
+        fig.colorbar(h["ims"][0], ax=axes.tolist(), fraction=0.04, pad=0.02)
+        h["title"] = fig.suptitle("", fontsize=10)
         return h
 
     def _update_figure(self, h):
@@ -311,17 +308,15 @@ class AttentionMap(FigureWidget):
         vmin, vmax, cmap = self._color_range(w)
         q = self.selected_query
         if h["kind"] == "overview":
-            n_heads, n_q, n_k = w.shape
-            mosaic = np.full(h["shape"], np.nan)
-            for head in range(n_heads):
-                r, c = divmod(head, h["cols"])
-                y0, x0 = r * (n_q + h["gap"]), c * (n_k + h["gap"])
-                mosaic[y0 : y0 + n_q, x0 : x0 + n_k] = w[head]
-                h["rows"][head].set_visible(q is not None)
+            for head, (im, row) in enumerate(zip(h["ims"], h["rows"])):
+                im.set_data(w[head])
+                im.set_cmap(cmap)
+                im.set_clim(vmin, vmax)  # one colour scale for all heads
+                row.set_visible(q is not None)
                 if q is not None:
-                    h["rows"][head].set_y(y0 + q - 0.5)
-            h["im"].set_data(mosaic)
+                    row.set_y(q - 0.5)
             h["title"].set_text((self._heading() or "all heads") + "  (rows: queries, columns: keys)")
+            return h["fig"]
         else:
             h["im"].set_data(w)
             h["title"].set_text(self._heading() or "attention weights")
@@ -330,12 +325,12 @@ class AttentionMap(FigureWidget):
                 top = self.top_keys(q)[::-1]  # largest at the top
                 values = [v for _, _, v in top]
                 hi = max(1e-12, max(values))
-                for bar, text, i, (_, tok, v) in zip(h["bars"], h["bar_texts"], range(len(top)), top):
+                for bar, text, i, (j, tok, v) in zip(h["bars"], h["bar_texts"], range(len(top)), top):
                     bar.set_width(v)
                     text.set_position((0.02 * hi, i))
-                    text.set_text(f"{tok}  {v:.3f}")
+                    text.set_text(f"{j}: {tok}  {v:.3f}")  # position and token: tokens repeat, numbers look alike
                 h["bar_ax"].set_xlim(min(0.0, min(values)), hi * 1.05)
-                h["bar_title"].set_text(f"top keys of {self.query_tokens[q]!r}")
+                h["bar_title"].set_text(f"top keys of query {q} {self.query_tokens[q]!r}")
         h["im"].set_cmap(cmap)
         h["im"].set_clim(vmin, vmax)
         return h["fig"]

@@ -13,7 +13,7 @@ to pass to ``attnlab.kernels.block_sparse_attention``.
 import ipywidgets as widgets
 import numpy as np
 
-from attnlab.widgets._base import FigureWidget, new_figure
+from attnlab.widgets._base import FigureWidget, html_table, new_figure, text_panel
 from attnlab.widgets.memory_traffic import fmt_bytes
 
 PRESETS = ("custom", "local", "strided", "global", "causal", "random", "dense", "empty")
@@ -86,18 +86,22 @@ class BlockMaskEditor(FigureWidget):
         )
         self.preset = widgets.Dropdown(options=PRESETS, value="custom", description="preset", style=style)
         n = max(self.n_q_blocks, self.n_k_blocks)
+        wide = widgets.Layout(width="440px", max_width="100%")  # the whole track visible beside its label
         self.param = widgets.IntSlider(value=min(2, n), min=1, max=n, description="window / stride / globals",
-                                       style=style, continuous_update=False)
+                                       style=style, continuous_update=False, layout=wide)
         self.density_target = widgets.FloatSlider(value=0.3, min=0.0, max=1.0, step=0.05, description="random density",
-                                                  style=style, continuous_update=False)
+                                                  style=style, continuous_update=False, layout=wide)
         self.seed = widgets.BoundedIntText(value=0, min=0, max=2**31 - 1, description="seed", style=style,
                                            layout=widgets.Layout(width="140px"))
         for c in (self.preset, self.param, self.density_target, self.seed):
             c.observe(self._on_preset, names="value")
-        self.stats_html = widgets.HTML()
-        controls = widgets.VBox([self.preset, self.param, self.density_target, self.seed, self.stats_html])
+        self.stats_html = text_panel()
+        controls = widgets.VBox([self.preset, self.param, self.density_target, self.seed, self.stats_html],
+                                layout=widgets.Layout(min_width="300px", flex="1 1 360px"))
         head = widgets.HTML("<b>click tiles</b> (rows: query blocks, columns: key blocks)")
-        self._build([widgets.HBox([widgets.VBox([head, grid]), controls])])
+        # side by side on a wide screen, the controls below the tiles on a narrow one
+        self._build([widgets.HBox([widgets.VBox([head, grid], layout=widgets.Layout(flex="0 0 auto")), controls],
+                                  layout=widgets.Layout(flex_flow="row wrap", grid_gap="4px 16px"))])
         if preset != "custom":
             self.preset.value = preset
 
@@ -173,14 +177,12 @@ class BlockMaskEditor(FigureWidget):
         self.stats_html.value = (
             f"<b>density {self.density:.3f}</b> ({int(self.mask.sum())} of {self.mask.size} tiles), "
             f"N<sub>q</sub>={self.n_q}, N<sub>k</sub>={self.n_k}, d={self.head_dim}, {self.dtype}<br>"
-            "<table><tr><th></th><th>block-sparse</th><th>dense</th><th>ratio</th></tr>"
-            f"<tr><td>FLOPs</td><td>{_fmt_flops(sp['flops'])}</td><td>{_fmt_flops(de['flops'])}</td>"
-            f"<td>{sp['flops'] / de['flops']:.3f}</td></tr>"
-            f"<tr><td>HBM bytes</td><td>{fmt_bytes(sp['bytes'])}</td><td>{fmt_bytes(de['bytes'])}</td>"
-            f"<td>{sp['bytes'] / de['bytes']:.3f}</td></tr>"
-            f"<tr><td>standard (unfused) bytes</td><td></td><td>{fmt_bytes(c['standard']['bytes'])}</td>"
-            f"<td></td></tr></table>"
-            f"<small>{c['source']}</small>"
+            + html_table(["", "block-sparse", "dense", "ratio"], [
+                ["FLOPs", _fmt_flops(sp["flops"]), _fmt_flops(de["flops"]), f"{sp['flops'] / de['flops']:.3f}"],
+                ["HBM bytes", fmt_bytes(sp["bytes"]), fmt_bytes(de["bytes"]), f"{sp['bytes'] / de['bytes']:.3f}"],
+                ["standard (unfused) bytes", "", fmt_bytes(c["standard"]["bytes"]), ""],
+            ], numeric=(1, 2, 3))
+            + f"<small>{c['source']}</small>"
         )
 
     # ---------------------------------------------------------------- drawing

@@ -21,7 +21,7 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from attnlab.widgets._base import FigureWidget, figure_png, html_table, new_figure
+from attnlab.widgets._base import FigureWidget, figure_png, html_table, new_figure, text_panel
 
 # tensors in the order a reader expects: inputs, intermediates, outputs
 _ORDER = ["Q", "K", "V", "S", "P", "O", "L", "dO", "dQ", "dK", "dV", "D"]
@@ -194,11 +194,11 @@ class MemoryTraffic(FigureWidget):
         # redraws queue up in the kernel if values come faster than it draws: the slider sends on release,
         # and a full play is about 60 frames of 300 ms
         self.step = widgets.IntSlider(value=n_max, min=0, max=n_max, description="events done", style=style,
-                                      layout=widgets.Layout(width="480px"), continuous_update=False)
+                                      layout=widgets.Layout(width="480px", max_width="100%"), continuous_update=False)
         self.play = widgets.Play(value=n_max, min=0, max=n_max, step=max(1, math.ceil(n_max / 60)), interval=300,
                                  description="play")
         widgets.jslink((self.play, "value"), (self.step, "value"))
-        self.counters_html = widgets.HTML()
+        self.counters_html = text_panel()
         self.step.observe(self.redraw, names="value")
         top = [self.play, self.step]
         below = [self.counters_html]
@@ -214,8 +214,12 @@ class MemoryTraffic(FigureWidget):
                                  f"16, 32, 64, 128 (the kernels' head dims), got {tuple(sram_shape)}")
             self.sram_study = SramStudy(*sram_shape)
             self.sram_kib = self.sram_study.slider
-            below += [self.sram_study.box]
-        self._build([widgets.HBox(top)], below)
+            # a secondary panel: folded away, so the replay alone fits a laptop screen (open it with a click,
+            # or from code: traffic.sram_panel.selected_index = 0)
+            self.sram_panel = widgets.Accordion(children=[self.sram_study.box], selected_index=None)
+            self.sram_panel.set_title(0, "SRAM size and HBM traffic (FlashAttention forward)")
+            below += [self.sram_panel]
+        self._build([widgets.HBox(top, layout=widgets.Layout(flex_flow="row wrap"))], below)  # wraps when narrow
 
     # ---------------------------------------------------------------- state
     def step_of(self, i):
@@ -245,7 +249,8 @@ class MemoryTraffic(FigureWidget):
                  f"{fmt_bytes(c['bytes_written'])} / {fmt_bytes(c['total_written'])}",
                  fmt_bytes(c["bytes_read"] + c["bytes_written"])] for c in self.counters]
         self.counters_html.value = html_table(
-            ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows)
+            ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows,
+            numeric=(1, 2, 3, 4))
 
     # ---------------------------------------------------------------- drawing
     def to_figure(self):
@@ -257,8 +262,8 @@ class MemoryTraffic(FigureWidget):
 
     def _make_figure(self, with_sram=False):
         n_tr = len(self.replays)
-        height_each = 2.6
-        fig = new_figure(11, height_each * n_tr + 0.3 + (3.4 if with_sram else 0))
+        height_each = 1.9  # three traces, the controls and the counters fit a 1280 x 800 screen
+        fig = new_figure(10, height_each * n_tr + 0.3 + (3.4 if with_sram else 0))
         ratios = [height_each] * n_tr + ([3.4] if with_sram else [])
         subfigs = np.atleast_1d(fig.subfigures(len(ratios), 1, hspace=0.04, height_ratios=ratios))
         if with_sram:
@@ -294,16 +299,17 @@ class MemoryTraffic(FigureWidget):
             sax = axes[-1]
             sax.set_xticks([])
             sax.set_yticks([])
-            sax.set_title("SRAM (current program)", fontsize=9)
-            row["sram_text"] = sax.text(0.04, 0.96, "", va="top", ha="left", fontsize=8, family="monospace",
+            sax.set_title("SRAM (current program)", fontsize=10)
+            # sizes chosen to stay readable when the picture is shrunk to 74% (1024 px screen, side bar open)
+            row["sram_text"] = sax.text(0.04, 0.96, "", va="top", ha="left", fontsize=9, family="monospace", linespacing=1.1,
                                         transform=sax.transAxes)
-            row["header"] = sub.suptitle("", fontsize=10, x=0.01, ha="left")
+            row["header"] = sub.suptitle("", fontsize=11, x=0.01, ha="left")
             # blitted in this order: the pictures, the block grid over them, the outline, the texts
             h["dynamic"] += [*row["images"].values(), *row.get("grid", []), *row["boxes"].values(), row["sram_text"],
                              row["header"]]
             if not h["rows"]:
                 sax.text(0.04, 0.03, "blue: read from HBM (darker: more often)\norange: written (brown: written, read back)\n"
-                         "outline: last event (green load, red store)", fontsize=7, va="bottom",
+                         "outline: last event (green load, red store)", fontsize=8, va="bottom",
                          transform=sax.transAxes, color="0.3")
             h["rows"].append(row)
         return h

@@ -10,7 +10,7 @@ Dividing by sqrt(d_k) keeps the logits at unit variance whatever d_k is.
 import ipywidgets as widgets
 import numpy as np
 
-from attnlab.widgets._base import FigureWidget, html_table, new_figure
+from attnlab.widgets._base import FigureWidget, html_table, new_figure, text_panel
 
 D_K_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -72,8 +72,9 @@ class ScalingExplorer(FigureWidget):
                                            style=style, layout=widgets.Layout(width="150px"))
         for control in (self.d_k, self.temperature, self.seed):
             control.observe(self.redraw, names="value")
-        self.stats_html = widgets.HTML()
-        self._build([widgets.HBox([self.d_k, self.temperature, self.seed])], [self.stats_html])
+        self.stats_html = text_panel()
+        self._build([widgets.HBox([self.d_k, self.temperature, self.seed], layout=widgets.Layout(flex_flow="row wrap"))],
+                    [self.stats_html])  # the controls wrap when narrow
 
     # ---------------------------------------------------------------- numbers
     def _samples(self, d_k):
@@ -140,13 +141,13 @@ class ScalingExplorer(FigureWidget):
                  f"{v['mean_jacobian_norm']:.4f}"] for name, v in s.items()]
         self.stats_html.value = html_table(
             ["", "std of logits", "max weight (row 0)", f"mean entropy (max {np.log(self.n_keys):.2f})",
-             "mean ||softmax Jacobian||"], rows)
+             "mean ||softmax Jacobian||"], rows, numeric=(1, 2, 3, 4))
 
     # ---------------------------------------------------------------- drawing
     # A live redraw updates the artists of one persistent figure (set_data, set_text):
     # rebuilding six axes and laying them out again would take most of the 200 ms budget.
     def _make_figure(self):
-        fig = new_figure(9, 7.2)
+        fig = new_figure(9, 6.3)  # with its controls and table it fits a 1280 x 800 screen
         axes = fig.subplots(3, 2, height_ratios=[1, 1, 1.1])
         colors = {"unscaled": "tab:orange", "scaled": "tab:blue"}
         h = {"fig": fig, "axes": axes}
