@@ -100,6 +100,8 @@ def softmax(x, dim=-1):
     Example: ``softmax(torch.tensor([1000.0, 1000.0]))  # tensor([0.5, 0.5])``
     """
     validate.tensor(x, "x", floating=True)
+    if x.shape[dim] == 0:                        # no entries to weigh (no keys at all): nothing to do
+        return x.clone()
     m = x.amax(dim=dim, keepdim=True).detach()   # (..., 1, ...) row maxima; the shift cancels, so no gradient
     e = torch.exp(x - m)                   # (...) every entry in (0, 1]
     return e / e.sum(dim=dim, keepdim=True)
@@ -118,6 +120,8 @@ def masked_softmax(x, mask, dim=-1):
     """
     validate.tensor(x, "x", floating=True)
     validate.bool_mask(mask, "mask", x.shape, "True = keep")
+    if x.shape[dim] == 0:                              # no entries to weigh (no keys at all)
+        return x.clone()
     x = x.masked_fill(~mask, float("-inf"))            # (...) masked scores -> -inf
     m = x.amax(dim=dim, keepdim=True).detach()         # (..., 1, ...) -inf on fully masked rows
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # keep exp(-inf - m) = 0, not NaN

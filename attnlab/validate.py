@@ -59,7 +59,7 @@ def like(x, name, ref, ref_name):
         raise ValueError(f"{name}: expected device {ref.device} (the device of {ref_name}), got {x.device}")
 
 
-def qkv(q, k, v, *, dtypes=None, same_head_dim=False, same_length=False, nonempty=True):
+def qkv(q, k, v, *, dtypes=None, same_head_dim=False, same_length=False, nonempty=False):
     """q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv): floating tensors of one dtype and device.
     ``same_head_dim``: Dv == D (the kernels); ``same_length``: Nq == Nk; ``nonempty``: every
     length at least 1."""
