@@ -47,7 +47,9 @@ _UNKNOWN = "?"
 # whole files: the validation files are never seen in training
 TRAIN_FILES = (
     "bisect.py", "colorsys.py", "fnmatch.py", "textwrap.py", "queue.py", "sched.py", "numbers.py", "graphlib.py",
-    "glob.py", "cmd.py", "string.py", "pprint.py", "difflib.py",
+    "glob.py", "cmd.py", "string.py", "pprint.py", "difflib.py", "random.py", "calendar.py", "heapq.py", "shlex.py",
+    "gettext.py", "tempfile.py", "contextlib.py", "functools.py", "dataclasses.py", "configparser.py", "optparse.py",
+    "ipaddress.py", "argparse.py",
 )
 VALID_FILES = ("tabnanny.py", "reprlib.py")
 
@@ -67,6 +69,19 @@ REFERENCE_SHA256 = {
     "string.py": "24aeae1f0526250f442022022bf98df9a823b1cb330543ee79e70e44907462e9",
     "pprint.py": "0b67dbc8af449d8ced3acd9df902e98c2dbc56c8f2a7a181c51cc72768db621f",
     "difflib.py": "0c6afc23568d55b3e9ac914f9c5361e3033e778aa5b58d3cc82835fc5c638679",
+    "random.py": "b931a2d452db89ab9e1f79d59b66ce194dbd6748049cfe44699726da52b9c956",
+    "calendar.py": "b3b140864fd122a575ffcc9342b824fbe4f8a38fdf3f4fcd964f26e52725358f",
+    "heapq.py": "6d43277e5c76fc0f073cd388fcff852d14d068f6bb6d4886c340f8b75a1229a9",
+    "shlex.py": "42ab6060f316e121e374e6621d8c1c98b8db323903c3df289a810c45a8ae46a7",
+    "gettext.py": "a5c249a522b6b8e3aa6f1b12a8bcc09508b99ad612b58d2fc973db27ea3b7cc3",
+    "tempfile.py": "c9169b0ef905999b5d347544cfaa73c4f295777ac07a948aec1e4fdf3ce98a3b",
+    "contextlib.py": "d732c045bc7450997f97b2f79cfdb1546b68d2655e89ab3170f3b19b3930d83c",
+    "functools.py": "6d80018a3fa9fed44c5b78f881987ee3ab3fb1238b077b4e6dcb4b76da7db73b",
+    "dataclasses.py": "4b7e1c99ebea53b546317d218a0261895a1769f83a6b95dc0136f13578066a7f",
+    "configparser.py": "4a70cecccb55031a413b79e6ced2e63ca031f770cd25a4882980ecdeab67f6ff",
+    "optparse.py": "07d224301cba312fa0697bff9cd5a4bb4f778a90629632091b3f4ae874d89af5",
+    "ipaddress.py": "b157f2f318650698ac4cb81f41ece82a7a860f264c24cfc8dcc538977709ced3",
+    "argparse.py": "dc1eba8adfdf615986421f981337458ba1072d3e718a0f76e3224940fd74118b",
     "tabnanny.py": "73bc1829f10634726db7a22f1cb5c06f76802d54cd7edba0ecff145156caa2f8",
     "reprlib.py": "264433cc232332db871666b3bb6e4c2cb97b092cb8d5056a45ec2e53daea2b1c",
 }
