@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention import block_sparse_reference
+from attnlab.capstone import NAME, RECIPE, gpt_checkpoint_path, load_gpt, load_gpt_checkpoint, make_gpt_checkpoint
+from attnlab.data.stdlib_text import decode, encode
 from attnlab.kernels import full_mask, global_mask, local_mask
 from attnlab.models.gpt import BACKENDS, GPT, attention_backend, sinusoidal_positions
 
@@ -205,9 +207,6 @@ def test_local_plus_global_trains_through_the_kernel():
 
 # ----------------------------------------------------------------------------- the shipped checkpoint
 
-from attnlab.capstone import NAME, RECIPE, gpt_checkpoint_path, load_gpt, load_gpt_checkpoint, make_gpt_checkpoint  # noqa: E402
-
-
 def test_shipped_checkpoint_is_small_matches_its_recipe_and_learnt_the_corpus():
     path = gpt_checkpoint_path()
     assert path.exists(), f"missing {path}: run `attnlab gpt-checkpoint`"
@@ -217,8 +216,6 @@ def test_shipped_checkpoint_is_small_matches_its_recipe_and_learnt_the_corpus():
     assert len(ckpt["loss"]) == RECIPE["steps"]
     assert ckpt["eval"][-1][1] < 2.0 < ckpt["eval"][0][1]          # nats per character, from ln 96 = 4.56
     model = load_gpt()
-    from attnlab.data.stdlib_text import encode, decode
-
     out = model.generate(encode("def ")[None], 80, generator=torch.Generator().manual_seed(0))
     assert decode(out[0]).startswith("def ") and out.shape == (1, 84)
 
