@@ -17,6 +17,7 @@ COMMANDS = {
     "start": ("attnlab.grading.workspace", "copy the exercises into your own working folder"),
     "progress": ("attnlab.grading.progress", "show which exercise parts pass in your working folder"),
     "checkpoints": ("attnlab.pretrained", "retrain the small models that ship with the course"),
+    "gpt-checkpoint": ("attnlab.capstone", "retrain lesson 09's GPT on the standard library's source"),
 }
 
 
