@@ -46,7 +46,7 @@ step env 30 bash -c "nvidia-smi; $py -c 'import sys, torch, triton, numpy; print
 step tests 90 $py -m pytest -q -p no:cacheprovider -o addopts= tests/test_gpu.py
 step bench 200 $py benchmarks/gpu_attention.py
 lessons_dir=$(mktemp -d)
-step lessons 150 $py benchmarks/run_lessons.py --out "$lessons_dir" --timeout 120 lessons/0[5-8]_*.ipynb lessons/0[0-4]_*.ipynb
+step lessons 150 $py benchmarks/run_lessons.py --out "$lessons_dir" --timeout 120 lessons/0[5-9]_*.ipynb lessons/0[0-4]_*.ipynb
 tar czf "$out/lessons.tar.gz" -C "$lessons_dir" . 2>/dev/null
 step grade 80 $py -m attnlab grade --cell-timeout 60 solutions/0[6-8]_*.ipynb
 cat "$out/summary.txt"

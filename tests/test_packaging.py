@@ -144,7 +144,7 @@ def test_doctor_warns_on_untested_versions(monkeypatch, capsys):
 def test_cli_runs_as_module_and_lists_commands():
     out = subprocess.run([sys.executable, "-m", "attnlab", "--help"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
-    for command in ["doctor", "lab", "grade", "start", "progress", "generate", "checkpoints"]:
+    for command in ["doctor", "lab", "grade", "start", "progress", "generate", "checkpoints", "gpt-checkpoint"]:
         assert command in out
     status = subprocess.run([sys.executable, "-m", "attnlab", "doctor"], cwd=ROOT,
                             capture_output=True, text=True)
