@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +31,7 @@ from torch import nn
 
 from attnlab.attention import MultiHeadAttention, scaled_dot_product_attention
 from attnlab.data.toy import IGNORE, batches
+from attnlab.train import fit
 
 __all__ = ["SelfAttention", "Block", "TinyTransformer", "loss_fn", "train", "evaluate", "accuracy", "SCHEDULES"]
 
@@ -175,7 +175,7 @@ def train(model, task, steps, batch_size=64, lr=3e-3, seed=0, clip=1.0, progress
     norm ``clip`` (``None``: no clipping). ``schedule="cosine"`` decays the learning rate from
     ``lr`` to 0 along half a cosine over the ``steps`` (so the run ends settled); ``"constant"``
     keeps it. ``eval_every=k`` also evaluates on ``eval_n`` held-out sequences (``evaluate``)
-    after every ``k`` steps. ``progress=True`` shows a tqdm bar.
+    after every ``k`` steps and after the last. The loop is :func:`attnlab.train.fit`, the course's one loop. ``progress=True`` shows a tqdm bar.
     Returns ``{"loss": [loss at every step], "seconds": wall time, "steps": steps,
     "eval": [(step, test loss, test accuracy), ...]}`` (``"eval"`` empty without ``eval_every``).
 
@@ -189,40 +189,24 @@ def train(model, task, steps, batch_size=64, lr=3e-3, seed=0, clip=1.0, progress
         raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
     if eval_every is not None and (isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1):
         raise ValueError(f"eval_every: expected a positive int or None, got {eval_every!r}")
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    decay = None
     if schedule == "cosine":   # lr * (1 + cos(pi * step / steps)) / 2: from lr down to 0 at the last step
-        decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps)))
-    data = batches(task, batch_size, seed=seed)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+        def decay(step):
+            return 0.5 * (1 + math.cos(math.pi * step / steps))
+    accuracies = []
 
-        bar = tqdm(total=steps, desc=desc or type(model).__name__, unit="step")
-    losses, evals = [], []
-    model.train()
-    start = time.perf_counter()
-    for step in range(steps):
-        tokens, targets = next(data)                             # (B, N), (B, N)
-        loss = loss_fn(model(tokens), targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        if schedule == "cosine":
-            decay.step()
-        losses.append(loss.item())
-        if eval_every is not None and (step + 1) % eval_every == 0:
-            r = evaluate(model, task, n=eval_n)                  # puts the model back in training mode
-            evals.append((step + 1, r["loss"], r["accuracy"]))
-        if bar is not None:
-            bar.update(1)
-            if step % 25 == 0 or step == steps - 1:
-                bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    if bar is not None:
-        bar.close()
+    def held_out():                                              # the loss fit records, and the accuracy
+        r = evaluate(model, task, n=eval_n)
+        accuracies.append(r["accuracy"])
+        return r["loss"]
+
+    data = batches(task, batch_size, seed=seed)                  # (B, N) tokens, (B, N) targets
+    history = fit(model, data, lambda batch: loss_fn(model(batch[0]), batch[1]), steps, lr=lr, clip=clip,
+                  progress=progress, desc=desc, evaluate=held_out if eval_every else None, eval_every=eval_every,
+                  schedule=decay)
     model.eval()
-    return {"loss": losses, "seconds": time.perf_counter() - start, "steps": steps, "eval": evals}
+    evals = [(step, loss, acc) for (step, loss), acc in zip(history["eval"], accuracies)]
+    return {"loss": history["loss"], "seconds": history["seconds"], "steps": steps, "eval": evals}
 
 
 @torch.no_grad()
