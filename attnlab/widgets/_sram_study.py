@@ -17,6 +17,7 @@ import time
 import ipywidgets as widgets
 import numpy as np
 
+from attnlab.measure import format_bytes
 from attnlab.widgets._base import blit_png, new_figure, show_png
 
 SRAM_KIB = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256)  # 192-256 KiB: an A100/H100 SM's shared memory + L1
@@ -152,7 +153,6 @@ class SramStudy:
         return {"fig": fig, "marks": (mark_l, mark_r), "title": fig.suptitle("", fontsize=10)}
 
     def _update(self, h):
-        from attnlab.widgets.memory_traffic import fmt_bytes
 
         s = self.summary()
         h["marks"][0].set_data([s["sram_kib"]], [s["live_bytes"] / 1024])
@@ -160,13 +160,12 @@ class SramStudy:
         br, bc = s["live_blocks"]
         h["title"].set_text(
             f"SRAM study (what if M = {s['sram_kib']} KiB): B_r x B_c = {br} x {bc}, tiles Q, K, V, O = "
-            f"{fmt_bytes(self.tile_bytes(br, bc))} <= M, traced {fmt_bytes(s['live_bytes'])}; large shape "
-            f"{s['large_blocks'][0]} x {s['large_blocks'][1]} ({fmt_bytes(s['large_bytes'])})\n"
+            f"{format_bytes(self.tile_bytes(br, bc))} <= M, traced {format_bytes(s['live_bytes'])}; large shape "
+            f"{s['large_blocks'][0]} x {s['large_blocks'][1]} ({format_bytes(s['large_bytes'])})\n"
             f"(the traces above are separate: the kernels' default 128 x 128 blocks)")
 
     def redraw(self, *_):
         """Move the markers and retitle: the curves are drawn once, the rest is blitted over them."""
-        from attnlab.widgets.memory_traffic import fmt_bytes
 
         t0 = time.perf_counter()
         first = self._live is None
@@ -182,7 +181,7 @@ class SramStudy:
             f"<small>Block sizes from M as in FlashAttention's Algorithm 1 (B_c = M/(4d), B_r = min(B_c, d)), rounded "
             f"to the kernels' powers of two in [16, 128] and capped by the sequence length. Left: the real flash "
             f"kernel traced at N={self.n_q}, d={self.d}. Right: {self.large_source}. Standard attention does not depend on M "
-            f"(traced: {fmt_bytes(s['live_standard_bytes'])}; model: {fmt_bytes(s['large_standard_bytes'])}). "
+            f"(traced: {format_bytes(s['live_standard_bytes'])}; model: {format_bytes(s['large_standard_bytes'])}). "
             f"At small M FlashAttention moves more than standard attention: it reads K and V once per block of B_r "
             f"queries (2N\u00b2d/B_r elements), more than standard's ~4N\u00b2 for S and P while B_r < d/2. "
             f"M is the study's what-if; the traces above use the default 128 x 128 blocks.</small>"

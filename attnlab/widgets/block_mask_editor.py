@@ -13,8 +13,8 @@ to pass to ``attnlab.kernels.block_sparse_attention``.
 import ipywidgets as widgets
 import numpy as np
 
+from attnlab.measure import format_bytes
 from attnlab.widgets._base import FigureWidget, html_table, new_figure, text_panel
-from attnlab.widgets.memory_traffic import fmt_bytes
 
 PRESETS = ("custom", "local", "strided", "global", "causal", "random", "dense", "empty")
 _MAX_BLOCKS = 32
@@ -179,8 +179,8 @@ class BlockMaskEditor(FigureWidget):
             f"N<sub>q</sub>={self.n_q}, N<sub>k</sub>={self.n_k}, d={self.head_dim}, {self.dtype}<br>"
             + html_table(["", "block-sparse", "dense", "ratio"], [
                 ["FLOPs", _fmt_flops(sp["flops"]), _fmt_flops(de["flops"]), f"{sp['flops'] / de['flops']:.3f}"],
-                ["HBM bytes", fmt_bytes(sp["bytes"]), fmt_bytes(de["bytes"]), f"{sp['bytes'] / de['bytes']:.3f}"],
-                ["standard (unfused) bytes", "", fmt_bytes(c["standard"]["bytes"]), ""],
+                ["HBM bytes", format_bytes(sp["bytes"]), format_bytes(de["bytes"]), f"{sp['bytes'] / de['bytes']:.3f}"],
+                ["standard (unfused) bytes", "", format_bytes(c["standard"]["bytes"]), ""],
             ], numeric=(1, 2, 3))
             + f"<small>{c['source']}</small>"
         )

@@ -21,6 +21,7 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.patches import Rectangle
 
+from attnlab.measure import format_bytes
 from attnlab.widgets._base import FigureWidget, figure_png, html_table, new_figure, text_panel
 
 # tensors in the order a reader expects: inputs, intermediates, outputs
@@ -28,15 +29,6 @@ _ORDER = ["Q", "K", "V", "S", "P", "O", "L", "dO", "dQ", "dK", "dV", "D"]
 _UNTOUCHED = np.array([0.93, 0.93, 0.93])
 _READ = np.array([0.12, 0.35, 0.75])
 _WRITTEN = np.array([0.95, 0.55, 0.15])
-
-
-def fmt_bytes(n):
-    """1536 -> '1.5 KiB'."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
 
 
 def _grid_shape(shape):
@@ -245,9 +237,9 @@ class MemoryTraffic(FigureWidget):
 
     def _update_state(self):
         rows = [[f"<b>{html.escape(c['label'])}</b>", f"{c['step']} / {c['events']}",
-                 f"{fmt_bytes(c['bytes_read'])} / {fmt_bytes(c['total_read'])}",
-                 f"{fmt_bytes(c['bytes_written'])} / {fmt_bytes(c['total_written'])}",
-                 fmt_bytes(c["bytes_read"] + c["bytes_written"])] for c in self.counters]
+                 f"{format_bytes(c['bytes_read'])} / {format_bytes(c['total_read'])}",
+                 f"{format_bytes(c['bytes_written'])} / {format_bytes(c['total_written'])}",
+                 format_bytes(c["bytes_read"] + c["bytes_written"])] for c in self.counters]
         self.counters_html.value = html_table(
             ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows,
             numeric=(1, 2, 3, 4))
@@ -338,14 +330,14 @@ class MemoryTraffic(FigureWidget):
                 lines = [f"launch {prog[0]}, program {prog[1]}"]
                 for n, op, rr, cc, nb in held:
                     verb = "loaded" if op == "load" else "stored"
-                    lines.append(f"{n}[{rr[0]}:{rr[1]}, {cc[0]}:{cc[1]}] {verb} {fmt_bytes(nb)}")
-                lines.append(f"tiles: {fmt_bytes(sum(x[4] for x in held))}")
+                    lines.append(f"{n}[{rr[0]}:{rr[1]}, {cc[0]}:{cc[1]}] {verb} {format_bytes(nb)}")
+                lines.append(f"tiles: {format_bytes(sum(x[4] for x in held))}")
                 text = "\n".join(lines)
             row["sram_text"].set_text(text)
             c = self.counters[i]
             row["header"].set_text(
-                f"{r.label}: event {s}/{r.n}  |  HBM read {fmt_bytes(c['bytes_read'])}"
-                f" (of {fmt_bytes(c['total_read'])})  |  written {fmt_bytes(c['bytes_written'])}"
-                f" (of {fmt_bytes(c['total_written'])})"
+                f"{r.label}: event {s}/{r.n}  |  HBM read {format_bytes(c['bytes_read'])}"
+                f" (of {format_bytes(c['total_read'])})  |  written {format_bytes(c['bytes_written'])}"
+                f" (of {format_bytes(c['total_written'])})"
             )
         return h["fig"]
