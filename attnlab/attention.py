@@ -4,7 +4,7 @@ Read top to bottom, this file is the course in miniature:
 
 1. ``softmax`` and ``masked_softmax``: turning scores into weights, stably.
 2. ``padding_mask`` and ``causal_mask``: which keys a query may look at.
-3. ``AdditiveAttention``: Bahdanau et al. (2015), score ``v^T tanh(W s + U h)``.
+3. ``AdditiveAttention``: Bahdanau et al. (2014), score ``v^T tanh(W s + U h)``.
 4. ``scaled_dot_product_attention``: Vaswani et al. (2017), ``softmax(q k^T * scale) v``.
 5. ``MultiHeadAttention``: projections, split into heads, attend, merge.
 6. ``naive_attention``: the same maths, materialising the n-by-n matrices S and P and
@@ -192,7 +192,7 @@ def causal_mask(n_q, n_k=None, device=None):
 # ---------------------------------------------------------------------------------------------
 
 class AdditiveAttention(nn.Module):
-    """Additive attention of Bahdanau, Cho and Bengio (2015): ``e_j = v^T tanh(W s + U h_j)``.
+    """Additive attention of Bahdanau, Cho and Bengio (2014): ``e_j = v^T tanh(W s + U h_j)``.
 
     The decoder state ``s`` (the query) and every encoder state ``h_j`` (the keys) are projected
     into a common ``hidden_dim`` space, added, squashed by tanh and read out by the vector ``v``:

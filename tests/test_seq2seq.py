@@ -8,7 +8,9 @@ import torch
 from attnlab.bleu import corpus_bleu
 from attnlab.data.translation import encode, load_task
 from attnlab.models.seq2seq import RNNencdec, RNNsearch, translate
-from attnlab.pretrained import RECIPES, TASK, checkpoint_path, load_checkpoint, load_pretrained, make_checkpoint
+from attnlab.pretrained import (
+    RECIPES, SEEDS, TASK, checkpoint_path, load_checkpoint, load_pretrained, make_checkpoint, validation_loss,
+)
 from attnlab.train import deterministic, train
 
 SMALL = dict(emb_dim=8, hidden_dim=12, maxout_dim=6)
@@ -44,6 +46,17 @@ def test_shapes(cls, task, batch):
         assert weights is None
     else:
         assert weights.shape == (6, ids.shape[1], src.shape[1])
+
+
+def test_search_with_hoisted_keys_is_the_additive_attention(task, batch):
+    """RNNsearch.search (U h_j computed once per sentence) is AdditiveAttention's function, not a second one."""
+    src, src_len, _ = batch
+    model = _model(RNNsearch, task)
+    h, mask, s = model.encode(src, src_len)
+    q = torch.randn(s.shape, generator=torch.Generator().manual_seed(1))
+    c1, w1 = model.search(q, h, model.attention.U(h), mask)
+    c2, w2 = model.attention(q, h, mask)
+    assert torch.allclose(c1, c2, atol=1e-6) and torch.allclose(w1, w2, atol=1e-6)
 
 
 def test_alignment_weights_are_distributions_over_real_words(task, batch):
@@ -103,65 +116,131 @@ def test_bad_input(task, batch):
 
 # ----------------------------------------------------------------------------- shipped checkpoints
 
+SHIPPED = [(name, seed) for name in sorted(RECIPES) for seed in SEEDS]
 
-@pytest.mark.parametrize("name", sorted(RECIPES))
-def test_checkpoints_are_small_and_match_their_recipe(name):
-    path = checkpoint_path(name)
+
+@pytest.mark.parametrize("name, seed", SHIPPED)
+def test_checkpoints_are_small_and_followed_the_budget_rule(name, seed):
+    """Each shipped run ended by the budget rule (validation stalled) or at the common step cap, and kept its best weights."""
+    path = checkpoint_path(name, seed=seed)
     assert path.exists(), f"missing {path}: run `attnlab checkpoints`"
     assert path.stat().st_size < 2 * 2**20
-    ckpt = load_checkpoint(name)
-    assert ckpt["recipe"] == RECIPES[name] and ckpt["task"] == TASK
-    assert len(ckpt["loss"]) == RECIPES[name]["steps"]
+    ckpt = load_checkpoint(name, seed=seed)
+    recipe = RECIPES[name]
+    assert ckpt["recipe"] == recipe and ckpt["task"] == TASK and ckpt["seed"] == seed
+    steps, valid = len(ckpt["loss"]), ckpt["valid"]
+    assert [s for s, _ in valid] == list(range(0, steps + 1, recipe["eval_every"]))
+    assert dict(valid)[ckpt["best_step"]] == min(v for _, v in valid)
+    assert _rule_stops_at(valid, recipe) == steps
+
+
+def _rule_stops_at(valid, recipe):
+    """Replay the budget rule on a validation history: the step at which training stops.
+
+    An evaluation that does not beat the best so far by min_delta counts towards the patience (a
+    smaller gain still moves the best); a real improvement resets it; the cap ends training anyway.
+    """
+    best, stale = valid[0][1], 0
+    for step, v in valid[1:]:
+        if v < best - recipe["min_delta"]:
+            best, stale = v, 0
+        else:
+            best, stale = min(best, v), stale + 1
+            if stale >= recipe["patience"]:
+                return step
+    return recipe["max_steps"]
+
+
+def test_rule_replay_on_a_made_up_history():
+    recipe = dict(patience=2, min_delta=0.1, max_steps=900)
+    assert _rule_stops_at([(0, 3.0), (100, 2.0), (200, 1.95), (300, 1.0), (400, 0.95), (500, 0.99)], recipe) == 500
+    assert _rule_stops_at([(0, 3.0), (100, 2.0), (200, 1.95), (300, 1.0)], recipe) == 900
+
+
+@pytest.mark.parametrize("name, seed", SHIPPED)
+def test_every_shipped_run_converged_before_the_cap(name, seed):
+    """Both models trained to convergence: every shipped run was stopped by its stalled validation loss, not by the cap."""
+    ckpt = load_checkpoint(name, seed=seed)
+    assert len(ckpt["loss"]) < RECIPES[name]["max_steps"]
+
+
+def test_shipped_weights_are_the_best_evaluation(task):
+    """The checkpoint keeps the weights of its best evaluation: recomputing its validation loss gives the stored one."""
+    ckpt = load_checkpoint("RNNencdec", seed=SEEDS[0])
+    model = load_pretrained("RNNencdec", seed=SEEDS[0])
+    assert validation_loss(model, task) == pytest.approx(dict(ckpt["valid"])[ckpt["best_step"]], rel=1e-4)
 
 
 def test_checkpoints_load_decode_and_rnnsearch_wins_on_long_sentences(task):
-    """The shipped models learnt the task; attention wins clearly on long sentences (Bahdanau et al. 2014, Fig. 2)."""
+    """Every shipped seed learnt the task; attention wins clearly on long sentences (Bahdanau et al. 2014, Fig. 2)."""
     long = [(e, f) for e, f in task.pairs["test"] if len(e.split()) >= 35][:24]
     short = [(e, f) for e, f in task.pairs["test"] if len(e.split()) <= 10][:24]
-    scores = {}
-    for name in ("RNNencdec", "RNNsearch"):
-        model = load_pretrained(name)
-        for label, pairs in (("short", short), ("long", long)):
-            hyps, aligns = translate(model, [e for e, _ in pairs], task.src_vocab, task.tgt_vocab)
-            scores[name, label] = corpus_bleu(hyps, [f for _, f in pairs])
-            if name == "RNNsearch":
-                assert aligns[0].shape[1] == len(pairs[0][0].split()) + 1  # source words + <eos>
-    assert scores["RNNencdec", "short"] > 50  # the fixed vector is enough for short sentences
-    assert scores["RNNsearch", "short"] > 90
-    assert scores["RNNsearch", "long"] > 70
-    assert scores["RNNsearch", "long"] > scores["RNNencdec", "long"] + 40
+    for seed in SEEDS:
+        scores = {}
+        for name in ("RNNencdec", "RNNsearch"):
+            model = load_pretrained(name, seed=seed)
+            for label, pairs in (("short", short), ("long", long)):
+                hyps, aligns = translate(model, [e for e, _ in pairs], task.src_vocab, task.tgt_vocab)
+                scores[name, label] = corpus_bleu(hyps, [f for _, f in pairs])
+                if name == "RNNsearch":
+                    assert aligns[0].shape[1] == len(pairs[0][0].split()) + 1  # source words + <eos>
+        assert scores["RNNencdec", "short"] > 50, (seed, scores)  # the fixed vector is enough for short sentences
+        assert scores["RNNsearch", "short"] > 90, (seed, scores)
+        assert scores["RNNsearch", "long"] > 70, (seed, scores)
+        assert scores["RNNsearch", "long"] > scores["RNNencdec", "long"] + 20, (seed, scores)
 
 
-@pytest.mark.parametrize("name", sorted(RECIPES))
-def test_command_reproduces_the_start_of_the_shipped_training(name, task, tmp_path):
-    """`attnlab checkpoints --steps 4` retraces the first 4 steps of the shipped run, and is deterministic.
+@pytest.mark.parametrize("name, seed", [(n, s) for n in sorted(RECIPES) for s in (SEEDS[0], SEEDS[-1])])
+def test_command_reproduces_the_start_of_the_shipped_training(name, seed, task, tmp_path):
+    """`make_checkpoint(..., steps=4)` retraces the first 4 steps of the shipped run, and is deterministic.
 
     The same recipe, data, initialisation and batch order give the same losses as the run that
     made the shipped checkpoint (equal on this machine; a different CPU may round differently,
-    hence the tolerance). Two short runs give bit-identical weights.
+    hence the tolerance). Two short runs give bit-identical weights; another seed starts elsewhere.
     """
-    shipped = load_checkpoint(name)
-    paths = [make_checkpoint(name, steps=4, out_dir=tmp_path / str(i), data=task, progress=False) for i in range(2)]
+    shipped = load_checkpoint(name, seed=seed)
+    paths = [make_checkpoint(name, seed=seed, steps=4, out_dir=tmp_path / str(i), data=task, progress=False)
+             for i in range(2)]
     a, b = (torch.load(p, weights_only=True) for p in paths)
     assert a["loss"] == pytest.approx(shipped["loss"][:4], rel=1e-4)
+    assert a["valid"][0] == pytest.approx(shipped["valid"][0], rel=1e-4)  # the untrained model's validation loss
     assert a["loss"] == b["loss"]
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    other = load_checkpoint(name, seed=SEEDS[1])
+    assert other["loss"][0] != shipped["loss"][0]
 
 
 def test_cli_command_writes_checkpoints(tmp_path, capsys):
     from attnlab.cli import main
 
-    assert main(["checkpoints", "--models", "RNNencdec", "--steps", "2", "--out", str(tmp_path), "--quiet"]) == 0
-    assert (tmp_path / "RNNencdec.pt").exists() and "RNNencdec: 2 steps" in capsys.readouterr().out
-    assert load_pretrained("RNNencdec", tmp_path).config == load_pretrained("RNNencdec").config
+    out = str(tmp_path)
+    assert main(["checkpoints", "--models", "RNNencdec", "--seeds", "1", "--steps", "2", "--out", out, "--quiet"]) == 0
+    assert (tmp_path / "RNNencdec-seed1.pt").exists() and "RNNencdec seed 1: 2 steps" in capsys.readouterr().out
+    assert load_pretrained("RNNencdec", tmp_path, seed=1).config == load_pretrained("RNNencdec").config
+    assert main(["checkpoints", "--seeds", "-1", "--out", out]) == 2
+    with pytest.raises(FileNotFoundError, match="--seeds 2"):
+        load_pretrained("RNNencdec", tmp_path, seed=2)
+
+
+def test_bad_checkpoint_arguments():
+    with pytest.raises(ValueError, match="seed"):
+        checkpoint_path("RNNsearch", seed=-1)
+    with pytest.raises(ValueError, match="name"):
+        make_checkpoint("Transformer")
+    with pytest.raises(ValueError, match="steps"):
+        make_checkpoint("RNNsearch", steps=-3)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("ATTNLAB_FULL_REPRO") != "1",
-                    reason="retrains both models fully (minutes); set ATTNLAB_FULL_REPRO=1")
-@pytest.mark.parametrize("name", sorted(RECIPES))
-def test_full_retraining_reproduces_the_shipped_weights(name, task, tmp_path):
-    path = make_checkpoint(name, out_dir=tmp_path, data=task, progress=False)
-    new, shipped = torch.load(path, weights_only=True), load_checkpoint(name)
+                    reason="retrains the shipped models fully (tens of CPU minutes); set ATTNLAB_FULL_REPRO=1")
+@pytest.mark.parametrize("name, seed", SHIPPED)
+def test_full_retraining_reproduces_the_shipped_weights(name, seed, task, tmp_path):
+    """`attnlab checkpoints` end to end: the same stopping step and the same weights as the shipped file."""
+    from attnlab.cli import main
+
+    assert main(["checkpoints", "--models", name, "--seeds", str(seed), "--out", str(tmp_path), "--quiet"]) == 0
+    new, shipped = load_checkpoint(name, tmp_path, seed), load_checkpoint(name, seed=seed)
+    assert new["best_step"] == shipped["best_step"] and len(new["loss"]) == len(shipped["loss"])
     for k, v in shipped["state_dict"].items():
         assert torch.allclose(new["state_dict"][k], v, rtol=1e-3, atol=1e-5), k

@@ -9,13 +9,14 @@ from hypothesis import given, strategies as st
 
 from attnlab.bleu import alignment_accuracy, bleu_by_length, corpus_bleu, exact_match, ngram_matches
 from attnlab.data.translation import (
-    ADJECTIVES, MAX_LEN, MIN_LEN, NOUNS, batches, encode, generate_pair, generate_pairs, load_task, make_splits,
+    ADJECTIVES, MAX_LEN, MIN_LEN, NOUNS, batches, detokenize, encode, generate_pair, generate_pairs, load_task, make_splits,
     pad_batch, source_vocab, target_vocab, translate_rule_based,
 )
 
 FR_NOUNS = {fr: (num, g) for *_, sg, pl, g in NOUNS for fr, num in ((sg, "sg"), (pl, "pl"))}
 FR_DETS = {"le": ("sg", "m"), "la": ("sg", "f"), "un": ("sg", "m"), "une": ("sg", "f"), "ce": ("sg", "m"),
-           "cette": ("sg", "f")}
+           "cet": ("sg", "m"), "cette": ("sg", "f"), "du": ("sg", "m")}
+VOWELS = tuple("aeiouyàâéèêîôû")
 FR_ADJ = {w: key for a in ADJECTIVES for w, key in zip(a[1:], [("sg", "m"), ("sg", "f"), ("pl", "m"), ("pl", "f")])}
 
 
@@ -45,11 +46,43 @@ def test_agreement_and_adjective_after_noun(seed):
             det = words[i - 1]  # the determiner comes right before the noun in French
             if det in FR_DETS:
                 assert FR_DETS[det] == (num, gender), (det, w)
+                assert w.startswith(VOWELS) == (det == "cet") or det not in ("le", "la", "ce", "cet"), (det, w)
+            elif det == "l'":  # elided le / la: singular, before a vowel
+                assert num == "sg" and w.startswith(VOWELS), (det, w)
+            elif det == "d'":  # "près d' oiseaux" (de + des before a vowel)
+                assert num == "pl" and w.startswith(VOWELS) and words[i - 2] == "près", (det, w)
+            elif det == "de":  # "près de chiens" (de + des)
+                assert num == "pl" and words[i - 2] == "près", (det, w)
             else:
                 assert det in ("les", "des", "ces") and num == "pl", (det, w)
             if i + 1 < len(words) and words[i + 1] in FR_ADJ:  # the adjective follows and agrees
                 adj = words[i + 1]
                 assert FR_ADJ[adj] == (num, gender) or adj in ("rouge", "rouges") and FR_ADJ[adj][0] == num
+
+
+@given(seed=st.integers(0, 10_000))
+def test_elision_and_contraction_everywhere(seed):
+    """No "le oiseau", "ce arbre", "que une", "de un", "de le", "de les" or "de des" survives (Bahdanau et al.'s
+    French is real French; ours should be too)."""
+    words = generate_pair(random.Random(seed), 50)[1].split()
+    for a, b in zip(words, words[1:]):
+        if b.startswith(VOWELS):
+            assert a not in ("le", "la", "ce", "que", "de"), (a, b)
+        if a in ("l'", "qu'", "d'", "cet"):
+            assert b.startswith(VOWELS), (a, b)
+        assert not (a == "de" and b in ("le", "les", "des")), (a, b)
+
+
+def test_hand_examples_of_elision_and_contraction():
+    fr, align = translate_rule_based("the bird sleeps near the dog while a girl sees this tree near some birds .",
+                                     return_alignment=True)
+    assert fr == "l' oiseau dort près du chien pendant qu' une fille voit cet arbre près d' oiseaux ."
+    # "du" and the "d'" of "de des" keep the article's alignment; "qu'" keeps the conjunction's
+    assert align == [0, 1, 2, 3, 4, 5, 6, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    assert translate_rule_based("the cat sleeps near a house .") == "le chat dort près d' une maison ."
+    assert translate_rule_based("the cat sleeps near the tree .") == "le chat dort près de l' arbre ."
+    assert translate_rule_based("the cat sleeps near the trees .") == "le chat dort près des arbres ."
+    assert detokenize("l' oiseau dort pendant qu' une fille court .") == "l'oiseau dort pendant qu'une fille court ."
 
 
 def test_gold_alignment_crosses_where_the_words_swap():

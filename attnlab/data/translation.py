@@ -20,6 +20,15 @@ translation hard for a fixed-vector encoder-decoder:
 * **long sentences**: clauses are chained with conjunctions, so source
   sentences run from 5 to 50 tokens (the full stop counts as a token).
 
+French spelling rules that depend on the next word are applied too (``_elide``):
+elision before a vowel (``le oiseau`` -> ``l' oiseau``, ``pendant que une`` ->
+``pendant qu' une``, ``près de un`` -> ``près d' un``), ``ce`` -> ``cet`` before a
+vowel (``cet arbre``) and the contractions of ``de`` (``près de le chien`` ->
+``près du chien``, ``de les`` -> ``des``, ``de des`` -> ``de``). The apostrophe
+stays on the first token, as a tokeniser for translation splits it
+(``l'oiseau`` -> ``l' oiseau``), so that ``oiseau`` is one word of the
+vocabulary whatever its article; ``detokenize`` glues it back for reading.
+
 Everything is deterministic given a seed; nothing is downloaded.
 
 Example::
@@ -40,7 +49,7 @@ __all__ = [
     "NOUNS", "ADJECTIVES", "VERBS", "INTRANSITIVE_VERBS",
     "generate_pair", "generate_pairs", "make_splits", "translate_rule_based",
     "Vocab", "source_vocab", "target_vocab", "encode", "pad_batch", "batches",
-    "TranslationData", "load_task", "MIN_LEN", "MAX_LEN",
+    "TranslationData", "load_task", "detokenize", "MIN_LEN", "MAX_LEN",
 ]
 
 MIN_LEN, MAX_LEN = 5, 50
@@ -94,6 +103,49 @@ DETERMINERS = {
     "demonstrative": ("this", "these", {("sg", "m"): "ce", ("sg", "f"): "cette", ("pl", "m"): "ces", ("pl", "f"): "ces"}),
 }
 _ADJ_INDEX = {("sg", "m"): 1, ("sg", "f"): 2, ("pl", "m"): 3, ("pl", "f"): 4}
+# spelling that depends on the next word: elision and "cet" before a vowel, contractions of "de"
+_ELIDE = {"que": "qu'", "de": "d'"}
+_CONTRACT = {"le": "du", "les": "des", "des": None}  # de + le -> du, de + les -> des, de + des -> de
+
+
+def _starts_with_vowel(word):
+    return word[0] in "aeiouyàâéèêîôû"
+
+
+def _elide(words, align=None):
+    """Apply French elision and contraction to a list of tokens (and its gold alignment, if given).
+
+    ``le/la oiseau`` -> ``l' oiseau``, ``ce arbre`` -> ``cet arbre``, ``que/de une`` -> ``qu'/d' une``,
+    ``de le`` -> ``du``, ``de les`` -> ``des``, ``de des`` -> ``de`` (``d'`` before a vowel). A
+    contraction keeps the article's alignment (it carries the article's gender, number and
+    definiteness; ``près`` still aligns with the preposition).
+    Returns ``(words, align)``.
+
+    Example: ``_elide("près de le oiseau".split())[0] == ["près", "de", "l'", "oiseau"]``
+    """
+    words = list(words)
+    align = list(align) if align is not None else [None] * len(words)
+    # 1. the articles: "le oiseau" -> "l' oiseau", "ce arbre" -> "cet arbre" (before "de le" becomes "du")
+    for i in range(len(words) - 1):
+        if _starts_with_vowel(words[i + 1]) and words[i] in ("le", "la", "ce"):
+            words[i] = "cet" if words[i] == "ce" else "l'"
+    # 2. the contractions of "de"; the merged word keeps the article's alignment
+    i = 0
+    while i < len(words) - 1:
+        if words[i] == "de" and words[i + 1] in _CONTRACT:
+            words[i], align[i] = _CONTRACT[words[i + 1]] or "de", align[i + 1]
+            del words[i + 1], align[i + 1]
+        i += 1
+    # 3. "que" and "de" before a vowel: "pendant qu' une", "près d' un", "près d' oiseaux"
+    for i in range(len(words) - 1):
+        if _starts_with_vowel(words[i + 1]) and words[i] in ("que", "de"):
+            words[i] = _ELIDE[words[i]]
+    return words, align
+
+
+def detokenize(french: str) -> str:
+    """Glue elided tokens to the next word for reading: ``"l' oiseau dort ."`` -> ``"l'oiseau dort ."``."""
+    return french.replace("' ", "'")
 
 
 def _noun_phrase(rng, with_adjective=None):
@@ -178,7 +230,7 @@ def generate_pair(rng: random.Random, length: int) -> tuple[str, str]:
             fr += joiner[1].split()
         en += clause[0]
         fr += clause[1]
-    return " ".join(en + ["."]), " ".join(fr + ["."])
+    return " ".join(en + ["."]), " ".join(_elide(fr)[0] + ["."])
 
 
 def generate_pairs(n: int, seed: int, min_len: int = MIN_LEN, max_len: int = MAX_LEN):
@@ -278,6 +330,7 @@ class _RuleTranslator:
                 i += 1
             else:
                 raise ValueError(f"english: word {w!r} is not in the grammar")
+        out, align = _elide(out, align)
         return " ".join(out), align
 
 
@@ -336,6 +389,7 @@ def target_vocab() -> Vocab:
     words += [w for v in VERBS + INTRANSITIVE_VERBS for w in v[2:]]
     words += [w for _, fr in ADVERBS + PREPOSITIONS + CONJUNCTIONS for w in fr.split()] + ["."]
     words += [w for *_, fr in DETERMINERS.values() for w in fr.values()]
+    words += ["l'", "cet", "du"] + list(_ELIDE.values())  # elided and contracted forms (_elide)
     return Vocab(words)
 
 
