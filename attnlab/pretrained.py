@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -98,57 +97,45 @@ def train_until_converged(model, data, max_steps: int, eval_every: int, patience
     Example: ``train_until_converged(model, load_task(), 2000, eval_every=100, patience=3, min_delta=0.01)``
     """
     from attnlab.data.translation import batches
+    from attnlab.train import fit
 
     for arg, value in (("max_steps", max_steps), ("eval_every", eval_every), ("patience", patience)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if arg == "max_steps" else 1):
             raise ValueError(f"{arg}: expected a {'non-negative' if arg == 'max_steps' else 'positive'} int, "
                              f"got {value!r}")
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
 
     def epochs():  # the same endless, seeded stream of batches as attnlab.train.train
         while True:
             yield from batches(data.src["train"], data.tgt["train"], batch_size, generator=generator)
 
-    stream = epochs()
-    losses, valid = [], [(0, validation_loss(model, data))]
-    best, best_step, best_state, stale = valid[0][1], 0, copy.deepcopy(model.state_dict()), 0
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    # early stopping around the course's one loop: fit evaluates, this keeps the best weights
+    initial = validation_loss(model, data)
+    best = {"loss": initial, "step": 0, "state": copy.deepcopy(model.state_dict()), "stale": 0}
+    steps_run = [0]
 
-        bar = tqdm(total=max_steps, desc=desc or type(model).__name__, unit="step")
-    model.train()
-    start = time.perf_counter()
-    for step in range(1, max_steps + 1):
-        src, src_len, tgt, _ = next(stream)
-        loss = model.loss(src, src_len, tgt)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        losses.append(loss.item())
-        if bar is not None:
-            bar.update(1)
-        if step % eval_every == 0 or step == max_steps:
-            v = validation_loss(model, data)
-            valid.append((step, v))
-            if bar is not None:
-                bar.set_postfix(loss=f"{losses[-1]:.3f}", valid=f"{v:.3f}")
-            if v < best - min_delta:
-                best, best_step, best_state, stale = v, step, copy.deepcopy(model.state_dict()), 0
-            else:
-                stale += 1
-                if v < best:  # a small gain: keep the better weights, but it does not reset the patience
-                    best, best_step, best_state = v, step, copy.deepcopy(model.state_dict())
-                if stale >= patience:
-                    break
-    if bar is not None:
-        bar.close()
-    model.load_state_dict(best_state)
+    def loss_of(batch):
+        steps_run[0] += 1
+        src, src_len, tgt, _ = batch
+        return model.loss(src, src_len, tgt)
+
+    def evaluate():
+        v = validation_loss(model, data)
+        if v < best["loss"] - min_delta:
+            best.update(loss=v, step=steps_run[0], state=copy.deepcopy(model.state_dict()), stale=0)
+        else:
+            best["stale"] += 1
+            if v < best["loss"]:  # a small gain: keep the better weights, but it does not reset the patience
+                best.update(loss=v, step=steps_run[0], state=copy.deepcopy(model.state_dict()))
+        return v
+
+    history = fit(model, epochs(), loss_of, max_steps, lr=lr, clip=clip, progress=progress,
+                  desc=desc or type(model).__name__, evaluate=evaluate, eval_every=eval_every,
+                  stop=lambda history: best["stale"] >= patience)
+    model.load_state_dict(best["state"])
     model.eval()
-    return {"loss": losses, "valid": valid, "best_step": best_step, "steps": len(losses),
-            "seconds": time.perf_counter() - start}
+    return {"loss": history["loss"], "valid": [(0, initial)] + history["eval"], "best_step": best["step"],
+            "steps": len(history["loss"]), "seconds": history["seconds"]}
 
 
 def make_checkpoint(name: str, seed: int = 0, steps: int | None = None, out_dir=None, data=None,

@@ -67,7 +67,7 @@ def _check_steps(steps):
 
 def fit(model, batches, loss_of, steps: int, lr: float = 2e-3, clip: float | None = 1.0, log_every: int = 25,
         progress: bool = True, desc: str | None = None, evaluate=None, eval_every: int | None = None,
-        save=None, save_every: int | None = None, schedule=None):
+        save=None, save_every: int | None = None, schedule=None, stop=None):
     """The training loop: ``steps`` Adam updates of ``model`` on ``loss_of(next(batches))``.
 
     ``batches`` is an iterator of batches (seeded by the caller, so that a run repeats);
@@ -76,6 +76,8 @@ def fit(model, batches, loss_of, steps: int, lr: float = 2e-3, clip: float | Non
     ``evaluate()`` (optional) returns a number, run after every ``eval_every`` steps and after the
     last; ``save(step, history)`` (optional) is called after every ``save_every`` steps and after
     the last (a checkpoint). ``schedule(step) -> factor`` (optional) multiplies ``lr`` at each step.
+    ``stop(history) -> bool`` (optional) is asked after each evaluation: True ends training there
+    (early stopping).
     Returns ``{"loss": [loss at every step], "eval": [(step, evaluate())], "seconds": wall time,
     "step_seconds": [time of every step], "steps": steps}``.
 
@@ -110,20 +112,24 @@ def fit(model, batches, loss_of, steps: int, lr: float = 2e-3, clip: float | Non
         history["loss"].append(loss.item())
         history["step_seconds"].append(time.perf_counter() - t0)
         done = step + 1
+        stopping = False
         if evaluate is not None and eval_every is not None and (done % eval_every == 0 or done == steps):
             model.eval()
             history["eval"].append((done, float(evaluate())))
             model.train()
+            stopping = stop is not None and bool(stop(history))
         if bar is not None:
             bar.update(1)
-            if step % log_every == 0 or done == steps:
+            if step % log_every == 0 or done == steps or stopping:
                 post = {"loss": f"{history['loss'][-1]:.3f}"}
                 if history["eval"]:
                     post["eval"] = f"{history['eval'][-1][1]:.3f}"
                 bar.set_postfix(post)
-        if save is not None and save_every is not None and (done % save_every == 0 or done == steps):
+        if save is not None and save_every is not None and (done % save_every == 0 or done == steps or stopping):
             history["seconds"] = time.perf_counter() - start
             save(done, history)
+        if stopping:
+            break
     if bar is not None:
         bar.close()
     model.eval()
