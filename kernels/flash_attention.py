@@ -304,6 +304,8 @@ def _attn_bwd_dq_kernel(
     qk_scale = sm_scale * LOG2E
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
+    # the same walk over key blocks as the forward kernel: written out again on purpose, so that
+    # each kernel reads on its own from top to bottom, as in Triton's fused-attention tutorial
     if SPARSE:
         n_blocks = tl.load(KV_NUM + b * stride_numb + h * stride_numh + pid_m)   # read 1 int
         idx_base = KV_IDX + b * stride_idxb + h * stride_idxh + pid_m * stride_idxq

@@ -28,6 +28,9 @@ Memory traffic per (batch, head), in elements, for N queries and keys and head d
 causal): read Nd (Q) + (N / BLOCK_M) x 2Nd (K and V once per query block), write Nd (O).
 ``attnlab.iomodel.flash_forward_io`` counts the same, plus the shipped kernel's N log-sum-exp
 values, and ``attnlab.memory.trace`` measures it.
+
+Each step repeats the one before it on purpose, with the lines it adds marked ``# NEW``: a
+reader compares (a), (b) and (c) side by side, which a shared helper would hide.
 """
 
 import torch
