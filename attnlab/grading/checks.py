@@ -81,8 +81,8 @@ def check(part_id, namespace=None):
     globals, i.e. the notebook). Under nbgrader's autograder a failure raises
     AssertionError, so nbgrader can award the cell's points. Returns None.
     """
-    if os.environ.get("ATTNLAB_GRADING") == "1":
-        print(f"[....] {part_id}: checked by `attnlab grade` after the notebook has run")
+    if os.environ.get("ATTNLAB_GRADING") == "1" or specs.HIDDEN:
+        print(f"[....] {part_id}: checked by `attnlab grade` itself, in its own process")
         return None
     ns = namespace if namespace is not None else sys._getframe(1).f_globals
     result = run_check(part_id, ns)

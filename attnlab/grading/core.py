@@ -55,6 +55,10 @@ class NotDone(Fail):
     """The learner has not written this part yet."""
 
 
+class NotAccepted(Fail):
+    """The answer is not the kind the part asks for (a shortcut, an object that is not a kernel)."""
+
+
 class LocalLearner:
     """The learner's functions in a namespace of this process (the inline ``check()``).
 
@@ -101,9 +105,9 @@ def value_of(outcome, name, label):
     """The learner's result from one outcome, or NotDone/Fail naming the input."""
     if outcome.get("tripped"):
         calls = ", ".join(f"`{t}`" for t in outcome["tripped"])
-        raise Fail(f"`{name}` calls {calls}, which this part does not allow (input: {label})", [SHORTCUT])
+        raise NotAccepted(f"`{name}` calls {calls}, which this part does not allow (input: {label})", [SHORTCUT])
     if "refused" in outcome:
-        raise Fail(outcome["refused"])
+        raise NotAccepted(outcome["refused"])
     if outcome.get("not_implemented"):
         raise NotDone(f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code")
     if "raised" in outcome:
@@ -239,6 +243,6 @@ def run_part(part_id, body, learner):
         exc.mistakes = list(unique.values())
         for m in exc.mistakes:
             lines.append(f"likely mistake ({m.key}): {m.message}")
-        if exc.mistakes == [] and not isinstance(exc, NotDone):
+        if exc.mistakes == [] and not isinstance(exc, (NotDone, NotAccepted)):
             lines.append("no common mistake matches this output; compare your code with the spec line by line")
         return CheckResult(part_id, False, "\n    ".join(lines), [m.key for m in exc.mistakes])

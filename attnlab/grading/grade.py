@@ -400,6 +400,14 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     parts = EXERCISES[exercise]
     report["max_score"] = sum(POINTS[p] for p in parts)
     names = {p: PARTS[p].names for p in parts}
+    from attnlab.grading.generate import BEGIN_HIDDEN, END_HIDDEN, _strip_region
+
+    for cell in nb.cells:  # nbgrader's hidden tests ask this grader; here it grades by itself
+        if cell.cell_type == "code" and BEGIN_HIDDEN in cell.source:
+            try:
+                cell.source = _strip_region(cell.source, BEGIN_HIDDEN, END_HIDDEN, None)[0]
+            except ValueError:
+                pass
     owner = owners(nb, parts, names, canonical_layout(exercise, parts))
     code = [c.source for c in nb.cells if c.cell_type == "code"]
 
