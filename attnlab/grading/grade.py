@@ -420,12 +420,12 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         if found:
             shortcut[p] = found
 
-    check_cell = {}
+    check_cell = {}  # part -> the cell that calls its check (nbgrader's autograded cell)
     for i, cell in enumerate(nb.cells):
-        gid = _grade_id(cell)
-        if cell.cell_type == "code" and (gid in parts or any(q in parts for q in check_ids(cell.source))):
-            p = gid if gid in parts else next(q for q in check_ids(cell.source) if q in parts)
-            check_cell.setdefault(p, i)
+        if cell.cell_type == "code":
+            for q in check_ids(cell.source):
+                if q in parts:
+                    check_cell.setdefault(q, i)
     grade_at = {}
     for p, i in check_cell.items():
         grade_at.setdefault(i, []).append(p)
