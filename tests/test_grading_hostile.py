@@ -153,6 +153,12 @@ def test_one_line_shortcuts_score_nothing(graded, exercise):
         assert part["points"] == 0 and "does not allow" in part["feedback"], part
 
 
+def test_a_forbidden_function_captured_early_still_trips(graded):
+    parts = _parts(graded["reports"]["shortcut_captured_early.ipynb"])
+    assert parts["stable-softmax"]["points"] == 0 and "calls `torch.softmax`" in parts["stable-softmax"]["feedback"]
+    assert parts["variance-experiment"]["points"] == 1
+
+
 @pytest.mark.parametrize("exercise", sorted(build.FAKE_KERNELS))
 def test_objects_that_only_look_like_kernels_are_refused(graded, exercise):
     parts = _parts(graded["reports"][f"fake_kernel_{exercise[:2]}.ipynb"])

@@ -41,7 +41,8 @@ def _install():
 
 def _env(course):
     paths = [str(TARGET), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p), NBGRADER_COURSE=str(course))
+    path = os.pathsep.join([str(TARGET / "bin"), os.environ.get("PATH", "")])  # nbgrader runs `alembic` for a new db
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p), PATH=path)
 
 
 def _nbgrader(course, *args):
