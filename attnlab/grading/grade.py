@@ -378,7 +378,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
 
     from attnlab.grading.checks import PARTS, run_check
     from attnlab.grading.generate import check_ids
-    from attnlab.grading.parts import all_forbidden, exercises, forbidden, points
+    from attnlab.grading.parts import MANUAL, all_forbidden, exercises, forbidden, points
     from attnlab.grading.shortcuts import uses
 
     EXERCISES, POINTS = exercises(), points()
@@ -397,7 +397,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                           "no NN_ file name)"
         return report
     report["exercise"] = exercise
-    parts = EXERCISES[exercise]
+    manual = [p for p in EXERCISES[exercise] if p in MANUAL]
+    parts = [p for p in EXERCISES[exercise] if p not in MANUAL]
     report["max_score"] = sum(POINTS[p] for p in parts)
     names = {p: PARTS[p].names for p in parts}
     from attnlab.grading.generate import BEGIN_HIDDEN, END_HIDDEN, _strip_region
@@ -519,6 +520,9 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             feedback += "\n    (its check cell is missing: graded at the end of the notebook)"
         report["parts"].append({"name": p, "points": POINTS[p] if passed else 0, "max_points": POINTS[p],
                                 "feedback": feedback, "diagnosis": [] if r is None else r.get("diagnosis", [])})
+    for p in manual:  # graded by a person in nbgrader: reported, never scored here
+        report["parts"].append({"name": p, "points": 0, "max_points": 0, "manual": True, "diagnosis": [],
+                                "feedback": f"graded by hand ({POINTS[p]} points in nbgrader's manual grading)"})
     if notes:
         report["notes"] = notes
     report["score"] = sum(part["points"] for part in report["parts"])
@@ -731,6 +735,8 @@ def gradescope_doc(reports, skipped):
                           "output": r["error"], "visibility": "visible"})
             continue
         for p in r["parts"]:
+            if p.get("manual"):
+                continue
             tests.append({"name": f"{label}: {p['name']}", "score": p["points"], "max_score": p["max_points"],
                           "output": p["feedback"], "visibility": "visible"})
     lines = [f"skipped {s['path']}: {s['reason']}" for s in skipped]

@@ -50,6 +50,11 @@ TABLE = {
 }
 
 
+# Parts graded by a person, not by `attnlab grade` (an nbgrader manually graded cell, e.g. a short written
+# explanation): reported as "manual" with no points, and left out of the score. None yet.
+MANUAL = set()
+
+
 def exercises():
     """{exercise: [part id, ...]}"""
     return {ex: [p[0] for p in parts] for ex, parts in TABLE.items()}
