@@ -29,10 +29,12 @@ import types
 RESULT_MIME = "application/x.attnlab-result+json"
 GUARD = 4096  # elements of sentinel before and after every buffer
 
-# modules whose forbidden functions are wired before the notebook's first cell
+# modules whose forbidden functions are wired before the notebook's first cell. Not attnlab.kernels
+# nor attnlab.traffic: they import triton, which must see the notebook's own TRITON_INTERPRET first;
+# they are wired when a part is graded (and copies in the notebook's globals rebound then)
 PRELOAD = ("torch", "torch.nn.functional", "torch.special", "torch.nn.attention.flex_attention", "attnlab.attention",
-           "attnlab.tiled", "attnlab.iomodel", "attnlab.traffic", "attnlab.approx", "attnlab.kernels",
-           "attnlab.models.transformer", "attnlab.models.seq2seq", "attnlab.grading.specs")
+           "attnlab.tiled", "attnlab.iomodel", "attnlab.approx", "attnlab.models.transformer",
+           "attnlab.models.seq2seq", "attnlab.grading.specs")
 
 # tripwires: canonical dotted name -> (owner, attribute, original, wrapper)
 _WIRES = {}
