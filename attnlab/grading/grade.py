@@ -111,11 +111,13 @@ class _Runner:
         self.last_reply = execute_reply
 
     def _kernel_manager(self):
-        from jupyter_client.manager import KernelManager
+        from jupyter_client.manager import AsyncKernelManager
 
         writable = [self.work, self.runtime]
 
-        class SandboxedKernelManager(KernelManager):
+        # asynchronous, as nbclient expects: its check that the kernel is still alive runs beside the wait
+        # for output, so a kernel that dies mid-cell is noticed
+        class SandboxedKernelManager(AsyncKernelManager):
             def format_kernel_cmd(self, extra_arguments=None):
                 return sandbox.wrap_command(super().format_kernel_cmd(extra_arguments), writable)
 
@@ -139,7 +141,9 @@ class _Runner:
             try:
                 if self.client.kc is not None:
                     self.client.kc.stop_channels()
-                self.client.km.shutdown_kernel(now=True)  # no graceful wait: the kernel is done
+                from jupyter_core.utils import run_sync
+
+                run_sync(self.client.km.shutdown_kernel)(now=True)  # no graceful wait: the kernel is done
             except Exception:
                 pass
         self.client.kc = None
