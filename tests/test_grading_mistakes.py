@@ -14,6 +14,7 @@ import triton.language as tl
 
 from attnlab.grading import specs
 from attnlab.grading.checks import EXERCISES, PARTS, run_check
+from attnlab.grading.core import LocalLearner
 
 WRONG = []  # (part, {name: function}, expected diagnosis key)
 
@@ -310,7 +311,7 @@ wrong("tiled-forward", "scale-forgotten", tiled_attention_forward=_tiled(scaled=
 
 @triton.jit
 def _flash_body(Q, K, V, O, stride_h, stride_n, n_ctx, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, RESCALE: tl.constexpr, MASK_TAIL: tl.constexpr, MASK_LOADS: tl.constexpr):
+                BLOCK_N: tl.constexpr):  # the mistake switches RESCALE, MASK_TAIL, MASK_LOADS are globals
     pid_m = tl.program_id(0)
     base = tl.program_id(1) * stride_h
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -342,19 +343,20 @@ def _flash_body(Q, K, V, O, stride_h, stride_n, n_ctx, scale, HEAD_DIM: tl.const
     tl.store(O + base + offs_m[:, None] * stride_n + offs_d[None, :], acc / l_i[:, None], mask=offs_m[:, None] < n_ctx)
 
 
+def _variant(body, **flags):
+    """A real @triton.jit kernel: ``body`` with its mistake switches (globals of its code) set to
+    ``flags``, called with the spec's signature. (Run in Triton's interpreter, as the tests are.)"""
+    import types
+
+    fn = body.fn
+    variant = types.FunctionType(fn.__code__, {**fn.__globals__, **flags}, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+    variant.__annotations__ = dict(fn.__annotations__)
+    return triton.jit(variant)
+
+
 def _flash_variant(**flags):
-    """A learner's kernel with the given mistake switched on, called with the spec's signature."""
-    class Launcher:
-        def __call__(self, *args, **kwargs):
-            raise RuntimeError("a kernel is launched as kernel[grid](...)")
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                from attnlab.grading.checks_triton import _runnable
-
-                _runnable(_flash_body, "flash")[grid](*args, **kwargs, **flags)
-            return launch
-    return Launcher()
+    return _variant(_flash_body, **flags)
 
 
 _FLASH_OK = dict(RESCALE=True, MASK_TAIL=True, MASK_LOADS=True)
@@ -393,8 +395,8 @@ wrong("block-mask-to-elements", "off-by-one-block-edge",
 
 @triton.jit
 def _sparse_body(Q, K, V, O, block_mask, stride_h, stride_n, n_ctx, n_qb, n_kb, scale, HEAD_DIM: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_MASK: tl.constexpr, TRANSPOSED: tl.constexpr,
-                 RESCALE: tl.constexpr, GUARD_EMPTY: tl.constexpr, LOAD_ALL: tl.constexpr = 0):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # the mistake switches USE_MASK, TRANSPOSED, RESCALE, GUARD_EMPTY, LOAD_ALL are globals
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
     base = pid_h * stride_h
@@ -443,17 +445,7 @@ def _sparse_body(Q, K, V, O, block_mask, stride_h, stride_n, n_ctx, n_qb, n_kb, 
 
 
 def _sparse_variant(**flags):
-    class Launcher:
-        def __call__(self, *args, **kwargs):
-            raise RuntimeError("a kernel is launched as kernel[grid](...)")
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                from attnlab.grading.checks_triton import _runnable
-
-                _runnable(_sparse_body, "sparse")[grid](*args, **kwargs, **flags)
-            return launch
-    return Launcher()
+    return _variant(_sparse_body, **{"LOAD_ALL": 0, **flags})
 
 
 _SPARSE_OK = dict(USE_MASK=True, TRANSPOSED=False, RESCALE=True, GUARD_EMPTY=True)
@@ -478,7 +470,7 @@ wrong("block-sparse-loop", "loads-skipped-blocks",
 def test_wrong_implementation_fails_with_its_diagnosis(part, names, key):
     ns = {name: getattr(specs, name) for name in PARTS[part].names if hasattr(specs, name)}
     ns.update(names)
-    result = run_check(part, ns)
+    result = run_check(part, LocalLearner(ns, forbidden=[]))  # diagnosis only: shortcuts are tested below
     assert not result.passed, result.message
     assert key in result.diagnosis, result.message
     assert "likely mistake" in result.message
@@ -501,8 +493,15 @@ def test_exercises_have_three_to_six_parts():
 
 @pytest.mark.parametrize("part", [p for p in PARTS if all(hasattr(specs, n) for n in PARTS[p].names)])
 def test_the_spec_itself_passes(part):
-    result = run_check(part, {n: getattr(specs, n) for n in PARTS[part].names})
+    result = run_check(part, LocalLearner({n: getattr(specs, n) for n in PARTS[part].names}, forbidden=[]))
     assert result.passed, result.message
+
+
+@pytest.mark.parametrize("part", [p for p in PARTS if all(hasattr(specs, n) for n in PARTS[p].names)])
+def test_the_grader_s_reference_is_refused_as_an_answer(part):
+    result = run_check(part, {n: getattr(specs, n) for n in PARTS[part].names})
+    assert not result.passed and "shortcut" in result.diagnosis, result.message
+    assert "attnlab.grading.specs." in result.message
 
 
 def test_missing_and_unfinished_functions_are_named():
@@ -536,8 +535,10 @@ def test_check_prints_and_raises_only_under_nbgrader(capsys, monkeypatch):
     monkeypatch.delenv("ATTNLAB_GRADING", raising=False)
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     monkeypatch.delenv("NBGRADER_VALIDATING", raising=False)
-    causal_mask = specs.causal_mask  # noqa: F841 - found by check() in this frame's globals? no: pass namespace
-    check("causal-mask", {"causal_mask": specs.causal_mask})
+    def causal_mask(n_q, n_k, device=None):
+        return torch.ones(n_q, n_k, dtype=torch.bool).tril()
+
+    check("causal-mask", {"causal_mask": causal_mask})
     assert "[PASS] causal-mask" in capsys.readouterr().out
     check("causal-mask", {"causal_mask": lambda a, b, device=None: torch.ones(a, b, dtype=torch.bool)})
     assert "[FAIL] causal-mask" in capsys.readouterr().out
@@ -559,12 +560,14 @@ def test_equivalent_answers_in_other_forms_pass():
         return [raw.var().item(), (raw / q.shape[-1] ** 0.5).var().item()]
 
     assert run_check("variance-experiment", {"score_variance": score_variance}).passed
-    ns = {"arithmetic_intensity": lambda b, h, n, d, es=4: float(specs.arithmetic_intensity(b, h, n, d, es)),
+    ns = {"arithmetic_intensity": lambda b, h, n, d, es=4: np.float64(4 * n * n * d / ((4 * n * d + 4 * n * n) * es)),
           "is_memory_bound": lambda i, p, bw: np.bool_(i < p / bw)}
     assert run_check("arithmetic-intensity", ns).passed
 
-    def masked_attention(q, k, v, mask=None):  # PyTorch's fused kernel, empty rows patched
+    def masked_attention(q, k, v, mask=None):  # right, but PyTorch's fused kernel does the work: refused
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return torch.nan_to_num(out)
 
-    assert run_check("attention-masks", {"masked_attention": masked_attention}).passed
+    result = run_check("attention-masks", {"masked_attention": masked_attention})
+    assert not result.passed and "shortcut" in result.diagnosis
+    assert "torch.nn.functional.scaled_dot_product_attention" in result.message

@@ -60,7 +60,7 @@ BROKEN = {
     "03_scale_forgotten.ipynb": ("03_scaled_dot_product.ipynb", {
         "03-cell-06": "exit()\n",
         "scaled-attention-answer": ("def scaled_dot_product_attention(q, k, v, scale=None):\n"
-                                    "    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v\n"),
+                                    "    return softmax(q @ k.transpose(-2, -1), dim=-1) @ v\n"),
         "variance-experiment": "",
     }),
 }
@@ -173,7 +173,8 @@ def test_exception_and_sys_exit_cost_only_their_parts(graded):
 def test_redefined_check_and_killed_kernel_are_caught(graded):
     parts = _parts(graded["reports"]["02_cheat_and_kill.ipynb"])
     assert parts["padding-mask"]["points"] == parts["padding-mask"]["max_points"]
-    assert parts["causal-mask"]["points"] == 0 and "redefined" in parts["causal-mask"]["feedback"]
+    # the notebook's own check() is feedback only: the grader checks causal_mask in its own process
+    assert parts["causal-mask"]["points"] == 0 and "entries differ" in parts["causal-mask"]["feedback"]
     assert parts["attention-masks"]["points"] == 0
     assert "killed the kernel" in parts["attention-masks"]["feedback"]
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.grading import specs
-from attnlab.grading.core import CheckResult, Fail, Mistake, check_function, run_part
-from attnlab.grading.parts import TABLE, exercises
+from attnlab.grading.core import CheckResult, Fail, LocalLearner, Mistake, check_function, learner_of, run_part
+from attnlab.grading.parts import TABLE, exercises, forbidden
 
 
 @dataclass
@@ -51,13 +51,27 @@ def part(part_id):
     return register
 
 
-def run_check(part_id, ns):
-    """Run the check of ``part_id`` on the names in ``ns``; returns a CheckResult."""
+def run_check(part_id, ns, salt=0):
+    """Run the check of ``part_id``; returns a CheckResult.
+
+    ``ns``: the learner's names (a dict, checked in this process with the part's tripwires),
+    or a learner object (the grader's, whose calls run in the learner's kernel). ``salt``
+    shifts every random input: the grader draws it from a secret, so a notebook cannot know
+    the inputs in advance; 0 (the inline check) gives the same inputs every time.
+    """
+    global _SALT
     _load_all()
     if part_id not in PARTS:
         known = ", ".join(sorted(PARTS))
         raise ValueError(f"part_id: unknown exercise part {part_id!r}; known parts: {known}")
-    return run_part(part_id, PARTS[part_id].body, ns)
+    learner = learner_of(ns)
+    if isinstance(learner, LocalLearner) and learner.forbidden is None:
+        learner.forbidden = forbidden(part_id)
+    _SALT = int(salt) % (2**62)
+    try:
+        return run_part(part_id, PARTS[part_id].body, learner)
+    finally:
+        _SALT = 0
 
 
 def check(part_id, namespace=None):
@@ -67,8 +81,8 @@ def check(part_id, namespace=None):
     globals, i.e. the notebook). Under nbgrader's autograder a failure raises
     AssertionError, so nbgrader can award the cell's points. Returns None.
     """
-    if os.environ.get("ATTNLAB_GRADING") == "1":
-        print(f"[....] {part_id}: checked by `attnlab grade` after the notebook has run")
+    if os.environ.get("ATTNLAB_GRADING") == "1" or specs.HIDDEN:
+        print(f"[....] {part_id}: checked by `attnlab grade` itself, in its own process")
         return None
     ns = namespace if namespace is not None else sys._getframe(1).f_globals
     result = run_check(part_id, ns)
@@ -84,9 +98,11 @@ def _load_all():
         from attnlab.grading import checks_triton  # noqa: F401
 
 
+_SALT = 0  # set by run_check for the grader (a secret), 0 for the inline check
+
+
 def _gen(seed):
-    g = torch.Generator().manual_seed(seed)
-    return g
+    return torch.Generator().manual_seed((seed + _SALT * 7919) % (2**63))
 
 
 def _randn(g, *shape, scale=1.0):

@@ -26,188 +26,19 @@ import math
 import torch
 
 from attnlab.grading import specs
+from attnlab.grading.agent import device as _device
 from attnlab.grading.checks import _gen, _randn, part
-from attnlab.grading.core import Fail, Mistake, check_function, diagnose, lookup, mismatch
+from attnlab.grading.core import Fail, Mistake, check_function, diagnose, learner_of, mismatch, present, value_of
 
-GUARD = 4096  # elements of sentinel before and after every buffer
 SENTINELS = (7.25, -3.5)
 
 
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def _cdiv(a, b):
+    return -(-a // b)
 
 
-def _runnable(kernel, name):
-    """The learner's kernel as something launchable on this machine's device."""
-    try:
-        import triton  # noqa: F401
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-    except ImportError as exc:  # pragma: no cover - triton is a dependency
-        raise Fail(f"Triton is not importable: {exc}")
-    if isinstance(kernel, InterpretedFunction):
-        return kernel
-    if isinstance(kernel, JITFunction):
-        return kernel if _device() == "cuda" else InterpretedFunction(kernel.fn)
-    if hasattr(type(kernel), "__getitem__") and not isinstance(kernel, (list, tuple, dict, str)):
-        return kernel  # anything launched as kernel[grid](...), e.g. a wrapper around a @triton.jit function
-    raise Fail(f"`{name}` should be a Triton kernel (a function decorated with @triton.jit), "
-               f"got {type(kernel).__name__}")
-
-
-class Buffer:
-    """A tensor of ``shape`` inside sentinel-filled memory; ``pad`` extra rows/cols after each slice.
-
-    ``view`` is what the kernel gets; everything else in ``memory`` must stay the sentinel.
-    """
-
-    def __init__(self, data, sentinel, pad_rows=0, pad_cols=0):
-        *lead, rows, cols = data.shape
-        self.shape = tuple(data.shape)
-        inner = torch.full((*lead, rows + pad_rows, cols + pad_cols), sentinel, dtype=data.dtype)
-        self.memory = torch.full((2 * GUARD + inner.numel(),), sentinel, dtype=data.dtype, device=_device())
-        body = self.memory[GUARD:GUARD + inner.numel()].view(inner.shape)
-        self.view = body[..., :rows, :cols]
-        self.view.copy_(data)
-        self.sentinel = sentinel
-        self.inside = torch.zeros_like(self.memory, dtype=torch.bool)
-        self.inside[GUARD:GUARD + inner.numel()].view(inner.shape)[..., :rows, :cols] = True
-
-    @classmethod
-    def output(cls, shape, sentinel, pad_rows=0, pad_cols=0):
-        """An output tensor that starts as the sentinel, so unwritten elements show."""
-        return cls(torch.full(shape, sentinel), sentinel, pad_rows, pad_cols)
-
-    def outside_changed(self):
-        """How many elements outside the tensor no longer hold the sentinel."""
-        outside = self.memory[~self.inside]
-        return int((outside != self.sentinel).sum())
-
-    def never_written(self):
-        return int((self.view == self.sentinel).sum())
-
-    def value(self):
-        return self.view.detach().cpu().clone()
-
-
-class _JitCallsInterpreted:
-    """While active, a @triton.jit helper called from an interpreted kernel is interpreted too.
-
-    Triton decides at decoration time: helpers defined while TRITON_INTERPRET was unset
-    (``tl.sum`` and ``tl.max`` among them, when triton was imported first) would refuse to run
-    in the interpreter. Used only on machines without a GPU.
-    """
-
-    def __enter__(self):
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        self._saved = JITFunction.__call__
-        JITFunction.__call__ = lambda jf, *a, **k: InterpretedFunction(jf.fn)(*a, **k)
-        return self
-
-    def __exit__(self, *exc):
-        from triton.runtime.jit import JITFunction
-
-        JITFunction.__call__ = self._saved
-        return False
-
-
-class _RecordLoads:
-    """While active (interpreter only), remember the address of every element a kernel loads,
-    and which program (grid index) loaded it."""
-
-    def __enter__(self):
-        from triton.runtime import interpreter
-
-        self.addresses = []
-        self.programs = []  # the grid index (x, y, z) of each entry of ``addresses``
-        cls = interpreter.InterpreterBuilder
-        self._saved = cls.create_masked_load
-        saved, record, programs = self._saved, self.addresses, self.programs
-
-        def create_masked_load(builder, ptrs, mask, *args, **kwargs):
-            record.append(ptrs.data[mask.data.astype(bool)].ravel().copy())
-            programs.append(tuple(int(i) for i in builder.grid_idx))
-            return saved(builder, ptrs, mask, *args, **kwargs)
-
-        cls.create_masked_load = create_masked_load
-        return self
-
-    def __exit__(self, *exc):
-        from triton.runtime import interpreter
-
-        interpreter.InterpreterBuilder.create_masked_load = self._saved
-        return False
-
-    def _in_memory(self, buffer, addresses):
-        """Indices into ``buffer.memory`` of those ``addresses`` that fall in it."""
-        import numpy as np
-
-        start, size = buffer.memory.data_ptr(), buffer.memory.element_size()
-        index = (np.asarray(addresses).astype(np.int64) - start) // size
-        return index[(index >= 0) & (index < buffer.memory.numel())]
-
-    def outside(self, buffer):
-        """How many loaded elements lie in ``buffer``'s memory but outside its tensor."""
-        import numpy as np
-
-        if not self.addresses:
-            return 0
-        index = self._in_memory(buffer, np.concatenate(self.addresses))
-        flags = buffer.inside.cpu().numpy()
-        return int((~flags[index]).sum())
-
-    def loaded(self, buffer):
-        """{program (x, y, z): bool tensor of ``buffer``'s shape, True where that program loaded the element}."""
-        import numpy as np
-
-        # memory index -> flat index into the tensor (-1 outside it), laid out as the kernel sees it
-        element = torch.full((buffer.memory.numel(),), -1, dtype=torch.long)
-        view = buffer.view
-        element.as_strided(view.shape, view.stride(), view.storage_offset()).copy_(
-            torch.arange(view.numel()).view(view.shape))
-        element = element.numpy()
-        out = {}
-        for program, addresses in zip(self.programs, self.addresses):
-            flat = element[self._in_memory(buffer, addresses)]
-            flat = flat[flat >= 0]
-            if flat.size:
-                seen = out.setdefault(program, np.zeros(view.numel(), dtype=bool))
-                seen[flat] = True
-        return {p: torch.from_numpy(seen).view(buffer.shape) for p, seen in out.items()}
-
-
-def _interpreter_session():
-    """attnlab's own interpreter session (interpreted tl.* helpers, tl.dot on one BLAS thread)."""
-    try:
-        from attnlab._interp_hooks import interpreter_session
-    except ImportError:  # pragma: no cover - a checkout without the kernels' runtime
-        import contextlib
-
-        return contextlib.nullcontext()
-    return interpreter_session()
-
-
-def _launch(kernel, name, grid, args, kwargs, label):
-    try:
-        if _device() == "cuda":
-            kernel[grid](*args, **kwargs)
-        else:
-            with _interpreter_session(), _JitCallsInterpreted():
-                kernel[grid](*args, **kwargs)
-    except NotImplementedError:
-        from attnlab.grading.core import NotDone
-
-        raise NotDone(f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code")
-    except Exception as exc:
-        text = str(exc).strip().splitlines()
-        text = text[-1] if text else ""
-        if "NotImplementedError" in repr(exc):
-            from attnlab.grading.core import NotDone
-
-            raise NotDone(f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code")
-        raise Fail(f"launching `{name}` on {label} raised {type(exc).__name__}: {text[:300]}")
+def _next_power_of_2(n):
+    return 1 << max(0, (n - 1).bit_length())
 
 
 OOB_LOAD = Mistake("out-of-bounds-load", "an out-of-bounds load: the kernel reads memory past the end of a row or "
@@ -217,60 +48,78 @@ OOB_STORE = Mistake("out-of-bounds-store", "an out-of-bounds store: the kernel w
                     "pass mask=offs < n to tl.store", None)
 OFF_BY_ONE = Mistake("off-by-one-block-edge", "off by one at the block edge: exactly one element past the end is "
                      "touched; the mask is offs < n, not offs <= n", None)
+NOT_STORED = Mistake("not-stored-by-kernel", "the output must be written by the kernel's own tl.store: elements of it "
+                     "were written some other way (PyTorch code inside or around the kernel)", None)
 
 
-def run_guarded(kernel, name, label, make_buffers, launch_args, outputs, pad=None, loads=None):
-    """Launch twice with different sentinels; detect out-of-bounds stores and loads.
+def run_guarded(learner, name, label, buffers, grid, args, kwargs, outputs, loads=None):
+    """Have the learner's kernel launched twice with different sentinels; detect stray accesses.
 
-    make_buffers(sentinel) -> dict of Buffers; launch_args(buffers) -> (grid, args, kwargs);
+    buffers: {name: {"data": tensor, "pad_rows": r, "pad_cols": c}} for inputs,
+    {name: {"shape": [...], "output": True, ...}} for outputs (they start as the sentinel);
+    args: the kernel's arguments as :func:`attnlab.grading.agent.build_args` reads them;
     outputs: names of the output buffers. Returns {name: output tensor} of the first run.
     loads: optional {buffer name: None}; in the interpreter each entry is set to what the first
-    run's programs loaded from that buffer (:meth:`_RecordLoads.loaded`); on a GPU it stays None.
+    run's programs loaded from that buffer ({program: bool tensor}); on a GPU it stays None.
     """
-    results = []
-    for sentinel in SENTINELS:
-        bufs = make_buffers(sentinel)
-        grid, args, kwargs = launch_args(bufs)
-        if _device() == "cuda":
-            _launch(kernel, name, grid, args, kwargs, label)
-            torch.cuda.synchronize()
-            loads_outside = {}
-        else:
-            import numpy as np
-
-            with _RecordLoads() as recorded, np.errstate(all="ignore"):  # overflow is the learner's to see in the output
-                _launch(kernel, name, grid, args, kwargs, label)
-            loads_outside = {k: recorded.outside(b) for k, b in bufs.items()}
-            if loads is not None and not results:
-                for k in loads:
-                    loads[k] = recorded.loaded(bufs[k])
-        changed = {k: b.outside_changed() for k, b in bufs.items()}
-        bad = {k: n for k, n in changed.items() if n}
+    learner = learner_of(learner)
+    request = {"name": name, "grid": list(grid), "buffers": buffers, "args": args, "kwargs": kwargs,
+               "sentinels": list(SENTINELS), "loads": sorted(loads or {})}
+    reply = learner.launch(request)
+    present(reply, name)
+    if "result" not in reply:
+        raise Fail(f"`{name}`: the grader got no result for {label}")
+    runs = value_of(reply["result"], name, f"launching it on {label}")
+    shapes = {k: tuple(b["data"].shape) if "data" in b else tuple(b["shape"]) for k, b in buffers.items()}
+    if not isinstance(runs, list) or len(runs) != len(SENTINELS):
+        raise Fail(f"`{name}` on {label}: the kernel's launch reported nothing the grader can read")
+    values = []
+    for run in runs:
+        changed = run["outside_changed"]
+        bad = {k: int(n) for k, n in changed.items() if n}
         if bad:
             where = ", ".join(f"{n} element(s) around `{k}`" for k, n in bad.items())
-            found = [OFF_BY_ONE] if sum(bad.values()) <= max(1, len(bad)) * _rows_of(bufs, bad) else []
+            found = [OFF_BY_ONE] if sum(bad.values()) <= max(1, len(bad)) * _rows_of(shapes, bad) else []
             raise Fail(f"`{name}` on {label}: wrote outside its tensors ({where})", [OOB_STORE, *found])
-        bad_loads = {k: n for k, n in loads_outside.items() if n}
+        bad_loads = {k: int(n) for k, n in run.get("loads_outside", {}).items() if n}
         if bad_loads:
             where = ", ".join(f"{n} element(s) outside `{k}`" for k, n in bad_loads.items())
-            found = [OFF_BY_ONE] if sum(bad_loads.values()) <= len(bad_loads) * _rows_of(bufs, bad_loads) else []
+            found = [OFF_BY_ONE] if sum(bad_loads.values()) <= len(bad_loads) * _rows_of(shapes, bad_loads) else []
             raise Fail(f"`{name}` on {label}: loaded {where}", [OOB_LOAD, *found])
         for k in outputs:
-            unwritten = bufs[k].never_written()
+            unwritten = int(run["never_written"][k])
             if unwritten:
                 raise Fail(f"`{name}` on {label}: {unwritten} element(s) of `{k}` were never written; "
                            f"does the grid (or the offsets) cover the whole tensor?")
-        results.append({k: bufs[k].value() for k in outputs})
+            not_stored = int(run.get("not_stored", {}).get(k, 0))
+            if not_stored:
+                raise Fail(f"`{name}` on {label}: {not_stored} element(s) of `{k}` hold values no tl.store of the "
+                           f"kernel wrote", [NOT_STORED])
+        out = {}
+        for k in outputs:
+            v = run["values"][k]
+            if not torch.is_tensor(v) or tuple(v.shape) != shapes[k]:
+                raise Fail(f"`{name}` on {label}: the kernel's launch reported an output the grader cannot read")
+            out[k] = v
+        values.append(out)
     for k in outputs:
-        a, b = results[0][k], results[1][k]
+        a, b = values[0][k], values[1][k]
         if not torch.equal(torch.nan_to_num(a, nan=1.5), torch.nan_to_num(b, nan=1.5)):
             raise Fail(f"`{name}` on {label}: the output depends on memory outside the input tensors", [OOB_LOAD])
-    return results[0]
+    if loads is not None and runs[0].get("traced"):
+        for k in loads:
+            seen = {}
+            for program, flat in runs[0]["loaded"][k]:
+                mask = torch.zeros(math.prod(shapes[k]), dtype=torch.bool)
+                mask[flat.long()] = True
+                seen[tuple(int(i) for i in program)] = mask.view(shapes[k])
+            loads[k] = seen
+    return values[0]
 
 
-def _rows_of(bufs, bad):
+def _rows_of(shapes, bad):
     # one stray element per row (or per slice) is the signature of an off-by-one mask
-    return max(math.prod(bufs[k].shape[:-1]) for k in bad)
+    return max(math.prod(shapes[k][:-1]) for k in bad)
 
 
 def _kernel_failure(label, name, got, want, mistakes, args, kwargs, uses_dot=False):
@@ -317,20 +166,13 @@ def _scale_cases():
 
 @part("masked-scale")
 def _check_scale(ns):
-    import triton
-
-    kernel = _runnable(lookup(ns, "scale_kernel"), "scale_kernel")
     cases = _scale_cases()
     for label, x, alpha, block in cases:
         n = x.numel()
-
-        def make(sentinel, x=x):
-            return {"x": Buffer(x[None, :], sentinel), "y": Buffer.output((1, n), sentinel)}
-
-        def launch(b, n=n, alpha=alpha, block=block):
-            return (triton.cdiv(n, block),), (b["x"].view[0], b["y"].view[0], n, alpha), {"BLOCK_SIZE": block}
-
-        got = run_guarded(kernel, "scale_kernel", label, make, launch, ["y"])["y"][0]
+        buffers = {"x": {"data": x[None, :]}, "y": {"shape": [1, n], "output": True}}
+        args = [["buf", "x", 0], ["buf", "y", 0], ["val", n], ["val", alpha]]
+        got = run_guarded(ns, "scale_kernel", label, buffers, (_cdiv(n, block),), args, {"BLOCK_SIZE": block},
+                          ["y"])["y"][0]
         _kernel_failure(label, "scale_kernel", got, specs.scale(x, alpha), [], (x, alpha), {})
     return f"{len(cases)} launches match the spec, with no access outside the tensors"
 
@@ -367,23 +209,14 @@ _SOFTMAX_KERNEL_MISTAKES = [
 
 @part("softmax-kernel")
 def _check_softmax_kernel(ns):
-    import triton
-
-    kernel = _runnable(lookup(ns, "softmax_kernel"), "softmax_kernel")
     cases = _softmax_kernel_cases()
     for label, x in cases:
         rows, cols = x.shape
-        block = triton.next_power_of_2(cols)
-
-        def make(sentinel, x=x):
-            # rows are 3 elements further apart than they are long: the kernel must use the stride
-            return {"x": Buffer(x, sentinel, pad_cols=3), "y": Buffer.output(x.shape, sentinel, pad_cols=5)}
-
-        def launch(b, rows=rows, cols=cols, block=block):
-            y, xv = b["y"].view, b["x"].view
-            return (rows,), (y, xv, xv.stride(0), y.stride(0), cols), {"BLOCK_SIZE": block}
-
-        got = run_guarded(kernel, "softmax_kernel", label, make, launch, ["y"])["y"]
+        block = _next_power_of_2(cols)
+        # rows are 3 elements further apart than they are long: the kernel must use the stride
+        buffers = {"x": {"data": x, "pad_cols": 3}, "y": {"shape": list(x.shape), "output": True, "pad_cols": 5}}
+        args = [["buf", "y", None], ["buf", "x", None], ["stride", "x", 0], ["stride", "y", 0], ["val", cols]]
+        got = run_guarded(ns, "softmax_kernel", label, buffers, (rows,), args, {"BLOCK_SIZE": block}, ["y"])["y"]
         _kernel_failure(label, "softmax_kernel", got, specs.softmax(x), _SOFTMAX_KERNEL_MISTAKES, (x,), {})
     return f"{len(cases)} inputs (odd widths, one column, large logits) match the spec, with no stray access"
 
@@ -526,10 +359,12 @@ def _flash_cases():
     return cases
 
 
-def _attention_buffers(q, k, v, sentinel, pad_rows):
-    return {"q": Buffer(q, sentinel, pad_rows=pad_rows), "k": Buffer(k, sentinel, pad_rows=pad_rows),
-            "v": Buffer(v, sentinel, pad_rows=pad_rows),
-            "o": Buffer.output(q.shape, sentinel, pad_rows=pad_rows)}
+def _attention_buffers(q, k, v, pad_rows):
+    return {"q": {"data": q, "pad_rows": pad_rows}, "k": {"data": k, "pad_rows": pad_rows},
+            "v": {"data": v, "pad_rows": pad_rows}, "o": {"shape": list(q.shape), "output": True, "pad_rows": pad_rows}}
+
+
+_ATTENTION_ARGS = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None]]
 
 
 _FLASH_MISTAKES = [
@@ -545,23 +380,13 @@ _FLASH_MISTAKES = [
 
 @part("flash-kernel-loop")
 def _check_flash(ns):
-    import triton
-
-    kernel = _runnable(lookup(ns, "flash_fwd_kernel"), "flash_fwd_kernel")
     cases = _flash_cases()
     for label, q, k, v, bm, bn in cases:
         bh, n, d = q.shape
         scale = d ** -0.5
-
-        def make(sentinel, q=q, k=k, v=v):
-            return _attention_buffers(q, k, v, sentinel, pad_rows=16)
-
-        def launch(b, n=n, bm=bm, bn=bn, d=d, bh=bh, scale=scale):
-            o = b["o"].view
-            args = (b["q"].view, b["k"].view, b["v"].view, o, o.stride(0), o.stride(1), n, scale)
-            return (triton.cdiv(n, bm), bh), args, {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}
-
-        got = run_guarded(kernel, "flash_fwd_kernel", label, make, launch, ["o"])["o"]
+        args = _ATTENTION_ARGS + [["stride", "o", 0], ["stride", "o", 1], ["val", n], ["val", scale]]
+        got = run_guarded(ns, "flash_fwd_kernel", label, _attention_buffers(q, k, v, pad_rows=16),
+                          (_cdiv(n, bm), bh), args, {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"])["o"]
         want = specs.attention(q, k, v, scale=scale)
         _kernel_failure(label, "flash_fwd_kernel", got, want, _FLASH_MISTAKES, (q, k, v, scale, bm, bn), {},
                         uses_dot=True)
@@ -706,26 +531,17 @@ def _skipped_blocks_loaded(loaded, bmask, bn):
 
 @part("block-sparse-loop")
 def _check_sparse(ns):
-    import triton
-
-    kernel = _runnable(lookup(ns, "block_sparse_fwd_kernel"), "block_sparse_fwd_kernel")
     cases = _sparse_cases()
     for label, q, k, v, bmask, bm, bn in cases:
         bh, n, d = q.shape
         nqb, nkb = bmask.shape[-2:]
         scale = d ** -0.5
-        mask_i32 = bmask.to(torch.int32).contiguous().to(_device())
-
-        def make(sentinel, q=q, k=k, v=v):
-            return _attention_buffers(q, k, v, sentinel, pad_rows=16)
-
-        def launch(b, n=n, bm=bm, bn=bn, d=d, bh=bh, scale=scale, nqb=nqb, nkb=nkb, mask_i32=mask_i32):
-            o = b["o"].view
-            args = (b["q"].view, b["k"].view, b["v"].view, o, mask_i32, o.stride(0), o.stride(1), n, nqb, nkb, scale)
-            return (nqb, bh), args, {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}
-
+        mask_i32 = bmask.to(torch.int32).contiguous()
+        args = _ATTENTION_ARGS + [["dev", mask_i32], ["stride", "o", 0], ["stride", "o", 1], ["val", n], ["val", nqb],
+                                  ["val", nkb], ["val", scale]]
         loads = {"k": None, "v": None}
-        got = run_guarded(kernel, "block_sparse_fwd_kernel", label, make, launch, ["o"], loads=loads)["o"]
+        got = run_guarded(ns, "block_sparse_fwd_kernel", label, _attention_buffers(q, k, v, pad_rows=16), (nqb, bh),
+                          args, {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"], loads=loads)["o"]
         want = specs.attention(q, k, v, scale=scale, mask=specs.block_to_element_mask(bmask, (bm, bn), n, n))
         _kernel_failure(label, "block_sparse_fwd_kernel", got, want, _SPARSE_MISTAKES,
                         (q, k, v, scale, bmask, bm, bn), {}, uses_dot=True)

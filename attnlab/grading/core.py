@@ -55,14 +55,64 @@ class NotDone(Fail):
     """The learner has not written this part yet."""
 
 
-def lookup(ns, name):
-    """The learner's object ``name`` from a notebook namespace, or Fail saying what to do."""
-    if name not in ns:
+class NotAccepted(Fail):
+    """The answer is not the kind the part asks for (a shortcut, an object that is not a kernel)."""
+
+
+class LocalLearner:
+    """The learner's functions in a namespace of this process (the inline ``check()``).
+
+    ``attnlab grade`` uses :class:`attnlab.grading.grade.RemoteLearner` instead, with the same
+    two methods, whose calls run in the learner's kernel. Both answer in the agent's format
+    (:func:`attnlab.grading.agent.handle`).
+    """
+
+    def __init__(self, ns, forbidden=None):
+        self.ns = ns
+        self.forbidden = forbidden  # None: the part's own list (set by run_check)
+
+    def call(self, name, cases):
+        from attnlab.grading import agent
+
+        return agent.handle({"op": "call", "name": name, "cases": cases, "forbidden": self.forbidden or []}, self.ns)
+
+    def launch(self, request):
+        from attnlab.grading import agent
+
+        return agent.handle({**request, "op": "launch", "forbidden": self.forbidden or []}, self.ns)
+
+
+def learner_of(ns):
+    """A learner (LocalLearner for a plain namespace dict)."""
+    return ns if hasattr(ns, "call") and hasattr(ns, "launch") else LocalLearner(ns)
+
+
+SHORTCUT = Mistake("shortcut", "this part asks you to write the computation yourself: a library function that "
+                   "already does it (or the grader's own reference) scores no points", None)
+
+
+def present(reply, name):
+    """Raise NotDone/Fail when the agent's reply says ``name`` is missing or not callable."""
+    if "agent_error" in reply:
+        raise Fail(f"the grader could not call `{name}`: {reply['agent_error']}")
+    if reply.get("missing"):
         raise NotDone(f"`{name}` is not defined: run the cell where you define it")
-    obj = ns[name]
-    if not callable(obj):
-        raise Fail(f"`{name}` should be a function, got {type(obj).__name__}")
-    return obj
+    if "not_callable" in reply:
+        raise Fail(f"`{name}` should be a function, got {reply['not_callable']}")
+
+
+def value_of(outcome, name, label):
+    """The learner's result from one outcome, or NotDone/Fail naming the input."""
+    if outcome.get("tripped"):
+        calls = ", ".join(f"`{t}`" for t in outcome["tripped"])
+        raise NotAccepted(f"`{name}` calls {calls}, which this part does not allow (input: {label})", [SHORTCUT])
+    if "refused" in outcome:
+        raise NotAccepted(outcome["refused"])
+    if outcome.get("not_implemented"):
+        raise NotDone(f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code")
+    if "raised" in outcome:
+        raise Fail(f"`{name}` raised {outcome['raised']} (input: {label})")
+    return outcome["ok"]
 
 
 def clone(x):
@@ -75,18 +125,6 @@ def clone(x):
     if isinstance(x, dict):
         return {k: clone(v) for k, v in x.items()}
     return x
-
-
-def call(fn, name, args, kwargs, label):
-    """Call the learner's function; turn its exceptions into a Fail naming the input."""
-    try:
-        return fn(*clone(args), **clone(kwargs))
-    except NotImplementedError:
-        raise NotDone(f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code")
-    except Fail:
-        raise
-    except Exception as exc:  # the learner's bug, reported, never fatal
-        raise Fail(f"`{name}` raised {type(exc).__name__}: {exc} (input: {label})")
 
 
 def mismatch(got, want, rtol=1e-4, atol=1e-5, equal_nan=False):
@@ -142,6 +180,8 @@ def mismatch(got, want, rtol=1e-4, atol=1e-5, equal_nan=False):
 
 
 def _kind(x):
+    if hasattr(x, "type_name"):  # wire.Unsupported: a value the kernel could not send
+        return x.type_name
     if torch.is_tensor(x):
         return f"a tensor of shape {tuple(x.shape)}"
     if isinstance(x, (tuple, list)):
@@ -166,17 +206,23 @@ def diagnose(got, mistakes, args, kwargs, rtol=1e-4, atol=1e-5):
     return found
 
 
-def check_function(ns, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5):
+def check_function(learner, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5):
     """Run the learner's ``name`` against ``spec`` on ``cases`` [(label, args, kwargs)].
 
-    Raises Fail at the first disagreement, naming the matching mistakes.
-    Returns the number of cases passed.
+    ``learner``: a LocalLearner, the grader's RemoteLearner, or a namespace dict. All cases go
+    in one request; the spec and the mistakes run here. Raises Fail at the first disagreement,
+    naming the matching mistakes. Returns the number of cases passed.
     """
-    fn = lookup(ns, name)
-    for label, args, kwargs in cases:
+    learner = learner_of(learner)
+    reply = learner.call(name, [[clone(args), clone(kwargs)] for _label, args, kwargs in cases])
+    present(reply, name)
+    results = reply.get("results", [])
+    for i, (label, args, kwargs) in enumerate(cases):
+        if i >= len(results):
+            raise Fail(f"`{name}`: the grader got no result for {label}")
+        got = value_of(results[i], name, label)
         with torch.no_grad():
             want = spec(*clone(args), **clone(kwargs))
-        got = call(fn, name, args, kwargs, label)
         why = mismatch(got, want, rtol, atol)
         if why:
             found = diagnose(got, mistakes, args, kwargs, rtol, atol)
@@ -184,10 +230,10 @@ def check_function(ns, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5):
     return len(cases)
 
 
-def run_part(part_id, body, ns):
-    """Run a check body (``body(ns) -> message``) and package the outcome."""
+def run_part(part_id, body, learner):
+    """Run a check body (``body(learner) -> message``) and package the outcome."""
     try:
-        message = body(ns)
+        message = body(learner)
         return CheckResult(part_id, True, message)
     except Fail as exc:
         lines = [exc.message]
@@ -197,6 +243,6 @@ def run_part(part_id, body, ns):
         exc.mistakes = list(unique.values())
         for m in exc.mistakes:
             lines.append(f"likely mistake ({m.key}): {m.message}")
-        if exc.mistakes == [] and not isinstance(exc, NotDone):
+        if exc.mistakes == [] and not isinstance(exc, (NotDone, NotAccepted)):
             lines.append("no common mistake matches this output; compare your code with the spec line by line")
         return CheckResult(part_id, False, "\n    ".join(lines), [m.key for m in exc.mistakes])

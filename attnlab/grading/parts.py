@@ -50,6 +50,11 @@ TABLE = {
 }
 
 
+# Parts graded by a person, not by `attnlab grade` (an nbgrader manually graded cell, e.g. a short written
+# explanation): reported as "manual" with no points, and left out of the score. None yet.
+MANUAL = set()
+
+
 def exercises():
     """{exercise: [part id, ...]}"""
     return {ex: [p[0] for p in parts] for ex, parts in TABLE.items()}
@@ -58,3 +63,47 @@ def exercises():
 def points():
     """{part id: points}"""
     return {p[0]: p[2] for parts in TABLE.values() for p in parts}
+
+
+# What a part's answer may not call: the grader checks the answer cells' syntax for these names
+# (attnlab/grading/shortcuts.py) and, while it calls the learner's functions, makes them raise in
+# the kernel (attnlab/grading/agent.py). "pkg.*" covers every function and module class of pkg and
+# of its submodules; "Class.method" one method. Every part forbids the grader's own references.
+REFERENCES = ["attnlab.grading.specs.*"]
+LIBRARY = ["attnlab.attention.*", "attnlab.tiled.*", "attnlab.iomodel.*", "attnlab.traffic.*", "attnlab.approx.*",
+           "attnlab.kernels.*", "attnlab.models.*"]
+SOFTMAX = ["torch.softmax", "torch.Tensor.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
+           "torch.nn.Softmax.forward", "torch.log_softmax", "torch.Tensor.log_softmax",
+           "torch.nn.functional.log_softmax"]
+ATTENTION = ["torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
+             "torch.nn.MultiheadAttention.forward", "torch.nn.attention.flex_attention.flex_attention"]
+BLOCK_MASKS = ["torch.nn.attention.flex_attention.create_block_mask", "torch.nn.attention.flex_attention.create_mask"]
+
+FORBIDDEN = {
+    "context-vector": SOFTMAX,
+    "attention-masks": ATTENTION,
+    "stable-softmax": SOFTMAX,
+    "scaled-attention": SOFTMAX + ATTENTION,
+    "mha-forward": ATTENTION,
+    "softmax-kernel": SOFTMAX + ATTENTION,
+    "online-softmax-update": SOFTMAX,
+    "tiled-forward": SOFTMAX + ATTENTION,
+    "flash-kernel-loop": SOFTMAX + ATTENTION,
+    "block-mask-builder": BLOCK_MASKS,
+    "block-mask-to-elements": BLOCK_MASKS,
+    "block-sparse-loop": SOFTMAX + ATTENTION + BLOCK_MASKS,
+}
+
+
+def forbidden(part_id):
+    """The patterns of what ``part_id``'s answer may not call (see FORBIDDEN)."""
+    return REFERENCES + LIBRARY + FORBIDDEN.get(part_id, [])
+
+
+def all_forbidden():
+    """Every pattern of every part (what the grader wires up in the kernel before the notebook runs)."""
+    out = []
+    for rows in TABLE.values():
+        for row in rows:
+            out.extend(p for p in forbidden(row[0]) if p not in out)
+    return out

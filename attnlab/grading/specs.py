@@ -310,3 +310,34 @@ def block_to_element_mask(block_mask, block_size, n_q, n_k):
     bq, bk = block_size
     full = block_mask.repeat_interleave(bq, dim=-2).repeat_interleave(bk, dim=-1)
     return full[..., :n_q, :n_k]
+
+
+# ---------------------------------------------------------------------------
+# Hidden while `attnlab grade` runs a notebook
+# ---------------------------------------------------------------------------
+
+HIDDEN = False  # True in a kernel run by `attnlab grade`: the functions above are stand-ins
+
+
+def _hidden(*args, **kwargs):
+    """The grader's references are not available while `attnlab grade` runs this notebook."""
+    raise RuntimeError("attnlab.grading.specs is not available while `attnlab grade` runs your notebook: "
+                       "the grader's references are not answers")
+
+
+def _hide_references():
+    # the learner's kernel under `attnlab grade` (ATTNLAB_GRADING=1, set before the notebook's first
+    # cell) gets stand-ins: the grader compares with the real functions in its own process
+    import types
+
+    globals()["HIDDEN"] = True
+    for name, value in list(globals().items()):
+        if isinstance(value, types.FunctionType) and not name.startswith("_") and value.__module__ == __name__:
+            stub = types.FunctionType(_hidden.__code__, {}, name)
+            stub.__doc__ = _hidden.__doc__
+            stub.__module__ = __name__
+            globals()[name] = stub
+
+
+if __import__("os").environ.get("ATTNLAB_GRADING") == "1":
+    _hide_references()

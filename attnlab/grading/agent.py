@@ -1,0 +1,405 @@
+"""The grader's agent inside the learner's kernel: it only calls the learner's functions.
+
+``attnlab grade`` never runs a check in the learner's kernel. It sends requests (see
+:mod:`attnlab.grading.wire`) as the source of cells it executes itself, and this module
+answers each with the learner's *outputs*, published as one display message of type
+``RESULT_MIME`` that the grader reads from the cell's reply. The grader picked the inputs
+(from a secret seed), computes the expected values, compares and scores in its own process.
+Nothing here knows the references (``attnlab.grading.specs``) or the scores.
+
+Requests (``op``):
+
+- ``install``: wrap the calls a part may not use (``torch.softmax``, attnlab's attention
+  functions, ...) in tripwires, before any learner cell runs. A tripwire does nothing
+  until a part that forbids it is being graded; then the call raises and is reported.
+- ``call``: ``name`` and ``cases`` ([args, kwargs] pairs): the learner's function on each.
+- ``launch``: launch the learner's ``@triton.jit`` kernel ``name`` on tensors placed inside
+  sentinel-filled memory (:class:`Buffer`), once per sentinel, in Triton's interpreter
+  through :func:`attnlab._interp_hooks.memory_hooks` (on a GPU: natively). It returns the
+  outputs and what the memory shows: elements changed outside the tensors, loads outside
+  them, output elements no ``tl.store`` wrote, and which program loaded which elements.
+
+:class:`Buffer` and :func:`launch` are also what the inline ``check()`` uses in a notebook
+(:class:`attnlab.grading.core.LocalLearner`), so both report the same findings.
+"""
+
+import sys
+import types
+
+RESULT_MIME = "application/x.attnlab-result+json"
+GUARD = 4096  # elements of sentinel before and after every buffer
+
+# modules whose forbidden functions are wired before the notebook's first cell. Not attnlab.kernels
+# nor attnlab.traffic: they import triton, which must see the notebook's own TRITON_INTERPRET first;
+# they are wired when a part is graded (and copies in the notebook's globals rebound then)
+PRELOAD = ("torch", "torch.nn.functional", "torch.special", "torch.nn.attention.flex_attention", "attnlab.attention",
+           "attnlab.tiled", "attnlab.iomodel", "attnlab.approx", "attnlab.models.transformer",
+           "attnlab.models.seq2seq", "attnlab.grading.specs")
+
+# tripwires: canonical dotted name -> (owner, attribute, original, wrapper)
+_WIRES = {}
+_ACTIVE = []  # patterns of the part being graded ("torch.softmax", "attnlab.attention.*")
+_TRIPPED = []
+
+
+class ForbiddenCall(RuntimeError):
+    pass
+
+
+def _matches(name, patterns):
+    return any(name == p or (p.endswith(".*") and name.startswith(p[:-1])) for p in patterns)
+
+
+def _make_wire(name, original):
+    def tripwire(*args, **kwargs):
+        if _ACTIVE and _matches(name, _ACTIVE):
+            _TRIPPED.append(name)
+            raise ForbiddenCall(f"`{name}` may not be used in this part: write it yourself")
+        return original(*args, **kwargs)
+
+    tripwire.__name__ = getattr(original, "__name__", name.rsplit(".", 1)[-1])
+    tripwire.__qualname__ = getattr(original, "__qualname__", tripwire.__name__)
+    tripwire.__doc__ = getattr(original, "__doc__", None)
+    tripwire._attnlab_tripwire = name
+    return tripwire
+
+
+def _resolve(dotted):
+    """(owner object, attribute) of a dotted name whose module is already imported, or None."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is None:
+            continue
+        owner = module
+        for attr in parts[cut:-1]:
+            owner = getattr(owner, attr, None)
+            if owner is None:
+                return None
+        return owner, parts[-1]
+    return None
+
+
+def _targets(pattern):
+    """Dotted names a pattern covers among what is imported now."""
+    if not pattern.endswith(".*"):
+        return [pattern]
+    package = pattern[:-2]
+    out = []
+    for mod_name, module in list(sys.modules.items()):
+        if module is None or not (mod_name == package or mod_name.startswith(package + ".")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if attr.startswith("_"):
+                continue
+            if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)) and \
+                    getattr(value, "__module__", None) == mod_name:
+                out.append(f"{mod_name}.{attr}")
+            elif isinstance(value, type) and value.__module__ == mod_name and "forward" in vars(value):
+                out.append(f"{mod_name}.{attr}.forward")
+    return out
+
+
+def wire_up(patterns, namespaces=()):
+    """Install tripwires for ``patterns`` (idempotent) and rebind copies of the originals found in
+    already imported attnlab modules and in ``namespaces`` (the notebook's globals)."""
+    for pattern in patterns:
+        for name in _targets(pattern):
+            if name in _WIRES:
+                continue
+            found = _resolve(name)
+            if found is None:
+                continue
+            owner, attr = found
+            original = getattr(owner, attr, None)
+            if original is None or not callable(original) or getattr(original, "_attnlab_tripwire", None):
+                continue
+            wrapper = _make_wire(name, original)
+            try:
+                setattr(owner, attr, wrapper)
+            except (AttributeError, TypeError):
+                continue
+            _WIRES[name] = (owner, attr, original, wrapper)
+    swap = {id(w[2]): w[3] for w in _WIRES.values()}
+    spaces = list(namespaces) + [vars(m) for n, m in list(sys.modules.items())
+                                 if m is not None and (n == "attnlab" or n.startswith("attnlab."))
+                                 and n != __name__]
+    for space in spaces:
+        for key, value in list(space.items()):
+            replacement = swap.get(id(value))
+            if replacement is not None:
+                try:
+                    space[key] = replacement
+                except TypeError:
+                    pass
+
+
+# ---------------------------------------------------------------------------------------
+# Triton launches
+# ---------------------------------------------------------------------------------------
+
+
+def device():
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Buffer:
+    """A tensor of ``data``'s shape inside sentinel-filled memory; ``pad_rows``/``pad_cols`` extra
+    rows/cols after each slice, and ``GUARD`` elements before and after.
+
+    ``view`` is what the kernel gets; everything else in ``memory`` must stay the sentinel.
+    """
+
+    def __init__(self, data, sentinel, pad_rows=0, pad_cols=0):
+        import torch
+
+        *lead, rows, cols = data.shape
+        self.shape = tuple(data.shape)
+        inner = (*lead, rows + pad_rows, cols + pad_cols)
+        numel = 1
+        for s in inner:
+            numel *= s
+        self.memory = torch.full((2 * GUARD + numel,), sentinel, dtype=data.dtype, device=device())
+        body = self.memory[GUARD:GUARD + numel].view(inner)
+        self.view = body[..., :rows, :cols]
+        self.view.copy_(data)
+        self.sentinel = sentinel
+        self.inside = torch.zeros(self.memory.shape, dtype=torch.bool)
+        self.inside[GUARD:GUARD + numel].view(inner)[..., :rows, :cols] = True
+        # memory index -> flat index into the tensor (-1 outside it)
+        self.element = torch.full((self.memory.numel(),), -1, dtype=torch.long)
+        v = self.view
+        self.element.as_strided(v.shape, v.stride(), v.storage_offset()).copy_(torch.arange(v.numel()).view(v.shape))
+
+    def outside_changed(self):
+        return int((self.memory.cpu()[~self.inside] != self.sentinel).sum())
+
+    def never_written(self):
+        return int((self.view == self.sentinel).sum())
+
+    def indices(self, addresses):
+        """Indices into ``memory`` of those ``addresses`` (numpy uint64) that fall in it."""
+        import numpy as np
+
+        start, size = self.memory.data_ptr(), self.memory.element_size()
+        index = (np.asarray(addresses).astype(np.int64) - start) // size
+        return index[(index >= 0) & (index < self.memory.numel())]
+
+
+def _kernel_function(obj, name):
+    """The Python function of a real ``@triton.jit`` kernel; Refused for anything else."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError as exc:  # pragma: no cover - triton is a dependency
+        raise Refused(f"Triton is not importable: {exc}")
+    if type(obj) in (JITFunction, InterpretedFunction) and isinstance(getattr(obj, "fn", None), types.FunctionType):
+        return obj.fn
+    inner = getattr(obj, "fn", None)  # @triton.autotune / @triton.heuristics around a @triton.jit
+    if type(obj).__name__ in ("Autotuner", "Heuristics") and type(inner) in (JITFunction, InterpretedFunction):
+        return inner.fn
+    raise Refused(f"`{name}` must be a Triton kernel: a function decorated with @triton.jit, got "
+                  f"{type(obj).__name__}. The grader launches it through Triton itself, so an object that "
+                  f"only looks like a kernel (kernel[grid](...) computing the result in PyTorch) gets no points")
+
+
+class Refused(Exception):
+    pass
+
+
+def launch(obj, name, grid, make_args, kwargs, buffers, loads=()):
+    """Launch the kernel ``obj`` once on ``buffers`` ({name: Buffer}); ``make_args(buffers)``.
+
+    Returns the observations (see the module doc). Raises Refused, NotImplementedError or the
+    kernel's exception.
+    """
+    import numpy as np
+    import torch
+
+    fn = _kernel_function(obj, name)
+    args = make_args(buffers)
+    if device() == "cuda":
+        from triton.runtime.jit import JITFunction
+
+        kernel = JITFunction(fn)
+        JITFunction.__getitem__(kernel, tuple(grid))(*args, **kwargs)
+        torch.cuda.synchronize()
+        seen = None
+    else:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        from attnlab._interp_hooks import interpreter_session, memory_hooks
+
+        seen = []  # (program, op, addresses)
+
+        def on_access(info, program, op, ptrs, mask, element_size):
+            seen.append((tuple(int(i) for i in program), op, ptrs[mask.astype(bool)].ravel().copy()))
+
+        kernel = InterpretedFunction(fn)
+        with interpreter_session(), _JitCallsInterpreted(), memory_hooks(lambda info: None, on_access), \
+                np.errstate(all="ignore"):
+            InterpretedFunction.__getitem__(kernel, tuple(grid))(*args, **kwargs)
+    out = {"outside_changed": {k: b.outside_changed() for k, b in buffers.items()},
+           "never_written": {k: b.never_written() for k, b in buffers.items()},
+           "values": {k: b.view.detach().cpu().clone() for k, b in buffers.items()},
+           "traced": seen is not None}
+    if seen is not None:
+        loads_outside, stored, loaded = {}, {}, {k: {} for k in loads}
+        for k, b in buffers.items():
+            outside, written = 0, np.zeros(b.memory.numel(), dtype=bool)
+            flags = b.inside.numpy()
+            element = b.element.numpy()
+            for program, op, addresses in seen:
+                index = b.indices(addresses)
+                if not index.size:
+                    continue
+                if op == "load":
+                    outside += int((~flags[index]).sum())
+                    if k in loaded:
+                        flat = element[index]
+                        flat = flat[flat >= 0]
+                        if flat.size:
+                            loaded[k].setdefault(program, set()).update(flat.tolist())
+                else:
+                    written[index] = True
+            loads_outside[k] = outside
+            stored[k] = int((flags & ~written).sum())
+        out["loads_outside"] = loads_outside
+        out["not_stored"] = stored
+        out["loaded"] = {k: [[list(p), torch.tensor(sorted(s), dtype=torch.long)] for p, s in sorted(v.items())]
+                         for k, v in loaded.items()}
+    return out
+
+
+class _JitCallsInterpreted:
+    """While active, a @triton.jit helper called from an interpreted kernel is interpreted too."""
+
+    def __enter__(self):
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        self._saved = JITFunction.__call__
+        JITFunction.__call__ = lambda jf, *a, **k: InterpretedFunction(jf.fn)(*a, **k)
+        return self
+
+    def __exit__(self, *exc):
+        from triton.runtime.jit import JITFunction
+
+        JITFunction.__call__ = self._saved
+        return False
+
+
+def build_args(spec, buffers):
+    """Kernel arguments from the grader's description: ["buf", name, row], ["stride", name, dim],
+    ["val", value] or ["dev", tensor]."""
+    out = []
+    for item in spec:
+        kind = item[0]
+        if kind == "buf":
+            view = buffers[item[1]].view
+            out.append(view if item[2] is None else view[item[2]])
+        elif kind == "stride":
+            out.append(buffers[item[1]].view.stride(item[2]))
+        elif kind == "dev":
+            out.append(item[1].to(device()))
+        else:
+            out.append(item[1])
+    return out
+
+
+def describe_error(exc):
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1][:300] if text else ''}".rstrip(": ")
+
+
+def _filled(shape, value):
+    import torch
+
+    return torch.full(tuple(shape), value)
+
+
+def run_launch(obj, req):
+    """One ``launch`` request on the kernel object ``obj``; the per-sentinel observations."""
+    results = []
+    for sentinel in req["sentinels"]:
+        buffers = {k: Buffer(b["data"] if not b.get("output") else _filled(b["shape"], sentinel), sentinel,
+                             b.get("pad_rows", 0), b.get("pad_cols", 0)) for k, b in req["buffers"].items()}
+        results.append(launch(obj, req["name"], req["grid"], lambda bufs: build_args(req["args"], bufs),
+                              req.get("kwargs", {}), buffers, loads=req.get("loads", []) if not results else ()))
+    return results
+
+
+# ---------------------------------------------------------------------------------------
+# Requests
+# ---------------------------------------------------------------------------------------
+
+
+def _outcome(fn):
+    """{"ok": value} or {"raised": ..., "not_implemented": bool}, with the tripwires that fired."""
+    del _TRIPPED[:]
+    try:
+        value = fn()
+        out = {"ok": value}
+    except Refused as exc:
+        out = {"refused": str(exc)}
+    except NotImplementedError:
+        out = {"raised": "NotImplementedError", "not_implemented": True}
+    except BaseException as exc:  # the learner's bug (even SystemExit), reported, never fatal here
+        out = {"raised": describe_error(exc), "not_implemented": "NotImplementedError" in repr(exc)}
+    if _TRIPPED:
+        out["tripped"] = sorted(set(_TRIPPED))
+    return out
+
+
+def handle(req, ns):
+    """The answer to one request, given the notebook's namespace ``ns``."""
+    op = req["op"]
+    if op == "install":
+        import importlib
+
+        for module in PRELOAD:  # imported now, so that a notebook can only ever get the tripwired versions
+            try:
+                importlib.import_module(module)
+            except Exception:
+                pass
+        wire_up(req["forbidden"], [ns])
+        return {"installed": sorted(_WIRES)}
+    name = req["name"]
+    forbidden = req.get("forbidden", [])
+    wire_up(forbidden, [ns])  # first: the learner's name may itself be a forbidden function
+    if name not in ns:
+        return {"missing": True}
+    obj = ns[name]
+    _ACTIVE[:] = forbidden
+    try:
+        if op == "call":
+            if not callable(obj):
+                return {"not_callable": type(obj).__name__}
+            results = []
+            for args, kwargs in req["cases"]:
+                results.append(_outcome(lambda: obj(*args, **kwargs)))
+                if "ok" not in results[-1]:
+                    break  # the grader stops at the first failure
+            return {"results": results}
+        if op == "launch":
+            return {"result": _outcome(lambda: run_launch(obj, req))}
+        raise ValueError(f"unknown request {op!r}")
+    finally:
+        _ACTIVE[:] = []
+
+
+def serve(text):
+    """Answer the request ``text`` (wire format) with one display message of type RESULT_MIME."""
+    from IPython import get_ipython
+    from IPython.display import publish_display_data
+
+    from attnlab.grading import wire
+
+    ns = get_ipython().user_ns
+    try:
+        reply = handle(wire.decode(text), ns)
+    except BaseException as exc:
+        reply = {"agent_error": describe_error(exc)}
+    publish_display_data({RESULT_MIME: wire.encode(reply)})

@@ -1,0 +1,330 @@
+"""Write the hostile notebooks of this folder from solutions/ and exercises/ (``python tests/hostile/build.py``).
+
+Each probe is a notebook that tries to get points it did not earn, to escape the grader's
+sandbox or to break it; tests/test_grading_hostile.py grades them all and checks the score
+and the reason each gets. ``--check`` exits 1 when a notebook here is stale.
+"""
+
+import hashlib
+import sys
+from pathlib import Path
+
+import nbformat
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+_GUARD = ("import os\n"
+          "if 'attnlab-grade-' not in os.getcwd():  # destructive probe: only inside the grader's throwaway copy\n"
+          "    raise SystemExit('this probe runs only under attnlab grade')\n")
+
+# wrong answers of exercise 02 with the right shapes: a forge must not turn them into points
+WRONG_02 = {
+    "padding-mask-answer": ("def padding_mask(lengths, max_len):\n"
+                            "    return torch.zeros(len(lengths), max_len, dtype=torch.bool)\n"),
+    "causal-mask-answer": ("def causal_mask(n_q, n_k, device=None):\n"
+                           "    return torch.ones(n_q, n_k, dtype=torch.bool)\n"),
+    "attention-masks-answer": ("def masked_attention(q, k, v, mask=None):\n"
+                               "    return torch.zeros(*q.shape[:-1], v.shape[-1])\n"),
+}
+
+FORGE_JSON = """import json
+_real_dump, _real_dumps = json.dump, json.dumps
+def _forge(obj):
+    if isinstance(obj, dict):
+        obj = dict(obj, passed=True, score=obj.get("max_score", 5), check_redefined=False)
+    return obj
+json.dump = lambda obj, fp, *a, **k: _real_dump(_forge(obj), fp, *a, **k)
+json.dumps = lambda obj, *a, **k: _real_dumps(_forge(obj), *a, **k)
+"""
+
+FORGE_ALLCLOSE = """import torch
+torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
+torch.Tensor.__eq__ = lambda self, other: torch.ones_like(self, dtype=torch.bool)
+"""
+
+FORGE_EXEC = """import builtins
+_real_exec = builtins.exec
+def _exec(code, *args, **kwargs):
+    text = code if isinstance(code, str) else getattr(code, "co_filename", "")
+    if "attnlab" in str(text) or "grader" in str(text):
+        print("[PASS] forged")
+        return None
+    return _real_exec(code, *args, **kwargs)
+builtins.exec = _exec
+"""
+
+FORGE_TRANSFORMER = """from IPython import get_ipython
+MIME = "application/x.attnlab-result+json"
+def _forge(lines):
+    source = "".join(lines)
+    if "attnlab" in source and "serve" in source:
+        # answer the grader's request ourselves: with the reference, if it can be found
+        return ["from attnlab.grading import specs, wire\\n",
+                "from IPython.display import publish_display_data\\n",
+                "import re\\n",
+                f"_req = wire.decode(eval(re.search(r'serve\\\\((.*)\\\\)\\\\s*$', {source!r}, re.S).group(1)))\\n",
+                "try:\\n",
+                "    _fn = getattr(specs, _req['name'])\\n",
+                "    _out = {'results': [{'ok': _fn(*a, **k)} for a, k in _req.get('cases', [])]}\\n",
+                "except Exception as e:\\n",
+                "    _out = {'results': [{'ok': True}]}\\n",
+                "publish_display_data({MIME: wire.encode(_out)})\\n"]
+    return lines
+get_ipython().input_transformers_post.append(_forge)
+"""
+
+FORGE_MODULE = """import sys, types
+import attnlab.grading.checks as _real
+from IPython.display import publish_display_data
+_fake = types.ModuleType("attnlab.grading.checks")
+_fake.__file__ = _real.__file__
+class _Pass:
+    passed, message, diagnosis = True, "forged", []
+_fake.run_check = lambda *a, **k: _Pass()
+_fake.check = _real.check
+sys.modules["attnlab.grading.checks"] = _fake
+_agent = types.ModuleType("attnlab.grading.agent")
+_agent.__file__ = _real.__file__.replace("checks.py", "agent.py")
+_agent.serve = lambda text: publish_display_data({"application/x.attnlab-result+json": '{"results": [{"ok": true}]}'})
+sys.modules["attnlab.grading.agent"] = _agent
+"""
+
+FORGE_DAEMON = _GUARD + """import os, subprocess, sys
+_code = '''
+import glob, os, time
+while True:  # attnlab-probe-daemon-4242
+    for f in glob.glob("/tmp/**/*.json", recursive=True) + glob.glob("../**/*.json", recursive=True):
+        try:
+            open(f, "w").write('{"notebooks": [{"path": "x", "score": 5, "max_score": 5, "parts": []}]}')
+        except OSError:
+            pass
+    time.sleep(0.2)
+'''
+if os.fork() == 0:  # a double fork: the daemon is nobody's child
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", _code])
+    os._exit(0)
+os.wait()
+"""
+
+FORKED_SLEEPER = """import os, subprocess
+subprocess.Popen(["sleep", "4243"], start_new_session=True)  # a grandchild in a session of its own
+if os.fork() == 0:  # a forked copy of the kernel holding every descriptor it had
+    os.setsid()
+    os.execvp("sleep", ["sleep", "4244"])
+"""
+
+WRITE_STDOUT = """import glob
+for fd in glob.glob("/proc/*/fd/1") + glob.glob("/proc/*/fd/2"):
+    try:
+        with open(fd, "w") as f:
+            f.write("\\n  total                5/5  FORGED-4245\\n")
+    except OSError:
+        pass
+"""
+
+DELETE = _GUARD + """import glob, os, shutil
+here = os.getcwd()
+for f in glob.glob("../**/*", recursive=True) + glob.glob("../../**/*.ipynb", recursive=True):
+    try:
+        os.remove(f) if os.path.isfile(f) else None
+    except OSError:
+        pass
+shutil.rmtree(here, ignore_errors=True)
+print("deleted what it could")
+"""
+
+BIG_ALLOCATION = "import torch\nbig = torch.ones(2**29)  # 2 GiB of float32\nprint(big.sum())\n"
+
+NBGRADER_CHECK = "check = lambda *a, **k: None\n"
+NBGRADER_ENV = "import os\nos.environ.pop('NBGRADER_EXECUTION', None)\nos.environ.pop('ATTNLAB_GRADING', None)\n"
+
+SHORTCUTS = {
+    "01_soft_alignment": {
+        "additive-score-answer": "def additive_scores(s, h, w, u, v):\n    return specs.additive_scores(s, h, w, u, v)\n",
+        "context-vector-answer": ("def context_vector(scores, h, mask=None):\n"
+                                  "    w = torch.nan_to_num(torch.softmax(scores if mask is None else "
+                                  "scores.masked_fill(~mask, float('-inf')), dim=-1))\n"
+                                  "    return (w[:, :, None] * h).sum(1), w\n"),
+        "decode-step-answer": ("def decode_step(s, h, w, u, v, w_s, w_c, mask=None):\n"
+                               "    return specs.decode_step(s, h, w, u, v, w_s, w_c, mask)\n"),
+    },
+    "02_queries_keys_values": {
+        "padding-mask-answer": "def padding_mask(lengths, max_len):\n    return attnlab.padding_mask(lengths, max_len)\n",
+        "causal-mask-answer": ("from attnlab.attention import causal_mask as _cm\n\n"
+                               "def causal_mask(n_q, n_k, device=None):\n    return _cm(n_q, n_k)\n"),
+        "attention-masks-answer": ("def masked_attention(q, k, v, mask=None):\n"
+                                   "    return torch.nan_to_num(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))\n"),
+    },
+    "03_scaled_dot_product": {
+        "stable-softmax-answer": "def softmax(x, dim=-1):\n    return torch.softmax(x, dim=dim)\n",
+        "scaled-attention-answer": ("def scaled_dot_product_attention(q, k, v, scale=None):\n"
+                                    "    return attnlab.scaled_dot_product_attention(q, k, v, scale=scale)\n"),
+        "variance-experiment-answer": "def score_variance(q, k):\n    return specs.score_variance(q, k)\n",
+    },
+    "04_multi_head": {
+        "split-heads-answer": "def split_heads(x, num_heads):\n    return specs.split_heads(x, num_heads)\n",
+        "merge-heads-answer": "def merge_heads(x):\n    return specs.merge_heads(x)\n",
+        "mha-forward-answer": ("def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, causal=False):\n"
+                               "    return specs.multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, causal)\n"),
+    },
+    "05_quadratic_cost": {
+        "attention-flops-answer": "def attention_flops(batch, heads, n, d):\n    return specs.attention_flops(batch, heads, n, d)\n",
+        "attention-bytes-answer": ("def attention_bytes(batch, heads, n, d, element_size=4):\n"
+                                   "    return specs.attention_bytes(batch, heads, n, d, element_size)\n"),
+        "arithmetic-intensity-answer": ("def arithmetic_intensity(batch, heads, n, d, element_size=4):\n"
+                                        "    return specs.arithmetic_intensity(batch, heads, n, d, element_size)\n\n\n"
+                                        "def is_memory_bound(intensity, peak_flops, bandwidth):\n"
+                                        "    return specs.is_memory_bound(intensity, peak_flops, bandwidth)\n"),
+    },
+    "07_flash_attention": {
+        "online-softmax-update-answer": ("def online_softmax_update(m, l, acc, s_block, v_block):\n"
+                                         "    return specs.online_softmax_update(m, l, acc, s_block, v_block)\n"),
+        "tiled-forward-answer": ("def tiled_attention_forward(q, k, v, block_k=16, scale=None):\n"
+                                 "    return F.scaled_dot_product_attention(q[None], k[None], v[None], scale=scale)[0]\n"),
+    },
+}
+
+# an object that is launched like a kernel but computes in PyTorch: refused
+FAKE_KERNEL = '''class _FakeKernel:
+    """kernel[grid](...) that does the work in PyTorch"""
+    def __init__(self, fn):
+        self.fn = fn
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.fn(*args, **kwargs)
+
+
+def _rows_softmax(x):
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+'''
+FAKE_SCALE = '''
+
+def _fake_scale(x, y, n, alpha, BLOCK_SIZE=None):
+    y.copy_(alpha * x)
+
+
+scale_kernel = _FakeKernel(_fake_scale)
+'''
+FAKE_SOFTMAX = '''
+
+def _fake_softmax(out, x, sx, so, n_cols, BLOCK_SIZE=None):
+    out.copy_(_rows_softmax(x))
+
+
+softmax_kernel = _FakeKernel(_fake_softmax)
+'''
+FAKE_ATTENTION = '''
+
+def _fake_attention(q, k, v, o, *args, **kwargs):
+    scale = q.shape[-1] ** -0.5
+    o.copy_(_rows_softmax(q @ k.transpose(-2, -1) * scale) @ v)
+
+
+{name} = _FakeKernel(_fake_attention)
+'''
+FAKE_KERNELS = {
+    "06_triton_primer": {"masked-scale-answer": FAKE_KERNEL + FAKE_SCALE,
+                         "softmax-kernel-answer": FAKE_KERNEL + FAKE_SOFTMAX},
+    "07_flash_attention": {"flash-kernel-loop-answer": FAKE_KERNEL + FAKE_ATTENTION.format(name="flash_fwd_kernel")},
+    "08_block_sparse": {"block-sparse-loop-answer": FAKE_KERNEL +
+                        FAKE_ATTENTION.format(name="block_sparse_fwd_kernel")},
+}
+
+IMPORTS = "import attnlab\nimport torch\nimport torch.nn.functional as F\nfrom attnlab.grading import specs\n"
+
+
+def _load(folder, exercise):
+    return nbformat.read(str(ROOT / folder / f"{exercise}.ipynb"), as_version=4)
+
+
+def _by_id(nb):
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells}
+
+
+def _added(source):
+    """A code cell the learner added (no nbgrader metadata)."""
+    cell = nbformat.v4.new_code_cell(source)
+    cell.id = "added-" + hashlib.sha1(source.encode()).hexdigest()[:8]
+    return cell
+
+
+def _insert_after_setup(nb, source):
+    index = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code") + 1
+    nb.cells.insert(index, _added(source))
+    return nb
+
+
+def _edit(nb, edits):
+    cells = _by_id(nb)
+    for gid, source in edits.items():
+        cells[gid].source = source
+    return nb
+
+
+def probes():
+    """{relative path: notebook}."""
+    out = {}
+    for name, cheat in [("forge_json", FORGE_JSON), ("forge_allclose", FORGE_ALLCLOSE), ("forge_exec", FORGE_EXEC),
+                        ("forge_transformer", FORGE_TRANSFORMER), ("forge_module", FORGE_MODULE),
+                        ("forge_daemon", FORGE_DAEMON), ("nbgrader_check_rebound", NBGRADER_CHECK),
+                        ("nbgrader_env_unset", NBGRADER_ENV)]:
+        out[f"{name}.ipynb"] = _insert_after_setup(_edit(_load("exercises", "02_queries_keys_values"), WRONG_02), cheat)
+    out["forked_sleeper.ipynb"] = _insert_after_setup(_load("solutions", "02_queries_keys_values"), FORKED_SLEEPER)
+    out["write_stdout.ipynb"] = _insert_after_setup(_load("solutions", "02_queries_keys_values"), WRITE_STDOUT)
+    nb = _load("solutions", "02_queries_keys_values")
+    nb.cells.append(_added(DELETE))
+    out["delete_files.ipynb"] = nb
+    out["big_allocation.ipynb"] = _edit(_load("solutions", "02_queries_keys_values"), {"02-cell-06": BIG_ALLOCATION})
+    nb = _load("solutions", "02_queries_keys_values")
+    nb.cells.append(_added("raise ValueError('a cell after the last check')\n"))
+    out["raise_after_last_check.ipynb"] = nb
+    # part 3's cells moved before part 2's; part 2's demo raises a NameError
+    nb = _edit(_load("solutions", "02_queries_keys_values"), {
+        "02-cell-11": "print(a_name_never_defined)\n",
+        "02-cell-16": "print(masked_attention(torch.ones(1, 1, 2, 4), torch.ones(1, 1, 3, 4), torch.ones(1, 1, 3, 4)))\n"})
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells]
+    part2 = list(range(ids.index("02-cell-08"), ids.index("causal-mask") + 1))
+    part3 = list(range(ids.index("02-cell-13"), ids.index("attention-masks") + 1))
+    order = list(range(part2[0])) + part3 + part2 + [i for i in range(len(ids)) if i > part3[-1]]
+    nb.cells = [nb.cells[i] for i in order]
+    out["reordered_parts.ipynb"] = nb
+    out["nested/deeper/my homework.ipynb"] = _load("solutions", "03_scaled_dot_product")
+    out["nested/05_quadratic_cost.ipynb"] = _load("solutions", "03_scaled_dot_product")
+    # torch.softmax captured before any part, in a cell of no part: the tripwire still fires
+    nb = _edit(_load("solutions", "03_scaled_dot_product"),
+               {"stable-softmax-answer": "def softmax(x, dim=-1):\n    return _sm(x, dim=dim)\n"})
+    out["shortcut_captured_early.ipynb"] = _insert_after_setup(nb, "import torch\n_sm = torch.softmax\n")
+    for exercise, edits in SHORTCUTS.items():
+        nb = _edit(_load("exercises", exercise), edits)
+        out[f"shortcut_{exercise[:2]}.ipynb"] = _insert_after_setup(nb, IMPORTS)
+    for exercise, edits in FAKE_KERNELS.items():
+        nb = _edit(_load("exercises", exercise), edits)
+        out[f"fake_kernel_{exercise[:2]}.ipynb"] = _insert_after_setup(nb, IMPORTS)
+    return out
+
+
+def render(nb):
+    return nbformat.writes(nb, version=4) + "\n"
+
+
+def main(argv):
+    stale = []
+    for rel, nb in probes().items():
+        path = HERE / rel
+        text = render(nb)
+        if not path.is_file() or path.read_text() != text:
+            stale.append(rel)
+            if "--check" not in argv:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    for rel in stale:
+        print(("stale: " if "--check" in argv else "wrote ") + rel)
+    return 1 if stale and "--check" in argv else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""Batch grading's bookkeeping without kernels: finding notebooks, students, exercise identity,
+part ownership, the wire format, the syntax check of shortcuts, CSV and Gradescope output."""
+
+import json
+import math
+
+import nbformat
+import pytest
+import torch
+
+from attnlab.grading import grade, shortcuts, wire
+from attnlab.grading.parts import all_forbidden, exercises, forbidden
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_discover_searches_recursively_and_says_what_it_skips(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "my work.ipynb").write_text("{}")
+    (tmp_path / "a" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "a" / ".ipynb_checkpoints" / "x-checkpoint.ipynb").write_text("{}")
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "empty").mkdir()
+    found, skipped = grade.discover([tmp_path / "a", tmp_path / "notes.txt", tmp_path / "empty", tmp_path / "nope"])
+    assert [p.name for p in found] == ["my work.ipynb"]
+    reasons = {Path(s["path"]).name: s["reason"] for s in skipped}
+    assert "checkpoint" in reasons["x-checkpoint.ipynb"]
+    assert "not a notebook" in reasons["notes.txt"]
+    assert "no notebook" in reasons["empty"]
+    assert "does not exist" in reasons["nope"]
+
+
+def test_students_come_from_nbgrader_s_layout(tmp_path):
+    nb = tmp_path / "course" / "submitted" / "alice" / "ex02" / "02_queries_keys_values.ipynb"
+    assert grade.who(nb) == ("alice", "ex02")
+    assert grade.who(tmp_path / "bob" / "02.ipynb") == ("bob", "")
+
+
+def test_the_exercise_comes_from_the_cells_and_a_wrong_file_name_warns():
+    nb = nbformat.read(str(ROOT / "solutions" / "03_scaled_dot_product.ipynb"), 4)
+    assert grade.identify(nb, "homework.ipynb") == ("03_scaled_dot_product", [])
+    exercise, warnings = grade.identify(nb, "05_quadratic_cost.ipynb")
+    assert exercise == "03_scaled_dot_product" and "file name suggests 05_quadratic_cost" in warnings[0]
+    nb.metadata["attnlab"]["exercise"] = "01_soft_alignment"
+    exercise, warnings = grade.identify(nb, "x.ipynb")
+    assert exercise == "03_scaled_dot_product" and "metadata says 01_soft_alignment" in warnings[0]
+
+
+def test_cells_belong_to_their_part_wherever_they_are():
+    nb = nbformat.read(str(ROOT / "exercises" / "02_queries_keys_values.ipynb"), 4)
+    parts = exercises()["02_queries_keys_values"]
+    names = {"padding-mask": ("padding_mask",), "causal-mask": ("causal_mask",), "attention-masks": ("masked_attention",)}
+    canonical = grade._layout([grade._grade_id(c) for c in nb.cells], parts)
+    nb.cells = nb.cells[::-1]  # any order
+    nb.cells.append(nbformat.v4.new_code_cell("raise ValueError()"))
+    nb.cells.append(nbformat.v4.new_code_cell("def causal_mask(a, b):\n    pass"))
+    owner = grade.owners(nb, parts, names, canonical)
+    by_id = {grade._grade_id(c): o for c, o in zip(nb.cells, owner)}
+    assert by_id["padding-mask-answer"] == "padding-mask" and by_id["02-cell-06"] == "padding-mask"
+    assert by_id["02-cell-02"] == "setup" and by_id["02-cell-16"] == "attention-masks"
+    assert owner[-2] is None and owner[-1] == "causal-mask"
+
+
+def test_the_wire_format_round_trips_and_refuses_code():
+    value = {"t": torch.arange(6.0).view(2, 3), "b": torch.tensor([True, False]), "x": (1, 2.5, float("nan")),
+             "h": torch.ones(2, dtype=torch.bfloat16), "n": None, "s": "ok", "big": 2**70}
+    back = wire.decode(wire.encode(value))
+    assert torch.equal(back["t"], value["t"]) and torch.equal(back["b"], value["b"])
+    assert back["x"][:2] == (1, 2.5) and math.isnan(back["x"][2]) and back["h"].dtype == torch.bfloat16
+    assert back["n"] is None and back["s"] == "ok" and back["big"] == float(2**70)
+    assert isinstance(wire.decode(wire.encode({"f": lambda: 0}))["f"], wire.Unsupported)
+    with pytest.raises(ValueError):
+        wire.decode(json.dumps({"__tensor__": "object", "shape": [1], "data": ""}))
+    with pytest.raises(ValueError):
+        wire.decode(json.dumps({"__tensor__": "float32", "shape": [3], "data": "AAAA"}))
+
+
+def test_the_syntax_check_resolves_imports():
+    imports = "import torch\nimport torch.nn.functional as F\nfrom attnlab.grading import specs\nimport attnlab\n"
+    pats = forbidden("scaled-attention")
+
+    def found(src):
+        return [n for n, _ in shortcuts.uses([src], pats, [imports, src])]
+
+    assert found("def f(x):\n    return torch.softmax(x, -1)") == ["torch.softmax"]
+    assert found("def f(x):\n    return x.softmax(-1)") == ["torch.Tensor.softmax"]
+    assert found("def f(q):\n    return F.scaled_dot_product_attention(q, q, q)") == [
+        "torch.nn.functional.scaled_dot_product_attention"]
+    assert found("def f(q):\n    return attnlab.scaled_dot_product_attention(q, q, q)") == [
+        "attnlab.attention.scaled_dot_product_attention"]
+    assert found("from attnlab.grading.specs import softmax as s\n") == ["attnlab.grading.specs.softmax"]
+    assert found("def f(x):\n    e = (x - x.amax(-1, keepdim=True)).exp()\n    return e / e.sum(-1, keepdim=True)") == []
+    assert set(forbidden("scaled-attention")) <= set(all_forbidden())
+
+
+def test_csv_and_gradescope_outputs():
+    reports = [{"path": "s/alice/ex02/02.ipynb", "student": "alice", "assignment": "ex02",
+                "exercise": "02_queries_keys_values", "score": 1, "max_score": 5,
+                "parts": [{"name": "padding-mask", "points": 1, "max_points": 1, "feedback": "ok"},
+                          {"name": "causal-mask", "points": 0, "max_points": 4, "feedback": "wrong"}]},
+               {"path": "s/bob/ex02/x.ipynb", "student": "bob", "score": 0, "max_score": 0, "parts": [],
+                "error": "could not read"}]
+    lines = grade.csv_text(reports).splitlines()
+    assert lines[0] == "student,assignment,exercise,score,max_score,path,error"
+    assert lines[1].startswith("alice,ex02,02_queries_keys_values,1,5,")
+    doc = grade.gradescope_doc(reports, [{"path": "y.txt", "reason": "not a notebook (.ipynb)"}])
+    assert doc["score"] == 1
+    assert {t["name"]: t["score"] for t in doc["tests"]} == {
+        "02_queries_keys_values: padding-mask": 1, "02_queries_keys_values: causal-mask": 0, "x: could not grade": 0}
+    assert all({"name", "score", "max_score", "output"} <= set(t) for t in doc["tests"])
+    assert "y.txt" in doc["output"]

@@ -1,0 +1,123 @@
+"""A real nbgrader 0.9.6 round trip agrees with `attnlab grade`.
+
+nbgrader is installed (once, from PyPI) into test-artifacts/nbgrader with ``pip --target``, beside
+the pinned .venv, which stays unchanged: nbgrader runs with the venv's Python and that folder on
+PYTHONPATH, so its kernels import the same attnlab, torch and triton as the course.
+
+Three exercises go through ``nbgrader generate_assignment``, ``autograde`` and ``export``, with
+submissions in nbgrader's layout: each exercise's solution and its untouched release, and for
+exercise 02 the two one-line cheats (``check`` rebound, ``NBGRADER_EXECUTION`` unset) over wrong
+answers. nbgrader's score of every submission must equal `attnlab grade`'s on the same files.
+"""
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "test-artifacts" / "nbgrader"
+NBGRADER = "nbgrader==0.9.6"
+# what nbgrader needs beyond the course's pinned set
+EXTRA = ["alembic", "sqlalchemy", "rapidfuzz", "Mako", "greenlet"]
+EXERCISES = ["02_queries_keys_values", "03_scaled_dot_product", "05_quadratic_cost"]
+
+pytestmark = pytest.mark.slow
+
+
+def _install():
+    if (TARGET / "nbgrader" / "__init__.py").is_file():
+        return
+    TARGET.mkdir(parents=True, exist_ok=True)
+    run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(TARGET),
+                          NBGRADER, *EXTRA], capture_output=True, text=True)
+    if run.returncode != 0:
+        pytest.skip(f"could not install {NBGRADER}: {run.stderr[-500:]}")
+
+
+def _env(course):
+    paths = [str(TARGET), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    path = os.pathsep.join([str(TARGET / "bin"), os.environ.get("PATH", "")])  # nbgrader runs `alembic` for a new db
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p), PATH=path)
+
+
+def _nbgrader(course, *args):
+    run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=_env(course),
+                         capture_output=True, text=True, timeout=3000)
+    assert run.returncode == 0, f"nbgrader {' '.join(args)}:\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
+    return run
+
+
+@pytest.fixture(scope="module")
+def round_trip(tmp_path_factory):
+    _install()
+    course = tmp_path_factory.mktemp("course")
+    (course / "nbgrader_config.py").write_text(
+        "c = get_config()\n"
+        f"c.CourseDirectory.root = {str(course)!r}\n"
+        f"c.CourseDirectory.db_url = 'sqlite:///{course}/gradebook.db'\n"
+        "c.ExecutePreprocessor.timeout = 900\n")
+    submissions = {}  # (student, assignment) -> source notebook
+    for exercise in EXERCISES:
+        assignment = f"ex{exercise[:2]}"
+        (course / "source" / assignment).mkdir(parents=True)
+        shutil.copyfile(ROOT / "solutions" / f"{exercise}.ipynb", course / "source" / assignment / f"{exercise}.ipynb")
+        submissions[("solution", assignment)] = ROOT / "solutions" / f"{exercise}.ipynb"
+        submissions[("untouched", assignment)] = None  # the release, as generated
+    submissions[("rebinds-check", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_check_rebound.ipynb"
+    submissions[("unsets-env", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_env_unset.ipynb"
+    for student in sorted({s for s, _ in submissions}):
+        _nbgrader(course, "db", "student", "add", student)
+    for exercise in EXERCISES:
+        assignment = f"ex{exercise[:2]}"
+        _nbgrader(course, "db", "assignment", "add", assignment)
+        _nbgrader(course, "generate_assignment", assignment, "--force")
+    for (student, assignment), source in submissions.items():
+        exercise = next(e for e in EXERCISES if e[:2] == assignment[2:])
+        folder = course / "submitted" / student / assignment
+        folder.mkdir(parents=True)
+        shutil.copyfile(source or course / "release" / assignment / f"{exercise}.ipynb", folder / f"{exercise}.ipynb")
+    for exercise in EXERCISES:
+        _nbgrader(course, "autograde", f"ex{exercise[:2]}", "--force")
+    _nbgrader(course, "export")
+    with open(course / "grades.csv") as f:
+        nbgrader_scores = {(r["student_id"], r["assignment"]): float(r["raw_score"]) for r in csv.DictReader(f)}
+    run = subprocess.run([sys.executable, "-m", "attnlab", "grade", str(course / "submitted"), "-j", "2",
+                          "--csv", str(course / "attnlab.csv")], env=_env(course), capture_output=True, text=True,
+                         timeout=3000)
+    with open(course / "attnlab.csv") as f:
+        attnlab_scores = {(r["student"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
+    return {"course": course, "submissions": submissions, "nbgrader": nbgrader_scores, "attnlab": attnlab_scores,
+            "run": run}
+
+
+def test_the_release_is_the_generated_exercise(round_trip):
+    import nbformat
+
+    for exercise in EXERCISES:
+        release = nbformat.read(str(round_trip["course"] / "release" / f"ex{exercise[:2]}" / f"{exercise}.ipynb"), 4)
+        ours = nbformat.read(str(ROOT / "exercises" / f"{exercise}.ipynb"), 4)
+        assert [c.source for c in release.cells] == [c.source for c in ours.cells]
+
+
+def test_attnlab_grade_reads_nbgrader_s_layout(round_trip):
+    assert round_trip["run"].returncode == 0, round_trip["run"].stdout[-3000:] + round_trip["run"].stderr[-3000:]
+    assert set(round_trip["attnlab"]) == set(round_trip["submissions"])
+
+
+def test_nbgrader_scores_equal_attnlab_grade_s(round_trip):
+    # nbgrader's export has a row for every student and assignment; compare those that were submitted
+    assert set(round_trip["submissions"]) <= set(round_trip["nbgrader"])
+    submitted = {key: round_trip["nbgrader"][key] for key in round_trip["submissions"]}
+    assert submitted == round_trip["attnlab"]
+
+
+def test_solutions_score_full_and_cheats_score_nothing(round_trip):
+    scores = {key: round_trip["nbgrader"][key] for key in round_trip["submissions"]}
+    assert all(scores[("solution", a)] > 0 for a in {a for _, a in scores})
+    for student in ("untouched", "rebinds-check", "unsets-env"):
+        assert all(v == 0 for (s, _), v in scores.items() if s == student), scores
