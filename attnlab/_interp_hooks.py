@@ -19,6 +19,13 @@ numpy, one program at a time. attnlab leans on four of its internals, all here:
    ``create_masked_store`` (plain loads and stores go through them too) and
    ``GridExecutor`` (to learn each launch's kernel, arguments and program ids). This is
    what :mod:`attnlab.memory` records.
+4. :func:`interpreted` builds the interpreter's wrapper of a kernel's Python function,
+   :func:`kernel_function` finds the Python function of a real ``@triton.jit`` kernel (the
+   grader accepts nothing else), and :func:`jit_helpers_interpreted` makes a learner's own
+   ``@triton.jit`` helpers run interpreted when an interpreted kernel calls them.
+
+No module outside this one touches ``triton.runtime.interpreter`` or patches ``JITFunction``
+(``tests/test_interp_hooks.py`` checks the source).
 
 Supported: Triton 3.8.x, the tested version, and 3.7.x and 3.6.x, on which the kernel and
 tracer tests pass too (:data:`SUPPORTED_TRITON`; 3.6 is what some GPU images ship). On any
@@ -261,3 +268,49 @@ def memory_hooks(on_launch, on_access):
             cls._init_args_hst = orig_init_args
             for name in ("set_grid_idx", "create_masked_load", "create_masked_store"):
                 builder.__dict__.pop(name, None)
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels as Python functions, for attnlab's runtime and the grader
+# ---------------------------------------------------------------------------------------
+def interpreted(fn, **jit_kwargs):
+    """The interpreter's wrapper of the plain Python kernel ``fn`` (what ``@triton.jit`` gives
+    under ``TRITON_INTERPRET=1``), launched as ``interpreted(fn)[grid](...)``."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(fn, **jit_kwargs)
+
+
+def kernel_function(obj):
+    """The Python function of a real ``@triton.jit`` kernel (compiled or interpreted, also inside
+    ``@triton.autotune``/``@triton.heuristics``), or None for anything else."""
+    import types
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    kinds = (JITFunction, InterpretedFunction)
+    if type(obj) in kinds and isinstance(getattr(obj, "fn", None), types.FunctionType):
+        return obj.fn
+    inner = getattr(obj, "fn", None)
+    if type(obj).__name__ in ("Autotuner", "Heuristics") and type(inner) in kinds \
+            and isinstance(getattr(inner, "fn", None), types.FunctionType):
+        return inner.fn
+    return None
+
+
+@contextlib.contextmanager
+def jit_helpers_interpreted():
+    """Inside this block a ``@triton.jit`` helper called from an interpreted kernel runs
+    interpreted too (a compiled ``JITFunction`` refuses to be called from Python)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    with _lock:
+        saved = JITFunction.__call__
+        JITFunction.__call__ = lambda jf, *a, **k: InterpretedFunction(jf.fn)(*a, **k)
+    try:
+        yield
+    finally:
+        with _lock:
+            JITFunction.__call__ = saved

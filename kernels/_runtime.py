@@ -135,9 +135,9 @@ class Kernel:
 
     def interpreted(self):
         if self._interpreted is None:
-            from triton.runtime.interpreter import InterpretedFunction
+            from attnlab._interp_hooks import interpreted
 
-            self._interpreted = InterpretedFunction(self.fn, **self.jit_kwargs)
+            self._interpreted = interpreted(self.fn, **self.jit_kwargs)
         return self._interpreted
 
     def __getitem__(self, grid):

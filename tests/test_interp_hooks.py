@@ -43,3 +43,42 @@ def test_doctor_reports_an_interpreter_that_cannot_run(monkeypatch, capsys):
     assert "problem: the kernels cannot run in Triton's interpreter" in out and "numpy<2.4" in out
     with pytest.raises(RuntimeError, match="numpy 2.5.2"):
         trace(softmax, torch.randn(2, 2))
+
+
+def test_no_module_outside_interp_hooks_touches_triton_internals():
+    """Every use of Triton's interpreter internals, and every patch of JITFunction, lives in
+    attnlab/_interp_hooks.py behind its version gate and lock (read from the code, not comments)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    internals = {"InterpretedFunction", "GridExecutor", "InterpreterBuilder", "interpreter_builder", "_patch_lang"}
+    found = []
+    for path in sorted((root / "attnlab").rglob("*.py")) + sorted((root / "kernels").rglob("*.py")):
+        if path.name == "_interp_hooks.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        where = path.relative_to(root)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and (
+                    node.module.startswith("triton.runtime.interpreter")
+                    or (node.module == "triton.runtime" and any(a.name == "interpreter" for a in node.names))):
+                found.append(f"{where}:{node.lineno} imports triton's interpreter")
+            if isinstance(node, ast.Import) and any(a.name.startswith("triton.runtime.interpreter") for a in node.names):
+                found.append(f"{where}:{node.lineno} imports triton's interpreter")
+            if isinstance(node, (ast.Name, ast.Attribute)):
+                name = node.id if isinstance(node, ast.Name) else node.attr
+                if name in internals:
+                    found.append(f"{where}:{node.lineno} uses {name}")
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                if isinstance(target, ast.Attribute) and "JITFunction" in ast.unparse(target) + ast.unparse(
+                        target.value):
+                    found.append(f"{where}:{node.lineno} assigns to {ast.unparse(target)}")
+                if isinstance(target, ast.Attribute) and ast.unparse(target).startswith("triton."):
+                    found.append(f"{where}:{node.lineno} assigns to {ast.unparse(target)}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args and \
+                    any(k in ast.unparse(node.args[0]) for k in ("JITFunction", "triton")):
+                found.append(f"{where}:{node.lineno} setattr on {ast.unparse(node.args[0])}")
+    assert not found, "Triton internals touched outside attnlab/_interp_hooks.py:\n" + "\n".join(found)

@@ -190,19 +190,14 @@ class Buffer:
 
 def _kernel_function(obj, name):
     """The Python function of a real ``@triton.jit`` kernel; Refused for anything else."""
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-    except ImportError as exc:  # pragma: no cover - triton is a dependency
-        raise Refused(f"Triton is not importable: {exc}")
-    if type(obj) in (JITFunction, InterpretedFunction) and isinstance(getattr(obj, "fn", None), types.FunctionType):
-        return obj.fn
-    inner = getattr(obj, "fn", None)  # @triton.autotune / @triton.heuristics around a @triton.jit
-    if type(obj).__name__ in ("Autotuner", "Heuristics") and type(inner) in (JITFunction, InterpretedFunction):
-        return inner.fn
-    raise Refused(f"`{name}` must be a Triton kernel: a function decorated with @triton.jit, got "
-                  f"{type(obj).__name__}. The grader launches it through Triton itself, so an object that "
-                  f"only looks like a kernel (kernel[grid](...) computing the result in PyTorch) gets no points")
+    from attnlab._interp_hooks import kernel_function
+
+    fn = kernel_function(obj)
+    if fn is None:
+        raise Refused(f"`{name}` must be a Triton kernel: a function decorated with @triton.jit, got "
+                      f"{type(obj).__name__}. The grader launches it through Triton itself, so an object that "
+                      f"only looks like a kernel (kernel[grid](...) computing the result in PyTorch) gets no points")
+    return fn
 
 
 class Refused(Exception):
@@ -223,24 +218,22 @@ def launch(obj, name, grid, make_args, kwargs, buffers, loads=()):
     if device() == "cuda":
         from triton.runtime.jit import JITFunction
 
-        kernel = JITFunction(fn)
-        JITFunction.__getitem__(kernel, tuple(grid))(*args, **kwargs)
+        kernel = JITFunction(fn)   # built here from the function: nothing of the learner's object runs
+        kernel[tuple(grid)](*args, **kwargs)
         torch.cuda.synchronize()
         seen = None
     else:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        from attnlab._interp_hooks import interpreter_session, memory_hooks
+        from attnlab._interp_hooks import interpreted, interpreter_session, jit_helpers_interpreted, memory_hooks
 
         seen = []  # (program, op, addresses)
 
         def on_access(info, program, op, ptrs, mask, element_size):
             seen.append((tuple(int(i) for i in program), op, ptrs[mask.astype(bool)].ravel().copy()))
 
-        kernel = InterpretedFunction(fn)
-        with interpreter_session(), _JitCallsInterpreted(), memory_hooks(lambda info: None, on_access), \
+        kernel = interpreted(fn)   # built here from the function: nothing of the learner's object runs
+        with interpreter_session(), jit_helpers_interpreted(), memory_hooks(lambda info: None, on_access), \
                 np.errstate(all="ignore"):
-            InterpretedFunction.__getitem__(kernel, tuple(grid))(*args, **kwargs)
+            kernel[tuple(grid)](*args, **kwargs)
     out = {"outside_changed": {k: b.outside_changed() for k, b in buffers.items()},
            "never_written": {k: b.never_written() for k, b in buffers.items()},
            "values": {k: b.view.detach().cpu().clone() for k, b in buffers.items()},
@@ -271,24 +264,6 @@ def launch(obj, name, grid, make_args, kwargs, buffers, loads=()):
         out["loaded"] = {k: [[list(p), torch.tensor(sorted(s), dtype=torch.long)] for p, s in sorted(v.items())]
                          for k, v in loaded.items()}
     return out
-
-
-class _JitCallsInterpreted:
-    """While active, a @triton.jit helper called from an interpreted kernel is interpreted too."""
-
-    def __enter__(self):
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        self._saved = JITFunction.__call__
-        JITFunction.__call__ = lambda jf, *a, **k: InterpretedFunction(jf.fn)(*a, **k)
-        return self
-
-    def __exit__(self, *exc):
-        from triton.runtime.jit import JITFunction
-
-        JITFunction.__call__ = self._saved
-        return False
 
 
 def build_args(spec, buffers):

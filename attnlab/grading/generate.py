@@ -112,10 +112,12 @@ def annotate(nb, exercise, points):
     nb.metadata = {
         "attnlab": {"exercise": exercise},
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"},
+        "language_info": nb.metadata.get("language_info", {"name": "python"}),
     }
     nb.nbformat, nb.nbformat_minor = 4, 5
-    return nb
+    from attnlab.notebook_format import normalise
+
+    return normalise(nb)  # as JupyterLab saves it: opening an exercise changes nothing
 
 
 def clean(nb):
