@@ -91,7 +91,9 @@ def diagnose():
                 problem = interpreter_problem(triton.__version__, _installed("numpy"))
                 if problem is not None:
                     problems.append(f"the kernels cannot run in Triton's interpreter: {problem}")
-    rows.append(("grading kernels", __import__("attnlab.grading.sandbox", fromlist=["isolation"]).isolation()))
+    from attnlab.grading.sandbox import isolation
+
+    rows.append(("grading", isolation()))   # how `attnlab grade` isolates a learner's kernel here
     tested = all(_base(_installed(n)) == pins.get(n) for n, _ in CHECKED if n in pins)
     rows.append(("tested set", "yes" if tested else "no (see warnings)"))
     if os.environ.get("TRITON_INTERPRET") not in (None, "", "0") and gpu not in ("none", "unknown"):

@@ -23,6 +23,7 @@ Requests (``op``):
 (:class:`attnlab.grading.core.LocalLearner`), so both report the same findings.
 """
 
+import functools
 import sys
 import types
 
@@ -57,9 +58,9 @@ def _make_wire(name, original):
             raise ForbiddenCall(f"`{name}` may not be used in this part: write it yourself")
         return original(*args, **kwargs)
 
-    tripwire.__name__ = getattr(original, "__name__", name.rsplit(".", 1)[-1])
-    tripwire.__qualname__ = getattr(original, "__qualname__", tripwire.__name__)
-    tripwire.__doc__ = getattr(original, "__doc__", None)
+    # the original's name, module, docstring and __wrapped__: a wired function still reads as the
+    # library's own (show_source, help(), the API pages), also after an inline check() wired it
+    functools.update_wrapper(tripwire, original)
     tripwire._attnlab_tripwire = name
     return tripwire
 

@@ -90,12 +90,40 @@ def _bwrap_base():
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"]
 
 
+def _needed_inside_private_tmp():
+    """Folders the kernel must read that lie under /tmp or /dev/shm, which the sandbox replaces with
+    empty private ones: the interpreter, the virtual environment, the course checkout (a CI clone or
+    a course unpacked in /tmp), sys.path and Jupyter's runtime folder (the connection file)."""
+    import attnlab
+
+    candidates = {sys.prefix, sys.exec_prefix, sys.base_prefix, *sys.path,
+                  str(Path(attnlab.__file__).resolve().parent.parent)}
+    try:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        candidates.add(jupyter_runtime_dir())
+    except Exception:  # pragma: no cover - jupyter_core is a dependency of the kernel machinery
+        pass
+    private = (Path("/tmp"), Path("/dev/shm"))
+    found = set()
+    for c in candidates:
+        if not c:
+            continue
+        p = Path(c).resolve()
+        if p.exists() and any(p != t and p.is_relative_to(t) for t in private):
+            found.add(p)
+    # the outermost folders only (a bind of a folder covers what is inside it)
+    return [str(p) for p in sorted(found) if not any(q != p and p.is_relative_to(q) for q in found)]
+
+
 def wrap_command(cmd, writable):
     """``cmd`` run inside bubblewrap with ``writable`` folders (the first is the working dir), or as is."""
     path = bwrap()
     if path is None:
         return list(cmd)
     args = [path, *_bwrap_base()]
+    for folder in _needed_inside_private_tmp():  # the Python, venv and course the kernel runs from
+        args += ["--ro-bind", folder, folder]
     for dev in sorted(Path("/dev").glob("nvidia*")):  # a GPU stays usable
         args += ["--dev-bind", str(dev), str(dev)]
     for folder in writable:
