@@ -14,7 +14,8 @@ import sys
 import time
 
 
-def run_one(path, out_dir, timeout):
+def execute(path, timeout):
+    """One Run All of ``path`` in a fresh kernel -> (seconds, None or (cell index, error line), executed notebook)."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -22,17 +23,32 @@ def run_one(path, out_dir, timeout):
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    error = None
+    failure = None
     try:
         client.execute()
     except CellExecutionError as exc:
-        error = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        lines = str(exc).strip().splitlines()
+        failure = (_failed_cell(nb), lines[-1] if lines else type(exc).__name__)
     except Exception as exc:  # a dead kernel or a timeout: report it and go on with the next lesson
-        error = f"{type(exc).__name__}: {exc}"
-    seconds = time.perf_counter() - start
+        failure = (_failed_cell(nb), f"{type(exc).__name__}: {exc}".splitlines()[0])
+    return time.perf_counter() - start, failure, nb
+
+
+def _failed_cell(nb):
+    """Index of the first code cell whose output is an error (None if none is)."""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            return i
+    return None
+
+
+def run_one(path, out_dir, timeout):
+    import nbformat
+
+    seconds, failure, nb = execute(path, timeout)
     if out_dir is not None:
         nbformat.write(nb, out_dir / path.name)
-    return seconds, error
+    return seconds, None if failure is None else failure[1]
 
 
 def main(argv=None):

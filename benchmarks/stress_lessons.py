@@ -17,35 +17,9 @@ import statistics
 import sys
 import time
 
+from run_lessons import execute  # one Run All, as run_lessons.py does it (this folder is on sys.path)
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
-
-
-def run_once(path, timeout):
-    """One Run All of ``path`` in a fresh kernel -> (seconds, None or (cell index, error line), executed notebook)."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
-    start = time.perf_counter()
-    failure = None
-    try:
-        client.execute()
-    except CellExecutionError as exc:
-        lines = str(exc).strip().splitlines()
-        failure = (_failed_cell(nb), lines[-1] if lines else type(exc).__name__)
-    except Exception as exc:  # a dead kernel or a timeout
-        failure = (_failed_cell(nb), f"{type(exc).__name__}: {exc}".splitlines()[0])
-    return time.perf_counter() - start, failure, nb
-
-
-def _failed_cell(nb):
-    """Index of the first code cell whose output is an error (None if none is)."""
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
-            return i
-    return None
 
 
 def main(argv=None):
@@ -71,7 +45,7 @@ def main(argv=None):
     for path in lessons:
         times, failures = [], []
         for run in range(1, args.runs + 1):
-            seconds, failure, nb = run_once(path, args.timeout)
+            seconds, failure, nb = execute(path, args.timeout)
             times.append(seconds)
             result = "ok"
             if failure is not None:
