@@ -23,8 +23,6 @@ Conventions (the whole course uses them):
 - Bad input raises ``ValueError`` / ``TypeError`` naming the argument and what was expected.
 """
 
-import math
-
 import torch
 from torch import nn
 

@@ -15,7 +15,6 @@ import argparse
 import pathlib
 import statistics
 import sys
-import time
 
 from run_lessons import execute  # one Run All, as run_lessons.py does it (this folder is on sys.path)
 

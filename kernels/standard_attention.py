@@ -27,7 +27,7 @@ import triton.language as tl
 
 from attnlab import validate
 
-from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
+from ._runtime import dot_precision, jit, use_interpreter
 from ._tuning import device_capability as gpu_capability
 from .flash_attention import _check_blocks, _validate_qkv
 from .softmax import _launch_softmax, rows_per_program, softmax_num_warps

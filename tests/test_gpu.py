@@ -7,7 +7,6 @@ bf16 through tensor cores with fp32 accumulation), the autotuner and the launch 
 real device.
 """
 
-import importlib
 import os
 
 import pytest
@@ -80,7 +79,6 @@ def test_autotuner_ran_and_chose_a_candidate():
 
     if DEV == "cpu":
         pytest.skip("the autotuner times native launches only")
-    fa = importlib.import_module("attnlab.kernels.flash_attention")
     q, k, v = _qkv(1, 4, 2048, 2048, 64, torch.float16, seed=5)
     flash_attention(q, k, v).sum().backward()
     # keys of free block sizes: (kernel, d, dtype, causal, Nq bucket, Nk bucket, capability, device)
