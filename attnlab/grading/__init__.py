@@ -2,19 +2,20 @@
 
 In an exercise notebook::
 
-    from attnlab.grading import check
-    check("attention-masks")   # PASS, or FAIL with the likely mistake
+    from attnlab.grading import check, hint
+    hint("attention-masks")    # the next of up to three hints
+    check("attention-masks")   # PASS, or FAIL with a counterexample and the likely mistake
 
 Instructors: ``attnlab generate`` writes exercises/ from solutions/; learners:
 ``attnlab start``, ``attnlab grade PATH``, ``attnlab progress``.
 """
 
-__all__ = ["check", "run_check"]
+__all__ = ["check", "hint", "run_check"]
 
 
 def __getattr__(name):
     # imported on first use: the CLI (grade, start, progress) must not pay for torch
-    if name in ("check", "run_check"):
+    if name in ("check", "hint", "run_check"):
         from attnlab.grading import checks
 
         return getattr(checks, name)

@@ -5,7 +5,7 @@
 answers each with the learner's *outputs*, published as one display message of type
 ``RESULT_MIME`` that the grader reads from the cell's reply. The grader picked the inputs
 (from a secret seed), computes the expected values, compares and scores in its own process.
-Nothing here knows the references (``attnlab.grading.specs``) or the scores.
+Nothing here knows the references (``attnlab.grading.exercises.*.spec``) or the scores.
 
 Requests (``op``):
 
@@ -35,7 +35,7 @@ GUARD = 4096  # elements of sentinel before and after every buffer
 # they are wired when a part is graded (and copies in the notebook's globals rebound then)
 PRELOAD = ("torch", "torch.nn.functional", "torch.special", "torch.nn.attention.flex_attention", "attnlab.attention",
            "attnlab.tiled", "attnlab.iomodel", "attnlab.approx", "attnlab.models.transformer",
-           "attnlab.models.seq2seq", "attnlab.grading.specs")
+           "attnlab.models.seq2seq")
 
 # tripwires: canonical dotted name -> (owner, attribute, original, wrapper)
 _WIRES = {}
@@ -240,16 +240,20 @@ def launch(obj, name, grid, make_args, kwargs, buffers, loads=()):
            "values": {k: b.view.detach().cpu().clone() for k, b in buffers.items()},
            "traced": seen is not None}
     if seen is not None:
-        loads_outside, stored, loaded = {}, {}, {k: {} for k in loads}
+        loads_outside, stored, loaded, traffic = {}, {}, {k: {} for k in loads}, {}
         for k, b in buffers.items():
             outside, written = 0, np.zeros(b.memory.numel(), dtype=bool)
             flags = b.inside.numpy()
             element = b.element.numpy()
+            moved = {"load_bytes": 0, "store_bytes": 0}
+            distinct = np.zeros(b.memory.numel(), dtype=bool)
             for program, op, addresses in seen:
                 index = b.indices(addresses)
                 if not index.size:
                     continue
+                moved[f"{op}_bytes"] += int(flags[index].sum()) * b.memory.element_size()
                 if op == "load":
+                    distinct[index[flags[index]]] = True
                     outside += int((~flags[index]).sum())
                     if k in loaded:
                         flat = element[index]
@@ -260,8 +264,10 @@ def launch(obj, name, grid, make_args, kwargs, buffers, loads=()):
                     written[index] = True
             loads_outside[k] = outside
             stored[k] = int((flags & ~written).sum())
+            traffic[k] = {**moved, "load_elements": int(distinct.sum())}
         out["loads_outside"] = loads_outside
         out["not_stored"] = stored
+        out["traffic"] = traffic  # bytes inside each tensor, every access counted (a row loaded twice: twice)
         out["loaded"] = {k: [[list(p), torch.tensor(sorted(s), dtype=torch.long)] for p, s in sorted(v.items())]
                          for k, v in loaded.items()}
     return out
@@ -335,7 +341,9 @@ def handle(req, ns):
     if op == "install":
         import importlib
 
-        for module in PRELOAD:  # imported now, so that a notebook can only ever get the tripwired versions
+        from attnlab.grading.parts import spec_modules
+
+        for module in PRELOAD + tuple(spec_modules()):  # imported now, so that a notebook can only ever get the tripwired versions
             try:
                 importlib.import_module(module)
             except Exception:

@@ -206,6 +206,102 @@ def diagnose(got, mistakes, args, kwargs, rtol=1e-4, atol=1e-5):
     return found
 
 
+def first_difference(got, want, rtol=1e-4, atol=1e-5):
+    """Where two results first differ: "at index (i, j): expected x, got y", or "" when it cannot tell."""
+    if isinstance(want, (tuple, list)) and isinstance(got, (tuple, list)) and len(got) == len(want):
+        for i, (g, w) in enumerate(zip(got, want)):
+            if mismatch(g, w, rtol, atol) is not None:
+                where = first_difference(g, w, rtol, atol)
+                return f"value {i} of the tuple, {where}" if where else ""
+        return ""
+    if not (torch.is_tensor(want) and torch.is_tensor(got)) or tuple(got.shape) != tuple(want.shape):
+        return ""
+    if want.dtype == torch.bool or got.dtype == torch.bool:
+        bad = got.cpu() != want.cpu()
+    else:
+        g, w = got.detach().double().cpu(), want.detach().double().cpu()
+        close = torch.isclose(g, w, rtol=rtol, atol=atol) | (torch.isnan(g) & torch.isnan(w))
+        bad = ~close
+    if not bad.any():
+        return ""
+    index = tuple(int(i) for i in torch.nonzero(bad)[0]) if bad.dim() else ()
+    return (f"first mismatch at index {index}: expected {_scalar(want[index])}, got {_scalar(got[index])} "
+            f"({int(bad.sum())} of {bad.numel()} entries differ)")
+
+
+def _scalar(x):
+    x = x.item() if torch.is_tensor(x) else x
+    return f"{x:.6g}" if isinstance(x, float) else repr(x)
+
+
+def describe_inputs(args, kwargs, names=None, small=12):
+    """The inputs of a case, for a counterexample: shapes and dtypes, and the values of small ones."""
+    def one(x):
+        if torch.is_tensor(x):
+            text = f"tensor of shape {tuple(x.shape)}, {str(x.dtype).replace('torch.', '')}"
+            if 0 < x.numel() <= small:
+                values = x.detach().cpu().tolist()
+                text += f" = {values}" if x.dtype == torch.bool else f" = {_rounded(values)}"
+            return text
+        if isinstance(x, (tuple, list)) and len(x) <= 8:
+            return "(" + ", ".join(one(v) for v in x) + ")"
+        return repr(x) if len(repr(x)) <= 60 else type(x).__name__
+
+    names = list(names or [])
+    parts = [f"{names[i] if i < len(names) else f'arg {i}'}: {one(a)}" for i, a in enumerate(args)]
+    parts += [f"{k}: {one(v)}" for k, v in kwargs.items()]
+    return "; ".join(parts)
+
+
+def _rounded(values):
+    if isinstance(values, list):
+        return [_rounded(v) for v in values]
+    return round(values, 4) if isinstance(values, float) else values
+
+
+def _parameter_names(fn):
+    import inspect
+
+    try:
+        return [p for p in inspect.signature(fn).parameters]
+    except (TypeError, ValueError):
+        return []
+
+
+def counterexample(label, got, want, args, kwargs, spec=None, rtol=1e-4, atol=1e-5):
+    """The lines a failure shows: the inputs, and where expected and got first differ."""
+    lines = [f"counterexample ({label}): {describe_inputs(args, kwargs, _parameter_names(spec) if spec else None)}"]
+    where = first_difference(got, want, rtol, atol)
+    if where:
+        lines.append(where)
+    return lines
+
+
+class Registry(dict):
+    """part id -> check body; ``@CHECKS("part-id")`` registers one (each exercise's checks.py has one)."""
+
+    def __call__(self, part_id):
+        def register(body):
+            if part_id in self:
+                raise KeyError(f"part {part_id!r} has two checks")
+            self[part_id] = body
+            return body
+
+        return register
+
+
+_SALT = [0]  # set by run_check for the grader (a secret), 0 for the inline check
+
+
+def gen(seed):
+    """A torch Generator for the case ``seed``, shifted by the grader's secret salt."""
+    return torch.Generator().manual_seed((seed + _SALT[0] * 7919) % (2**63))
+
+
+def randn(g, *shape, scale=1.0):
+    return torch.randn(*shape, generator=g) * scale
+
+
 def check_function(learner, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5):
     """Run the learner's ``name`` against ``spec`` on ``cases`` [(label, args, kwargs)].
 
@@ -226,7 +322,8 @@ def check_function(learner, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5
         why = mismatch(got, want, rtol, atol)
         if why:
             found = diagnose(got, mistakes, args, kwargs, rtol, atol)
-            raise Fail(f"`{name}` on {label}: {why}", found)
+            raise Fail("\n    ".join([f"`{name}` on {label}: {why}",
+                                      *counterexample(label, got, want, args, kwargs, spec, rtol, atol)]), found)
     return len(cases)
 
 

@@ -8,6 +8,9 @@ solutions/NN_name.ipynb are the source notebooks. In each:
 - a region between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` is dropped;
 - outputs and execution counts are cleared.
 
+A markdown cell holding ``<!-- manual: PART -->`` and a solution region is the written answer of a
+manual part (nbgrader's manually graded answer: ``grade`` and ``solution``, the part's points).
+
 Every cell gets nbgrader's schema-3 metadata, so an instructor can put solutions/
 into nbgrader's ``source/`` folder unchanged: a cell with a solution region is an
 autograded answer (``solution``), a cell that calls ``check("part-id")`` is an
@@ -29,6 +32,7 @@ from attnlab.grading.course import add_course_argument, find_course
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 CHECK_CALL = re.compile(r"""\bcheck\(\s*["']([A-Za-z0-9_-]+)["']""")
+MANUAL_MARK = re.compile(r"<!--\s*manual:\s*([A-Za-z0-9_-]+)\s*-->")
 SCHEMA_VERSION = 3
 
 
@@ -85,7 +89,17 @@ def annotate(nb, exercise, points):
     for i, cell in enumerate(nb.cells):
         ids = check_ids(cell.source) if cell.cell_type == "code" else []
         meta = {"schema_version": SCHEMA_VERSION}
-        if ids:
+        manual = MANUAL_MARK.findall(cell.source) if cell.cell_type == "markdown" else []
+        if manual:
+            part = manual[0]
+            if len(manual) != 1 or not has_solution(cell):
+                raise ValueError(f"cell {i + 1}: a manual answer cell holds one <!-- manual: PART --> mark and a "
+                                 f"{BEGIN_SOLUTION} ... {END_SOLUTION} region")
+            if part not in points:
+                raise ValueError(f"cell {i + 1}: <!-- manual: {part} --> names no part of {exercise}")
+            parts_seen.append(part)
+            meta.update(grade=True, solution=True, locked=False, grade_id=part, points=points[part])
+        elif ids:
             if len(ids) != 1:
                 raise ValueError(f"cell {i + 1}: one check per cell, found {ids}")
             part = ids[0]

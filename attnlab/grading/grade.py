@@ -10,7 +10,7 @@ part itself:
   source of a cell it executes; :mod:`attnlab.grading.agent` in the kernel calls the learner's
   function (or launches the learner's ``@triton.jit`` kernel) and answers with the outputs only,
   as one display message of the cell's reply (:mod:`attnlab.grading.wire`, never pickle);
-- it computes the expected values with the references of :mod:`attnlab.grading.specs` in its
+- it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`) in its
   own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
 - the part's answer cells must not use what the part forbids (:func:`attnlab.grading.parts.forbidden`):
   the worker reads their syntax tree (:mod:`attnlab.grading.shortcuts`), and the agent's
@@ -524,13 +524,28 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             feedback += "\n    (its check cell is missing: graded at the end of the notebook)"
         report["parts"].append({"name": p, "points": POINTS[p] if passed else 0, "max_points": POINTS[p],
                                 "feedback": feedback, "diagnosis": [] if r is None else r.get("diagnosis", [])})
-    for p in manual:  # graded by a person in nbgrader: reported, never scored here
+    for p in manual:  # graded by a person in nbgrader: reported with the learner's text, never scored here
+        answer = _manual_answer(nb, p)
+        state = "no answer written yet" if not answer else f"answered ({len(answer.split())} words)"
         report["parts"].append({"name": p, "points": 0, "max_points": 0, "manual": True, "diagnosis": [],
-                                "feedback": f"graded by hand ({POINTS[p]} points in nbgrader's manual grading)"})
+                                "answer": answer,
+                                "feedback": f"graded by hand ({POINTS[p]} points in nbgrader's manual grading): "
+                                            f"{state}"})
     if notes:
         report["notes"] = notes
     report["score"] = sum(part["points"] for part in report["parts"])
     return report
+
+
+def _manual_answer(nb, part):
+    """The learner's written answer of the manual part ``part`` ("" when none is written)."""
+    from attnlab.grading.generate import MANUAL_MARK
+
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and (_grade_id(cell) == part or part in MANUAL_MARK.findall(cell.source)):
+            text = MANUAL_MARK.sub("", cell.source).strip()
+            return "" if text in ("", "YOUR ANSWER HERE") else text
+    return ""
 
 
 def _worker_main(argv):

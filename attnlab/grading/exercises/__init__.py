@@ -1,0 +1,31 @@
+"""The exercises, one package each: ``eNN/__init__.py`` (parts, forbidden calls, hints; light),
+``eNN/spec.py`` (the references) and ``eNN/checks.py`` (the checks).
+
+A part is one of three kinds:
+
+- ``auto``: graded by ``attnlab grade`` against the references;
+- ``experiment``: also graded automatically: the learner runs an experiment with their own code and the
+  grader reproduces the measured quantity within a tolerance;
+- ``manual``: a short written answer in an nbgrader manually graded cell (a markdown cell holding
+  ``<!-- manual: PART-ID -->`` and a solution region), reported as ``manual`` and never auto-scored.
+
+To add an exercise: a package here, its name in ``PACKAGES``, and ``solutions/NN_name.ipynb``.
+"""
+
+from collections import namedtuple
+
+Part = namedtuple("Part", "id title points names kind", defaults=((), "auto"))
+KINDS = ("auto", "experiment", "manual")
+
+# in course order; each is attnlab.grading.exercises.<package>
+PACKAGES = ["e01", "e02", "e03", "e04", "e05", "e06", "e07", "e08", "e09"]
+
+# groups of what an answer may not call ("pkg.*": every function and class of pkg and its submodules;
+# "Class.method": one method)
+SOFTMAX = ["torch.softmax", "torch.Tensor.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
+           "torch.nn.Softmax.forward", "torch.log_softmax", "torch.Tensor.log_softmax",
+           "torch.nn.functional.log_softmax"]
+ATTENTION = ["torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
+             "torch.nn.MultiheadAttention.forward", "torch.nn.attention.flex_attention.flex_attention"]
+BLOCK_MASKS = ["torch.nn.attention.flex_attention.create_block_mask", "torch.nn.attention.flex_attention.create_mask"]
+AUTOGRAD = ["torch.autograd.grad", "torch.Tensor.backward", "torch.autograd.backward"]

@@ -1,0 +1,163 @@
+"""Launching a learner's Triton kernel under guard: what every Triton part's check shares.
+
+The Triton parts follow Triton-Puzzles: the spec fixes the kernel's signature, the
+learner writes the kernel, and the check launches it itself (so it chooses the
+grid, the block sizes and the memory layout). Every tensor the kernel sees lives
+inside a larger buffer whose surroundings (padding after each row or head, and
+guard regions before and after) are filled with a sentinel value:
+
+- a store outside the tensor changes the sentinel: an **out-of-bounds store**;
+- a load outside the tensor reads the sentinel, so running the kernel again with
+  a different sentinel changes its output: an **out-of-bounds load**;
+- elements of the output still holding the sentinel were never written.
+
+In the interpreter every load is also recorded with the program that made it, so
+the block-sparse check can fail a kernel that loads K/V blocks its mask leaves out
+(right numbers, dense traffic); on a GPU that part is skipped, and the check says so.
+
+Under Triton's interpreter (CPU) the buffers are real memory, so an access that
+stays within the guards is caught here instead of corrupting the process. The
+kernel runs on the GPU when there is one, else in the interpreter, whatever
+``TRITON_INTERPRET`` was when the learner defined it.
+"""
+
+import math
+
+import torch
+
+from attnlab.grading.agent import device as _device
+from attnlab.grading.core import Fail, Mistake, counterexample, diagnose, learner_of, mismatch, present, value_of
+
+SENTINELS = (7.25, -3.5)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def next_power_of_2(n):
+    return 1 << max(0, (n - 1).bit_length())
+
+
+OOB_LOAD = Mistake("out-of-bounds-load", "an out-of-bounds load: the kernel reads memory past the end of a row or "
+                   "block (its output depends on what lies there); mask the load, e.g. "
+                   "tl.load(ptr + offs, mask=offs < n, other=...)", None)
+OOB_STORE = Mistake("out-of-bounds-store", "an out-of-bounds store: the kernel writes past the end of the output; "
+                    "pass mask=offs < n to tl.store", None)
+OFF_BY_ONE = Mistake("off-by-one-block-edge", "off by one at the block edge: exactly one element past the end is "
+                     "touched; the mask is offs < n, not offs <= n", None)
+NOT_STORED = Mistake("not-stored-by-kernel", "the output must be written by the kernel's own tl.store: elements of it "
+                     "were written some other way (PyTorch code inside or around the kernel)", None)
+
+
+def run_guarded(learner, name, label, buffers, grid, args, kwargs, outputs, loads=None, traffic=None):
+    """Have the learner's kernel launched twice with different sentinels; detect stray accesses.
+
+    buffers: {name: {"data": tensor, "pad_rows": r, "pad_cols": c}} for inputs,
+    {name: {"shape": [...], "output": True, ...}} for outputs (they start as the sentinel);
+    args: the kernel's arguments as :func:`attnlab.grading.agent.build_args` reads them;
+    outputs: names of the output buffers. Returns {name: output tensor} of the first run.
+    loads: optional {buffer name: None}; in the interpreter each entry is set to what the first
+    run's programs loaded from that buffer ({program: bool tensor}); on a GPU it stays None.
+    traffic: optional dict; in the interpreter it is filled with the first run's traffic per buffer,
+    {name: {"load_bytes", "store_bytes", "load_elements"}} (bytes count every access, so a row loaded
+    twice counts twice; load_elements counts distinct elements); on a GPU it stays empty.
+    Check it against a budget with :func:`check_traffic`.
+    """
+    learner = learner_of(learner)
+    request = {"name": name, "grid": list(grid), "buffers": buffers, "args": args, "kwargs": kwargs,
+               "sentinels": list(SENTINELS), "loads": sorted(loads or {})}
+    reply = learner.launch(request)
+    present(reply, name)
+    if "result" not in reply:
+        raise Fail(f"`{name}`: the grader got no result for {label}")
+    runs = value_of(reply["result"], name, f"launching it on {label}")
+    shapes = {k: tuple(b["data"].shape) if "data" in b else tuple(b["shape"]) for k, b in buffers.items()}
+    if not isinstance(runs, list) or len(runs) != len(SENTINELS):
+        raise Fail(f"`{name}` on {label}: the kernel's launch reported nothing the grader can read")
+    values = []
+    for run in runs:
+        changed = run["outside_changed"]
+        bad = {k: int(n) for k, n in changed.items() if n}
+        if bad:
+            where = ", ".join(f"{n} element(s) around `{k}`" for k, n in bad.items())
+            found = [OFF_BY_ONE] if sum(bad.values()) <= max(1, len(bad)) * _rows_of(shapes, bad) else []
+            raise Fail(f"`{name}` on {label}: wrote outside its tensors ({where})", [OOB_STORE, *found])
+        bad_loads = {k: int(n) for k, n in run.get("loads_outside", {}).items() if n}
+        if bad_loads:
+            where = ", ".join(f"{n} element(s) outside `{k}`" for k, n in bad_loads.items())
+            found = [OFF_BY_ONE] if sum(bad_loads.values()) <= len(bad_loads) * _rows_of(shapes, bad_loads) else []
+            raise Fail(f"`{name}` on {label}: loaded {where}", [OOB_LOAD, *found])
+        for k in outputs:
+            unwritten = int(run["never_written"][k])
+            if unwritten:
+                raise Fail(f"`{name}` on {label}: {unwritten} element(s) of `{k}` were never written; "
+                           f"does the grid (or the offsets) cover the whole tensor?")
+            not_stored = int(run.get("not_stored", {}).get(k, 0))
+            if not_stored:
+                raise Fail(f"`{name}` on {label}: {not_stored} element(s) of `{k}` hold values no tl.store of the "
+                           f"kernel wrote", [NOT_STORED])
+        out = {}
+        for k in outputs:
+            v = run["values"][k]
+            if not torch.is_tensor(v) or tuple(v.shape) != shapes[k]:
+                raise Fail(f"`{name}` on {label}: the kernel's launch reported an output the grader cannot read")
+            out[k] = v
+        values.append(out)
+    for k in outputs:
+        a, b = values[0][k], values[1][k]
+        if not torch.equal(torch.nan_to_num(a, nan=1.5), torch.nan_to_num(b, nan=1.5)):
+            raise Fail(f"`{name}` on {label}: the output depends on memory outside the input tensors", [OOB_LOAD])
+    if traffic is not None and runs[0].get("traced"):
+        traffic.clear()
+        traffic.update({k: dict(v) for k, v in runs[0].get("traffic", {}).items()})
+    if loads is not None and runs[0].get("traced"):
+        for k in loads:
+            seen = {}
+            for program, flat in runs[0]["loaded"][k]:
+                mask = torch.zeros(math.prod(shapes[k]), dtype=torch.bool)
+                mask[flat.long()] = True
+                seen[tuple(int(i) for i in program)] = mask.view(shapes[k])
+            loads[k] = seen
+    return values[0]
+
+
+def _rows_of(shapes, bad):
+    # one stray element per row (or per slice) is the signature of an off-by-one mask
+    return max(math.prod(shapes[k][:-1]) for k in bad)
+
+
+def kernel_failure(label, name, got, want, mistakes, args, kwargs, uses_dot=False):
+    # On an NVIDIA GPU tl.dot multiplies float32 in TF32 by default (10 mantissa bits): a correct
+    # kernel is then ~1e-3 from the float32 spec. Every mistake the checks name is off by far more.
+    tol = 5e-3 if (uses_dot and _device() == "cuda") else None
+    rtol, atol = (tol, tol) if tol else (1e-4, 1e-5)
+    why = mismatch(got, want, rtol, atol)
+    if why:
+        raise Fail("\n    ".join([f"`{name}` on {label}: {why}", *counterexample(label, got, want, args, kwargs,
+                                                                            rtol=rtol, atol=atol)]),
+                   diagnose(got, mistakes, args, kwargs, rtol, atol))
+
+
+TOO_MUCH_TRAFFIC = Mistake("extra-traffic", "the kernel moves more bytes than the part allows: load each input "
+                           "element once (keep what you need in registers instead of loading it again) and store "
+                           "each output element once", None)
+
+
+def check_traffic(name, label, traffic, budget, mistakes=()):
+    """Fail unless the traced ``traffic`` (from :func:`run_guarded`) fits ``budget``.
+
+    budget: {buffer name: (max load bytes, max store bytes)} (None: not limited). On a GPU there is
+    no trace (``traffic`` is empty) and nothing is checked: returns False; True when checked.
+    """
+    if not traffic:
+        return False
+    for k, (max_load, max_store) in budget.items():
+        seen = traffic.get(k, {"load_bytes": 0, "store_bytes": 0})
+        if max_load is not None and seen["load_bytes"] > max_load:
+            raise Fail(f"`{name}` on {label}: loaded {seen['load_bytes']} bytes from `{k}`; the budget is "
+                       f"{max_load} bytes ({seen['load_bytes'] / max(max_load, 1):.2f}x)", [*mistakes, TOO_MUCH_TRAFFIC])
+        if max_store is not None and seen["store_bytes"] > max_store:
+            raise Fail(f"`{name}` on {label}: stored {seen['store_bytes']} bytes to `{k}`; the budget is "
+                       f"{max_store} bytes ({seen['store_bytes'] / max(max_store, 1):.2f}x)", [*mistakes, TOO_MUCH_TRAFFIC])
+    return True
