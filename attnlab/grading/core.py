@@ -71,10 +71,13 @@ class LocalLearner:
         self.ns = ns
         self.forbidden = forbidden  # None: the part's own list (set by run_check)
 
-    def call(self, name, cases):
+    def call(self, name, cases, grad=None):
         from attnlab.grading import agent
 
-        return agent.handle({"op": "call", "name": name, "cases": cases, "forbidden": self.forbidden or []}, self.ns)
+        req = {"op": "call", "name": name, "cases": cases, "forbidden": self.forbidden or []}
+        if grad is not None:
+            req["grad"] = grad
+        return agent.handle(req, self.ns)
 
     def launch(self, request):
         from attnlab.grading import agent
@@ -325,6 +328,71 @@ def check_function(learner, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5
             raise Fail("\n    ".join([f"`{name}` on {label}: {why}",
                                       *counterexample(label, got, want, args, kwargs, spec, rtol, atol)]), found)
     return len(cases)
+
+
+def check_with_gradients(learner, name, spec, cases, inputs, output=None, mistakes=(), rtol=1e-4, atol=1e-5,
+                         labels=None):
+    """Like :func:`check_function`, and also backpropagate: the learner's ``name`` is called (in its
+    kernel) with the arguments at positions ``inputs`` requiring grad, and ``grad_output`` is
+    backpropagated from its output (``output``: an index into a returned tuple, or None).
+
+    cases: [(label, args, kwargs, grad_output)]; ``spec(*args, **kwargs)`` returns the expected
+    output and ``spec_grads`` is computed here by autograd through the spec. labels: names of the
+    gradients in messages (default dArg0...). Returns the number of cases passed.
+    """
+    learner = learner_of(learner)
+    grad = {"inputs": list(inputs), "output": output}
+    reply = learner.call(name, [[clone(a), clone(k), clone(g)] for _l, a, k, g in cases], grad=grad)
+    present(reply, name)
+    results = reply.get("results", [])
+    names = labels or [f"the gradient of argument {i}" for i in inputs]
+    for i, (label, args, kwargs, grad_output) in enumerate(cases):
+        if i >= len(results):
+            raise Fail(f"`{name}`: the grader got no result for {label}")
+        got = value_of(results[i], name, label)
+        if not isinstance(got, dict) or "out" not in got:
+            raise Fail(f"`{name}` on {label}: the grader could not read the result")
+        a = list(clone(args))
+        for j in inputs:
+            a[j] = a[j].detach().requires_grad_(True)
+        out = spec(*a, **clone(kwargs))
+        y = out if output is None else out[output]
+        y.backward(grad_output)
+        want_out = out.detach() if torch.is_tensor(out) else type(out)(o.detach() for o in out)
+        why = mismatch(got["out"], want_out, rtol, atol)
+        if why:
+            raise Fail("\n    ".join([f"`{name}` on {label} (forward): {why}",
+                                      *counterexample(label, got["out"], want_out, args, kwargs, spec, rtol, atol)]),
+                       diagnose(got["out"], mistakes, args, kwargs, rtol, atol))
+        for j, gname, g in zip(inputs, names, got["grads"]):
+            if g is None:
+                raise Fail(f"`{name}` on {label}: {gname} is None: the backward returned no gradient for it")
+            why = mismatch(g, a[j].grad, rtol, atol)
+            if why:
+                raise Fail("\n    ".join([f"`{name}` on {label}: {gname}: {why}",
+                                          *counterexample(label, g, a[j].grad, args, kwargs, spec, rtol, atol)]),
+                           _diagnose_gradient(g, j, mistakes, args, kwargs, inputs, output, grad_output, rtol, atol))
+    return len(cases)
+
+
+def _diagnose_gradient(got, j, mistakes, args, kwargs, inputs, output, grad_output, rtol, atol):
+    """The mistakes (differentiable wrong versions of the spec) whose gradient of argument ``j`` equals ``got``."""
+    found = []
+    for m in mistakes:
+        if m.impl is None:
+            continue
+        try:
+            a = list(clone(args))
+            for i in inputs:
+                a[i] = a[i].detach().requires_grad_(True)
+            out = m.impl(*a, **clone(kwargs))
+            y = out if output is None else out[output]
+            y.backward(grad_output)
+            if a[j].grad is not None and mismatch(got, a[j].grad, rtol, atol, equal_nan=True) is None:
+                found.append(m)
+        except Exception:
+            continue
+    return found
 
 
 def run_part(part_id, body, learner):

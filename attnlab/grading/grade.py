@@ -252,8 +252,11 @@ class RemoteLearner:
             return {"agent_error": problem[1]}
         return reply
 
-    def call(self, name, cases):
-        return self._ask({"op": "call", "name": name, "cases": cases, "forbidden": self.forbidden})
+    def call(self, name, cases, grad=None):
+        req = {"op": "call", "name": name, "cases": cases, "forbidden": self.forbidden}
+        if grad is not None:
+            req["grad"] = grad
+        return self._ask(req)
 
     def launch(self, request):
         return self._ask({**request, "op": "launch", "forbidden": self.forbidden})
