@@ -162,3 +162,10 @@ def test_lab_finds_the_lessons_and_names_a_bad_dir(capsys):
     status = cli.main(["lab", "--dir", str(ROOT / "no-such-folder")])
     assert status == 2
     assert "--dir" in capsys.readouterr().err
+
+
+def test_every_python_package_of_attnlab_is_shipped():
+    # a package missing from pyproject's list works in the editable checkout and is absent from a wheel
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "attnlab").rglob("__init__.py")}
+    assert found - listed == set()

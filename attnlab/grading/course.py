@@ -7,8 +7,9 @@ worktree and an installed package alike:
 2. the environment variable ``ATTNLAB_COURSE``;
 3. the current folder or one above it that holds an ``exercises/`` or
    ``solutions/`` folder next to an ``attnlab/`` package or a ``pyproject.toml``;
-4. the checkout the imported ``attnlab`` package lives in (editable installs);
-5. the copy shipped inside the installed package (``attnlab/course/exercises``).
+4. the checkout the imported ``attnlab`` package lives in (editable installs, as ``make lab`` makes).
+
+The notebooks are not shipped inside the package: the course is a checkout.
 """
 
 import os
@@ -43,8 +44,6 @@ def find_course(course=None, start=None):
             return folder
     if _is_course(PACKAGE_DIR.parent):
         return PACKAGE_DIR.parent
-    if (PACKAGE_DIR / "course" / "exercises").is_dir():
-        return PACKAGE_DIR / "course"
     raise FileNotFoundError(
         "could not find the course's exercises/ folder: run this inside the course checkout, "
         "or pass --course DIR (or set ATTNLAB_COURSE)"
