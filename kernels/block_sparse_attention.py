@@ -25,8 +25,11 @@ import math
 
 import torch
 
+from attnlab import validate
+
+from ._runtime import use_interpreter
 from .block_mask import BlockMask, _check_block_size, causal_block_mask
-from .flash_attention import _FlashAttention, _validate_qkv
+from .flash_attention import _FlashAttention
 
 __all__ = ["block_sparse_attention", "prepare_block_mask"]
 
@@ -83,13 +86,12 @@ def block_sparse_attention(q, k, v, block_mask, block_size=None, causal=False, s
 
     Example: ``o = block_sparse_attention(q, k, v, local_mask(512, 512, 64, (64, 64)))``
     """
-    _validate_qkv(q, k, v, scale, causal)
+    scale = validate.kernel_qkv(q, k, v, scale, causal, interpreted=use_interpreter)   # 1/sqrt(d) for None
     if block_size is not None:
         _check_block_size(block_size)
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
     bm, lists = prepare_block_mask(block_mask, block_size, n_q, n_k, B, H, causal, q.device)
-    scale = float(d ** -0.5 if scale is None else scale)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     blocks = bm.block_size
     o, _ = _FlashAttention.apply(q, k, v, causal, scale, blocks, blocks, lists)
