@@ -21,13 +21,16 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import warnings
 
 import torch
 
 __all__ = ["tensor", "like", "qkv", "scale", "flag", "integer", "power_of_two", "number_in", "one_of", "bool_mask",
-           "block_pair", "kernel_qkv", "kernel_blocks", "interpreter_dtypes", "KERNEL_HEAD_DIMS", "KERNEL_DTYPES"]
+           "block_pair", "kernel_qkv", "kernel_blocks", "interpreter_dtypes", "KERNEL_HEAD_DIMS", "KERNEL_DTYPES",
+           "renamed_keywords"]
 
 # What the Triton attention kernels (attnlab.kernels) accept: one head dim of these for q, k and
 # v (a power of two the tiles hold whole), in one of these dtypes (bfloat16 on a GPU only).
@@ -155,11 +158,11 @@ def bool_mask(mask, name, shape, meaning="True = attend"):
 
 
 def block_pair(value, name="block_size", *, allowed=None, single_int=True):
-    """A tile size (BQ, BK) as a tuple of two positive ints (an int means a square tile when
-    ``single_int``); with ``allowed``, each must be one of those sizes."""
+    """A tile size ``(block_m, block_n)`` (query rows, key columns) as a tuple of two positive ints
+    (an int means a square tile when ``single_int``); with ``allowed``, each must be one of those sizes."""
     if single_int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
         value = (value, value)
-    what = "an int or a pair of ints (BQ, BK)" if single_int else "a pair of ints (BQ, BK)"
+    what = "an int or a pair of ints (block_m, block_n)" if single_int else "a pair of ints (block_m, block_n)"
     if (not isinstance(value, (tuple, list)) or len(value) != 2
             or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) for b in value)):
         raise TypeError(f"{name}: expected {what}, got {value!r}")
@@ -205,3 +208,23 @@ def kernel_blocks(block_m, block_n):
     """A kernel's tile sizes: ``block_m`` query rows and ``block_n`` key columns per tile (Triton's
     BLOCK_M and BLOCK_N), each an int power of two >= 16 (``tl.dot`` needs 16)."""
     return power_of_two(block_m, "block_m"), power_of_two(block_n, "block_n")
+
+
+def renamed_keywords(**renames):
+    """Decorator for a public function whose keyword arguments were renamed (``old="new"``): the
+    old name keeps working for one release, with a ``DeprecationWarning`` that names the new one
+    (the README's "Changes" section lists each rename). Passing both names is a ``TypeError``.
+    The wrapper keeps the function's name, signature and source (``functools.wraps``)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for old, new in renames.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{old}: expected only {new} (its new name), got both")
+                    warnings.warn(f"{fn.__name__}: the keyword {old} is deprecated and will be removed after "
+                                  f"attnlab 0.2; use {new}", DeprecationWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return wrapper
+    return decorate

@@ -12,7 +12,7 @@ What you learn here:
   blocks that see it (``q_num_blocks``, ``q_indices``), because the dK/dV kernel loops over
   query blocks;
 * the traffic therefore scales with the density: per (batch, head), about
-  ``Nq d + density * ceil(Nq / BQ) * 2 Nk d`` elements read for the forward
+  ``Nq d + density * ceil(Nq / block_m) * 2 Nk d`` elements read for the forward
   (``attnlab.iomodel.block_sparse_forward_io`` gives the exact count for a given mask).
 
 The naive version is dense attention under the element mask the block mask implies
@@ -79,8 +79,9 @@ def block_sparse_attention(q, k, v, block_mask, block_size=None, causal=False, s
     """Attention computed only on the tiles a block mask keeps; differentiable.
 
     q: (B, H, Nq, d), k and v: (B, H, Nk, d), d in 16, 32, 64, 128.
-    block_mask: a :class:`BlockMask`, or a bool tensor (B or 1, H or 1, ceil(Nq/BQ), ceil(Nk/BK))
-    with ``block_size=(BQ, BK)`` (default (64, 64)); BQ and BK in 16, 32, 64, 128.
+    block_mask: a :class:`BlockMask`, or a bool tensor (B or 1, H or 1, ceil(Nq/block_m),
+    ceil(Nk/block_n)) with ``block_size=(block_m, block_n)`` (default (64, 64)), query rows and key
+    columns per tile, each 16, 32, 64 or 128.
     ``causal`` additionally masks key > query inside the kept tiles (top-left aligned).
     Query rows that see no key output zeros. Returns o (B, H, Nq, d).
 
