@@ -98,6 +98,7 @@ def softmax(x, dim=-1):
     Example: ``softmax(torch.tensor([1000.0, 1000.0]))  # tensor([0.5, 0.5])``
     """
     validate.tensor(x, "x", floating=True)
+    validate.dim(dim, x)
     if x.shape[dim] == 0:                        # no entries to weigh (no keys at all): nothing to do
         return x.clone()
     m = x.amax(dim=dim, keepdim=True).detach()   # (..., 1, ...) row maxima; the shift cancels, so no gradient
@@ -118,6 +119,7 @@ def masked_softmax(x, mask, dim=-1):
     """
     validate.tensor(x, "x", floating=True)
     validate.bool_mask(mask, "mask", x.shape, "True = keep")
+    validate.dim(dim, x)
     if x.shape[dim] == 0:                              # no entries to weigh (no keys at all)
         return x.clone()
     x = x.masked_fill(~mask, float("-inf"))            # (...) masked scores -> -inf

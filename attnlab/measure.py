@@ -32,6 +32,8 @@ import warnings
 
 import torch
 
+from attnlab import validate
+
 __all__ = ["peak_memory", "time_call", "random_qkv", "scaling_sweep", "longest_sequence", "format_bytes"]
 
 
@@ -178,7 +180,11 @@ def scaling_sweep(methods, ns, d=64, batch=1, heads=1, device=None, dtype=torch.
     Example: ``scaling_sweep({"sdpa": torch.nn.functional.scaled_dot_product_attention}, [256, 512])``
     """
     if not isinstance(methods, dict) or not methods:
-        raise TypeError("methods: expected a non-empty dict {name: fn(q, k, v)}")
+        raise TypeError(f"methods: expected a non-empty dict {{name: fn(q, k, v)}}, got {type(methods).__name__} "
+                        f"of {len(methods) if isinstance(methods, dict) else 'no'} entries")
+    for name, fn in methods.items():
+        if not callable(fn):
+            raise TypeError(f"methods: expected a callable for {name!r}, got {type(fn).__name__}")
     dev = _device(device)
     rows = []
     for n in ns:
@@ -208,13 +214,11 @@ def longest_sequence(fn, budget_bytes, d=64, batch=1, heads=1, device=None, dtyp
     """
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
-    if not isinstance(budget_bytes, int) or budget_bytes <= 0:
-        raise ValueError(f"budget_bytes: expected a positive int, got {budget_bytes!r}")
-    for name, value in (("step", step), ("n_start", n_start), ("n_max", n_max)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    if n_start % step or n_max % step:
-        raise ValueError(f"n_start, n_max: must be multiples of step={step}")
+    for name, value in (("budget_bytes", budget_bytes), ("step", step), ("n_start", n_start), ("n_max", n_max)):
+        validate.integer(value, name)
+    for name, value in (("n_start", n_start), ("n_max", n_max)):
+        if value % step:
+            raise ValueError(f"{name}: expected a multiple of step={step}, got {value}")
     dev = _device(device)
     probes = {}
 

@@ -30,7 +30,7 @@ import torch
 
 __all__ = ["tensor", "like", "qkv", "scale", "flag", "integer", "power_of_two", "number_in", "one_of", "bool_mask",
            "block_pair", "kernel_qkv", "kernel_blocks", "interpreter_dtypes", "KERNEL_HEAD_DIMS", "KERNEL_DTYPES",
-           "renamed_keywords"]
+           "renamed_keywords", "dim"]
 
 # What the Triton attention kernels (attnlab.kernels) accept: one head dim of these for q, k and
 # v (a power of two the tiles hold whole), in one of these dtypes (bfloat16 on a GPU only).
@@ -101,6 +101,18 @@ def scale(value, head_dim, *, positive=False):
     if positive and not value > 0:
         raise ValueError(f"scale: expected a positive number, got {value}")
     return float(value)
+
+
+def dim(value, x, name="dim"):
+    """``value`` is an int (not a bool) that indexes a dimension of tensor ``x`` (negative counts
+    from the end, as in torch)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {_type_name(value)}")
+    n = max(x.dim(), 1)   # a 0-D tensor has dims -1 and 0, as in torch
+    if not -n <= value < n:
+        raise ValueError(f"{name}: expected an int in [{-n}, {n - 1}] for a tensor of shape {tuple(x.shape)}, "
+                         f"got {value}")
+    return int(value)
 
 
 def flag(value, name):
