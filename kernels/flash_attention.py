@@ -148,7 +148,9 @@ def _attn_fwd_kernel(
 
 
 # ---------------------------------------------------------------------------------------
-# Backward kernels
+# Backward kernels. Their opening lines (program ids, batch and head, offsets, the loads of a
+# block) repeat the forward's on purpose, as in Triton's fused-attention tutorial: each kernel
+# reads on its own from top to bottom.
 # ---------------------------------------------------------------------------------------
 @jit
 def _attn_bwd_preprocess_kernel(

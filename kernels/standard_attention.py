@@ -39,6 +39,9 @@ __all__ = ["standard_attention", "standard_block_sizes"]
 #   p = torch.softmax(s, dim=-1)             # read Nq Nk;         write Nq Nk
 #   o = p @ v                                # read Nq Nk + Nk d;  write Nq d
 # The kernels below do the same with the reads of tiled kernels counted exactly.
+# Each kernel opens with the same few lines (program ids, batch and head, row offsets, the first
+# load) as the kernels of flash_attention.py do: written out in each on purpose, as in Triton's
+# tutorials, so that every kernel reads on its own from top to bottom.
 
 
 @jit
