@@ -179,9 +179,10 @@ def scaling_sweep(methods, ns, d=64, batch=1, heads=1, device=None, dtype=torch.
 
     Example: ``scaling_sweep({"sdpa": torch.nn.functional.scaled_dot_product_attention}, [256, 512])``
     """
-    if not isinstance(methods, dict) or not methods:
-        raise TypeError(f"methods: expected a non-empty dict {{name: fn(q, k, v)}}, got {type(methods).__name__} "
-                        f"of {len(methods) if isinstance(methods, dict) else 'no'} entries")
+    if not isinstance(methods, dict):
+        raise TypeError(f"methods: expected a dict {{name: fn(q, k, v)}}, got {type(methods).__name__}")
+    if not methods:
+        raise ValueError("methods: expected at least one method, got an empty dict")
     for name, fn in methods.items():
         if not callable(fn):
             raise TypeError(f"methods: expected a callable for {name!r}, got {type(fn).__name__}")

@@ -241,6 +241,8 @@ OTHER_ROWS = [
     (measure.peak_memory, "not callable", lambda: measure.peak_memory(3), TypeError, "fn"),
     (measure.time_call, "not callable", lambda: measure.time_call(3), TypeError, "fn"),
     (measure.scaling_sweep, "not callable", lambda: measure.scaling_sweep({"x": 3}, [16]), TypeError, "methods"),
+    (measure.scaling_sweep, "not a dict", lambda: measure.scaling_sweep([torch.exp], [16]), TypeError, "methods"),
+    (measure.scaling_sweep, "no methods", lambda: measure.scaling_sweep({}, [16]), ValueError, "methods"),
     (measure.longest_sequence, "not callable", lambda: measure.longest_sequence(3, 2**20), TypeError, "fn"),
 ]
 
