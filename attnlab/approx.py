@@ -100,8 +100,8 @@ def local_window_mask(n_q, n_k, window, causal=False, device=None):
 def local_window_block_mask(n_q, n_k, window, block_size=(64, 64), causal=False, device=None):
     """The block mask that covers :func:`local_window_mask`: a block is kept if any pair in it is.
 
-    Returns a bool tensor ``(1, 1, ceil(n_q / BQ), ceil(n_k / BK))`` for
-    ``block_size=(BQ, BK)``, the layout ``block_sparse_reference`` and the
+    Returns a bool tensor ``(1, 1, ceil(n_q / block_m), ceil(n_k / block_n))`` for
+    ``block_size=(block_m, block_n)``, the layout ``block_sparse_reference`` and the
     block-sparse kernel take. Kept blocks still need the element mask inside
     them to give exactly local-window attention; on its own the block mask
     gives a slightly wider (block-aligned) window.
@@ -366,7 +366,7 @@ def local_window_io(batch, heads, n, d=64, window=64, block_size=(64, 64), bytes
 
     The kernel visits only the blocks :func:`local_window_block_mask` keeps, so this is
     :func:`attnlab.iomodel.block_sparse_forward_io` under that mask: per kept block one K and
-    one V tile read and ``4 B_q B_k d`` FLOPs; Q read and O written once. No n x n matrix
+    one V tile read and ``4 block_m block_n d`` FLOPs; Q read and O written once. No n x n matrix
     reaches HBM, and the cost grows as ``n * window`` instead of ``n^2``.
     Returns an :class:`attnlab.iomodel.IO`.
 

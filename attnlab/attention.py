@@ -98,6 +98,7 @@ def softmax(x, dim=-1):
     Example: ``softmax(torch.tensor([1000.0, 1000.0]))  # tensor([0.5, 0.5])``
     """
     validate.tensor(x, "x", floating=True)
+    validate.dim(dim, x)
     if x.shape[dim] == 0:                        # no entries to weigh (no keys at all): nothing to do
         return x.clone()
     m = x.amax(dim=dim, keepdim=True).detach()   # (..., 1, ...) row maxima; the shift cancels, so no gradient
@@ -118,6 +119,7 @@ def masked_softmax(x, mask, dim=-1):
     """
     validate.tensor(x, "x", floating=True)
     validate.bool_mask(mask, "mask", x.shape, "True = keep")
+    validate.dim(dim, x)
     if x.shape[dim] == 0:                              # no entries to weigh (no keys at all)
         return x.clone()
     x = x.masked_fill(~mask, float("-inf"))            # (...) masked scores -> -inf
@@ -365,14 +367,14 @@ def naive_attention(q, k, v, causal=False, scale=None):
 def block_sparse_reference(q, k, v, block_mask, block_size=None, causal=False, scale=None):
     """Dense attention under the element mask that a block mask implies.
 
-    The (Nq, Nk) score matrix is cut into tiles of ``block_size = (BQ, BK)``; tile (i, j) is
-    computed iff ``block_mask[..., i, j]`` is True. This is the spec a block-sparse kernel must
-    match: it skips the tiles that are False and computes the rest exactly.
+    The (Nq, Nk) score matrix is cut into tiles of ``block_size = (block_m, block_n)`` (query rows,
+    key columns); tile (i, j) is computed iff ``block_mask[..., i, j]`` is True. This is the spec a
+    block-sparse kernel must match: it skips the tiles that are False and computes the rest exactly.
 
-    block_mask: bool ``(B or 1, H or 1, ceil(Nq/BQ), ceil(Nk/BK))``, or an object with ``.mask``
-    (that tensor) and ``.block_size`` (BQ, BK), such as ``attnlab.kernels.BlockMask``.
-    block_size: int or (BQ, BK); optional when ``block_mask`` carries it. causal: top-left, ANDed
-    with the block mask. Rows with no visible key output zeros.
+    block_mask: bool ``(B or 1, H or 1, ceil(Nq/block_m), ceil(Nk/block_n))``, or an object with
+    ``.mask`` (that tensor) and ``.block_size`` (block_m, block_n), such as
+    ``attnlab.kernels.BlockMask``. block_size: int or (block_m, block_n); optional when
+    ``block_mask`` carries it. causal: top-left, ANDed with the block mask. Rows with no visible key output zeros.
     q: (B, H, Nq, D), k: (B, H, Nk, D), v: (B, H, Nk, Dv) -> out (B, H, Nq, Dv).
 
     Example: ``out = block_sparse_reference(q, k, v, torch.eye(4, dtype=torch.bool)[None, None], 16)``
@@ -391,17 +393,17 @@ def block_sparse_reference(q, k, v, block_mask, block_size=None, causal=False, s
     if block_mask.dtype != torch.bool:
         raise TypeError(f"block_mask: expected a bool tensor, got dtype {block_mask.dtype}")
     if block_size is None:
-        raise TypeError("block_size: expected an int or (BQ, BK) since block_mask carries none, got None")
-    BQ, BK = validate.block_pair(block_size)
+        raise TypeError("block_size: expected an int or (block_m, block_n) since block_mask carries none, got None")
+    block_m, block_n = validate.block_pair(block_size)
     B, H, Nq, _ = q.shape
     Nk = k.shape[2]
-    n_qb, n_kb = -(-Nq // BQ), -(-Nk // BK)      # ceil divisions
+    n_qb, n_kb = -(-Nq // block_m), -(-Nk // block_n)      # ceil divisions
     if (block_mask.shape[0] not in (1, B) or block_mask.shape[1] not in (1, H)
             or tuple(block_mask.shape[2:]) != (n_qb, n_kb)):
         raise ValueError(f"block_mask: expected shape ({B} or 1, {H} or 1, {n_qb}, {n_kb}) for "
-                         f"Nq={Nq}, Nk={Nk}, block_size=({BQ}, {BK}), got {tuple(block_mask.shape)}")
+                         f"Nq={Nq}, Nk={Nk}, block_size=({block_m}, {block_n}), got {tuple(block_mask.shape)}")
     if block_mask.device != q.device:
         raise ValueError(f"block_mask: expected device {q.device} (the device of q), got {block_mask.device}")
-    element_mask = block_mask.repeat_interleave(BQ, dim=2).repeat_interleave(BK, dim=3)  # (b, h, n_qb*BQ, n_kb*BK)
-    element_mask = element_mask[:, :, :Nq, :Nk]                                          # (b, h, Nq, Nk)
+    element_mask = block_mask.repeat_interleave(block_m, dim=2).repeat_interleave(block_n, dim=3)
+    element_mask = element_mask[:, :, :Nq, :Nk]       # (b, h, n_qb*block_m, n_kb*block_n) -> (b, h, Nq, Nk)
     return scaled_dot_product_attention(q, k, v, mask=element_mask, causal=causal, scale=scale)

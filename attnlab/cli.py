@@ -27,11 +27,9 @@ def build_parser():
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        try:
-            add = import_module(module).add_arguments
-        except ImportError:
-            continue
-        add(p)
+        # every command module needs only the standard library and attnlab's required
+        # dependencies (torch, numpy, tqdm), so an ImportError here is a broken install: let it show
+        import_module(module).add_arguments(p)
     return parser
 
 

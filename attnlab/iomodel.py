@@ -1,4 +1,4 @@
-"""The IO model: HBM bytes read and written, and FLOPs, of standard, FlashAttention and block-sparse attention.
+"""Predict by formula, without running anything, the HBM bytes and FLOPs of attention's kernels.
 
 Every count here is a formula you can check by hand, and each one is the *exact* traffic of
 the matching kernel in ``attnlab.kernels`` for the same block sizes (``attnlab.memory.trace``

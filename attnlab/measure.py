@@ -1,4 +1,4 @@
-"""Measure attention on the learner's own machine: time, peak memory, and what fits a budget.
+"""Measure on this machine by running the real function: wall time, peak allocated memory, what fits a budget.
 
 Everything here runs the real function and reads the real allocator:
 
@@ -28,10 +28,13 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 
-__all__ = ["peak_memory", "time_call", "random_qkv", "scaling_sweep", "longest_sequence", "format_bytes", "op_traffic"]
+from attnlab import validate
+
+__all__ = ["peak_memory", "time_call", "random_qkv", "scaling_sweep", "longest_sequence", "format_bytes"]
 
 
 def format_bytes(n):
@@ -176,8 +179,13 @@ def scaling_sweep(methods, ns, d=64, batch=1, heads=1, device=None, dtype=torch.
 
     Example: ``scaling_sweep({"sdpa": torch.nn.functional.scaled_dot_product_attention}, [256, 512])``
     """
-    if not isinstance(methods, dict) or not methods:
-        raise TypeError("methods: expected a non-empty dict {name: fn(q, k, v)}")
+    if not isinstance(methods, dict):
+        raise TypeError(f"methods: expected a dict {{name: fn(q, k, v)}}, got {type(methods).__name__}")
+    if not methods:
+        raise ValueError("methods: expected at least one method, got an empty dict")
+    for name, fn in methods.items():
+        if not callable(fn):
+            raise TypeError(f"methods: expected a callable for {name!r}, got {type(fn).__name__}")
     dev = _device(device)
     rows = []
     for n in ns:
@@ -207,13 +215,11 @@ def longest_sequence(fn, budget_bytes, d=64, batch=1, heads=1, device=None, dtyp
     """
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
-    if not isinstance(budget_bytes, int) or budget_bytes <= 0:
-        raise ValueError(f"budget_bytes: expected a positive int, got {budget_bytes!r}")
-    for name, value in (("step", step), ("n_start", n_start), ("n_max", n_max)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    if n_start % step or n_max % step:
-        raise ValueError(f"n_start, n_max: must be multiples of step={step}")
+    for name, value in (("budget_bytes", budget_bytes), ("step", step), ("n_start", n_start), ("n_max", n_max)):
+        validate.integer(value, name)
+    for name, value in (("n_start", n_start), ("n_max", n_max)):
+        if value % step:
+            raise ValueError(f"{name}: expected a multiple of step={step}, got {value}")
     dev = _device(device)
     probes = {}
 
@@ -252,50 +258,11 @@ def longest_sequence(fn, budget_bytes, d=64, batch=1, heads=1, device=None, dtyp
             "probes": sorted(probes.items())}
 
 
-def _distinct_elements(t):
-    """Elements a tensor addresses, not counting broadcast (stride-0) repeats."""
-    n = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if stride != 0:
-            n *= size
-    return n
-
-
 def op_traffic(fn, *args, **kwargs):
-    """Run ``fn`` and count, operator by operator, the elements and bytes each PyTorch op reads and writes.
+    """Deprecated alias of :func:`attnlab.memory.trace_ops` (it traces bytes, and this module
+    times): the old name works until after attnlab 0.2, with a ``DeprecationWarning``."""
+    warnings.warn("attnlab.measure.op_traffic is deprecated and will be removed after attnlab 0.2; "
+                  "use attnlab.memory.trace_ops", DeprecationWarning, stacklevel=2)
+    from attnlab.memory import trace_ops   # memory imports this module (format_bytes)
 
-    Every ATen operator that is not a view is taken to read each tensor input
-    once (broadcast repeats, stride 0, not counted) and to write each tensor
-    output once: exactly what happens in memory when each op is its own kernel
-    (unfused eager PyTorch). Views (``unsqueeze``, ``transpose``, ...) move
-    nothing. Returns ``(result, rows)`` where ``rows`` is a list of
-    ``{"op", "elements_read", "elements_written", "bytes_read", "bytes_written"}``.
-
-    Example: ``_, rows = op_traffic(lambda x: x.exp() / x.exp().sum(-1, keepdim=True), x)``
-    """
-    if not callable(fn):
-        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    rows = []
-
-    class _Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if getattr(func, "is_view", False) or func.__name__.split(".")[0] in ("detach", "alias", "lift_fresh"):
-                return out
-            ins = [t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)]
-            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            rows.append({
-                "op": func.__name__.split(".")[0],
-                "elements_read": sum(_distinct_elements(t) for t in ins),
-                "elements_written": sum(t.numel() for t in outs),
-                "bytes_read": sum(_distinct_elements(t) * t.element_size() for t in ins),
-                "bytes_written": sum(t.numel() * t.element_size() for t in outs),
-            })
-            return out
-
-    with _Count():
-        result = fn(*args, **kwargs)
-    return result, rows
+    return trace_ops(fn, *args, **kwargs)

@@ -1,4 +1,4 @@
-"""Count the global-memory traffic of Triton kernels by watching them run in the interpreter.
+"""Trace the bytes a computation really moves, by watching it run: Triton kernels and PyTorch ops.
 
 ``trace(fn, *args, **kwargs)`` runs ``fn`` (one kernel launch, a wrapper that launches
 several, or a forward plus backward) with every attnlab kernel in Triton's interpreter,
@@ -12,6 +12,9 @@ tensor. Example::
     print(t)                      # bytes read and written, per tensor and per launch
     t.by_tensor["K"]              # {"read": ..., "written": ...}
     t.events_for((0, 0, 0))       # what program (0, 0, 0) loaded and stored, in order
+
+``trace_ops(fn, *args)`` does the same for plain PyTorch code, one row per ATen operator: the
+bytes each op reads and writes when every op is its own kernel (eager PyTorch, unfused).
 
 What it counts, and what it does not: the bytes that *programs* load from and store to
 global memory (HBM on a GPU). A GPU's L2 cache can absorb repeated reads of the same tile
@@ -39,7 +42,7 @@ import torch
 from attnlab import _interp_hooks
 from attnlab.measure import format_bytes
 
-__all__ = ["trace", "MemoryTrace", "MemoryEvent", "TensorInfo"]
+__all__ = ["trace", "trace_ops", "MemoryTrace", "MemoryEvent", "TensorInfo"]
 
 
 @dataclass(frozen=True)
@@ -226,3 +229,52 @@ def trace(fn, *args, **kwargs) -> MemoryTrace:
     out = rec.finish()
     out.result = result
     return out
+
+
+def _distinct_elements(t):
+    """Elements a tensor addresses, not counting broadcast (stride-0) repeats."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n
+
+
+def trace_ops(fn, *args, **kwargs):
+    """Run ``fn`` and count, operator by operator, the elements and bytes each PyTorch op reads and writes.
+
+    Every ATen operator that is not a view is taken to read each tensor input
+    once (broadcast repeats, stride 0, not counted) and to write each tensor
+    output once: exactly what happens in memory when each op is its own kernel
+    (unfused eager PyTorch). Views (``unsqueeze``, ``transpose``, ...) move
+    nothing. Returns ``(result, rows)`` where ``rows`` is a list of
+    ``{"op", "elements_read", "elements_written", "bytes_read", "bytes_written"}``.
+
+    Example: ``_, rows = trace_ops(lambda x: x.exp() / x.exp().sum(-1, keepdim=True), x)``
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    rows = []
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "is_view", False) or func.__name__.split(".")[0] in ("detach", "alias", "lift_fresh"):
+                return out
+            ins = [t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)]
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            rows.append({
+                "op": func.__name__.split(".")[0],
+                "elements_read": sum(_distinct_elements(t) for t in ins),
+                "elements_written": sum(t.numel() for t in outs),
+                "bytes_read": sum(_distinct_elements(t) * t.element_size() for t in ins),
+                "bytes_written": sum(t.numel() * t.element_size() for t in outs),
+            })
+            return out
+
+    with _Count():
+        result = fn(*args, **kwargs)
+    return result, rows

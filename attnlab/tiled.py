@@ -16,7 +16,7 @@ The backward pass (FlashAttention-2, Dao 2023) recomputes each block of P from q
     dS_ij = P_ij * (dP_ij - D_i),   D_i = rowsum(dO_i * O_i)
     dQ_i += dS_ij K_j * scale,      dK_j += dS_ij^T Q_i * scale
 
-Extra memory is O(block_q * block_k) per (batch, head) and thread instead of O(Nq * Nk).
+Extra memory is O(block_m * block_n) per (batch, head) and thread instead of O(Nq * Nk).
 
 This file is the plain-PyTorch version of the algorithm the Triton kernel in ``kernels/``
 implements. ``_forward_reference`` and ``_backward_reference`` are the loops written for one
@@ -46,8 +46,8 @@ from attnlab import validate
 
 __all__ = ["tiled_attention"]
 
-DEFAULT_BLOCK_Q = 512
-DEFAULT_BLOCK_K = 512
+DEFAULT_BLOCK_M = 512
+DEFAULT_BLOCK_N = 512
 LOG2E = math.log2(math.e)   # exp(x) == exp2(x * LOG2E); exp2 is 2-4x cheaper than exp on this CPU
 LN2 = math.log(2.0)
 
@@ -56,7 +56,7 @@ LN2 = math.log(2.0)
 # the plain loop: one (batch, head), one query block at a time, no tricks
 # ---------------------------------------------------------------------------------------------
 
-def _forward_reference(q, k, v, scale, block_q, block_k):
+def _forward_reference(q, k, v, scale, block_m, block_n):
     """FlashAttention forward for one head, written as plainly as possible (non-causal).
 
     q: (Nq, D), k: (Nk, D), v: (Nk, Dv) -> out (Nq, Dv), lse (Nq,). Used by the tests and
@@ -65,26 +65,26 @@ def _forward_reference(q, k, v, scale, block_q, block_k):
     Nq, Nk = q.shape[0], k.shape[0]
     out = q.new_zeros(Nq, v.shape[1])                                 # (Nq, Dv)
     lse = q.new_full((Nq,), float("-inf"))                            # (Nq,)
-    for i in range(0, Nq, block_q):
-        qi = q[i:i + block_q]                                         # (bq, D)
-        m = q.new_full((qi.shape[0],), float("-inf"))                 # (bq,) running max
-        l = q.new_zeros(qi.shape[0])                                  # (bq,) running sum
-        acc = q.new_zeros(qi.shape[0], v.shape[1])                    # (bq, Dv) running output
-        for j in range(0, Nk, block_k):
-            s = (qi @ k[j:j + block_k].T) * scale                     # (bq, bk) one tile of S
-            m_new = torch.maximum(m, s.amax(dim=1))                   # (bq,)
-            p = torch.exp(s - m_new[:, None])                         # (bq, bk) one tile of P
-            alpha = torch.exp(m - m_new)                              # (bq,) rescale old stats
-            l = alpha * l + p.sum(dim=1)                              # (bq,)
-            acc = alpha[:, None] * acc + p @ v[j:j + block_k]         # (bq, Dv)
+    for i in range(0, Nq, block_m):
+        qi = q[i:i + block_m]                                         # (bm, D)
+        m = q.new_full((qi.shape[0],), float("-inf"))                 # (bm,) running max
+        l = q.new_zeros(qi.shape[0])                                  # (bm,) running sum
+        acc = q.new_zeros(qi.shape[0], v.shape[1])                    # (bm, Dv) running output
+        for j in range(0, Nk, block_n):
+            s = (qi @ k[j:j + block_n].T) * scale                     # (bm, bn) one tile of S
+            m_new = torch.maximum(m, s.amax(dim=1))                   # (bm,)
+            p = torch.exp(s - m_new[:, None])                         # (bm, bn) one tile of P
+            alpha = torch.exp(m - m_new)                              # (bm,) rescale old stats
+            l = alpha * l + p.sum(dim=1)                              # (bm,)
+            acc = alpha[:, None] * acc + p @ v[j:j + block_n]         # (bm, Dv)
             m = m_new
         if Nk > 0:
-            out[i:i + block_q] = acc / l[:, None]                     # (bq, Dv)
-            lse[i:i + block_q] = m + torch.log(l)                     # (bq,)
+            out[i:i + block_m] = acc / l[:, None]                     # (bm, Dv)
+            lse[i:i + block_m] = m + torch.log(l)                     # (bm,)
     return out, lse
 
 
-def _backward_reference(q, k, v, out, lse, dout, scale, block_q, block_k):
+def _backward_reference(q, k, v, out, lse, dout, scale, block_m, block_n):
     """FlashAttention-2 backward for one head, plainly (non-causal): P is recomputed tile by tile.
 
     q: (Nq, D), k: (Nk, D), v: (Nk, Dv), out: (Nq, Dv), lse: (Nq,), dout: (Nq, Dv)
@@ -92,16 +92,16 @@ def _backward_reference(q, k, v, out, lse, dout, scale, block_q, block_k):
     """
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     delta = (dout * out).sum(dim=1)                                   # (Nq,) D_i = rowsum(dO * O)
-    for j in range(0, k.shape[0], block_k):                           # outer loop: key blocks
-        kj, vj = k[j:j + block_k], v[j:j + block_k]                   # (bk, D), (bk, Dv)
-        for i in range(0, q.shape[0], block_q):                       # inner loop: query blocks
-            qi, doi = q[i:i + block_q], dout[i:i + block_q]           # (bq, D), (bq, Dv)
-            p = torch.exp((qi @ kj.T) * scale - lse[i:i + block_q, None])   # (bq, bk) P from lse
-            dv[j:j + block_k] += p.T @ doi                            # (bk, Dv)
-            dp = doi @ vj.T                                           # (bq, bk)
-            ds = p * (dp - delta[i:i + block_q, None])                # (bq, bk)
-            dq[i:i + block_q] += (ds @ kj) * scale                    # (bq, D)
-            dk[j:j + block_k] += (ds.T @ qi) * scale                  # (bk, D)
+    for j in range(0, k.shape[0], block_n):                           # outer loop: key blocks
+        kj, vj = k[j:j + block_n], v[j:j + block_n]                   # (bn, D), (bn, Dv)
+        for i in range(0, q.shape[0], block_m):                       # inner loop: query blocks
+            qi, doi = q[i:i + block_m], dout[i:i + block_m]           # (bm, D), (bm, Dv)
+            p = torch.exp((qi @ kj.T) * scale - lse[i:i + block_m, None])   # (bm, bn) P from lse
+            dv[j:j + block_n] += p.T @ doi                            # (bn, Dv)
+            dp = doi @ vj.T                                           # (bm, bn)
+            ds = p * (dp - delta[i:i + block_m, None])                # (bm, bn)
+            dq[i:i + block_m] += (ds @ kj) * scale                    # (bm, D)
+            dk[j:j + block_n] += (ds.T @ qi) * scale                  # (bn, D)
     return dq, dk, dv
 
 
@@ -109,27 +109,27 @@ def _backward_reference(q, k, v, out, lse, dout, scale, block_q, block_k):
 # the fast path: all (batch * heads) per block step, in-place updates, causal block skipping
 # ---------------------------------------------------------------------------------------------
 
-def _causal_keep(q0, bq, k0, bk, device):
-    """Bool (bq, bk): True where key k0 + c <= query q0 + r (top-left causal) inside one tile."""
-    rows = torch.arange(q0, q0 + bq, device=device)[:, None]    # (bq, 1)
-    cols = torch.arange(k0, k0 + bk, device=device)[None, :]    # (1, bk)
-    return cols <= rows                                         # (bq, bk)
+def _causal_keep(q0, bm, k0, bn, device):
+    """Bool (bm, bn): True where key k0 + c <= query q0 + r (top-left causal) inside one tile."""
+    rows = torch.arange(q0, q0 + bm, device=device)[:, None]    # (bm, 1)
+    cols = torch.arange(k0, k0 + bn, device=device)[None, :]    # (1, bn)
+    return cols <= rows                                         # (bm, bn)
 
 
-def _k_blocks(q0, q1, Nk, block_k, causal):
+def _k_blocks(q0, q1, Nk, block_n, causal):
     """Key blocks [k0, k1) that query rows [q0, q1) must visit, and whether the tile needs the mask."""
     # top-left causal: row r sees keys [0, r]; the last row of the block sees keys [0, q1 - 1]
     stop = min(Nk, q1) if causal else Nk
-    for k0 in range(0, stop, block_k):
-        k1 = min(k0 + block_k, Nk)
+    for k0 in range(0, stop, block_n):
+        k1 = min(k0 + block_n, Nk)
         # the tile is cut by the diagonal iff some key in it lies after some row in it
         yield k0, k1, causal and (k1 - 1) > q0
 
 
-def _q_blocks(k0, k1, Nq, block_q, causal):
+def _q_blocks(k0, k1, Nq, block_m, causal):
     """Query blocks [q0, q1) that see some key in [k0, k1), and whether the tile needs the mask."""
-    for q0 in range(0, Nq, block_q):
-        q1 = min(q0 + block_q, Nq)
+    for q0 in range(0, Nq, block_m):
+        q1 = min(q0 + block_m, Nq)
         if causal and q1 - 1 < k0:          # every row of this block is before every key: skip
             continue
         yield q0, q1, causal and (k1 - 1) > q0
@@ -175,7 +175,7 @@ def _run_blocks(program, n_blocks, device):
             torch.set_num_threads(n_threads)
 
 
-def _flash_forward(q, k, v, scale, causal, block_q, block_k):
+def _flash_forward(q, k, v, scale, causal, block_m, block_n):
     """q (BH, Nq, D), k (BH, Nk, D), v (BH, Nk, Dv), float32 -> out (BH, Nq, Dv), lse (BH, Nq)."""
     BH, Nq, _ = q.shape
     Nk, Dv = k.shape[1], v.shape[2]
@@ -185,36 +185,36 @@ def _flash_forward(q, k, v, scale, causal, block_q, block_k):
 
     def program(i):
         """One block of queries, rows [q0, q1), against all the key blocks it sees; all heads at once."""
-        q0 = i * block_q
-        q1 = min(q0 + block_q, Nq)
+        q0 = i * block_m
+        q1 = min(q0 + block_m, Nq)
         # fold scale and log2(e) into q: scores come out in base-2 units, so exp2 replaces exp
-        qi = q[:, q0:q1] * (scale * LOG2E)                          # (BH, bq, D)
-        m = q.new_full((BH, q1 - q0, 1), float("-inf"))             # (BH, bq, 1) running max
-        l = q.new_zeros(BH, q1 - q0, 1)                             # (BH, bq, 1) running sum
-        acc = q.new_zeros(BH, q1 - q0, Dv)                          # (BH, bq, Dv) running output
-        for k0, k1, on_diagonal in _k_blocks(q0, q1, Nk, block_k, causal):
-            s = torch.bmm(qi, kT[:, :, k0:k1])                      # (BH, bq, bk) tile of S
+        qi = q[:, q0:q1] * (scale * LOG2E)                          # (BH, bm, D)
+        m = q.new_full((BH, q1 - q0, 1), float("-inf"))             # (BH, bm, 1) running max
+        l = q.new_zeros(BH, q1 - q0, 1)                             # (BH, bm, 1) running sum
+        acc = q.new_zeros(BH, q1 - q0, Dv)                          # (BH, bm, Dv) running output
+        for k0, k1, on_diagonal in _k_blocks(q0, q1, Nk, block_n, causal):
+            s = torch.bmm(qi, kT[:, :, k0:k1])                      # (BH, bm, bn) tile of S
             if on_diagonal:
-                keep = _causal_keep(q0, q1 - q0, k0, k1 - k0, q.device)   # (bq, bk)
-                s.masked_fill_(~keep, float("-inf"))                # (BH, bq, bk)
-            m_new = torch.maximum(m, s.amax(dim=2, keepdim=True))   # (BH, bq, 1)
+                keep = _causal_keep(q0, q1 - q0, k0, k1 - k0, q.device)   # (bm, bn)
+                s.masked_fill_(~keep, float("-inf"))                # (BH, bm, bn)
+            m_new = torch.maximum(m, s.amax(dim=2, keepdim=True))   # (BH, bm, 1)
             # rows with nothing seen yet keep m_new = -inf: shift by 0 so exp(-inf) = 0, not NaN
-            shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # (BH, bq, 1)
-            p = s.sub_(shift).exp2_()                               # (BH, bq, bk) tile of P, in place
-            alpha = torch.exp2(m - shift)                           # (BH, bq, 1) rescale old stats
-            l.mul_(alpha).add_(p.sum(dim=2, keepdim=True))          # (BH, bq, 1)
-            acc.mul_(alpha).baddbmm_(p, v[:, k0:k1])                # (BH, bq, Dv) acc = alpha*acc + p v
+            shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # (BH, bm, 1)
+            p = s.sub_(shift).exp2_()                               # (BH, bm, bn) tile of P, in place
+            alpha = torch.exp2(m - shift)                           # (BH, bm, 1) rescale old stats
+            l.mul_(alpha).add_(p.sum(dim=2, keepdim=True))          # (BH, bm, 1)
+            acc.mul_(alpha).baddbmm_(p, v[:, k0:k1])                # (BH, bm, Dv) acc = alpha*acc + p v
             m = m_new
-        seen = l > 0                                                # (BH, bq, 1) False only if Nk == 0
-        out[:, q0:q1] = acc / torch.where(seen, l, torch.ones_like(l))            # (BH, bq, Dv)
-        lse2 = torch.where(seen, m + torch.log2(l), m.new_tensor(float("-inf")))  # (BH, bq, 1) base 2
-        lse[:, q0:q1] = lse2[..., 0] * LN2                          # (BH, bq) natural log-sum-exp
+        seen = l > 0                                                # (BH, bm, 1) False only if Nk == 0
+        out[:, q0:q1] = acc / torch.where(seen, l, torch.ones_like(l))            # (BH, bm, Dv)
+        lse2 = torch.where(seen, m + torch.log2(l), m.new_tensor(float("-inf")))  # (BH, bm, 1) base 2
+        lse[:, q0:q1] = lse2[..., 0] * LN2                          # (BH, bm) natural log-sum-exp
 
-    _run_blocks(program, -(-Nq // block_q), q.device)
+    _run_blocks(program, -(-Nq // block_m), q.device)
     return out, lse
 
 
-def _flash_backward(q, k, v, out, lse, dout, dlse, scale, causal, block_q, block_k):
+def _flash_backward(q, k, v, out, lse, dout, dlse, scale, causal, block_m, block_n):
     """FlashAttention-2 backward, recomputing P per tile from the saved lse. All (BH, N, D).
 
     As in FlashAttention-2 the outer loop runs over key blocks: each program owns dK_j and dV_j
@@ -236,31 +236,31 @@ def _flash_backward(q, k, v, out, lse, dout, dlse, scale, causal, block_q, block
 
     def program(j):
         """One block of keys, [k0, k1), against all the query blocks that see it; all heads at once."""
-        k0 = j * block_k
-        k1 = min(k0 + block_k, Nk)
+        k0 = j * block_n
+        k1 = min(k0 + block_n, Nk)
         tid = threading.get_ident()
         if tid not in dq_per_thread:                                # only this thread writes this key
             dq_per_thread[tid] = torch.zeros_like(q)
         dq = dq_per_thread[tid]                                     # (BH, Nq, D)
-        kj, vj = k[:, k0:k1], v[:, k0:k1]                           # (BH, bk, D), (BH, bk, Dv)
-        dkj = torch.zeros_like(kj)                                  # (BH, bk, D)
-        dvj = torch.zeros_like(vj)                                  # (BH, bk, Dv)
-        for q0, q1, on_diagonal in _q_blocks(k0, k1, Nq, block_q, causal):
-            qi, doi = q[:, q0:q1], dout[:, q0:q1]                   # (BH, bq, D), (BH, bq, Dv)
-            s = torch.bmm(q_scaled[:, q0:q1], kj.transpose(1, 2))   # (BH, bq, bk) recomputed S tile
+        kj, vj = k[:, k0:k1], v[:, k0:k1]                           # (BH, bn, D), (BH, bn, Dv)
+        dkj = torch.zeros_like(kj)                                  # (BH, bn, D)
+        dvj = torch.zeros_like(vj)                                  # (BH, bn, Dv)
+        for q0, q1, on_diagonal in _q_blocks(k0, k1, Nq, block_m, causal):
+            qi, doi = q[:, q0:q1], dout[:, q0:q1]                   # (BH, bm, D), (BH, bm, Dv)
+            s = torch.bmm(q_scaled[:, q0:q1], kj.transpose(1, 2))   # (BH, bm, bn) recomputed S tile
             if on_diagonal:
-                keep = _causal_keep(q0, q1 - q0, k0, k1 - k0, q.device)   # (bq, bk)
+                keep = _causal_keep(q0, q1 - q0, k0, k1 - k0, q.device)   # (bm, bn)
                 s.masked_fill_(~keep, float("-inf"))
-            p = s.sub_(lse2[:, q0:q1]).exp2_()                      # (BH, bq, bk) recomputed P tile
-            dvj.baddbmm_(p.transpose(1, 2), doi)                    # (BH, bk, Dv) dV_j += P^T dO_i
-            dp = torch.bmm(doi, vj.transpose(1, 2))                 # (BH, bq, bk) dP = dO_i V_j^T
-            ds = dp.sub_(delta[:, q0:q1]).mul_(p)                   # (BH, bq, bk) dS = P * (dP - D)
-            dq[:, q0:q1].baddbmm_(ds, kj, alpha=scale)              # (BH, bq, D)  dQ_i += dS K_j * scale
-            dkj.baddbmm_(ds.transpose(1, 2), qi, alpha=scale)       # (BH, bk, D)  dK_j += dS^T Q_i * scale
+            p = s.sub_(lse2[:, q0:q1]).exp2_()                      # (BH, bm, bn) recomputed P tile
+            dvj.baddbmm_(p.transpose(1, 2), doi)                    # (BH, bn, Dv) dV_j += P^T dO_i
+            dp = torch.bmm(doi, vj.transpose(1, 2))                 # (BH, bm, bn) dP = dO_i V_j^T
+            ds = dp.sub_(delta[:, q0:q1]).mul_(p)                   # (BH, bm, bn) dS = P * (dP - D)
+            dq[:, q0:q1].baddbmm_(ds, kj, alpha=scale)              # (BH, bm, D)  dQ_i += dS K_j * scale
+            dkj.baddbmm_(ds.transpose(1, 2), qi, alpha=scale)       # (BH, bn, D)  dK_j += dS^T Q_i * scale
         dk[:, k0:k1] = dkj
         dv[:, k0:k1] = dvj
 
-    _run_blocks(program, -(-Nk // block_k), q.device)
+    _run_blocks(program, -(-Nk // block_n), q.device)
     dq = sum(dq_per_thread.values()) if dq_per_thread else torch.zeros_like(q)   # (BH, Nq, D)
     return dq, dk, dv
 
@@ -269,7 +269,7 @@ class _TiledAttention(torch.autograd.Function):
     """autograd wrapper: saves q, k, v, out and lse (never P), recomputes tiles in backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, block_q, block_k):
+    def forward(ctx, q, k, v, causal, scale, block_m, block_n):
         B, H, Nq, D = q.shape
         Nk, Dv = k.shape[2], v.shape[3]
         dtype = q.dtype
@@ -278,10 +278,10 @@ class _TiledAttention(torch.autograd.Function):
         q3 = q.reshape(B * H, Nq, D).to(work)                       # (BH, Nq, D)
         k3 = k.reshape(B * H, Nk, D).to(work)                       # (BH, Nk, D)
         v3 = v.reshape(B * H, Nk, Dv).to(work)                      # (BH, Nk, Dv)
-        out3, lse3 = _flash_forward(q3, k3, v3, scale, causal, block_q, block_k)
+        out3, lse3 = _flash_forward(q3, k3, v3, scale, causal, block_m, block_n)
         ctx.save_for_backward(q3, k3, v3, out3, lse3)
         ctx.set_materialize_grads(False)   # an unused output (often lse) gets grad None, not zeros
-        ctx.causal, ctx.scale, ctx.block_q, ctx.block_k = causal, scale, block_q, block_k
+        ctx.causal, ctx.scale, ctx.block_m, ctx.block_n = causal, scale, block_m, block_n
         ctx.shapes, ctx.dtype = (B, H, Nq, Nk, D, Dv), dtype
         out = out3.reshape(B, H, Nq, Dv).to(dtype)                  # (B, H, Nq, Dv)
         lse = lse3.reshape(B, H, Nq)                                # (B, H, Nq) kept in the work dtype
@@ -298,29 +298,32 @@ class _TiledAttention(torch.autograd.Function):
         dout3 = dout.reshape(B * H, Nq, Dv).to(work)                # (BH, Nq, Dv)
         dlse3 = None if dlse is None else dlse.reshape(B * H, Nq).to(work)   # (BH, Nq)
         dq, dk, dv = _flash_backward(q3, k3, v3, out3, lse3, dout3, dlse3,
-                                     ctx.scale, ctx.causal, ctx.block_q, ctx.block_k)
+                                     ctx.scale, ctx.causal, ctx.block_m, ctx.block_n)
         return (dq.reshape(B, H, Nq, D).to(ctx.dtype), dk.reshape(B, H, Nk, D).to(ctx.dtype),
                 dv.reshape(B, H, Nk, Dv).to(ctx.dtype), None, None, None, None)
 
 
-def tiled_attention(q, k, v, causal=False, scale=None, block_q=DEFAULT_BLOCK_Q, block_k=DEFAULT_BLOCK_K,
+@validate.renamed_keywords(block_q="block_m", block_k="block_n")   # the README's "Changes" lists it
+def tiled_attention(q, k, v, causal=False, scale=None, block_m=DEFAULT_BLOCK_M, block_n=DEFAULT_BLOCK_N,
                     return_lse=False):
     """FlashAttention in PyTorch: exact attention without ever materialising the (Nq, Nk) matrices.
 
     q: (B, H, Nq, D), k: (B, H, Nk, D), v: (B, H, Nk, Dv); any lengths, Nq != Nk allowed.
     causal: top-left aligned (query i sees keys j <= i, as torch SDPA ``is_causal``); tiles above
-    the diagonal are skipped. scale: default ``1/sqrt(D)``. block_q, block_k: tile sizes (large
-    tiles are fastest on a CPU; small ones make the algorithm easy to watch in a lesson).
+    the diagonal are skipped. scale: default ``1/sqrt(D)``. block_m, block_n: tile sizes,
+    query rows by key columns (Triton's BLOCK_M and BLOCK_N, the paper's B_r and B_c; large tiles
+    are fastest on a CPU, small ones make the algorithm easy to watch in a lesson; ``block_q`` and
+    ``block_k`` are their old names, deprecated).
     Returns out (B, H, Nq, Dv), or (out, lse) with ``lse`` (B, H, Nq) the natural log-sum-exp of
     each row's scaled scores (float32 for fp16/bf16 inputs; ``-inf`` for rows without keys, whose
     output is zero). Differentiable in out and lse; the backward pass recomputes P tile by tile.
 
-    Example: ``out, lse = tiled_attention(q, k, v, causal=True, block_q=64, block_k=64, return_lse=True)``
+    Example: ``out, lse = tiled_attention(q, k, v, causal=True, block_m=64, block_n=64, return_lse=True)``
     """
     validate.qkv(q, k, v)
     scale = validate.scale(scale, q.shape[-1])
-    validate.integer(block_q, "block_q")
-    validate.integer(block_k, "block_k")
+    validate.integer(block_m, "block_m")
+    validate.integer(block_n, "block_n")
     validate.flag(causal, "causal")
-    out, lse = _TiledAttention.apply(q, k, v, causal, scale, block_q, block_k)
+    out, lse = _TiledAttention.apply(q, k, v, causal, scale, block_m, block_n)
     return (out, lse) if return_lse else out

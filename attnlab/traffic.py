@@ -1,4 +1,4 @@
-"""HBM traffic of standard attention against FlashAttention at GPT-2 medium's attention shape.
+"""Reproduce one figure in bytes: Dao et al. 2022's Fig. 2, standard vs FlashAttention HBM traffic.
 
 Dao et al. 2022 (FlashAttention, Fig. 2, left; arXiv v1/v2) report, for GPT-2 medium's
 attention (sequence length 1024, head dimension 64) on an A100, 40.3 GB of HBM reads and

@@ -9,7 +9,8 @@ A wrong *type* (not a tensor, a bool where a number belongs, an integer tensor w
 belong, a dtype that differs from q's) raises ``TypeError``; a wrong *value* (a shape, a length,
 a device, a range) raises ``ValueError``. The reference attention (``attention.py``,
 ``tiled.py``), the approximations (``approx.py``), the IO model (``iomodel.py``), the Triton
-kernels and ``BlockMask`` all call these, so a rule changes in one place.
+kernels (:func:`kernel_qkv`, :func:`kernel_blocks`, :func:`interpreter_dtypes`) and
+``BlockMask`` all call these, so a rule changes in one place.
 
 Example::
 
@@ -20,13 +21,21 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import warnings
 
 import torch
 
 __all__ = ["tensor", "like", "qkv", "scale", "flag", "integer", "power_of_two", "number_in", "one_of", "bool_mask",
-           "block_pair"]
+           "block_pair", "kernel_qkv", "kernel_blocks", "interpreter_dtypes", "KERNEL_HEAD_DIMS", "KERNEL_DTYPES",
+           "renamed_keywords", "dim"]
+
+# What the Triton attention kernels (attnlab.kernels) accept: one head dim of these for q, k and
+# v (a power of two the tiles hold whole), in one of these dtypes (bfloat16 on a GPU only).
+KERNEL_HEAD_DIMS = (16, 32, 64, 128)
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _type_name(x):
@@ -94,6 +103,18 @@ def scale(value, head_dim, *, positive=False):
     return float(value)
 
 
+def dim(value, x, name="dim"):
+    """``value`` is an int (not a bool) that indexes a dimension of tensor ``x`` (negative counts
+    from the end, as in torch)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {_type_name(value)}")
+    n = max(x.dim(), 1)   # a 0-D tensor has dims -1 and 0, as in torch
+    if not -n <= value < n:
+        raise ValueError(f"{name}: expected an int in [{-n}, {n - 1}] for a tensor of shape {tuple(x.shape)}, "
+                         f"got {value}")
+    return int(value)
+
+
 def flag(value, name):
     """``value`` is a bool (not 0/1, not a string)."""
     if not isinstance(value, bool):
@@ -149,11 +170,11 @@ def bool_mask(mask, name, shape, meaning="True = attend"):
 
 
 def block_pair(value, name="block_size", *, allowed=None, single_int=True):
-    """A tile size (BQ, BK) as a tuple of two positive ints (an int means a square tile when
-    ``single_int``); with ``allowed``, each must be one of those sizes."""
+    """A tile size ``(block_m, block_n)`` (query rows, key columns) as a tuple of two positive ints
+    (an int means a square tile when ``single_int``); with ``allowed``, each must be one of those sizes."""
     if single_int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
         value = (value, value)
-    what = "an int or a pair of ints (BQ, BK)" if single_int else "a pair of ints (BQ, BK)"
+    what = "an int or a pair of ints (block_m, block_n)" if single_int else "a pair of ints (block_m, block_n)"
     if (not isinstance(value, (tuple, list)) or len(value) != 2
             or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) for b in value)):
         raise TypeError(f"{name}: expected {what}, got {value!r}")
@@ -162,3 +183,60 @@ def block_pair(value, name="block_size", *, allowed=None, single_int=True):
     if any(b <= 0 for b in value):
         raise ValueError(f"{name}: expected positive sizes, got {tuple(value)}")
     return tuple(int(b) for b in value)
+
+
+def interpreter_dtypes(interpreted, **tensors):
+    """No tensor that will run in Triton's interpreter is bfloat16 (the interpreter computes with
+    numpy, which has no bfloat16): ``TypeError`` naming the argument. ``interpreted(device)`` says
+    whether a launch on that device is interpreted (``attnlab.kernels._runtime.use_interpreter``).
+    None values are skipped."""
+    for name, t in tensors.items():
+        if t is not None and t.dtype == torch.bfloat16 and interpreted(t.device):
+            raise TypeError(f"{name}: expected float32 or float16 in Triton's CPU interpreter (numpy has no "
+                            f"bfloat16; bfloat16 runs on a CUDA GPU), got dtype {t.dtype}")
+
+
+def kernel_qkv(q, k, v, sm_scale=None, causal=False, *, interpreted):
+    """The checks every Triton attention wrapper makes before a launch; returns the scale as a float.
+
+    :func:`qkv`'s rules, plus what the kernels need: one head dim for q, k and v, in
+    ``KERNEL_HEAD_DIMS``; a dtype in ``KERNEL_DTYPES``; no empty dim; a CPU (interpreter) or CUDA
+    tensor; a valid scale (``sm_scale``, named ``scale`` in errors as in the public functions) and
+    a bool ``causal``; and no bfloat16 where the launch is
+    interpreted (``interpreted(device)``, see :func:`interpreter_dtypes`).
+    """
+    qkv(q, k, v, dtypes=KERNEL_DTYPES, same_head_dim=True, nonempty=True)
+    if q.shape[-1] not in KERNEL_HEAD_DIMS:
+        raise ValueError(f"q: expected head_dim in {KERNEL_HEAD_DIMS}, got shape {tuple(q.shape)}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q: expected a CPU (interpreter) or CUDA tensor, got device {q.device}")
+    sm_scale = scale(sm_scale, q.shape[-1])
+    flag(causal, "causal")
+    interpreter_dtypes(interpreted, q=q, k=k, v=v)
+    return sm_scale
+
+
+def kernel_blocks(block_m, block_n):
+    """A kernel's tile sizes: ``block_m`` query rows and ``block_n`` key columns per tile (Triton's
+    BLOCK_M and BLOCK_N), each an int power of two >= 16 (``tl.dot`` needs 16)."""
+    return power_of_two(block_m, "block_m"), power_of_two(block_n, "block_n")
+
+
+def renamed_keywords(**renames):
+    """Decorator for a public function whose keyword arguments were renamed (``old="new"``): the
+    old name keeps working for one release, with a ``DeprecationWarning`` that names the new one
+    (the README's "Changes" section lists each rename). Passing both names is a ``TypeError``.
+    The wrapper keeps the function's name, signature and source (``functools.wraps``)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for old, new in renames.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{old}: expected only {new} (its new name), got both")
+                    warnings.warn(f"{fn.__name__}: the keyword {old} is deprecated and will be removed after "
+                                  f"attnlab 0.2; use {new}", DeprecationWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return wrapper
+    return decorate

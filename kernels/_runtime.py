@@ -44,6 +44,7 @@ import threading
 
 import torch
 
+from attnlab import validate
 from attnlab._interp_hooks import interpreter_session
 
 __all__ = ["jit", "interpreting", "use_interpreter", "check_interpreter_dtype", "dot_precision", "Kernel"]
@@ -86,16 +87,10 @@ def use_interpreter(device: torch.device | str | None) -> bool:
 
 
 def check_interpreter_dtype(**tensors: torch.Tensor) -> None:
-    """Raise ``TypeError`` if a tensor that will run in the interpreter is bfloat16.
-
-    Triton's interpreter computes with numpy, which has no bfloat16 type.
-    """
-    for name, t in tensors.items():
-        if t is not None and t.dtype == torch.bfloat16 and use_interpreter(t.device):
-            raise TypeError(
-                f"{name} is bfloat16, which Triton's CPU interpreter does not support; "
-                f"use float32 or float16 on the CPU (bfloat16 runs on a CUDA GPU)"
-            )
+    """Raise ``TypeError`` naming the argument if a tensor that will run in the interpreter is
+    bfloat16 (numpy, which the interpreter computes with, has none). The rule and its wording
+    live in :func:`attnlab.validate.interpreter_dtypes`."""
+    validate.interpreter_dtypes(use_interpreter, **tensors)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -2,8 +2,8 @@
 
 What you learn here:
 
-* block-sparse attention decides sparsity per *tile*, not per element: a block of BQ
-  queries either visits a block of BK keys (all its elements, plus the causal mask if asked)
+* block-sparse attention decides sparsity per *tile*, not per element: a block of ``block_m``
+  queries either visits a block of ``block_n`` keys (all its elements, plus the causal mask if asked)
   or skips it, and a skipped block costs neither time nor memory traffic;
 * the object the kernel actually reads is not the boolean mask but, for each query block,
   the number of key blocks it visits and their indices, ``kv_num_blocks`` and
@@ -46,8 +46,9 @@ def _check_len(n, name):
 class BlockMask:
     """A boolean mask over (query block, key block) tiles, with the index lists the kernels read.
 
-    mask: bool tensor (B or 1, H or 1, ceil(Nq / BQ), ceil(Nk / BK)); True = compute the tile.
-    block_size: (BQ, BK), each 16, 32, 64 or 128.
+    mask: bool tensor (B or 1, H or 1, ceil(Nq / block_m), ceil(Nk / block_n)); True = compute
+    the tile. block_size: (block_m, block_n), query rows and key columns per tile (the kernels'
+    BLOCK_M and BLOCK_N), each 16, 32, 64 or 128.
 
     Attributes: ``mask``, ``block_size``, ``density`` (fraction of tiles kept),
     ``kv_num_blocks`` (B|1, H|1, nqb) and ``kv_indices`` (B|1, H|1, nqb, nkb) int32
@@ -166,15 +167,15 @@ class BlockMask:
             fig = ax.figure
         m = self.mask[min(batch, self.shape[0] - 1), min(head, self.shape[1] - 1)].float().cpu().numpy()
         ax.imshow(m, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
-        ax.set_xlabel(f"key block (BK={self.block_size[1]})")
-        ax.set_ylabel(f"query block (BQ={self.block_size[0]})")
+        ax.set_xlabel(f"key block (block_n={self.block_size[1]})")
+        ax.set_ylabel(f"query block (block_m={self.block_size[0]})")
         ax.set_title(title or f"density {self.density:.0%}")
         return fig
 
 
 # ---------------------------------------------------------------------------------------
 # Patterns. Each takes the sequence lengths and the block size and returns a BlockMask of
-# shape (1, 1, ceil(n_q / BQ), ceil(n_k / BK)).
+# shape (1, 1, ceil(n_q / block_m), ceil(n_k / block_n)).
 # ---------------------------------------------------------------------------------------
 def _block_ranges(n_q, n_k, block_size):
     _check_len(n_q, "n_q")

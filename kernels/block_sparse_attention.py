@@ -12,7 +12,7 @@ What you learn here:
   blocks that see it (``q_num_blocks``, ``q_indices``), because the dK/dV kernel loops over
   query blocks;
 * the traffic therefore scales with the density: per (batch, head), about
-  ``Nq d + density * ceil(Nq / BQ) * 2 Nk d`` elements read for the forward
+  ``Nq d + density * ceil(Nq / block_m) * 2 Nk d`` elements read for the forward
   (``attnlab.iomodel.block_sparse_forward_io`` gives the exact count for a given mask).
 
 The naive version is dense attention under the element mask the block mask implies
@@ -25,8 +25,11 @@ import math
 
 import torch
 
+from attnlab import validate
+
+from ._runtime import use_interpreter
 from .block_mask import BlockMask, _check_block_size, causal_block_mask
-from .flash_attention import _FlashAttention, _validate_qkv
+from .flash_attention import _FlashAttention
 
 __all__ = ["block_sparse_attention", "prepare_block_mask"]
 
@@ -76,20 +79,20 @@ def block_sparse_attention(q, k, v, block_mask, block_size=None, causal=False, s
     """Attention computed only on the tiles a block mask keeps; differentiable.
 
     q: (B, H, Nq, d), k and v: (B, H, Nk, d), d in 16, 32, 64, 128.
-    block_mask: a :class:`BlockMask`, or a bool tensor (B or 1, H or 1, ceil(Nq/BQ), ceil(Nk/BK))
-    with ``block_size=(BQ, BK)`` (default (64, 64)); BQ and BK in 16, 32, 64, 128.
+    block_mask: a :class:`BlockMask`, or a bool tensor (B or 1, H or 1, ceil(Nq/block_m),
+    ceil(Nk/block_n)) with ``block_size=(block_m, block_n)`` (default (64, 64)), query rows and key
+    columns per tile, each 16, 32, 64 or 128.
     ``causal`` additionally masks key > query inside the kept tiles (top-left aligned).
     Query rows that see no key output zeros. Returns o (B, H, Nq, d).
 
     Example: ``o = block_sparse_attention(q, k, v, local_mask(512, 512, 64, (64, 64)))``
     """
-    _validate_qkv(q, k, v, scale, causal)
+    scale = validate.kernel_qkv(q, k, v, scale, causal, interpreted=use_interpreter)   # 1/sqrt(d) for None
     if block_size is not None:
         _check_block_size(block_size)
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
     bm, lists = prepare_block_mask(block_mask, block_size, n_q, n_k, B, H, causal, q.device)
-    scale = float(d ** -0.5 if scale is None else scale)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     blocks = bm.block_size
     o, _ = _FlashAttention.apply(q, k, v, causal, scale, blocks, blocks, lists)

@@ -29,13 +29,12 @@ import triton.language as tl
 
 from attnlab import validate
 
-from ._runtime import check_interpreter_dtype, dot_precision, jit, use_interpreter
+from ._runtime import dot_precision, jit, use_interpreter
 from ._tuning import INTERPRETER_BLOCKS, default_block_sizes, launch, native_options
 
 __all__ = ["flash_attention", "SUPPORTED_HEAD_DIMS"]
 
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
-KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # bfloat16 on a GPU only
+SUPPORTED_HEAD_DIMS = validate.KERNEL_HEAD_DIMS  # (16, 32, 64, 128); the checks live in attnlab.validate
 # exp(x) == exp2(x * LOG2E) and ln(x) == log2(x) * LN2: exp2 and log2 are the GPU's native instructions
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -149,7 +148,9 @@ def _attn_fwd_kernel(
 
 
 # ---------------------------------------------------------------------------------------
-# Backward kernels
+# Backward kernels. Their opening lines (program ids, batch and head, offsets, the loads of a
+# block) repeat the forward's on purpose, as in Triton's fused-attention tutorial: each kernel
+# reads on its own from top to bottom.
 # ---------------------------------------------------------------------------------------
 @jit
 def _attn_bwd_preprocess_kernel(
@@ -352,20 +353,6 @@ def _attn_bwd_dq_kernel(
 # ---------------------------------------------------------------------------------------
 # Wrappers (the launch configurations are chosen in _tuning.py)
 # ---------------------------------------------------------------------------------------
-def _validate_qkv(q, k, v, scale, causal=False):
-    """The checks every attention wrapper makes before launching (attnlab.validate's rules, plus
-    what the kernels need: one head dim for q, k and v, a supported head dim, a CPU or CUDA
-    tensor, and no bfloat16 in the interpreter)."""
-    validate.qkv(q, k, v, dtypes=KERNEL_DTYPES, same_head_dim=True, nonempty=True)
-    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"q: expected head_dim in {SUPPORTED_HEAD_DIMS}, got shape {tuple(q.shape)}")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"q: expected a CPU (interpreter) or CUDA tensor, got device {q.device}")
-    validate.scale(scale, q.shape[-1])
-    validate.flag(causal, "causal")
-    check_interpreter_dtype(q=q, k=k, v=v)
-
-
 def _explicit_blocks(q, block_m, block_n):
     """(BLOCK_M, BLOCK_N) fixed by the caller (a missing one takes the default), checked; or
     (None, None) when neither is given: then each kernel's blocks are chosen at launch."""
@@ -373,13 +360,7 @@ def _explicit_blocks(q, block_m, block_n):
         return None, None
     dm, dn = default_block_sizes(q.shape[-1], q.dtype, q.device)
     blocks = (dm if block_m is None else block_m, dn if block_n is None else block_n)
-    _check_blocks(*blocks)
-    return blocks
-
-
-def _check_blocks(block_m, block_n):
-    validate.power_of_two(block_m, "block_m")
-    validate.power_of_two(block_n, "block_n")
+    return validate.kernel_blocks(*blocks)
 
 
 def _sparse_args(num, idx):
@@ -520,8 +501,7 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, bloc
 
     Example: ``o = flash_attention(q, k, v, causal=True)``
     """
-    _validate_qkv(q, k, v, scale, causal)
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    scale = validate.kernel_qkv(q, k, v, scale, causal, interpreted=use_interpreter)   # 1/sqrt(d) for None
     blocks = _explicit_blocks(q, block_m, block_n)   # (None, None): chosen at launch, per kernel
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o, lse = _FlashAttention.apply(q, k, v, causal, scale, blocks, blocks)  # forward and backward blocks

@@ -39,8 +39,7 @@ import triton.language as tl
 
 from attnlab import validate
 
-from ._runtime import jit
-from .flash_attention import _check_blocks, _validate_qkv
+from ._runtime import jit, use_interpreter
 
 __all__ = ["flash_forward_loop", "flash_forward_masked", "flash_forward_causal", "flash_backward_minimal",
            "fwd_loop_kernel", "fwd_masked_kernel", "fwd_causal_kernel", "bwd_dkdv_kernel", "bwd_dq_kernel"]
@@ -238,9 +237,9 @@ def bwd_dq_kernel(
 def _check_step_args(q, k, v, block_m, block_n, even=False):
     """q, k, v as for ``flash_attention``, one length N for all three, contiguous layout is made here;
     block sizes powers of two >= 16; ``even``: N must be a multiple of both (the unmasked kernels)."""
-    _validate_qkv(q, k, v, None)
+    validate.kernel_qkv(q, k, v, interpreted=use_interpreter)
     validate.qkv(q, k, v, same_length=True)            # the step kernels take one length N
-    _check_blocks(block_m, block_n)
+    validate.kernel_blocks(block_m, block_n)
     n = q.shape[-2]
     if even and (n % block_m or n % block_n):
         raise ValueError(f"q: expected N a multiple of block_m = {block_m} and block_n = {block_n} (this kernel has "

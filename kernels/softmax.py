@@ -27,6 +27,7 @@ __all__ = ["softmax", "naive_softmax", "softmax_block_size", "rows_per_program",
 
 def naive_softmax(x: torch.Tensor) -> torch.Tensor:
     """Row softmax in plain PyTorch, one operation at a time. x: (M, N) -> (M, N)."""
+    validate.tensor(x, "x", 2, "(M, N)", floating=True)
     # read  MN elements; write M elements
     x_max = x.max(dim=1)[0]
     # read MN + M elements; write MN elements

@@ -29,7 +29,6 @@ from attnlab import validate
 
 from ._runtime import dot_precision, jit, use_interpreter
 from ._tuning import device_capability as gpu_capability
-from .flash_attention import _check_blocks, _validate_qkv
 from .softmax import _launch_softmax, rows_per_program, softmax_num_warps
 
 __all__ = ["standard_attention", "standard_block_sizes"]
@@ -40,6 +39,9 @@ __all__ = ["standard_attention", "standard_block_sizes"]
 #   p = torch.softmax(s, dim=-1)             # read Nq Nk;         write Nq Nk
 #   o = p @ v                                # read Nq Nk + Nk d;  write Nq d
 # The kernels below do the same with the reads of tiled kernels counted exactly.
+# Each kernel opens with the same few lines (program ids, batch and head, row offsets, the first
+# load) as the kernels of flash_attention.py do: written out in each on purpose, as in Triton's
+# tutorials, so that every kernel reads on its own from top to bottom.
 
 
 @jit
@@ -253,7 +255,7 @@ def _standard_blocks(q, k, block_m, block_n, block_k):
     the backward's softmax kernel can hold."""
     bm, bn, bk = standard_block_sizes(q.shape[-1], q.dtype, q.device)
     blocks = (bm if block_m is None else block_m, bn if block_n is None else block_n, bk if block_k is None else block_k)
-    _check_blocks(blocks[0], blocks[1])
+    validate.kernel_blocks(blocks[0], blocks[1])
     validate.power_of_two(blocks[2], "block_k")
     if k.shape[-2] > 16384 and q.requires_grad:
         raise ValueError(f"k: expected at most 16384 positions (the standard backward's softmax kernel holds "
@@ -269,8 +271,7 @@ def standard_attention(q, k, v, causal=False, scale=None, *, block_m=None, block
 
     Example: ``o = standard_attention(q, k, v, causal=True)``
     """
-    _validate_qkv(q, k, v, scale, causal)
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    scale = validate.kernel_qkv(q, k, v, scale, causal, interpreted=use_interpreter)   # 1/sqrt(d) for None
     blocks = _standard_blocks(q, k, block_m, block_n, block_k)   # (BLOCK_M, BLOCK_N, BLOCK_K), checked
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return _StandardAttention.apply(q, k, v, causal, scale, blocks)

@@ -314,26 +314,3 @@ def test_sweep_and_timer():
         peak_memory(3)
     with pytest.raises(ValueError, match="budget_bytes"):
         longest_sequence(torch.ones, 0)
-
-
-def test_op_traffic_counts_unfused_softmax_like_triton_tutorial():
-    from attnlab.measure import op_traffic
-
-    m, n = 7, 33
-
-    def naive_softmax(x):
-        x_max = x.amax(dim=1)  # read MN, write M
-        z = x - x_max[:, None]  # read MN + M, write MN (the broadcast is not re-read)
-        num = torch.exp(z)  # read MN, write MN
-        den = num.sum(dim=1)  # read MN, write M
-        return num / den[:, None]  # read MN + M, write MN
-
-    x = torch.randn(m, n)
-    out, rows = op_traffic(naive_softmax, x)
-    torch.testing.assert_close(out, torch.softmax(x, 1))
-    assert [r["op"] for r in rows] == ["amax", "sub", "exp", "sum", "div"]
-    assert sum(r["elements_read"] for r in rows) == 5 * m * n + 2 * m
-    assert sum(r["elements_written"] for r in rows) == 3 * m * n + 2 * m
-    assert sum(r["bytes_read"] for r in rows) == 4 * (5 * m * n + 2 * m)
-    _, fused = op_traffic(torch.softmax, torch.randn(m, n), 1)
-    assert sum(r["elements_read"] for r in fused) == m * n and sum(r["elements_written"] for r in fused) == m * n

@@ -1,4 +1,4 @@
-"""attnlab.memory: traced bytes against hand counts and against attnlab.iomodel, for every kernel."""
+"""attnlab.memory: traced bytes against hand counts and against attnlab.iomodel, for every kernel; trace_ops for PyTorch ops."""
 
 import math
 
@@ -9,7 +9,7 @@ from attnlab import iomodel
 from attnlab.kernels import (
     block_sparse_attention, flash_attention, local_mask, random_mask, softmax, standard_attention,
 )
-from attnlab.memory import MemoryEvent, MemoryTrace, TensorInfo, trace
+from attnlab.memory import MemoryEvent, MemoryTrace, TensorInfo, trace, trace_ops
 
 
 def _qkv(b, h, nq, nk, d, dtype=torch.float32, grad=False, seed=0):
@@ -136,3 +136,33 @@ def test_gpt2_comparison_small_shape():
     assert by[("flash", "forward")] < by[("standard", "forward")]
     assert "40.3 GB vs 4.4 GB" in format_comparison(res)
     assert res["fig2"]["model_gb"]["standard"] > 0 and len(res["loop_order"]) == 4
+
+
+def test_trace_ops_counts_unfused_softmax_like_triton_tutorial():
+    m, n = 7, 33
+
+    def naive_softmax(x):
+        x_max = x.amax(dim=1)  # read MN, write M
+        z = x - x_max[:, None]  # read MN + M, write MN (the broadcast is not re-read)
+        num = torch.exp(z)  # read MN, write MN
+        den = num.sum(dim=1)  # read MN, write M
+        return num / den[:, None]  # read MN + M, write MN
+
+    x = torch.randn(m, n)
+    out, rows = trace_ops(naive_softmax, x)
+    torch.testing.assert_close(out, torch.softmax(x, 1))
+    assert [r["op"] for r in rows] == ["amax", "sub", "exp", "sum", "div"]
+    assert sum(r["elements_read"] for r in rows) == 5 * m * n + 2 * m
+    assert sum(r["elements_written"] for r in rows) == 3 * m * n + 2 * m
+    assert sum(r["bytes_read"] for r in rows) == 4 * (5 * m * n + 2 * m)
+    _, fused = trace_ops(torch.softmax, torch.randn(m, n), 1)
+    assert sum(r["elements_read"] for r in fused) == m * n and sum(r["elements_written"] for r in fused) == m * n
+
+
+def test_measure_op_traffic_is_a_deprecated_alias_of_trace_ops():
+    from attnlab import measure
+
+    x = torch.randn(3, 5)
+    with pytest.warns(DeprecationWarning, match="use attnlab.memory.trace_ops"):
+        out, rows = measure.op_traffic(torch.exp, x)
+    assert rows == trace_ops(torch.exp, x)[1] and torch.equal(out, torch.exp(x))

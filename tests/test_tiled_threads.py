@@ -62,7 +62,7 @@ def test_tiled_gradients_are_unchanged_by_threads():
         with _torch_threads(n):
             for t in (q, k, v):
                 t.grad = None
-            out = tiled_attention(q, k, v, causal=True, block_q=32, block_k=32)
+            out = tiled_attention(q, k, v, causal=True, block_m=32, block_n=32)
             out.backward(torch.cos(out))
             grads.append([t.grad.clone() for t in (q, k, v)])
     for a, b in zip(*grads):
@@ -73,7 +73,7 @@ def test_peak_memory_counts_tiles_made_on_the_thread_pool():
     n, bh, block = 1024, 4, 256
     q, k, v = (torch.randn(1, bh, n, 64) for _ in range(3))
     with _torch_threads(2):
-        _, peak = peak_memory(lambda: tiled_attention(q, k, v, block_q=block, block_k=block))
+        _, peak = peak_memory(lambda: tiled_attention(q, k, v, block_m=block, block_n=block))
         assert torch.get_num_threads() == 2  # restored
     out_bytes = bh * n * 64 * 4
     tile_bytes = bh * block * block * 4  # one (BH, bq, bk) tile of S, made inside a block's program

@@ -1,19 +1,36 @@
-"""One set of argument rules (attnlab.validate) behind every public attention entry point.
+"""One set of argument rules (attnlab.validate) behind every public function that takes tensors.
 
 The same bad inputs go to every function that takes (q, k, v), and each must fail before any
 work with the same kind of error (TypeError for a wrong type, ValueError for a wrong value) and
-a message of one shape: ``<argument>: expected <what>, got <what came>``.
+a message of one shape: ``<argument>: expected <what>, got <what came>``. Every other public
+function that takes a tensor (or a block mask, or a function to run) has rows of its own below.
+
+Which functions: every name in the ``__all__`` of ``PUBLIC_MODULES`` (the reference attention,
+tiled, approx, iomodel, memory, measure and every module of ``attnlab.kernels``, found on disk).
+Each must be a (q, k, v) entry point, have rows in ``OTHER_ROWS``, or be listed in
+``NO_TENSORS`` with the reason, so a new public function without a row fails
+``test_every_public_function_has_a_row``. (Models, data and widgets have their own tests.)
 """
 
+import importlib
+import inspect
+import pkgutil
 import re
 
 import pytest
 import torch
 
-from attnlab import approx, validate
+import attnlab.kernels
+from attnlab import approx, attention, iomodel, measure, memory, validate
 from attnlab.attention import block_sparse_reference, naive_attention, scaled_dot_product_attention
-from attnlab.kernels import BlockMask, block_sparse_attention, flash_attention, softmax, standard_attention
-from attnlab.kernels.flash_steps import flash_forward_causal, flash_forward_loop, flash_forward_masked
+from attnlab.kernels import (BlockMask, block_sparse_attention, flash_attention, full_mask, intersection, softmax,
+                             standard_attention, union, vector_add)
+from attnlab.kernels._runtime import Kernel
+from attnlab.kernels.block_sparse_attention import prepare_block_mask
+from attnlab.kernels.flash_steps import (flash_backward_minimal, flash_forward_causal, flash_forward_loop,
+                                         flash_forward_masked)
+from attnlab.kernels.softmax import naive_softmax
+from attnlab.kernels.tutorial_softmax import tutorial_softmax
 from attnlab.tiled import tiled_attention
 
 MESSAGE = re.compile(r"^[a-z_]+(, [a-z_]+)*: expected .+, got .+", re.S)
@@ -40,6 +57,17 @@ ENTRY_POINTS = {
     "flash_forward_masked": lambda q, k, v, **kw: flash_forward_masked(q, k, v, block_m=16, block_n=16),
     "flash_forward_causal": lambda q, k, v, **kw: flash_forward_causal(q, k, v, block_m=16, block_n=16, **kw),
 }
+# the function behind each ENTRY_POINTS row (for the coverage test at the end)
+QKV_FUNCTIONS = {
+    "scaled_dot_product_attention": scaled_dot_product_attention, "naive_attention": naive_attention,
+    "tiled_attention": tiled_attention, "block_sparse_reference": block_sparse_reference,
+    "local_window_attention": approx.local_window_attention, "linformer_attention": approx.linformer_attention,
+    "performer_attention": approx.performer_attention, "flash_attention": flash_attention,
+    "standard_attention": standard_attention, "block_sparse_attention": block_sparse_attention,
+    "flash_forward_loop": flash_forward_loop, "flash_forward_masked": flash_forward_masked,
+    "flash_forward_causal": flash_forward_causal,
+}
+assert set(QKV_FUNCTIONS) == set(ENTRY_POINTS)
 TAKES_SCALE = {"scaled_dot_product_attention", "naive_attention", "tiled_attention", "local_window_attention",
                "linformer_attention", "performer_attention", "flash_attention", "standard_attention",
                "block_sparse_attention", "block_sparse_reference"}
@@ -138,3 +166,171 @@ def test_the_references_follow_sdpa_when_there_are_no_keys(fn):
     out = out[0] if isinstance(out, tuple) else out          # naive_attention also returns its matrix bytes
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k[:, :, :0], v[:, :, :0]))
     assert (out == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# every other public function that takes a tensor: its own bad inputs, the same message shape
+# ---------------------------------------------------------------------------------------------
+def _q16():
+    return torch.randn(1, 1, 64, 16)
+
+
+def _lse():
+    return torch.zeros(1, 1, 64)
+
+
+# (function, what is wrong, call, error type, the argument the message names)
+OTHER_ROWS = [
+    (attention.softmax, "non-tensor", lambda: attention.softmax([1.0]), TypeError, "x"),
+    (attention.softmax, "integer dtype", lambda: attention.softmax(torch.ones(3, dtype=torch.long)), TypeError, "x"),
+    (attention.softmax, "dim out of range", lambda: attention.softmax(torch.ones(2, 3), dim=2), ValueError, "dim"),
+    (attention.masked_softmax, "non-tensor", lambda: attention.masked_softmax([1.0], None), TypeError, "x"),
+    (attention.masked_softmax, "float mask", lambda: attention.masked_softmax(torch.ones(2, 3), torch.ones(2, 3)),
+     TypeError, "mask"),
+    (attention.masked_softmax, "mask shape",
+     lambda: attention.masked_softmax(torch.ones(2, 3), torch.ones(4, 3, dtype=torch.bool)), ValueError, "mask"),
+    (attention.masked_softmax, "bool dim",
+     lambda: attention.masked_softmax(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool), dim=True),
+     TypeError, "dim"),
+    (attention.padding_mask, "float lengths", lambda: attention.padding_mask(torch.tensor([1.0, 2.0])),
+     TypeError, "lengths"),
+    (attention.padding_mask, "wrong rank", lambda: attention.padding_mask(torch.ones(2, 2, dtype=torch.long)),
+     ValueError, "lengths"),
+    (attention.causal_mask, "tensor length", lambda: attention.causal_mask(torch.tensor(3)), TypeError, "n_q"),
+    (attention.AdditiveAttention, "non-tensor query",
+     lambda: attention.AdditiveAttention(4, 4, 8)([1.0], torch.randn(1, 3, 4)), TypeError, "query"),
+    (attention.AdditiveAttention, "wrong rank",
+     lambda: attention.AdditiveAttention(4, 4, 8)(torch.randn(4), torch.randn(1, 3, 4)), ValueError, "query"),
+    (attention.MultiHeadAttention, "non-tensor query", lambda: attention.MultiHeadAttention(8, 2)([1.0]),
+     TypeError, "query"),
+    (attention.MultiHeadAttention, "wrong rank", lambda: attention.MultiHeadAttention(8, 2)(torch.randn(8)),
+     ValueError, "query"),
+    (approx.path_length, "non-tensor", lambda: approx.path_length([[True]]), TypeError, "mask"),
+    (approx.path_length, "float mask", lambda: approx.path_length(torch.ones(3, 3)), TypeError, "mask"),
+    (approx.relative_error, "non-tensor", lambda: approx.relative_error([1.0], torch.ones(1)), TypeError, "approx"),
+    (approx.relative_error, "shapes differ", lambda: approx.relative_error(torch.ones(2), torch.ones(1)),
+     ValueError, "approx"),
+    (softmax, "non-tensor", lambda: softmax([1.0]), TypeError, "x"),
+    (softmax, "integer dtype", lambda: softmax(torch.ones(2, 2, dtype=torch.long)), TypeError, "x"),
+    (naive_softmax, "non-tensor", lambda: naive_softmax([1.0]), TypeError, "x"),
+    (naive_softmax, "wrong rank", lambda: naive_softmax(torch.ones(2, 2, 2)), ValueError, "x"),
+    (tutorial_softmax, "non-tensor", lambda: tutorial_softmax([1.0]), TypeError, "x"),
+    (tutorial_softmax, "wrong rank", lambda: tutorial_softmax(torch.ones(2, 2, 2)), ValueError, "x"),
+    (vector_add, "non-tensor", lambda: vector_add([1.0], torch.ones(1)), TypeError, "x"),
+    (vector_add, "wrong rank", lambda: vector_add(torch.ones(2, 2), torch.ones(2, 2)), ValueError, "x"),
+    (flash_backward_minimal, "non-tensor q",
+     lambda: flash_backward_minimal([1.0], _q16(), _q16(), _q16(), _lse(), _q16(), 16, 16), TypeError, "q"),
+    (flash_backward_minimal, "non-tensor o",
+     lambda: flash_backward_minimal(_q16(), _q16(), _q16(), [1.0], _lse(), _q16(), 16, 16), TypeError, "o"),
+    (flash_backward_minimal, "lse shape",
+     lambda: flash_backward_minimal(_q16(), _q16(), _q16(), _q16(), _lse()[..., :-1], _q16(), 16, 16),
+     ValueError, "lse"),
+    (flash_backward_minimal, "block not a power of two",
+     lambda: flash_backward_minimal(_q16(), _q16(), _q16(), _q16(), _lse(), _q16(), 24, 16), ValueError, "block_m"),
+    (prepare_block_mask, "not a mask", lambda: prepare_block_mask("x", None, 16, 16, 1, 1), TypeError, "block_mask"),
+    (BlockMask, "non-tensor", lambda: BlockMask([[True]], (16, 16)), TypeError, "mask"),
+    (BlockMask, "float mask", lambda: BlockMask(torch.ones(1, 1, 2, 2), (16, 16)), TypeError, "mask"),
+    (union, "not a BlockMask", lambda: union("x"), TypeError, "masks"),
+    (intersection, "not a BlockMask", lambda: intersection(full_mask(16, 16, (16, 16)), "x"), TypeError, "masks"),
+    (iomodel.block_sparse_forward_io, "not a mask", lambda: iomodel.block_sparse_forward_io(1, 1, 16, block_mask="x"),
+     TypeError, "block_mask"),
+    (iomodel.block_sparse_backward_io, "float mask",
+     lambda: iomodel.block_sparse_backward_io(1, 1, 64, block_mask=torch.ones(1, 1, 1, 1)), TypeError, "block_mask"),
+    (memory.trace, "not callable", lambda: memory.trace(3), TypeError, "fn"),
+    (memory.trace_ops, "not callable", lambda: memory.trace_ops(3), TypeError, "fn"),
+    (measure.peak_memory, "not callable", lambda: measure.peak_memory(3), TypeError, "fn"),
+    (measure.time_call, "not callable", lambda: measure.time_call(3), TypeError, "fn"),
+    (measure.scaling_sweep, "not callable", lambda: measure.scaling_sweep({"x": 3}, [16]), TypeError, "methods"),
+    (measure.scaling_sweep, "not a dict", lambda: measure.scaling_sweep([torch.exp], [16]), TypeError, "methods"),
+    (measure.scaling_sweep, "no methods", lambda: measure.scaling_sweep({}, [16]), ValueError, "methods"),
+    (measure.longest_sequence, "not callable", lambda: measure.longest_sequence(3, 2**20), TypeError, "fn"),
+]
+
+
+@pytest.mark.parametrize("fn,what,call,err,arg", OTHER_ROWS,
+                         ids=[f"{fn.__name__}-{what}" for fn, what, *_ in OTHER_ROWS])
+def test_every_other_tensor_function_rejects_bad_input_the_same_way(fn, what, call, err, arg):
+    with pytest.raises(err) as info:
+        call()
+    message = str(info.value)
+    assert MESSAGE.match(message), message
+    assert message.split(":")[0].split(", ")[0] == arg, message
+
+
+# public names that take no tensor (sizes, numbers, dtypes, a device, results to print), with why;
+# the raw @triton.jit kernels (Kernel objects) are launched as kernel[grid](...) and, as in Triton's
+# tutorials, check nothing: their wrappers above do
+NO_TENSORS = {
+    "attnlab.approx.local_window_mask": "sizes and a window",
+    "attnlab.approx.local_window_block_mask": "sizes, a window and a tile size",
+    "attnlab.approx.local_window_path_length": "sizes and a window",
+    "attnlab.approx.linformer_projection": "sizes; it makes the projection tensor",
+    "attnlab.approx.performer_features": "sizes; it makes the feature matrix",
+    "attnlab.approx.local_window_io": "sizes: a cost formula",
+    "attnlab.approx.linformer_io": "sizes: a cost formula",
+    "attnlab.approx.performer_io": "sizes: a cost formula",
+    "attnlab.iomodel.IO": "a result (byte and FLOP counts)",
+    "attnlab.iomodel.Machine": "a machine's peak numbers",
+    "attnlab.iomodel.Roofline": "a result",
+    "attnlab.iomodel.roofline": "numbers and a machine name",
+    "attnlab.iomodel.flash_block_sizes": "sizes",
+    "attnlab.iomodel.softmax_io": "sizes: a cost formula",
+    "attnlab.iomodel.matmul_io": "sizes: a cost formula",
+    "attnlab.iomodel.attention_flops": "sizes: a cost formula",
+    "attnlab.iomodel.standard_forward_io": "sizes: a cost formula",
+    "attnlab.iomodel.standard_backward_io": "sizes: a cost formula",
+    "attnlab.iomodel.flash_forward_io": "sizes (a block mask is checked in block_sparse_*_io's rows)",
+    "attnlab.iomodel.flash_backward_io": "sizes (a block mask is checked in block_sparse_*_io's rows)",
+    "attnlab.iomodel.theorem2": "sizes: a cost formula",
+    "attnlab.iomodel.fig2": "sizes: the paper's figure",
+    "attnlab.iomodel.paper_flash_forward_io": "sizes: a cost formula",
+    "attnlab.iomodel.paper_flash_backward_io": "sizes: a cost formula",
+    "attnlab.iomodel.paper_standard_forward_io": "sizes: a cost formula",
+    "attnlab.iomodel.paper_standard_backward_io": "sizes: a cost formula",
+    "attnlab.memory.MemoryTrace": "a result of trace",
+    "attnlab.memory.MemoryEvent": "a result of trace",
+    "attnlab.memory.TensorInfo": "a result of trace",
+    "attnlab.measure.random_qkv": "sizes; it makes q, k, v",
+    "attnlab.measure.format_bytes": "a number",
+    "attnlab.kernels.standard_attention.standard_block_sizes": "a head dim, a dtype and a device",
+    "attnlab.kernels.softmax.softmax_block_size": "a row length",
+    "attnlab.kernels.softmax.rows_per_program": "a block size and a device",
+    "attnlab.kernels.block_mask.local_mask": "sizes and a window",
+    "attnlab.kernels.block_mask.strided_mask": "sizes and a stride",
+    "attnlab.kernels.block_mask.global_mask": "sizes",
+    "attnlab.kernels.block_mask.causal_block_mask": "sizes",
+    "attnlab.kernels.block_mask.random_mask": "sizes, a density and a seed",
+    "attnlab.kernels.block_mask.full_mask": "sizes",
+}
+
+PUBLIC_MODULES = ["attnlab.attention", "attnlab.tiled", "attnlab.approx", "attnlab.iomodel", "attnlab.memory",
+                  "attnlab.measure", "attnlab.kernels"] + [
+    f"attnlab.kernels.{m.name}" for m in pkgutil.iter_modules(attnlab.kernels.__path__) if not m.name.startswith("_")]
+
+
+def _qualified(obj):
+    obj = inspect.unwrap(obj)
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _public_callables():
+    found = {}
+    for name in PUBLIC_MODULES:
+        module = importlib.import_module(name)
+        assert hasattr(module, "__all__"), f"{name} has no __all__: its public API is not listed"
+        for attr in module.__all__:
+            obj = getattr(module, attr)
+            if isinstance(obj, Kernel) or not callable(obj):
+                continue                       # a raw Triton kernel, or a constant
+            found[_qualified(obj)] = obj
+    return found
+
+
+def test_every_public_function_has_a_row():
+    covered = ({_qualified(fn) for fn in QKV_FUNCTIONS.values()} | {_qualified(row[0]) for row in OTHER_ROWS}
+               | set(NO_TENSORS))
+    public = _public_callables()
+    missing = sorted(set(public) - covered)
+    assert not missing, f"public functions without a row in tests/test_validation.py: {missing}"
+    stale = sorted(set(NO_TENSORS) - set(public))
+    assert not stale, f"NO_TENSORS names that are no longer public: {stale}"
