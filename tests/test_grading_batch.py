@@ -111,3 +111,18 @@ def test_csv_and_gradescope_outputs():
         "02_queries_keys_values: padding-mask": 1, "02_queries_keys_values: causal-mask": 0, "x: could not grade": 0}
     assert all({"name", "score", "max_score", "output"} <= set(t) for t in doc["tests"])
     assert "y.txt" in doc["output"]
+
+
+def test_hidden_tests_grade_submissions_but_not_the_course_s_own_solutions(tmp_path, monkeypatch, capsys):
+    # nbval and instructors run solutions/ top to bottom: its hidden tests do not grade the source again
+    # (tests/test_grading_notebooks.py does); anywhere else (nbgrader's autograded/ folders) they grade
+    from attnlab.grading import nbgrader
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root / "solutions")
+    assert nbgrader._is_course_source(root / "solutions")
+    nbgrader.autograde("causal-mask", str(root / "solutions"))
+    assert "the course's own solution notebook" in capsys.readouterr().out
+    assert not nbgrader._is_course_source(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        nbgrader.autograde("causal-mask", str(tmp_path))  # an empty folder: no submission to grade

@@ -70,8 +70,24 @@ def report_for(path, timeout=600):
     return _CACHE[key]
 
 
+def _is_course_source(folder):
+    """True in the course checkout's own solutions/ folder (the source notebooks, run by nbval and by
+    instructors): they are graded by the tests (tests/test_grading_notebooks.py), not once more here.
+    A submission is never there: nbgrader grades in autograded/<student>/<assignment>/."""
+    from attnlab.grading.course import find_course
+
+    try:
+        course = find_course()
+    except FileNotFoundError:
+        return False
+    return Path(folder).resolve() == (course / "solutions").resolve()
+
+
 def autograde(part_id, folder="."):
     """nbgrader's hidden test of ``part_id``: AssertionError unless ``attnlab grade`` gives it full points."""
+    if _is_course_source(folder):
+        print(f"[attnlab grade] {part_id}: the course's own solution notebook (graded by its tests, not here)")
+        return
     report = report_for(_notebook_for(part_id, folder))
     if report.get("error"):
         raise AssertionError(f"{part_id}: attnlab grade could not grade this notebook: {report['error']}")
