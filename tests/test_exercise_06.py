@@ -160,6 +160,7 @@ def _outer(**flags):
 
 
 WRONG.add("outer-product", "extra-traffic", outer_kernel=_outer(TILE_LOAD=True))
+WRONG.add("outer-product", "broadcast-by-loading", outer_kernel=_outer(TILE_LOAD=True))
 WRONG.add("outer-product", "added-not-multiplied", outer_kernel=_outer(ADD=True))
 WRONG.add("outer-product", "out-of-bounds-load", outer_kernel=_outer(MASK_LOADS=False))
 WRONG.add("outer-product", "out-of-bounds-store", outer_kernel=_outer(MASK_STORE=False))
@@ -334,6 +335,7 @@ WRONG.add("online-softmax-kernel", "masked-lanes-zero", online_softmax_kernel=_o
 WRONG.add("online-softmax-kernel", "no-max-subtraction", online_softmax_kernel=_online(USE_MAX=False))
 WRONG.add("online-softmax-kernel", "not-normalised", online_softmax_kernel=_online(NORMALISE=False))
 WRONG.add("online-softmax-kernel", "extra-traffic", online_softmax_kernel=_online(THREE_PASSES=True))
+WRONG.add("online-softmax-kernel", "more-than-two-passes", online_softmax_kernel=_online(THREE_PASSES=True))
 WRONG.add("online-softmax-kernel", "never-written", online_softmax_kernel=_online(LOOP_PASS_2=False))
 WRONG.add("online-softmax-kernel", "out-of-bounds-load", online_softmax_kernel=_online(MASK_LOAD=False))
 
@@ -445,6 +447,7 @@ WRONG.add("causal-tile", "mask-transposed", causal_mask_kernel=_causal(DIAGONAL=
 WRONG.add("causal-tile", "filled-with-zero", causal_mask_kernel=_causal(FILL=0.0))
 WRONG.add("causal-tile", "scale-forgotten", causal_mask_kernel=_causal(SCALE=False))
 WRONG.add("causal-tile", "extra-traffic", causal_mask_kernel=_causal(LOAD_WHOLE_TILE=True))
+WRONG.add("causal-tile", "masked-entries-read", causal_mask_kernel=_causal(LOAD_WHOLE_TILE=True))
 WRONG.add("causal-tile", "out-of-bounds-store", causal_mask_kernel=_causal(MASK_STORE=False))
 WRONG.add("causal-tile", "stride-ignored", causal_mask_kernel=_causal(ROW_STRIDE_IS_N=True))
 

@@ -150,6 +150,11 @@ _OUTER_MISTAKES = [
 ]
 
 
+_TILE_LOADED = Mistake("broadcast-by-loading", "x or y is loaded as a (BLOCK_M, BLOCK_N) tile, so each value is read "
+                       "once per lane of the other axis: load them as 1-D blocks and broadcast in registers "
+                       "(x[:, None] * y[None, :])", None)
+
+
 def _outer_cases():
     out = []
     for seed, (m, n, bm, bn) in enumerate([(6, 6, 4, 4), (13, 9, 8, 4), (1, 20, 4, 8)]):
@@ -175,7 +180,7 @@ def _check_outer(ns):
         args = [["buf", "x", 0], ["buf", "y", 0], ["buf", "out", None], ["val", m], ["val", n], ["stride", "out", 0]]
         traffic = _launch(ns, "outer_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
                           {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.outer(x, y)}, _OUTER_MISTAKES, (x, y))
-        checked = check_traffic("outer_kernel", label, traffic, outer_budget(m, n, bm, bn))
+        checked = check_traffic("outer_kernel", label, traffic, outer_budget(m, n, bm, bn), [_TILE_LOADED])
     return (f"{len(cases)} launches match the spec, with no stray access"
             + _traffic_note(checked, "x read once per column of tiles, y once per row of tiles, out written once"))
 
@@ -306,6 +311,11 @@ _ONLINE_MISTAKES = [
 ]
 
 
+_THIRD_PASS = Mistake("more-than-two-passes", "the row is read more than twice (a pass for the max, one for the sum, "
+                      "one for the output?): update the max and the sum in the same pass, rescaling the sum when the "
+                      "max grows", None)
+
+
 def _online_cases():
     out = []
     for seed, (rows, cols, block, scale) in enumerate([(3, 100, 16, 3.0), (2, 64, 16, 1.0), (4, 10, 16, 1.0),
@@ -331,7 +341,7 @@ def _check_online(ns):
                           _SOFTMAX_ARGS + [["val", cols]], {"BLOCK_SIZE": block}, ["y"], {"y": specs.row_softmax(x)},
                           _ONLINE_MISTAKES, (x, block))
         checked = check_traffic("online_softmax_kernel", label, traffic,
-                                {"x": (2 * 4 * rows * cols, None), "y": (None, 4 * rows * cols)})
+                                {"x": (2 * 4 * rows * cols, None), "y": (None, 4 * rows * cols)}, [_THIRD_PASS])
     return (f"{len(cases)} inputs (rows of several blocks, a partial last block, large logits) match the spec"
             + _traffic_note(checked, "each row read at most twice, written once"))
 
@@ -420,6 +430,10 @@ _CAUSAL_MISTAKES = [
 ]
 
 
+_MASKED_READ = Mistake("masked-entries-read", "entries that end as -inf are read anyway: load S with the causal "
+                       "mask itself (mask=keep), so a tile wholly above the diagonal reads nothing", None)
+
+
 def _causal_cases():
     out = []
     for seed, (n_q, n_k, bm, bn) in enumerate([(16, 16, 8, 8), (20, 13, 8, 8), (9, 24, 8, 8)]):
@@ -444,7 +458,8 @@ def _check_causal(ns):
                           {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.causal_scores(s, scale)},
                           _CAUSAL_MISTAKES, (s, scale))
         budget = 4 * specs.tiles_touching_causal(n_q, n_k, bm, bn)
-        checked = check_traffic("causal_mask_kernel", label, traffic, {"s": (budget, None), "out": (None, 4 * n_q * n_k)})
+        checked = check_traffic("causal_mask_kernel", label, traffic, {"s": (budget, None), "out": (None, 4 * n_q * n_k)},
+                                [_MASKED_READ])
     return (f"{len(cases)} launches (square, n_q > n_k, n_q < n_k) match the spec"
             + _traffic_note(checked, "S read only in tiles that keep an entry, out written once"))
 
