@@ -91,7 +91,7 @@ def _targets(pattern):
         if module is None or not (mod_name == package or mod_name.startswith(package + ".")):
             continue
         if any(part.startswith("_") for part in mod_name[len(package):].split(".")):
-            continue  # a private helper module (the kernels' runtime switch that attnlab.memory.trace uses) does no part's work
+            continue  # a private module (attnlab.kernels._runtime): machinery, e.g. what attnlab.memory.trace runs
         for attr, value in list(vars(module).items()):
             if attr.startswith("_"):
                 continue
