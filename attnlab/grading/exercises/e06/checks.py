@@ -1,95 +1,507 @@
-"""The checks of exercise 06_triton_primer (one ``@CHECKS(part id)`` per graded part)."""
+"""The checks of exercise 06_triton_primer (one ``@CHECKS(part id)`` per graded part).
 
+Every kernel part launches the learner's ``@triton.jit`` kernel itself (:func:`run_guarded`: its own
+grid and block sizes, tensors inside sentinel-guarded memory whose rows are further apart than they
+are long), compares the values with the spec and, in Triton's interpreter, holds the traced traffic
+to the part's byte budget (:func:`check_traffic`). A failure is named from what the launch showed
+(an out-of-bounds access, an output element never written, more bytes than the budget, a kernel that
+is right only on contiguous rows) or from a wrong version of the spec that gives the same numbers.
+"""
 
 import torch
 
-from attnlab.grading.core import Mistake, Registry, check_function, gen as _gen, randn as _randn
+from attnlab.grading.agent import device as _device
+from attnlab.grading.core import Fail, Mistake, NotAccepted, NotDone, Registry, check_function, gen as _gen, \
+    randn as _randn
 from attnlab.grading.exercises.e06 import spec as specs
-from attnlab.grading.exercises.e03.spec import softmax
-from attnlab.grading.kernel_check import cdiv, kernel_failure, next_power_of_2, run_guarded
+from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, next_power_of_2, run_guarded
 
 CHECKS = Registry()
 
+NEVER_WRITTEN = Mistake("never-written", "part of the output was never stored: the grid has one program per block "
+                        "(axis 0 of the grid walks the first dimension, axis 1 the second); each program must "
+                        "store its own whole block, offset by its program id times the block size", None)
+STRIDE_IGNORED = Mistake("stride-ignored", "the kernel is right when the rows are contiguous and wrong when they are "
+                         "not: address row i as ptr + i * stride (the stride argument), not i * n_cols", None)
 
-_TRAFFIC_CASES = [(f"{m} x {n}, element_size={es}", (m, n, es), {}) for m, n, es in
-                  [(4096, 1024, 4), (1, 1, 2), (1823, 781, 2)]]
 
-_TRAFFIC_MISTAKES = [
-    Mistake("elements-not-bytes", "these are elements: multiply by element_size",
-            lambda m, n, es=4: specs.softmax_traffic(m, n, 1)),
-    Mistake("reads-only", "only the reads are counted: writes move bytes too",
-            lambda m, n, es=4: ((5 * m * n + 2 * m) * es, m * n * es)),
-    Mistake("row-vectors-forgotten", "the M-element row maxima and sums are HBM traffic too (4M elements)",
-            lambda m, n, es=4: (8 * m * n * es, 2 * m * n * es)),
+def _padded(buffers):
+    return any(b.get("pad_rows") or b.get("pad_cols") for b in buffers.values())
+
+
+def _contiguous(buffers):
+    return {k: {kk: vv for kk, vv in b.items() if kk not in ("pad_rows", "pad_cols")} for k, b in buffers.items()}
+
+
+def _launch(ns, name, label, buffers, grid, args, kwargs, outputs, want, mistakes, margs, uses_dot=False):
+    """Launch, compare with ``want`` ({output: tensor}) and return the traced traffic ({} on a GPU).
+
+    On a failure, the kernel is launched once more on contiguous tensors: right there means the
+    kernel ignores a stride."""
+    traffic = {}
+
+    def run(bufs, tr):
+        got = run_guarded(ns, name, label, bufs, grid, args, kwargs, outputs, traffic=tr)
+        for k in outputs:
+            kernel_failure(label, name, got[k], want[k], mistakes, margs, {}, uses_dot=uses_dot)
+
+    try:
+        run(buffers, traffic)
+    except (NotDone, NotAccepted):
+        raise
+    except Fail as exc:
+        if "never written" in exc.message:
+            exc.mistakes.append(NEVER_WRITTEN)
+        if _padded(buffers) and " raised " not in exc.message:
+            try:
+                run(_contiguous(buffers), None)
+            except Fail:
+                pass
+            else:
+                exc.mistakes.insert(0, STRIDE_IGNORED)
+        raise
+    return traffic
+
+
+def _traffic_note(checked, budget_text):
+    if checked:
+        return f"; traffic within budget ({budget_text})"
+    return "; traffic not checked: on a GPU there is no trace (the tracer watches Triton's interpreter only)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# masked-scale: y = alpha * x, a masked 1-D load and store
+# ---------------------------------------------------------------------------------------------------------------
+
+_SCALE_MISTAKES = [
+    Mistake("added-not-multiplied", "alpha is added to x: y = alpha * x", lambda x, alpha: x + alpha),
+    Mistake("alpha-ignored", "alpha is never applied: y = alpha * x", lambda x, alpha: x.clone()),
 ]
-
-
-@CHECKS("softmax-traffic")
-def _check_traffic(ns):
-    n = check_function(ns, "softmax_traffic", specs.softmax_traffic, _TRAFFIC_CASES, _TRAFFIC_MISTAKES)
-    return f"{n} sizes match the spec"
 
 
 def _scale_cases():
     out = []
     for seed, (n, block) in enumerate([(1000, 128), (64, 64), (1, 32), (257, 64)]):
         g = _gen(1100 + seed)
-        out.append((f"n={n}, BLOCK_SIZE={block}", _randn(g, n), 0.5 + seed, block))
+        out.append((f"n={n}, BLOCK_SIZE={block}, grid=({cdiv(n, block)},)", _randn(g, n), 0.5 + seed, block))
     return out
 
 
 @CHECKS("masked-scale")
 def _check_scale(ns):
     cases = _scale_cases()
+    checked = False
     for label, x, alpha, block in cases:
         n = x.numel()
         buffers = {"x": {"data": x[None, :]}, "y": {"shape": [1, n], "output": True}}
         args = [["buf", "x", 0], ["buf", "y", 0], ["val", n], ["val", alpha]]
-        got = run_guarded(ns, "scale_kernel", label, buffers, (cdiv(n, block),), args, {"BLOCK_SIZE": block},
-                          ["y"])["y"][0]
-        kernel_failure(label, "scale_kernel", got, specs.scale(x, alpha), [], (x, alpha), {})
-    return f"{len(cases)} launches match the spec, with no access outside the tensors"
+        want = {"y": specs.scale(x, alpha)[None, :]}
+        traffic = _launch(ns, "scale_kernel", label, buffers, (cdiv(n, block),), args, {"BLOCK_SIZE": block}, ["y"],
+                          want, _SCALE_MISTAKES, (x[None, :], alpha))
+        checked = check_traffic("scale_kernel", label, traffic, {"x": (4 * n, None), "y": (None, 4 * n)})
+    return (f"{len(cases)} launches match the spec, with no access outside the tensors"
+            + _traffic_note(checked, "x read once, y written once"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tile-transpose: y = x^T, a 2-D tile load and store with strides
+# ---------------------------------------------------------------------------------------------------------------
+
+_TRANSPOSE_MISTAKES = [
+    Mistake("not-transposed", "the tile is stored where it was loaded from (y = x): x[i, j] goes to y[j, i]",
+            lambda x: x.clone()),
+]
+
+
+def _transpose_cases():
+    out = []
+    for seed, (m, n, bm, bn) in enumerate([(8, 8, 4, 4), (10, 7, 4, 4), (5, 12, 8, 4)]):
+        g = _gen(1150 + seed)
+        out.append((f"x of shape ({m}, {n}), BLOCK_M={bm}, BLOCK_N={bn}, grid=({cdiv(m, bm)}, {cdiv(n, bn)})",
+                    _randn(g, m, n), bm, bn))
+    return out
+
+
+@CHECKS("tile-transpose")
+def _check_transpose(ns):
+    cases = _transpose_cases()
+    checked = False
+    for label, x, bm, bn in cases:
+        m, n = x.shape
+        buffers = {"x": {"data": x, "pad_cols": 3}, "y": {"shape": [n, m], "output": True, "pad_cols": 5}}
+        args = [["buf", "x", None], ["buf", "y", None], ["val", m], ["val", n], ["stride", "x", 0], ["stride", "x", 1],
+                ["stride", "y", 0], ["stride", "y", 1]]
+        traffic = _launch(ns, "transpose_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
+                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["y"], {"y": specs.transpose(x)}, _TRANSPOSE_MISTAKES, (x,))
+        checked = check_traffic("transpose_kernel", label, traffic, {"x": (4 * m * n, None), "y": (None, 4 * m * n)})
+    return (f"{len(cases)} launches (square, ragged, wide; rows padded) match the spec, with no stray access"
+            + _traffic_note(checked, "x read once, y written once"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# outer-product: out[i, j] = x[i] * y[j], by broadcasting
+# ---------------------------------------------------------------------------------------------------------------
+
+_OUTER_MISTAKES = [
+    Mistake("added-not-multiplied", "x[i] + y[j] is a broadcast sum: the outer product multiplies",
+            lambda x, y: x[:, None] + y[None, :]),
+    Mistake("transposed", "out[i, j] = x[j] * y[i]: rows of out follow x (x[:, None]), columns follow y (y[None, :])",
+            lambda x, y: y[:, None] * x[None, :]),
+]
+
+
+_TILE_LOADED = Mistake("broadcast-by-loading", "x or y is loaded as a (BLOCK_M, BLOCK_N) tile, so each value is read "
+                       "once per lane of the other axis: load them as 1-D blocks and broadcast in registers "
+                       "(x[:, None] * y[None, :])", None)
+
+
+def _outer_cases():
+    out = []
+    for seed, (m, n, bm, bn) in enumerate([(6, 6, 4, 4), (13, 9, 8, 4), (1, 20, 4, 8)]):
+        g = _gen(1180 + seed)
+        out.append((f"x ({m},), y ({n},), BLOCK_M={bm}, BLOCK_N={bn}, grid=({cdiv(m, bm)}, {cdiv(n, bn)})",
+                    _randn(g, m), _randn(g, n), bm, bn))
+    return out
+
+
+def outer_budget(m, n, bm, bn):
+    """{buffer: (max load bytes, max store bytes)}: x once per column of tiles, y once per row of tiles."""
+    return {"x": (4 * m * cdiv(n, bn), None), "y": (4 * n * cdiv(m, bm), None), "out": (None, 4 * m * n)}
+
+
+@CHECKS("outer-product")
+def _check_outer(ns):
+    cases = _outer_cases()
+    checked = False
+    for label, x, y, bm, bn in cases:
+        m, n = x.numel(), y.numel()
+        buffers = {"x": {"data": x[None, :]}, "y": {"data": y[None, :]},
+                   "out": {"shape": [m, n], "output": True, "pad_cols": 3}}
+        args = [["buf", "x", 0], ["buf", "y", 0], ["buf", "out", None], ["val", m], ["val", n], ["stride", "out", 0]]
+        traffic = _launch(ns, "outer_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
+                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.outer(x, y)}, _OUTER_MISTAKES, (x, y))
+        checked = check_traffic("outer_kernel", label, traffic, outer_budget(m, n, bm, bn), [_TILE_LOADED])
+    return (f"{len(cases)} launches match the spec, with no stray access"
+            + _traffic_note(checked, "x read once per column of tiles, y once per row of tiles, out written once"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# row-sum: out[i] = sum_j x[i, j], looping over column blocks
+# ---------------------------------------------------------------------------------------------------------------
+
+_ROW_SUM_MISTAKES = [
+    Mistake("first-block-only", "only the first BLOCK_N columns are summed: loop over the row, "
+            "for start in range(0, n_cols, BLOCK_N)", lambda x, bn: x[:, :bn].sum(-1)[None, :]),
+    Mistake("tail-dropped", "the last, partial block is left out: the loop must run up to n_cols (range(0, n_cols, "
+            "BLOCK_N)), with the lanes past n_cols masked",
+            lambda x, bn: x[:, :(x.shape[1] // bn) * bn].sum(-1)[None, :]),
+]
+
+
+def _row_sum_cases():
+    out = []
+    for seed, (m, n, bn) in enumerate([(4, 40, 16), (3, 64, 16), (5, 7, 16), (2, 100, 32)]):
+        g = _gen(1200 + seed)
+        out.append((f"x of shape ({m}, {n}), BLOCK_N={bn}" + (" (one partial block)" if n < bn else ""),
+                    _randn(g, m, n), bn))
+    return out
+
+
+@CHECKS("row-sum")
+def _check_row_sum(ns):
+    cases = _row_sum_cases()
+    checked = False
+    for label, x, bn in cases:
+        m, n = x.shape
+        buffers = {"x": {"data": x, "pad_cols": 3}, "out": {"shape": [1, m], "output": True}}
+        args = [["buf", "x", None], ["buf", "out", 0], ["val", n], ["stride", "x", 0]]
+        traffic = _launch(ns, "row_sum_kernel", label, buffers, (m,), args, {"BLOCK_N": bn}, ["out"],
+                          {"out": specs.row_sum(x)[None, :]}, _ROW_SUM_MISTAKES, (x, bn))
+        checked = check_traffic("row_sum_kernel", label, traffic, {"x": (4 * m * n, None), "out": (None, 4 * m)})
+    return (f"{len(cases)} launches (partial last blocks, a row shorter than the block) match the spec"
+            + _traffic_note(checked, "x read once, one value stored per row"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# softmax-kernel: the fused softmax, one row per program
+# ---------------------------------------------------------------------------------------------------------------
+
+def _padded_softmax(x, block):
+    # masked-off lanes loaded as 0 join the row: what `other=0` computes
+    width = cdiv(x.shape[-1], block) * block
+    padded = torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[-1])], dim=-1)
+    return specs.row_softmax(padded)[:, : x.shape[-1]]
+
+
+def _naive_softmax(x, block=None):
+    e = torch.exp(x)
+    return e / e.sum(-1, keepdim=True)
+
+
+def _not_normalised(x, block=None):
+    return torch.exp(x - x.amax(-1, keepdim=True))
+
+
+_SOFTMAX_KERNEL_MISTAKES = [
+    Mistake("masked-lanes-zero", "masked-off lanes are loaded as 0, which still adds exp(0 - max) to the sum: "
+            "load them with other=-float('inf')", lambda x: _padded_softmax(x, next_power_of_2(x.shape[-1]))),
+    Mistake("no-max-subtraction", "exp overflows on large logits: subtract the row's max before tl.exp",
+            _naive_softmax),
+    Mistake("not-normalised", "exp(x - max) is stored without dividing by its sum over the row", _not_normalised),
+]
 
 
 def _softmax_kernel_cases():
     out = []
     for seed, (rows, cols, scale) in enumerate([(4, 8, 1.0), (3, 100, 1.0), (5, 1, 1.0), (2, 130, 1.0),
                                                  (3, 20, 500.0)]):
-        g = _gen(1200 + seed)
+        g = _gen(1250 + seed)
         label = f"a ({rows}, {cols}) input" + (" with large logits (~1000)" if scale > 1 else "")
         out.append((label, _randn(g, rows, cols, scale=scale)))
     return out
 
 
-def _zero_padded_softmax(x):
-    # masked-off lanes loaded as 0 join the row: what `other=0` computes
-    block = 1 << (x.shape[-1] - 1).bit_length()
-    padded = torch.cat([x, x.new_zeros(x.shape[0], block - x.shape[-1])], dim=-1)
-    return torch.softmax(padded, dim=-1)[:, : x.shape[-1]]
+def _softmax_buffers(x):
+    # rows are 3 (input) and 5 (output) elements further apart than they are long: the kernel must use the strides
+    return {"x": {"data": x, "pad_cols": 3}, "y": {"shape": list(x.shape), "output": True, "pad_cols": 5}}
 
 
-def _naive_softmax(x):
-    e = torch.exp(x)
-    return e / e.sum(-1, keepdim=True)
-
-
-_SOFTMAX_KERNEL_MISTAKES = [
-    Mistake("masked-lanes-zero", "masked-off lanes are loaded as 0, which still adds exp(0 - max) to the sum: "
-            "load them with other=-float('inf')", _zero_padded_softmax),
-    Mistake("no-max-subtraction", "exp overflows on large logits: subtract the row's max before tl.exp",
-            _naive_softmax),
-]
+_SOFTMAX_ARGS = [["buf", "y", None], ["buf", "x", None], ["stride", "x", 0], ["stride", "y", 0]]
 
 
 @CHECKS("softmax-kernel")
 def _check_softmax_kernel(ns):
     cases = _softmax_kernel_cases()
+    checked = False
     for label, x in cases:
         rows, cols = x.shape
         block = next_power_of_2(cols)
-        # rows are 3 elements further apart than they are long: the kernel must use the stride
-        buffers = {"x": {"data": x, "pad_cols": 3}, "y": {"shape": list(x.shape), "output": True, "pad_cols": 5}}
-        args = [["buf", "y", None], ["buf", "x", None], ["stride", "x", 0], ["stride", "y", 0], ["val", cols]]
-        got = run_guarded(ns, "softmax_kernel", label, buffers, (rows,), args, {"BLOCK_SIZE": block}, ["y"])["y"]
-        kernel_failure(label, "softmax_kernel", got, softmax(x), _SOFTMAX_KERNEL_MISTAKES, (x,), {})
-    return f"{len(cases)} inputs (odd widths, one column, large logits) match the spec, with no stray access"
+        traffic = _launch(ns, "softmax_kernel", label, _softmax_buffers(x), (rows,), _SOFTMAX_ARGS + [["val", cols]],
+                          {"BLOCK_SIZE": block}, ["y"], {"y": specs.row_softmax(x)}, _SOFTMAX_KERNEL_MISTAKES, (x,))
+        checked = check_traffic("softmax_kernel", label, traffic,
+                                {"x": (4 * rows * cols, None), "y": (None, 4 * rows * cols)})
+    return (f"{len(cases)} inputs (odd widths, one column, large logits) match the spec, with no stray access"
+            + _traffic_note(checked, "each row read once and written once"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# online-softmax-kernel: rows longer than the block, the online max and sum, two passes at most
+# ---------------------------------------------------------------------------------------------------------------
+
+def _online_emulation(x, block, rescale=True):
+    """The kernel's pass 1 in PyTorch, block by block, with the rescale switch; then pass 2."""
+    m = torch.full((x.shape[0],), float("-inf"))
+    l = torch.zeros(x.shape[0])
+    for start in range(0, x.shape[1], block):
+        xb = x[:, start:start + block]
+        m_new = torch.maximum(m, xb.amax(-1))
+        l = (l * torch.exp(m - m_new) if rescale else l) + torch.exp(xb - m_new[:, None]).sum(-1)
+        m = m_new
+    return torch.exp(x - m[:, None]) / l[:, None]
+
+
+_ONLINE_MISTAKES = [
+    Mistake("sum-not-rescaled", "the running sum is not rescaled when the max grows: "
+            "l = l * exp(m - m_new) + sum(exp(x - m_new))", lambda x, bs: _online_emulation(x, bs, rescale=False)),
+    Mistake("masked-lanes-zero", "masked-off lanes of the last block are loaded as 0 and join the sum: "
+            "load them with other=-float('inf')", _padded_softmax),
+    Mistake("no-max-subtraction", "exp overflows on large logits: keep a running max and subtract it",
+            _naive_softmax),
+    Mistake("not-normalised", "pass 2 stores exp(x - m) without dividing by the running sum l", _not_normalised),
+]
+
+
+_THIRD_PASS = Mistake("more-than-two-passes", "the row is read more than twice (a pass for the max, one for the sum, "
+                      "one for the output?): update the max and the sum in the same pass, rescaling the sum when the "
+                      "max grows", None)
+
+
+def _online_cases():
+    out = []
+    for seed, (rows, cols, block, scale) in enumerate([(3, 100, 16, 3.0), (2, 64, 16, 1.0), (4, 10, 16, 1.0),
+                                                       (2, 50, 16, 500.0)]):
+        g = _gen(1300 + seed)
+        x = _randn(g, rows, cols, scale=scale)
+        if seed == 0:  # the max grows along the row: every block rescales the sum
+            x = x + torch.linspace(0, 12, cols)
+        label = f"a ({rows}, {cols}) input, BLOCK_SIZE={block}" + (
+            " with large logits (~1000)" if scale > 100 else " whose max grows along the row" if seed == 0 else
+            " (row shorter than the block)" if cols < block else "")
+        out.append((label, x, block))
+    return out
+
+
+@CHECKS("online-softmax-kernel")
+def _check_online(ns):
+    cases = _online_cases()
+    checked = False
+    for label, x, block in cases:
+        rows, cols = x.shape
+        traffic = _launch(ns, "online_softmax_kernel", label, _softmax_buffers(x), (rows,),
+                          _SOFTMAX_ARGS + [["val", cols]], {"BLOCK_SIZE": block}, ["y"], {"y": specs.row_softmax(x)},
+                          _ONLINE_MISTAKES, (x, block))
+        checked = check_traffic("online_softmax_kernel", label, traffic,
+                                {"x": (2 * 4 * rows * cols, None), "y": (None, 4 * rows * cols)}, [_THIRD_PASS])
+    return (f"{len(cases)} inputs (rows of several blocks, a partial last block, large logits) match the spec"
+            + _traffic_note(checked, "each row read at most twice, written once"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tiled-matmul: C = A @ B with tl.dot
+# ---------------------------------------------------------------------------------------------------------------
+
+def _last_k_block(a, b, bk):
+    last = ((a.shape[1] - 1) // bk) * bk
+    return a[:, last:] @ b[last:]
+
+
+def _k_tail_dropped(a, b, bk):
+    stop = (a.shape[1] // bk) * bk
+    return a[:, :stop] @ b[:stop]
+
+
+_MATMUL_MISTAKES = [
+    Mistake("not-accumulated", "each K step replaces the tile instead of adding to it: acc += tl.dot(a, b, ...)",
+            _last_k_block),
+    Mistake("k-tail-dropped", "the last, partial K block is left out: loop over range(0, K, BLOCK_K) and mask the "
+            "K lanes with other=0.0", _k_tail_dropped),
+    Mistake("b-transposed", "B is read transposed (stride_bk and stride_bn swapped): B[k, n] is at "
+            "b_ptr + k * stride_bk + n * stride_bn", lambda a, b, bk: a @ b.T),
+]
+
+
+def _matmul_cases():
+    out = []
+    for seed, (m, n, k, col_major) in enumerate([(32, 32, 32, False), (40, 24, 40, False), (16, 48, 20, True)]):
+        g = _gen(1350 + seed)
+        a, b = _randn(g, m, k), _randn(g, k, n)
+        label = (f"A ({m}, {k}) @ B ({k}, {n}), blocks 16 x 16 x 16, grid=({cdiv(m, 16)}, {cdiv(n, 16)})"
+                 + (", B stored column-major (stride_bk = 1)" if col_major else ""))
+        out.append((label, a, b, col_major))
+    return out
+
+
+def matmul_budget(m, n, k, bm, bn):
+    """{buffer: (max load bytes, max store bytes)}: A read once per column of C tiles (cdiv(N, BLOCK_N) times),
+    B once per row of tiles (cdiv(M, BLOCK_M) times), C written once. attnlab.iomodel.matmul_io's model."""
+    return {"a": (4 * m * k * cdiv(n, bn), None), "b": (4 * k * n * cdiv(m, bm), None), "c": (None, 4 * m * n)}
+
+
+@CHECKS("tiled-matmul")
+def _check_matmul(ns):
+    cases = _matmul_cases()
+    checked = False
+    for label, a, b, col_major in cases:
+        (m, k), n = a.shape, b.shape[1]
+        bm = bn = bk = 16
+        buffers = {"a": {"data": a, "pad_cols": 3}, "b": {"data": b.T.contiguous() if col_major else b, "pad_cols": 5},
+                   "c": {"shape": [m, n], "output": True, "pad_cols": 2}}
+        b_strides = [["stride", "b", 1], ["stride", "b", 0]] if col_major else [["stride", "b", 0], ["stride", "b", 1]]
+        args = [["buf", "a", None], ["buf", "b", None], ["buf", "c", None], ["val", m], ["val", n], ["val", k],
+                ["stride", "a", 0], ["stride", "a", 1], *b_strides, ["stride", "c", 0], ["stride", "c", 1]]
+        traffic = _launch(ns, "matmul_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
+                          {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, ["c"], {"c": specs.matmul(a, b)},
+                          _MATMUL_MISTAKES, (a, b, bk), uses_dot=True)
+        checked = check_traffic("matmul_kernel", label, traffic, matmul_budget(m, n, k, bm, bn))
+    return (f"{len(cases)} launches (ragged M, N and K, a column-major B) match the spec, with no stray access"
+            + _traffic_note(checked, "A read cdiv(N, BLOCK_N) times, B cdiv(M, BLOCK_M) times, C written once"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# causal-tile: scale and causally mask a tile of scores, reading no tile that is wholly masked
+# ---------------------------------------------------------------------------------------------------------------
+
+def _causal_with(offset=0, fill=float("-inf"), transposed=False, use_scale=True):
+    def impl(s, scale):
+        n_q, n_k = s.shape
+        i, j = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        keep = (j >= i) if transposed else (j <= i + offset)
+        return (s * (scale if use_scale else 1.0)).masked_fill(~keep, fill)
+    return impl
+
+
+_CAUSAL_MISTAKES = [
+    Mistake("off-by-one-diagonal", "the diagonal is masked too: a query sees its own key (keep j <= i, not j < i)",
+            _causal_with(offset=-1)),
+    Mistake("mask-transposed", "the mask keeps the future (j >= i): keep key j <= query i", _causal_with(transposed=True)),
+    Mistake("filled-with-zero", "masked scores are 0, which softmax still weighs (exp(0) = 1): fill them with -inf",
+            _causal_with(fill=0.0)),
+    Mistake("scale-forgotten", "the kept scores are not multiplied by scale", _causal_with(use_scale=False)),
+]
+
+
+_MASKED_READ = Mistake("masked-entries-read", "entries that end as -inf are read anyway: load S with the causal "
+                       "mask itself (mask=keep), so a tile wholly above the diagonal reads nothing", None)
+
+
+def _causal_cases():
+    out = []
+    for seed, (n_q, n_k, bm, bn) in enumerate([(16, 16, 8, 8), (20, 13, 8, 8), (9, 24, 8, 8)]):
+        g = _gen(1400 + seed)
+        what = "square" if n_q == n_k else "more queries than keys" if n_q > n_k else \
+            "more keys than queries (tiles wholly above the diagonal)"
+        out.append((f"S of shape ({n_q}, {n_k}) ({what}), BLOCK_M={bm}, BLOCK_N={bn}", _randn(g, n_q, n_k),
+                    0.25 + 0.5 * seed, bm, bn))
+    return out
+
+
+@CHECKS("causal-tile")
+def _check_causal(ns):
+    cases = _causal_cases()
+    checked = False
+    for label, s, scale, bm, bn in cases:
+        n_q, n_k = s.shape
+        buffers = {"s": {"data": s, "pad_cols": 3}, "out": {"shape": [n_q, n_k], "output": True, "pad_cols": 2}}
+        args = [["buf", "s", None], ["buf", "out", None], ["val", n_q], ["val", n_k], ["stride", "s", 0],
+                ["stride", "out", 0], ["val", scale]]
+        traffic = _launch(ns, "causal_mask_kernel", label, buffers, (cdiv(n_q, bm), cdiv(n_k, bn)), args,
+                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.causal_scores(s, scale)},
+                          _CAUSAL_MISTAKES, (s, scale))
+        budget = 4 * specs.tiles_touching_causal(n_q, n_k, bm, bn)
+        checked = check_traffic("causal_mask_kernel", label, traffic, {"s": (budget, None), "out": (None, 4 * n_q * n_k)},
+                                [_MASKED_READ])
+    return (f"{len(cases)} launches (square, n_q > n_k, n_q < n_k) match the spec"
+            + _traffic_note(checked, "S read only in tiles that keep an entry, out written once"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# matmul-traffic-experiment: bytes read by the learner's own tiled matmul, against the tile size
+# ---------------------------------------------------------------------------------------------------------------
+
+def _unique(m, n, k, block, seed=0):
+    return 4 * (m * k + k * n)
+
+
+_EXPERIMENT_MISTAKES = [
+    Mistake("writes-counted", "this counts the bytes written as well: bytes_read only",
+            lambda m, n, k, block, seed=0: specs.matmul_traffic(m, n, k, block) + 4 * m * n),
+    Mistake("unique-bytes", "each element is counted once (unique_bytes_read): count every load, as bytes_read does",
+            _unique),
+    Mistake("elements-not-bytes", "these are elements: the tracer's counts are bytes (4 per float32)",
+            lambda m, n, k, block, seed=0: specs.matmul_traffic(m, n, k, block) // 4),
+    Mistake("tile-counts-swapped", "A is read once per column of tiles (cdiv(N, block) times) and B once per row "
+            "(cdiv(M, block) times), not the other way round",
+            lambda m, n, k, block, seed=0: 4 * (m * k * cdiv(m, block) + k * n * cdiv(n, block))),
+    Mistake("a-only", "only A's bytes are counted: B is read too",
+            lambda m, n, k, block, seed=0: 4 * m * k * cdiv(n, block)),
+]
+
+
+def _experiment_cases():
+    g = _gen(1450)
+    out = []
+    for block in (16, 32, 16):
+        m, n, k = (int(v) for v in torch.randint(17, 65, (3,), generator=g))
+        seed = int(torch.randint(0, 10_000, (1,), generator=g))
+        out.append((f"M={m}, N={n}, K={k}, block={block}, seed={seed}", (m, n, k, block), {"seed": seed}))
+    return out
+
+
+@CHECKS("matmul-traffic-experiment")
+def _check_experiment(ns):
+    if _device() == "cuda":
+        return ("not checked on a GPU: attnlab.memory.trace watches kernels that run in Triton's interpreter, and "
+                "here your kernel runs natively; grade this part on a CPU-only machine")
+    cases = _experiment_cases()
+    n = check_function(ns, "matmul_traffic", specs.matmul_traffic, cases, _EXPERIMENT_MISTAKES)
+    return f"{n} measurements reproduced exactly (to the byte) by the tiled-matmul traffic model"

@@ -1,8 +1,12 @@
-"""The references of exercise 06_triton_primer: what the grader compares the learner's answers with.
+"""The references of exercise 06_triton_primer: what the grader compares the learner's kernels with.
 
 Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+The general concepts come from the library (the row softmax, the causal mask, the tiled matmul's
+traffic model); what is here is specific to the puzzles. Memory budgets are in bytes.
 """
 
+from attnlab.attention import causal_mask, softmax
+from attnlab.iomodel import matmul_io
 
 
 def scale(x, alpha):
@@ -10,18 +14,56 @@ def scale(x, alpha):
     return alpha * x
 
 
-def softmax_traffic(n_rows, n_cols, element_size=4):
-    """Bytes of HBM traffic of a row softmax, naive (PyTorch ops) vs fused (one kernel).
+def transpose(x):
+    """y = x^T; x: (M, N) -> (N, M)."""
+    return x.t().contiguous()
 
-    Naive (Triton's fused-softmax tutorial): x.max -> read MN, write M; x - max -> read MN + M,
-    write MN; exp -> read MN, write MN; sum -> read MN, write M; divide -> read MN + M, write MN.
-    In all 8MN + 4M elements. Fused: read MN, write MN = 2MN elements.
-    Returns (naive_bytes, fused_bytes).
-    """
-    m, n = n_rows, n_cols
-    naive = (8 * m * n + 4 * m) * element_size
-    fused = 2 * m * n * element_size
-    return naive, fused
+
+def outer(x, y):
+    """out[i, j] = x[i] * y[j]; x: (M,), y: (N,) -> (M, N)."""
+    return x[:, None] * y[None, :]
+
+
+def row_sum(x):
+    """out[i] = sum_j x[i, j]; x: (M, N) -> (M,)."""
+    return x.sum(-1)
+
+
+def row_softmax(x):
+    """Softmax over each row; x: (M, N) -> (M, N)."""
+    return softmax(x, dim=-1)
+
+
+def matmul(a, b):
+    """c = a @ b; a: (M, K), b: (K, N) -> (M, N), float32 products (as input_precision="ieee")."""
+    return a @ b
+
+
+def causal_scores(s, scale):
+    """out[i, j] = scale * s[i, j] where key j <= query i, else -inf; s: (n_q, n_k) -> (n_q, n_k)."""
+    return (s * scale).masked_fill(~causal_mask(s.shape[0], s.shape[1]), float("-inf"))
+
+
+def tiles_touching_causal(n_q, n_k, block_m, block_n):
+    """Elements of S in the (block_m, block_n) tiles that hold at least one kept (j <= i) entry:
+    what a causal kernel needs to read at most (tiles wholly above the diagonal are all -inf)."""
+    total = 0
+    for i0 in range(0, n_q, block_m):
+        last_row = min(i0 + block_m, n_q) - 1
+        for j0 in range(0, n_k, block_n):
+            if j0 <= last_row:
+                total += (min(i0 + block_m, n_q) - i0) * (min(j0 + block_n, n_k) - j0)
+    return total
+
+
+def matmul_traffic(M, N, K, block, seed=0):
+    """Bytes a float32 (block x block)-tiled matmul C (M, N) = A (M, K) @ B (K, N) reads: A once per column of
+    tiles, B once per row of tiles (whatever the seed: the traffic depends on the shapes only)."""
+    return matmul_io(M, N, K, 4, block, block).bytes_read
+
+
+def cdiv(a, b):
+    return -(-a // b)
 
 
 __import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
