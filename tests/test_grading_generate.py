@@ -50,8 +50,8 @@ def test_exercise_has_stubs_and_no_solutions_hidden_tests_or_outputs(path):
     nb = nbformat.read(str(path), as_version=4)
     nbformat.validate(nb)
     answers = [c for c in nb.cells if c.metadata["nbgrader"]["solution"]]
-    assert answers and all("# YOUR CODE HERE\n" in c.source and "raise NotImplementedError()" in c.source
-                           for c in answers)
+    assert answers and all(("# YOUR CODE HERE\n" in c.source and "raise NotImplementedError()" in c.source)
+                           if c.cell_type == "code" else "YOUR ANSWER HERE" in c.source for c in answers)
     for c in nb.cells:
         if c.cell_type == "code":
             assert c.outputs == [] and c.execution_count is None
@@ -69,7 +69,10 @@ def test_cells_carry_nbgrader_schema_3_metadata(path):
         assert {"grade", "solution", "locked", "grade_id"} <= set(meta)
         assert re.fullmatch(r"[A-Za-z0-9_-]+", meta["grade_id"])
         ids.append(meta["grade_id"])
-        if meta["grade"]:
+        if meta["grade"] and meta["solution"]:  # a manual part's written answer
+            assert c.cell_type == "markdown" and not meta["locked"]
+            graded[meta["grade_id"]] = meta["points"]
+        elif meta["grade"]:
             assert meta["locked"] and not meta["solution"] and c.cell_type == "code"
             assert f'check("{meta["grade_id"]}")' in c.source
             graded[meta["grade_id"]] = meta["points"]
