@@ -167,9 +167,11 @@ def _first(impl, index):
     return lambda *args, **kwargs: impl(*args, **kwargs)[index]
 
 
-def _compare_outputs(name, label, got, want, names, mistakes, args, kwargs, rtol=RTOL, atol=ATOL, kernel=False):
+def _compare_outputs(name, label, got, want, names, mistakes, args, kwargs, rtol=RTOL, atol=ATOL, kernel=False,
+                     spec=None):
     """Fail at the first of ``names`` (e.g. O, L) where ``got`` differs from ``want``, naming the known
-    mistakes whose same output equals the learner's. ``mistakes``: one list per output."""
+    mistakes whose same output equals the learner's. ``mistakes``: one list per output; ``spec``: a function
+    whose parameter names label the inputs in the counterexample."""
     if not isinstance(got, (tuple, list)) or len(got) != len(want):
         kind = f"a tuple of {len(got)} values" if isinstance(got, (tuple, list)) else type(got).__name__
         raise Fail(f"`{name}` on {label}: expected a tuple ({', '.join(names)}), got {kind}")
@@ -183,7 +185,7 @@ def _compare_outputs(name, label, got, want, names, mistakes, args, kwargs, rtol
         if tf32 and mismatch(g, w, 5e-3, 5e-3) is None:
             found.append(TF32)
         raise Fail("\n    ".join([f"`{name}` on {label}: {what}: {why}",
-                                  *counterexample(label, g, w, args, kwargs, rtol=rtol, atol=atol)]), found)
+                                  *counterexample(label, g, w, args, kwargs, spec, rtol=rtol, atol=atol)]), found)
 
 
 TF32 = Mistake("tf32-dot", "close, but only to about 1e-3: on an NVIDIA GPU tl.dot multiplies float32 in TF32 "
@@ -223,7 +225,7 @@ def _check_tiled(ns):
         got = value_of(results[i], name, label)
         want = specs.tiled_attention_forward(*args, **kwargs)
         _compare_outputs(name, label, got, want, ("O", "L"), (_OUT_MISTAKES, _OUT_MISTAKES + _LSE_MISTAKES),
-                         args, kwargs)
+                         args, kwargs, spec=specs.tiled_attention_forward)
     # the autograd.Function's forward (no gradient asked here): the same O
     fn_cases = [cases[1], cases[2]]
     n = check_function(learner, "flash_attention_pytorch", specs.flash_attention_pytorch, fn_cases,
@@ -308,6 +310,14 @@ def _with_stride_diagnosis(run_case, run_contiguous):
         raise exc from None
 
 
+def _fwd_case(Q, K, V, CAUSAL, scale, BLOCK_M, BLOCK_N):
+    """What a forward kernel case is (its parameter names label a counterexample's inputs)."""
+
+
+def _dkdv_case(Q, K, V, DO, CAUSAL, BLOCK_M, BLOCK_N):
+    """What a dK/dV kernel case is (L and D are the reference's, from Q, K, V and DO)."""
+
+
 def _flash_one(ns, label, q, k, v, causal, bm, bn):
     scale = q.shape[-1] ** -0.5
     want = specs.tiled_attention_forward(q, k, v, causal, 64, 64)
@@ -326,7 +336,7 @@ def _flash_one(ns, label, q, k, v, causal, bm, bn):
     def run(pads, traffic=None):
         got = _flash_launch(ns, label, q, k, v, causal, bm, bn, pads, traffic)
         _compare_outputs("flash_fwd_kernel", label, got, want, ("O", "L"), (mistakes[0], mistakes[0] + mistakes[1]),
-                         args, {}, kernel=True)
+                         args, {}, kernel=True, spec=_fwd_case)
 
     _with_stride_diagnosis(lambda: run(_FLASH_PADS, traffic), lambda: run({}))
     b, n, d = q.shape
@@ -615,7 +625,7 @@ def _dkdv_one(ns, label, q, k, v, do, causal, bm, bn):
     def run(pads, traffic=None):
         got = _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, bm, bn, pads, traffic)
         _compare_outputs("flash_bwd_dkdv_kernel", label, got, want, ("dK", "dV"), (ms, ms), args, {},
-                         rtol=GRAD_RTOL, atol=GRAD_ATOL, kernel=True)
+                         rtol=GRAD_RTOL, atol=GRAD_ATOL, kernel=True, spec=_dkdv_case)
 
     _with_stride_diagnosis(lambda: run(_DKDV_PADS, traffic), lambda: run({}))
     b, n, d = q.shape
