@@ -19,7 +19,7 @@ from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry,
                                   counterexample, diagnose, gen as _gen, learner_of, mismatch, present, randn as _randn,
                                   value_of)
 from attnlab.grading.exercises.e07 import spec as specs
-from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, run_guarded
+from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
 
 CHECKS = Registry()
 
