@@ -312,13 +312,19 @@ def _dkdv_body(Q, K, V, DO, L, D, DK, DV, stride_qb, stride_qn, stride_kb, strid
                     other=0.0)
         do = tl.load(DO + pid_b * stride_dob + offs_m[:, None] * stride_don + offs_d[None, :], mask=rows[:, None],
                      other=0.0)
-        lse = tl.load(L + pid_b * stride_lb + offs_m, mask=rows, other=0.0)
+        if ROW_MASK:
+            lse = tl.load(L + pid_b * stride_lb + offs_m, mask=rows, other=0.0)
+        else:
+            lse = tl.load(L + pid_b * stride_lb + offs_m, mask=rows, other=float("-inf"))
         delta = tl.load(D + pid_b * stride_lb + offs_m, mask=rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
         if RECOMP_SCALE:
             s = s * scale
         p = tl.exp(s - lse[:, None])
-        p = tl.where(rows[:, None] & cols[None, :], p, 0.0)
+        if ROW_MASK:
+            p = tl.where(rows[:, None] & cols[None, :], p, 0.0)
+        else:
+            p = tl.where(cols[None, :], p, 0.0)
         if CAUSAL:
             if CAUSAL_MASK:
                 p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
@@ -339,7 +345,7 @@ def _dkdv_body(Q, K, V, DO, L, D, DK, DV, stride_qb, stride_qn, stride_kb, strid
 
 
 _DKDV_OK = dict(SKIP=True, KV_IN_LOOP=False, RECOMP_SCALE=True, CAUSAL_MASK=True, SUB_D=True, FLIP=False,
-                SCALE_DK=True)
+                SCALE_DK=True, ROW_MASK=True)
 
 
 def _dkdv_kernel(**wrong):
@@ -350,7 +356,8 @@ for _key, _flags in [("d-not-subtracted", dict(SUB_D=False)), ("ds-sign-flipped"
                      ("grad-scale-forgotten", dict(SCALE_DK=False)), ("recompute-scale-forgotten",
                                                                       dict(RECOMP_SCALE=False)),
                      ("causal-mask-missing-in-backward", dict(CAUSAL_MASK=False)),
-                     ("causal-blocks-not-skipped", dict(SKIP=False)), ("extra-traffic", dict(KV_IN_LOOP=True))]:
+                     ("causal-blocks-not-skipped", dict(SKIP=False)), ("extra-traffic", dict(KV_IN_LOOP=True)),
+                     ("padded-rows-not-zeroed", dict(ROW_MASK=False))]:
     WRONG.add("dkdv-kernel", _key, flash_bwd_dkdv_kernel=_dkdv_kernel(**_flags))
 
 
