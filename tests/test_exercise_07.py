@@ -519,3 +519,12 @@ def test_the_untouched_kernel_says_not_implemented():
 
     result = run_check("flash-kernel-loop", LocalLearner({"flash_fwd_kernel": flash_fwd_kernel}, forbidden=[]))
     assert not result.passed and "not implemented" in result.message, result.message
+
+
+def test_the_tracer_is_allowed_where_attnlab_kernels_are_forbidden():
+    # attnlab.memory.trace runs attnlab.kernels._runtime.interpreting: a private module's machinery, never wired as a
+    # forbidden call, even when the part forbids attnlab.kernels.* and the module is already imported
+    import attnlab.kernels._runtime  # noqa: F401
+
+    result = run_check("traffic-experiment", {"forward_traffic": _measure(lambda t: t.total_bytes)})
+    assert result.passed, result.message
