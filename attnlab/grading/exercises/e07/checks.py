@@ -1,16 +1,35 @@
-"""The checks of exercise 07_flash_attention (one ``@CHECKS(part id)`` per graded part)."""
+"""The checks of exercise 07_flash_attention (one ``@CHECKS(part id)`` per graded part).
+
+The PyTorch parts are compared with :func:`attnlab.tiled.tiled_attention` (through ``spec.py``); the
+Triton parts are launched by the grader itself (:func:`attnlab.grading.kernel_check.run_guarded`:
+sentinel-guarded buffers whose strides are not the row length) and, in the interpreter, held to a
+byte budget: K and V read once per query block (only the blocks a causal block needs), each output
+written once, nothing else. Known mistakes are recognised by running *emulations*: the algorithm
+written block by block in PyTorch with a switch per mistake (``_forward_emulation``,
+``_backward_emulation``), so one function gives the right answer and each wrong one.
+"""
 
 import math
+import numbers
 
 import torch
 
-from attnlab.grading.core import Mistake, Registry, check_function, gen as _gen, randn as _randn
+from attnlab.grading.agent import device as _device
+from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry, check_function, check_with_gradients,
+                                  counterexample, diagnose, gen as _gen, learner_of, mismatch, present, randn as _randn,
+                                  value_of)
 from attnlab.grading.exercises.e07 import spec as specs
-from attnlab.grading.exercises.e08.spec import block_to_element_mask
-from attnlab.grading.kernel_check import cdiv, kernel_failure, run_guarded
+from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
 
 CHECKS = Registry()
 
+RTOL, ATOL = 1e-4, 1e-5          # float32: the order of additions differs from the reference's, nothing else
+GRAD_RTOL, GRAD_ATOL = 1e-4, 5e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# part 1: the online-softmax update
+# ---------------------------------------------------------------------------------------------
 
 def _online_cases():
     cases = []
@@ -30,11 +49,11 @@ def _online_cases():
     return cases
 
 
-def _online_with(rescale_acc=True, rescale_l=True, update_max=True, inverted=False):
+def _online_with(rescale_acc=True, rescale_l=True, update_max=True, inverted=False, p_old_max=False):
     def impl(m, l, acc, s_block, v_block):
         m_new = torch.maximum(m, s_block.amax(-1)) if update_max else m
         alpha = torch.exp(m_new - m) if inverted else torch.exp(m - m_new)
-        p = torch.exp(s_block - m_new[:, None])
+        p = torch.exp(s_block - (m if p_old_max else m_new)[:, None])
         l_new = (alpha * l if rescale_l else l) + p.sum(-1)
         acc_new = (alpha[:, None] * acc if rescale_acc else acc) + p @ v_block
         return m_new, l_new, acc_new
@@ -49,6 +68,9 @@ _ONLINE_MISTAKES = [
             _online_with(update_max=False)),
     Mistake("rescale-inverted", "the rescale factor is inverted: it is exp(m_old - m_new) <= 1",
             _online_with(inverted=True)),
+    Mistake("p-uses-old-max", "the new block's exponentials are taken against the old max: P = exp(S - m_new), "
+            "with the max that includes this block (against m = -inf the first block overflows)",
+            _online_with(p_old_max=True)),
 ]
 
 
@@ -58,48 +80,600 @@ def _check_online(ns):
     return f"{n} cases match the spec, including the first block"
 
 
+# ---------------------------------------------------------------------------------------------
+# the forward, block by block in PyTorch, with a switch per mistake (parts tiled-forward and flash-kernel-loop)
+# ---------------------------------------------------------------------------------------------
+
+def _forward_emulation(q, k, v, causal=False, scale=None, block_q=16, block_k=16, rescale_acc=True, use_scale=True,
+                       drop_tail=False, mask_tail=True, causal_strict=False, diagonal_unmasked=False, skip=True,
+                       lse="ok", exp2=False, normalise=True):
+    """FlashAttention-2's forward as the learner writes it: q (B, Nq, d), k, v (B, Nk, d) -> (O, L).
+
+    The switches are the known mistakes: ``mask_tail=False`` lets keys past Nk (loaded as 0) into the
+    softmax, ``causal_strict`` masks j >= i, ``diagonal_unmasked`` skips the blocks above the diagonal but
+    masks nothing inside the one that crosses it, ``lse`` is "ok", "no-max" (log l), "max" (m) or
+    "base2", ``exp2`` uses exp2 without folding log2(e) into the scale.
+    """
+    B, Nq, d = q.shape
+    Nk = k.shape[1]
+    sc = (d ** -0.5 if scale is None else scale) if use_scale else 1.0
+    o = q.new_zeros(B, Nq, v.shape[-1])                                    # (B, Nq, dv)
+    L = q.new_zeros(B, Nq)                                                 # (B, Nq)
+    ex = (lambda x: torch.exp2(x)) if exp2 else torch.exp
+    for q0 in range(0, Nq, block_q):
+        q1 = min(q0 + block_q, Nq)
+        rows = torch.arange(q0, q1)[:, None]                               # (bq, 1)
+        m = q.new_full((B, q1 - q0), float("-inf"))
+        l = q.new_zeros(B, q1 - q0)
+        acc = q.new_zeros(B, q1 - q0, v.shape[-1])
+        hi = min(q1, Nk) if (causal and skip) else Nk
+        for k0 in range(0, hi, block_k):
+            if drop_tail and k0 + block_k > Nk:
+                continue
+            kb, vb = k[:, k0:k0 + block_k], v[:, k0:k0 + block_k]         # (B, <= bk, d)
+            if not mask_tail and kb.shape[1] < block_k:                    # loaded as 0, never masked
+                pad = block_k - kb.shape[1]
+                kb = torch.cat([kb, kb.new_zeros(B, pad, d)], 1)
+                vb = torch.cat([vb, vb.new_zeros(B, pad, vb.shape[-1])], 1)
+            cols = torch.arange(k0, k0 + kb.shape[1])[None, :]             # (1, bk)
+            s = q[:, q0:q1] @ kb.transpose(1, 2) * sc                      # (B, bq, bk)
+            if causal and not diagonal_unmasked:
+                keep = cols < rows if causal_strict else cols <= rows
+                s = s.masked_fill(~keep, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha = ex(m - m_new)
+            p = ex(s - m_new[..., None])
+            l = alpha * l + p.sum(-1)
+            acc = (alpha[..., None] * acc if rescale_acc else acc) + p @ vb
+            m = m_new
+        o[:, q0:q1] = acc / l[..., None] if normalise else acc
+        if lse == "no-max":
+            L[:, q0:q1] = torch.log(l)
+        elif lse == "max":
+            L[:, q0:q1] = m
+        elif lse == "base2":
+            L[:, q0:q1] = (m + torch.log(l)) * math.log2(math.e)
+        else:
+            L[:, q0:q1] = m + (torch.log2(l) if exp2 else torch.log(l))
+    return o, L
+
+
+def _fwd(**flags):
+    return lambda q, k, v, causal=False, block_q=16, block_k=16: _forward_emulation(
+        q, k, v, causal, None, block_q, block_k, **flags)
+
+
+_OUT_MISTAKES = [   # mistakes visible in O (and in L): compared on O
+    Mistake("acc-not-rescaled", "the accumulator is not rescaled when the running max grows: "
+            "acc = acc * exp(m_old - m_new)[:, None] + P V", _fwd(rescale_acc=False)),
+    Mistake("scale-forgotten", "the scores are not multiplied by the scale 1/sqrt(d)", _fwd(use_scale=False)),
+    Mistake("off-by-one-block-edge", "the last, partial block of keys is skipped: loop over range(0, N, block) "
+            "and let the last block be shorter", _fwd(drop_tail=True)),
+    Mistake("causal-off-by-one", "the causal mask is off by one: query i sees keys j <= i (its own key included), "
+            "so no row is empty", _fwd(causal_strict=True)),
+    Mistake("causal-diagonal-unmasked", "the blocks above the diagonal are skipped, but inside the block that "
+            "crosses it keys j > i are not masked: set their scores to -inf", _fwd(diagonal_unmasked=True)),
+    Mistake("not-normalised", "the output is not divided by the running sum l at the end", _fwd(normalise=False)),
+]
+_LSE_MISTAKES = [   # O right, L wrong: compared on L
+    Mistake("lse-missing-max", "L is log(l) only: l is a sum of exp(S - m), so L = m + log(l)", _fwd(lse="no-max")),
+    Mistake("lse-is-max", "L is the running max m alone: L = m + log(l)", _fwd(lse="max")),
+    Mistake("lse-in-base-2", "L is in base-2 units (log2(e) folded in for exp2): the log-sum-exp the backward "
+            "needs is natural, L = m + log(l) with m in the units of exp", _fwd(lse="base2")),
+]
+
+
+def _first(impl, index):
+    return lambda *args, **kwargs: impl(*args, **kwargs)[index]
+
+
+def _compare_outputs(name, label, got, want, names, mistakes, args, kwargs, rtol=RTOL, atol=ATOL, kernel=False,
+                     spec=None):
+    """Fail at the first of ``names`` (e.g. O, L) where ``got`` differs from ``want``, naming the known
+    mistakes whose same output equals the learner's. ``mistakes``: one list per output; ``spec``: a function
+    whose parameter names label the inputs in the counterexample."""
+    if not isinstance(got, (tuple, list)) or len(got) != len(want):
+        kind = f"a tuple of {len(got)} values" if isinstance(got, (tuple, list)) else type(got).__name__
+        raise Fail(f"`{name}` on {label}: expected a tuple ({', '.join(names)}), got {kind}")
+    for i, (g, w, what) in enumerate(zip(got, want, names)):
+        tf32 = kernel and _device() == "cuda"
+        why = mismatch(g, w, rtol, atol)
+        if not why:
+            continue
+        found = diagnose(g, [Mistake(m.key, m.message, _first(m.impl, i)) for m in mistakes[i]], args, kwargs,
+                         rtol, atol)
+        if tf32 and mismatch(g, w, 5e-3, 5e-3) is None:
+            found.append(TF32)
+        raise Fail("\n    ".join([f"`{name}` on {label}: {what}: {why}",
+                                  *counterexample(label, g, w, args, kwargs, spec, rtol=rtol, atol=atol)]), found)
+
+
+TF32 = Mistake("tf32-dot", "close, but only to about 1e-3: on an NVIDIA GPU tl.dot multiplies float32 in TF32 "
+               "(10 mantissa bits) unless you pass input_precision=\"ieee\"", None)
+
+
+# ---------------------------------------------------------------------------------------------
+# part 2 (a): the tiled forward in PyTorch, as an autograd.Function, with its log-sum-exp
+# ---------------------------------------------------------------------------------------------
+
 def _tiled_cases():
     cases = []
-    for seed, (m, n, d, bk) in enumerate([(5, 32, 8, 16), (4, 37, 8, 16), (3, 7, 4, 8), (6, 50, 16, 16)]):
+    for seed, (b, nq, nk, causal, bq, bk, amp) in enumerate([
+            (2, 32, 32, False, 16, 16, 1.0), (2, 40, 40, True, 16, 16, 1.0), (1, 24, 37, False, 16, 8, 1.0),
+            (2, 48, 48, True, 16, 32, 3.0), (1, 5, 5, True, 16, 16, 1.0)]):
         g = _gen(1400 + seed)
-        cases.append((f"M={m}, N={n}, d={d}, block_k={bk}", (_randn(g, m, d), _randn(g, n, d), _randn(g, n, d)),
-                       {"block_k": bk}))
+        q, k, v = _randn(g, b, nq, 16, scale=amp), _randn(g, b, nk, 16, scale=amp), _randn(g, b, nk, 16)
+        shape = f"B={b}, Nq={nq}" + (f", Nk={nk}" if nk != nq else "")
+        label = (f"{shape}, d=16, causal={causal}, block_q={bq}, block_k={bk}"
+                 + (" with large scores (q, k ~ 3 randn)" if amp > 1 else "")
+                 + (", N not a multiple of the blocks" if nq % bq or nk % bk else ""))
+        cases.append((label, (q, k, v, causal, bq, bk), {}))
     return cases
-
-
-def _tiled_with(update=specs.online_softmax_update, drop_tail=False, use_scale=True, normalise=True):
-    def impl(q, k, v, block_k=16, scale=None):
-        sc = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) if use_scale else 1.0
-        m = torch.full((q.shape[0],), float("-inf"))
-        l, acc = torch.zeros(q.shape[0]), torch.zeros(q.shape[0], v.shape[-1])
-        stop = (k.shape[0] // block_k) * block_k if drop_tail else k.shape[0]
-        if stop == 0:
-            return torch.full((q.shape[0], v.shape[-1]), float("nan"))
-        for start in range(0, stop, block_k):
-            m, l, acc = update(m, l, acc, q @ k[start:start + block_k].T * sc, v[start:start + block_k])
-        return acc / l[:, None] if normalise else acc
-    return impl
-
-
-_TILED_MISTAKES = [
-    Mistake("acc-not-rescaled", "the accumulator is not rescaled when the running max grows",
-            _tiled_with(update=_online_with(rescale_acc=False))),
-    Mistake("off-by-one-block-edge", "the last, partial block of keys is skipped: loop over range(0, N, block_k)",
-            _tiled_with(drop_tail=True)),
-    Mistake("scale-forgotten", "the 1/sqrt(d) scale is forgotten", _tiled_with(use_scale=False)),
-    Mistake("not-normalised", "the result is not divided by the running sum l at the end", _tiled_with(normalise=False)),
-]
 
 
 @CHECKS("tiled-forward")
 def _check_tiled(ns):
-    n = check_function(ns, "tiled_attention_forward", specs.tiled_attention_forward, _tiled_cases(), _TILED_MISTAKES)
-    return f"{n} cases match the spec, including partial last blocks"
+    learner = learner_of(ns)
+    cases = _tiled_cases()
+    name = "tiled_attention_forward"
+    reply = learner.call(name, [[a, kw] for _l, a, kw in cases])
+    present(reply, name)
+    results = reply.get("results", [])
+    for i, (label, args, kwargs) in enumerate(cases):
+        if i >= len(results):
+            raise Fail(f"`{name}`: the grader got no result for {label}")
+        got = value_of(results[i], name, label)
+        want = specs.tiled_attention_forward(*args, **kwargs)
+        _compare_outputs(name, label, got, want, ("O", "L"), (_OUT_MISTAKES, _OUT_MISTAKES + _LSE_MISTAKES),
+                         args, kwargs, spec=specs.tiled_attention_forward)
+    # the autograd.Function's forward (no gradient asked here): the same O
+    fn_cases = [cases[1], cases[2]]
+    n = check_function(learner, "flash_attention_pytorch", specs.flash_attention_pytorch, fn_cases,
+                       [Mistake(m.key, m.message, _first(m.impl, 0)) for m in _OUT_MISTAKES])
+    return (f"{len(cases)} cases match O and L (causal, Nq != Nk, partial blocks, large scores), and "
+            f"FlashAttentionFunction's forward on {n}")
+
+
+# ---------------------------------------------------------------------------------------------
+# part 3 (b): the whole Triton forward kernel
+# ---------------------------------------------------------------------------------------------
+
+FLASH_SIGNATURE = ("flash_fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn, "
+                   "stride_ob, stride_on, stride_lb, N, scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)")
+# each tensor padded differently, so that its strides are its own and not the row length
+_FLASH_PADS = {"q": (16, 0), "k": (8, 16), "v": (4, 0), "o": (8, 8), "l": (0, 8)}
+
+
+def _flash_cases():
+    cases = []
+    for seed, (b, n, causal, bm, bn, amp) in enumerate([(2, 32, False, 16, 16, 1.0), (2, 40, True, 16, 16, 1.0),
+                                                        (2, 37, False, 32, 16, 3.0), (2, 48, True, 32, 16, 1.0),
+                                                        (1, 7, True, 16, 16, 1.0)]):
+        g = _gen(1500 + seed)
+        q, k, v = _randn(g, b, n, 16, scale=amp), _randn(g, b, n, 16, scale=amp), _randn(g, b, n, 16)
+        label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, BLOCK_M={bm}, BLOCK_N={bn}"
+                 + (" with large scores" if amp > 1 else "") + (", N < BLOCK" if n < bm else
+                                                                 ", a partial last block" if n % bn or n % bm else ""))
+        cases.append((label, q, k, v, causal, bm, bn))
+    return cases
+
+
+def _kv_blocks_needed(n, causal, bm, bn):
+    """Key rows a forward loads per (batch entry), summed over its query blocks: all N per query block, or with
+    causal only the blocks that start before the query block's end (masked at N)."""
+    total = 0
+    for q0 in range(0, n, bm):
+        hi = min(q0 + bm, n) if causal else n
+        total += sum(min(bn, n - k0) for k0 in range(0, hi, bn))
+    return total
+
+
+def _forward_budget(b, n, d, causal, bm, bn, es=4):
+    kv = b * _kv_blocks_needed(n, causal, bm, bn) * d * es
+    return {"q": (b * n * d * es, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, b * n * d * es), "l": (0, b * n * es)}
+
+
+def _flash_launch(ns, label, q, k, v, causal, bm, bn, pads=_FLASH_PADS, traffic=None):
+    b, n, d = q.shape
+    buffers = {"q": {"data": q}, "k": {"data": k}, "v": {"data": v}, "o": {"shape": [b, n, d], "output": True},
+               "l": {"shape": [b, n], "output": True}}
+    for key, (rows, cols) in pads.items():
+        buffers[key].update(pad_rows=rows, pad_cols=cols)
+    args = [["buf", x, None] for x in "qkvol"] + [["stride", x, dim] for x in "qkvo" for dim in (0, 1)] + \
+        [["stride", "l", 0], ["val", n], ["val", d ** -0.5]]
+    out = run_guarded(ns, "flash_fwd_kernel", label, buffers, (cdiv(n, bm), b), args,
+                      {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal}, ["o", "l"], traffic=traffic)
+    return out["o"], out["l"]
+
+
+IGNORES_STRIDES = Mistake("ignores-strides", "the kernel is right on contiguous tensors but not on the grader's, "
+                          "whose rows are padded: address each tensor with its own strides (offs_n[:, None] * "
+                          "stride_kn + offs_d[None, :], pid * stride_kb), never with N or HEAD_DIM, and never with "
+                          "another tensor's strides", None)
+NOT_SKIPPED = Mistake("causal-blocks-not-skipped", "with CAUSAL the loop still loads the key blocks above the "
+                      "diagonal: a query block ending at row r needs keys < min(r + 1, N) only, so stop the loop "
+                      "there (the numbers are right, the bytes are not)", None)
+
+
+def _with_stride_diagnosis(run_case, run_contiguous):
+    """Run a kernel case; when it fails, launch once more on contiguous tensors: right there means strides."""
+    try:
+        return run_case()
+    except (NotDone, NotAccepted):
+        raise
+    except Fail as exc:
+        try:
+            run_contiguous()
+        except Exception:
+            raise exc from None
+        exc.mistakes = [IGNORES_STRIDES, *exc.mistakes]
+        raise exc from None
+
+
+def _fwd_case(Q, K, V, CAUSAL, scale, BLOCK_M, BLOCK_N):
+    """What a forward kernel case is (its parameter names label a counterexample's inputs)."""
+
+
+def _dkdv_case(Q, K, V, DO, CAUSAL, BLOCK_M, BLOCK_N):
+    """What a dK/dV kernel case is (L and D are the reference's, from Q, K, V and DO)."""
+
+
+def _flash_one(ns, label, q, k, v, causal, bm, bn):
+    scale = q.shape[-1] ** -0.5
+    want = specs.tiled_attention_forward(q, k, v, causal, 64, 64)
+    mistakes = (_OUT_MISTAKES + [Mistake("masked-keys-not-masked", "keys past N are loaded as 0 and join the "
+                                         "softmax with score 0: set their scores to -inf (offs_n < N)",
+                                         _fwd(mask_tail=False))] + [_EXP2],
+                _LSE_MISTAKES)
+    args = (q, k, v, causal, scale, bm, bn)
+
+    def emulated(impl):
+        return lambda q, k, v, causal, scale, bm, bn: impl(q, k, v, causal, bm, bn)
+
+    mistakes = tuple([Mistake(m.key, m.message, emulated(m.impl)) for m in ms] for ms in mistakes)
+    traffic = {}
+
+    def run(pads, traffic=None):
+        got = _flash_launch(ns, label, q, k, v, causal, bm, bn, pads, traffic)
+        _compare_outputs("flash_fwd_kernel", label, got, want, ("O", "L"), (mistakes[0], mistakes[0] + mistakes[1]),
+                         args, {}, kernel=True, spec=_fwd_case)
+
+    _with_stride_diagnosis(lambda: run(_FLASH_PADS, traffic), lambda: run({}))
+    b, n, d = q.shape
+    budget = _forward_budget(b, n, d, causal, bm, bn)
+    full_kv = _forward_budget(b, n, d, False, bm, bn)["k"][0]
+    extra = [NOT_SKIPPED] if causal and traffic.get("k", {}).get("load_bytes", 0) >= full_kv > budget["k"][0] else []
+    return check_traffic("flash_fwd_kernel", label, traffic, budget, extra)
+
+
+_EXP2 = Mistake("exp2-without-log2e", "exp2 is used without folding log2(e) into the scale: exp(x) = exp2(x * "
+                "log2(e)), so multiply the scores by scale * 1.4426950408889634 before exp2 (or use tl.exp)",
+                _fwd(exp2=True))
+
+
+@CHECKS("flash-kernel-loop")
+def _check_flash(ns):
+    cases = _flash_cases()
+    traced = [_flash_one(ns, label, q, k, v, causal, bm, bn) for label, q, k, v, causal, bm, bn in cases]
+    tail = ("; each within its byte budget (Q read once, K and V once per query block, causal blocks skipped, "
+            "O and L written once)" if all(traced) else
+            "; traffic not checked: on a GPU the kernel is not traced (it is in Triton's interpreter)")
+    return f"{len(cases)} launches match O and L (causal, partial blocks, N < BLOCK, large scores){tail}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the experiment: the bytes the Triton forward moves
+# ---------------------------------------------------------------------------------------------
+
+TRAFFIC_RTOL = 0.01   # the part's stated tolerance: bytes are exact for a kernel that moves only what it needs
+
+
+def _traffic_cases():
+    g = _gen(1700)
+    cases = []
+    for causal, low in ((False, 24), (True, 48)):
+        n = low + 8 * int(torch.randint(0, 3, (1,), generator=g))         # 24 ... 40, then 48 ... 64
+        seed = int(torch.randint(0, 10_000, (1,), generator=g))
+        cases.append((f"n={n}, causal={causal}, blocks 16 x 16, seed={seed}", (n, causal, 16, 16, seed), {}))
+    return cases
+
+
+def _traffic_of(part):
+    """A wrong measurement: ``part`` maps a trace of the reference kernel to a number."""
+    def impl(n, causal=False, block_m=16, block_n=16, seed=0):
+        from attnlab.kernels import flash_attention
+        from attnlab.memory import trace
+
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(1, 1, n, 16, generator=g) for _ in range(3))
+        kw = part.get("kwargs", lambda c, bm, bn: dict(causal=c, block_m=bm, block_n=bn))(causal, block_m, block_n)
+        return part["value"](trace(flash_attention, q, k, v, **kw))
+    return impl
+
+
+_TRAFFIC_MISTAKES = [
+    Mistake("reads-only", "only the bytes read are counted: the stores of O and L move bytes too",
+            _traffic_of({"value": lambda t: t.bytes_read})),
+    Mistake("unique-bytes", "each byte is counted once however often it moves (unique_bytes_read): the part asks "
+            "for every access, K and V once per query block", _traffic_of({
+                "value": lambda t: t.unique_bytes_read + t.unique_bytes_written})),
+    Mistake("elements-not-bytes", "these are elements: a float32 moves 4 bytes",
+            _traffic_of({"value": lambda t: t.total_bytes // 4})),
+    Mistake("causal-ignored", "the causal flag is not passed on: the measurement is of the non-causal kernel",
+            _traffic_of({"value": lambda t: t.total_bytes,
+                         "kwargs": lambda c, bm, bn: dict(causal=False, block_m=bm, block_n=bn)})),
+    Mistake("kv-only", "only K and V are counted: Q, O and L are traffic too",
+            _traffic_of({"value": lambda t: t.by_tensor["K"]["read"] + t.by_tensor["V"]["read"]})),
+]
+
+
+@CHECKS("traffic-experiment")
+def _check_traffic_experiment(ns):
+    learner = learner_of(ns)
+    name = "forward_traffic"
+    cases = _traffic_cases()
+    reply = learner.call(name, [[a, kw] for _l, a, kw in cases])
+    present(reply, name)
+    results = reply.get("results", [])
+    lines = []
+    for i, (label, args, kwargs) in enumerate(cases):
+        if i >= len(results):
+            raise Fail(f"`{name}`: the grader got no result for {label}")
+        got = value_of(results[i], name, label)
+        if torch.is_tensor(got) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            raise Fail(f"`{name}` on {label}: expected a number of bytes, got {type(got).__name__}")
+        want = specs.forward_traffic(*args, **kwargs)
+        if abs(got - want) > TRAFFIC_RTOL * want:
+            found = [m for m in _TRAFFIC_MISTAKES if abs(m.impl(*args, **kwargs) - got) <= TRAFFIC_RTOL * want]
+            hint_text = ""
+            if got > want and not found:
+                hint_text = (" (more than a kernel that reads K and V once per query block: does your kernel pass "
+                             "flash-kernel-loop's traffic check?)")
+            raise Fail(f"`{name}` on {label}: measured {got:,.0f} bytes; reproduced with the reference kernel: "
+                       f"{want:,} bytes (tolerance {TRAFFIC_RTOL:.0%}){hint_text}", found)
+        lines.append(f"{want:,} B at n={args[0]}{' causal' if args[1] else ''}")
+    return f"your measurements reproduce ({', '.join(lines)}) within {TRAFFIC_RTOL:.0%}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the backward, densely in PyTorch, with a switch per mistake (parts tiled-backward and dkdv-kernel)
+# ---------------------------------------------------------------------------------------------
+
+def _backward_emulation(q, k, v, o, lse, do, causal=False, scale=None, block_q=16, block_k=16, subtract_d=True,
+                        sign_flipped=False, scale_grads=True, recompute_scaled=True, mask="ok", d_per_tile=False):
+    """dQ, dK, dV from L with the known mistakes as switches; all (B, N, d). ``mask``: "ok", "none" (causal mask
+    forgotten in the backward), "blocks" or "kblocks" (the tiles above the diagonal skipped, in a loop over query
+    blocks or over key blocks, and the tiles that cross it left unmasked)."""
+    d = q.shape[-1]
+    sc = d ** -0.5 if scale is None else scale
+    Nq, Nk = q.shape[1], k.shape[1]
+    s = q @ k.transpose(1, 2) * (sc if recompute_scaled else 1.0)            # (B, Nq, Nk)
+    p = torch.exp(s - lse[..., None])                                        # (B, Nq, Nk) recomputed from L
+    rows, cols = torch.arange(Nq)[:, None], torch.arange(Nk)[None, :]
+    if causal and mask == "ok":
+        p = p.masked_fill(cols > rows, 0.0)
+    elif causal and mask == "blocks":   # query-block loop: key blocks that start after the block's last row skipped
+        end = torch.clamp((rows // block_q + 1) * block_q, max=Nq)             # (Nq, 1)
+        p = p.masked_fill((cols // block_k) * block_k >= end, 0.0)
+    elif causal and mask == "kblocks":  # key-block loop: query blocks that end before the key block starts skipped
+        p = p.masked_fill(rows < ((cols // block_k) * block_k // block_q) * block_q, 0.0)
+    dv = p.transpose(1, 2) @ do                                              # (B, Nk, dv)
+    dp = do @ v.transpose(1, 2)                                              # (B, Nq, Nk)
+    if d_per_tile:   # D_i summed over one key tile only
+        D = torch.zeros_like(dp)
+        for k0 in range(0, Nk, block_k):
+            D[..., k0:k0 + block_k] = (p[..., k0:k0 + block_k] * dp[..., k0:k0 + block_k]).sum(-1, keepdim=True)
+    else:
+        D = (do * o).sum(-1, keepdim=True)                                   # (B, Nq, 1)
+    if not subtract_d:
+        ds = p * dp
+    elif sign_flipped:
+        ds = p * (D - dp)
+    else:
+        ds = p * (dp - D)                                                    # (B, Nq, Nk)
+    g = sc if scale_grads else 1.0
+    return ds @ k * g, ds.transpose(1, 2) @ q * g, dv
+
+
+class _WrongBackward(torch.autograd.Function):
+    """The right forward (the reference) with a backward from ``_backward_emulation``'s switches."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, block_q, block_k, flags):
+        o, lse = specs.tiled_attention_forward(q, k, v, causal, block_q, block_k)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (causal, block_q, block_k, flags)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        causal, block_q, block_k, flags = ctx.args
+        dq, dk, dv = _backward_emulation(q, k, v, o, lse, do, causal, None, block_q, block_k, **flags)
+        return dq, dk, dv, None, None, None, None
+
+
+def _bwd(**flags):
+    return lambda q, k, v, causal=False, block_q=16, block_k=16: _WrongBackward.apply(q, k, v, causal, block_q,
+                                                                                       block_k, flags)
+
+
+_BACKWARD_MISTAKES = [
+    Mistake("d-not-subtracted", "dS = P * (dP - D) with D_i = rowsum(dO_i * O_i): the softmax backward subtracts "
+            "each row's D", _bwd(subtract_d=False)),
+    Mistake("ds-sign-flipped", "the sign of dS is flipped: dS = P * (dP - D)", _bwd(sign_flipped=True)),
+    Mistake("grad-scale-forgotten", "dQ and dK miss the scale: S = Q K^T * scale, so dQ = dS K * scale and "
+            "dK = dS^T Q * scale", _bwd(scale_grads=False)),
+    Mistake("recompute-scale-forgotten", "P is recomputed from unscaled scores: P = exp(Q K^T * scale - L)",
+            _bwd(recompute_scaled=False)),
+    Mistake("causal-mask-missing-in-backward", "the backward forgets the causal mask: the recomputed P must be 0 "
+            "where j > i, as in the forward", _bwd(mask="none")),
+    Mistake("causal-mask-missing-in-backward", "the backward skips the blocks above the diagonal but does not "
+            "mask j > i inside the block that crosses it", _bwd(mask="blocks")),
+    Mistake("causal-mask-missing-in-backward", "the backward skips the tiles above the diagonal but does not "
+            "mask j > i inside the tiles that cross it", _bwd(mask="kblocks")),
+    Mistake("d-from-one-tile", "D is summed over one key tile: D_i = rowsum(dO_i * O_i) is a whole-row quantity "
+            "(it equals sum_j P_ij dP_ij over all keys), computed once before the loops", _bwd(d_per_tile=True)),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# part (c): the backward in PyTorch, wired into the autograd.Function
+# ---------------------------------------------------------------------------------------------
+
+def _backward_cases():
+    cases = []
+    for seed, (b, nq, nk, causal, bq, bk) in enumerate([(2, 32, 32, False, 16, 16), (2, 40, 40, True, 16, 16),
+                                                        (1, 24, 37, False, 16, 8), (2, 48, 48, True, 16, 32)]):
+        g = _gen(1800 + seed)
+        q, k, v = _randn(g, b, nq, 16), _randn(g, b, nk, 16), _randn(g, b, nk, 16)
+        do = _randn(g, b, nq, 16)
+        shape = f"B={b}, Nq={nq}" + (f", Nk={nk}" if nk != nq else "")
+        label = (f"{shape}, d=16, causal={causal}, block_q={bq}, block_k={bk}"
+                 + (", N not a multiple of the blocks" if nq % bq or nk % bk else ""))
+        cases.append((label, (q, k, v, causal, bq, bk), {}, do))
+    return cases
+
+
+@CHECKS("tiled-backward")
+def _check_backward(ns):
+    n = check_with_gradients(ns, "flash_attention_pytorch", specs.flash_attention_pytorch, _backward_cases(),
+                             inputs=[0, 1, 2], mistakes=_BACKWARD_MISTAKES, rtol=GRAD_RTOL, atol=GRAD_ATOL,
+                             labels=["dQ", "dK", "dV"])
+    return f"{n} cases match O, dQ, dK and dV (causal, Nq != Nk, partial blocks)"
+
+
+# ---------------------------------------------------------------------------------------------
+# part (d), bonus: the dK/dV kernel
+# ---------------------------------------------------------------------------------------------
+
+DKDV_SIGNATURE = ("flash_bwd_dkdv_kernel(Q, K, V, DO, L, D, DK, DV, stride_qb, stride_qn, stride_kb, stride_kn, "
+                  "stride_vb, stride_vn, stride_dob, stride_don, stride_lb, N, scale, HEAD_DIM, BLOCK_M, BLOCK_N, "
+                  "CAUSAL)")
+# DK has K's layout, DV has V's, D has L's
+_DKDV_PADS = {"q": (16, 0), "k": (8, 16), "v": (4, 0), "do": (8, 8), "l": (0, 8), "d": (0, 8), "dk": (8, 16),
+              "dv": (4, 0)}
+
+
+def _dkdv_cases():
+    cases = []
+    for seed, (b, n, causal, bm, bn) in enumerate([(2, 32, False, 16, 16), (2, 40, True, 16, 16),
+                                                   (1, 37, False, 32, 16), (2, 48, True, 16, 32)]):
+        g = _gen(1900 + seed)
+        q, k, v, do = _randn(g, b, n, 16), _randn(g, b, n, 16), _randn(g, b, n, 16), _randn(g, b, n, 16)
+        label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, BLOCK_M={bm}, BLOCK_N={bn}"
+                 + (", a partial last block" if n % bm or n % bn else ""))
+        cases.append((label, q, k, v, do, causal, bm, bn))
+    return cases
+
+
+def _dkdv_budget(b, n, d, causal, bm, bn, es=4):
+    rows = 0   # query rows each key block's program loads, summed
+    for k0 in range(0, n, bn):
+        lo = (k0 // bm) * bm if causal else 0
+        rows += n - lo
+    qd = b * rows * d * es
+    kv = b * n * d * es
+    return {"q": (qd, 0), "do": (qd, 0), "l": (b * rows * es, 0), "d": (b * rows * es, 0), "k": (kv, 0),
+            "v": (kv, 0), "dk": (0, kv), "dv": (0, kv)}
+
+
+def _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, bm, bn, pads, traffic=None):
+    b, n, d = q.shape
+    buffers = {"q": {"data": q}, "k": {"data": k}, "v": {"data": v}, "do": {"data": do}, "l": {"data": lse},
+               "d": {"data": delta}, "dk": {"shape": [b, n, d], "output": True},
+               "dv": {"shape": [b, n, d], "output": True}}
+    for key, (rows, cols) in pads.items():
+        buffers[key].update(pad_rows=rows, pad_cols=cols)
+    args = [["buf", x, None] for x in ("q", "k", "v", "do", "l", "d", "dk", "dv")] + \
+        [["stride", x, dim] for x in ("q", "k", "v", "do") for dim in (0, 1)] + \
+        [["stride", "l", 0], ["val", n], ["val", d ** -0.5]]
+    out = run_guarded(ns, "flash_bwd_dkdv_kernel", label, buffers, (cdiv(n, bn), b), args,
+                      {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal}, ["dk", "dv"], traffic=traffic)
+    return out["dk"], out["dv"]
+
+
+def _dkdv_one(ns, label, q, k, v, do, causal, bm, bn):
+    o, lse = specs.tiled_attention_forward(q, k, v, causal, 64, 64)
+    delta = (do * o).sum(-1)                                                  # (B, N)
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    specs.flash_attention_pytorch(qq, kk, vv, causal, 64, 64).backward(do)
+    want = (kk.grad, vv.grad)
+    args = (q, k, v, do, causal, bm, bn)
+
+    def wrong(**flags):
+        def impl(q, k, v, do, causal, bm, bn):
+            _dq, dk, dv = _backward_emulation(q, k, v, o, lse, do, causal, None, bm, bn, **flags)
+            return dk, dv
+        return impl
+
+    ms = [Mistake("d-not-subtracted", "dS = P * (dP - D): subtract D_i (loaded from D) from each row of dP",
+                  wrong(subtract_d=False)),
+          Mistake("ds-sign-flipped", "the sign of dS is flipped: dS = P * (dP - D)", wrong(sign_flipped=True)),
+          Mistake("grad-scale-forgotten", "dK misses the scale: dK = dS^T Q * scale", wrong(scale_grads=False)),
+          Mistake("recompute-scale-forgotten", "P is recomputed from unscaled scores: P = exp(Q K^T * scale - L)",
+                  wrong(recompute_scaled=False)),
+          Mistake("causal-mask-missing-in-backward", "with CAUSAL the recomputed P must be 0 where key j > query i",
+                  wrong(mask="none")),
+          Mistake("causal-mask-missing-in-backward", "with CAUSAL the query blocks that see none of this key block "
+                  "are skipped, but inside the tile that crosses the diagonal P is not zeroed where j > i",
+                  wrong(mask="kblocks"))]
+    traffic = {}
+
+    def run(pads, traffic=None):
+        got = _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, bm, bn, pads, traffic)
+        try:
+            _compare_outputs("flash_bwd_dkdv_kernel", label, got, want, ("dK", "dV"), (ms, ms), args, {},
+                             rtol=GRAD_RTOL, atol=GRAD_ATOL, kernel=True, spec=_dkdv_case)
+        except Fail as exc:
+            if q.shape[1] % bm and not all(torch.isfinite(g).all() for g in got):
+                exc.mistakes.append(PADDED_ROWS)
+            raise
+
+    _with_stride_diagnosis(lambda: run(_DKDV_PADS, traffic), lambda: run({}))
+    b, n, d = q.shape
+    budget = _dkdv_budget(b, n, d, causal, bm, bn)
+    full = _dkdv_budget(b, n, d, False, bm, bn)["q"][0]
+    extra = [NOT_SKIPPED_BWD] if causal and traffic.get("q", {}).get("load_bytes", 0) >= full > budget["q"][0] else []
+    return check_traffic("flash_bwd_dkdv_kernel", label, traffic, budget, extra)
+
+
+PADDED_ROWS = Mistake("padded-rows-not-zeroed", "NaN or inf in dK or dV with a partial last query block: the rows "
+                      "past N get P = exp(S - L) from whatever L was loaded there (other=-inf gives exp(+inf)), and "
+                      "inf times their dO = 0 is NaN; zero P where offs_m >= N and load L and D with other=0.0", None)
+NOT_SKIPPED_BWD = Mistake("causal-blocks-not-skipped", "with CAUSAL a key block starting at key c is seen only by "
+                          "queries i >= c: start the loop at the query block that holds row c, "
+                          "(c // BLOCK_M) * BLOCK_M, instead of 0", None)
+
+
+@CHECKS("dkdv-kernel")
+def _check_dkdv(ns):
+    cases = _dkdv_cases()
+    traced = [_dkdv_one(ns, *case) for case in cases]
+    tail = ("; each within its byte budget (K and V read once, Q, dO, L and D once per key block, causal blocks "
+            "skipped, dK and dV written once)" if all(traced) else
+            "; traffic not checked: on a GPU the kernel is not traced (it is in Triton's interpreter)")
+    return f"{len(cases)} launches match dK and dV{tail}"
+
+
+# ---------------------------------------------------------------------------------------------
+# kept for exercise 08's checks, which import them: the buffers and arguments of its kernel, and its
+# kernel's loop in PyTorch with switches for the mistakes (q, k, v: (BH, N, D))
+# ---------------------------------------------------------------------------------------------
+
+def _attention_buffers(q, k, v, pad_rows):
+    return {"q": {"data": q, "pad_rows": pad_rows}, "k": {"data": k, "pad_rows": pad_rows},
+            "v": {"data": v, "pad_rows": pad_rows}, "o": {"shape": list(q.shape), "output": True, "pad_rows": pad_rows}}
+
+
+_ATTENTION_ARGS = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None]]
 
 
 def _kernel_reference(q, k, v, scale, block_n, block_mask=None, block_m=None, rescale_acc=True, use_scale=True,
                       mask_tail=True, mask_ignored=False, mask_transposed=False, nan_empty=False):
-    """The Triton loop in PyTorch, with switches for the mistakes (q, k, v: (BH, N, D))."""
+    """Exercise 08's Triton loop in PyTorch, with switches for its mistakes (q, k, v: (BH, N, D))."""
     bh, n, d = q.shape
     sc = scale if use_scale else 1.0
     kp, vp = k, v
@@ -110,6 +684,8 @@ def _kernel_reference(q, k, v, scale, block_n, block_mask=None, block_m=None, re
     s = q @ kp.transpose(-2, -1) * sc  # (BH, N, Nk')
     mask = None
     if block_mask is not None and not mask_ignored:
+        from attnlab.grading.exercises.e08.spec import block_to_element_mask
+
         bm = block_mask.transpose(-2, -1) if mask_transposed else block_mask
         mask = block_to_element_mask(bm, (block_m, block_n), n, kp.shape[1])
     if not rescale_acc:
@@ -132,48 +708,3 @@ def _kernel_reference(q, k, v, scale, block_n, block_mask=None, block_m=None, re
         empty = ~mask.any(-1)
         out = out.masked_fill(empty[..., None], float("nan"))
     return out
-
-
-def _flash_cases():
-    cases = []
-    for seed, (bh, n, d, bm, bn, amp) in enumerate([(2, 32, 16, 16, 16, 1.0), (2, 40, 16, 16, 16, 1.0),
-                                                    (1, 7, 16, 16, 16, 1.0), (2, 48, 16, 16, 16, 8.0)]):
-        g = _gen(1500 + seed)
-        q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
-        label = f"BH={bh}, N={n}, D={d}, BLOCK_M={bm}, BLOCK_N={bn}" + (" with large scores" if amp > 1 else "")
-        cases.append((label, q, k, v, bm, bn))
-    return cases
-
-
-def _attention_buffers(q, k, v, pad_rows):
-    return {"q": {"data": q, "pad_rows": pad_rows}, "k": {"data": k, "pad_rows": pad_rows},
-            "v": {"data": v, "pad_rows": pad_rows}, "o": {"shape": list(q.shape), "output": True, "pad_rows": pad_rows}}
-
-
-_ATTENTION_ARGS = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None]]
-
-
-_FLASH_MISTAKES = [
-    Mistake("acc-not-rescaled", "the accumulator is not rescaled: acc = acc * alpha[:, None] + tl.dot(p, v)",
-            lambda q, k, v, sc, bm, bn: _kernel_reference(q, k, v, sc, bn, rescale_acc=False)),
-    Mistake("scale-forgotten", "the scale is not applied to the scores",
-            lambda q, k, v, sc, bm, bn: _kernel_reference(q, k, v, sc, bn, use_scale=False)),
-    Mistake("off-by-one-block-edge", "keys past n_ctx in the last block are not masked out: set their scores to "
-            "-inf (offs_n < n_ctx) so they get no weight",
-            lambda q, k, v, sc, bm, bn: _kernel_reference(q, k, v, sc, bn, mask_tail=False)),
-]
-
-
-@CHECKS("flash-kernel-loop")
-def _check_flash(ns):
-    cases = _flash_cases()
-    for label, q, k, v, bm, bn in cases:
-        bh, n, d = q.shape
-        scale = d ** -0.5
-        args = _ATTENTION_ARGS + [["stride", "o", 0], ["stride", "o", 1], ["val", n], ["val", scale]]
-        got = run_guarded(ns, "flash_fwd_kernel", label, _attention_buffers(q, k, v, pad_rows=16),
-                          (cdiv(n, bm), bh), args, {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"])["o"]
-        want = specs.attention(q, k, v, scale=scale)
-        kernel_failure(label, "flash_fwd_kernel", got, want, _FLASH_MISTAKES, (q, k, v, scale, bm, bn), {},
-                        uses_dot=True)
-    return f"{len(cases)} launches match the spec (partial blocks, N < BLOCK, large scores), with no stray access"

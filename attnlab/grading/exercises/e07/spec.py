@@ -1,11 +1,19 @@
 """The references of exercise 07_flash_attention: what the grader compares the learner's answers with.
 
 Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+FlashAttention itself has one home, :mod:`attnlab.tiled` (forward, log-sum-exp and the recomputing
+backward) and the shipped Triton kernel :func:`attnlab.kernels.flash_attention`; what is here is only
+the shape the exercise asks for (one leading batch dim, the log-sum-exp returned, one measurement).
+The Triton parts have no reference kernel: their checks compare with :func:`attnlab.tiled.tiled_attention`
+and count the kernel's traffic against a budget (``checks.py``).
 """
 
 import math
 
 import torch
+
+from attnlab.tiled import tiled_attention
+
 
 def online_softmax_update(m, l, acc, s_block, v_block):
     """Fold one block of scores into running softmax statistics.
@@ -22,25 +30,38 @@ def online_softmax_update(m, l, acc, s_block, v_block):
     return m_new, l_new, acc_new
 
 
-def tiled_attention_forward(q, k, v, block_k=16, scale=None):
-    """Attention computed one block of keys at a time (FlashAttention's outer loop in PyTorch).
+def tiled_attention_forward(q, k, v, causal=False, block_q=16, block_k=16):
+    """FlashAttention-2's forward with its log-sum-exp, for one leading batch dim.
 
-    q: (M, d); k: (N, d); v: (N, dv); any N (the last block may be partial).
-    Returns (M, dv), equal to softmax(q k^T * scale) v.
+    q: (B, Nq, d), k: (B, Nk, d), v: (B, Nk, dv), float32; causal: query i sees keys j <= i.
+    Returns O (B, Nq, dv) and L (B, Nq), L_i = log sum_j exp(S_ij) of the scaled scores.
     """
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    m = torch.full((q.shape[0],), float("-inf"), dtype=q.dtype)
-    l = torch.zeros(q.shape[0], dtype=q.dtype)
-    acc = torch.zeros(q.shape[0], v.shape[-1], dtype=q.dtype)
-    for start in range(0, k.shape[0], block_k):
-        s = q @ k[start : start + block_k].T * scale  # (M, <= block_k)
-        m, l, acc = online_softmax_update(m, l, acc, s, v[start : start + block_k])
-    return acc / l[:, None]
+    o, lse = tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, block_q=block_q,
+                             block_k=block_k, return_lse=True)  # (B, 1, Nq, dv), (B, 1, Nq)
+    return o[:, 0], lse[:, 0]
+
+
+def flash_attention_pytorch(q, k, v, causal=False, block_q=16, block_k=16):
+    """The same attention as a differentiable function (autograd.Function inside): O (B, Nq, dv)."""
+    return tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, block_q=block_q,
+                           block_k=block_k)[:, 0]
+
+
+def forward_traffic(n, causal=False, block_m=16, block_n=16, seed=0):
+    """Bytes read plus bytes written by a FlashAttention-2 forward kernel that reads K and V once per
+    query block (only the blocks it needs when causal), on q, k, v of shape (1, n, 16) float32 drawn
+    from ``seed``: attnlab's shipped kernel, traced by :func:`attnlab.memory.trace`."""
+    from attnlab.kernels import flash_attention
+    from attnlab.memory import trace
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 1, n, 16, generator=g) for _ in range(3))
+    return trace(flash_attention, q, k, v, causal=causal, block_m=block_m, block_n=block_n).total_bytes
 
 
 def attention(q, k, v, scale=None, mask=None):
-    """Reference for the Triton kernels: attention over the last two dims, any leading dims.
+    """Reference for the Triton kernels (exercise 08 compares with it too): attention over the last
+    two dims, any leading dims.
 
     q: (..., Nq, d); k, v: (..., Nk, d); mask: bool broadcastable to (..., Nq, Nk) or None.
     Rows with nothing to attend to are zeros.
