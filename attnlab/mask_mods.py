@@ -12,7 +12,8 @@ grids that broadcast, e.g. ``b`` (B, 1, 1, 1), ``h`` (1, H, 1, 1), ``q_idx`` (1,
 - :func:`prefix_lm`: every query sees the first ``prefix_len`` keys (the prompt, bidirectional),
   and causally after that (T5's prefix LM, PaLM's UL2);
 - :func:`document`: several sequences packed into one row; a query sees the keys of its own
-  document, causally. ``doc_ids`` is an int tensor (B, N).
+  document, causally. ``doc_ids`` is an int tensor (B, N); id -1 marks padding, which sees no key
+  and which no query sees (its rows of the output are zeros).
 
 Example::
 
@@ -49,14 +50,14 @@ def prefix_lm(prefix_len):
 
 
 def document(doc_ids):
-    """mask_mod: same document (``doc_ids[b, q_idx] == doc_ids[b, kv_idx]``) and causal.
+    """mask_mod: same document (``doc_ids[b, q_idx] == doc_ids[b, kv_idx]``), causal, and not padding.
 
-    doc_ids: int tensor (B, N), the document of each position of each row of the batch.
+    doc_ids: int tensor (B, N), the document of each position of each row of the batch; -1 = padding.
     """
     validate.tensor(doc_ids, "doc_ids", 2, "(batch, positions)")
 
     def document_mask(b, h, q_idx, kv_idx):
-        return (doc_ids[b, q_idx] == doc_ids[b, kv_idx]) & (q_idx >= kv_idx)
+        return (doc_ids[b, q_idx] == doc_ids[b, kv_idx]) & (q_idx >= kv_idx) & (doc_ids[b, kv_idx] >= 0)
 
     return document_mask
 
