@@ -49,9 +49,9 @@ HINTS = {
         "tl.where(l_i > 0, l_i, 1.0) at the end so that a query block with an empty list stores zeros.",
     ],
     "partial-blocks": [
-        "Two loops over two lists: the partial blocks (kv_num_blocks, kv_indices) and the full ones "
-        "(full_kv_num_blocks, full_kv_indices). A @triton.jit helper for one block's online-softmax update, with a "
-        "constexpr IS_PARTIAL, saves writing the body twice.",
+        "Two lists to walk: the partial blocks (kv_num_blocks, kv_indices) and the full ones (full_kv_num_blocks, "
+        "full_kv_indices). One loop over i in range(0, n_partial + n_full), taking j from the partial list while "
+        "i < n_partial and from the full list after it, keeps part 2's body written once.",
         "For a partial block only, load the (BLOCK_M, BLOCK_N) tile of MASK at rows offs_m and columns offs_n "
         "(mask=both < n_ctx, other=0) and set the scores it forbids to -inf before the max and the exp.",
         "A row can be fully masked inside a partial block, so m_new may still be -inf: use "
