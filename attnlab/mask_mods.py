@@ -22,7 +22,6 @@ Example::
     mm(0, 0, q, kv).int()   # 5 x 5: ones on the diagonal and the two sub-diagonals
 """
 
-import torch
 
 from attnlab import validate
 

@@ -279,7 +279,8 @@ def _flex(**flags):
     return _variant(_flex_body, **{**_FLEX_OK, **flags})
 
 
-for _key, _flags in [("partial-treated-as-full", {"APPLY_MASK": False}), ("full-treated-as-empty", {"VISIT_FULL": False}),
+for _key, _flags in [("partial-treated-as-full", {"APPLY_MASK": False}),
+                     ("full-treated-as-empty", {"VISIT_FULL": False}),
                      ("partial-treated-as-empty", {"VISIT_PARTIAL": False}), ("mask-after-softmax", {"AFTER": True}),
                      ("transposed-mask-tile", {"TRANSPOSED": True}), ("fully-masked-rows-nan", {"GUARD": False}),
                      ("mask-loaded-for-full-blocks", {"MASK_FULL": True}), ("extra-traffic", {"LOAD_TWICE": True})]:
@@ -370,7 +371,8 @@ def _experiment(density="tiles", measure="kv", dense=False, create=spec.create_b
             run = create(lambda b, h, q_idx, kv_idx: q_idx >= 0, 1, 1, n, n, block_size) if dense else lists
             i = torch.arange(n)
             e = mm(0, 0, i[:, None], i[None, :])
-            with interpreter_session():  # this test process imported triton without TRITON_INTERPRET (the notebook did not)
+            # this process imported triton without TRITON_INTERPRET (the notebook's setup cell sets it first)
+            with interpreter_session():
                 t = trace(_flex_forward, kernel, q, k, v, run, e, block_size)
             n_qb, n_kb = lists[1].shape[-2:]
             if density == "tiles":

@@ -11,7 +11,6 @@ import warnings
 import torch
 
 from attnlab.attention import block_sparse_reference, scaled_dot_product_attention
-from attnlab.grading.agent import device as _device
 from attnlab.grading.core import (Fail, Mistake, Registry, clone, counterexample, diagnose, gen as _gen, learner_of,
                                   mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e08 import spec as specs
@@ -254,24 +253,19 @@ def _rows_in(j, bn, n):
     return max(0, min(n, (j + 1) * bn) - j * bn)
 
 
-def _stray_loads(loaded, allowed, what):
+def _stray_loads(loaded, allowed, what, outside="from key blocks its lists leave out"):
     """None when every program loaded only elements ``allowed`` for it, else a sentence.
 
-    loaded: {program: bool (BH, ...)} from run_guarded; allowed(pid_m, pid_h) -> bool of the same shape.
+    loaded: {program: bool (BH, ...)} from run_guarded; allowed(pid_m, pid_h) -> bool of the same shape;
+    outside: where the stray elements of the program's own head lie, in words.
     """
     for program, seen in sorted(loaded.items()):
         pid_m, pid_h = program[0], program[1]
         extra = seen & ~allowed(pid_m, pid_h)
         if extra.any():
-            return f"program (pid_m={pid_m}, pid_h={pid_h}) loaded {int(extra.sum())} element(s) of `{what}` " \
-                   f"{_where(extra, pid_h)}"
+            where = outside if extra.sum() == extra[pid_h].sum() else "from other heads"
+            return f"program (pid_m={pid_m}, pid_h={pid_h}) loaded {int(extra.sum())} element(s) of `{what}` {where}"
     return None
-
-
-def _where(extra, pid_h):
-    if extra[pid_h].any() and extra.sum() == extra[pid_h].sum():
-        return "from key blocks its lists leave out"
-    return "from other heads"
 
 
 def _kv_allowed(visit, bn, n, d):
@@ -554,17 +548,16 @@ def _check_flex(ns):
             raise Fail(f"`flex_fwd_kernel` on {label}: NaN in row {row[1]} of head {row[0]}, where "
                        f"flex_attention's output is finite", [NAN_ROWS])
         partial, full = _dense_lists(lists, B * H)
-        kernel_failure(label, "flex_fwd_kernel", got, want, _FLEX_MISTAKES, (q3, k3, v3, scale, e, partial, full, bm, bn),
-                       {}, uses_dot=True)
+        kernel_failure(label, "flex_fwd_kernel", got, want, _FLEX_MISTAKES,
+                       (q3, k3, v3, scale, e, partial, full, bm, bn), {}, uses_dot=True)
         if loads["k"] is not None:
             for name in ("k", "v"):
                 why = _stray_loads(loads[name], _kv_allowed(partial | full, bn, n, d), name.upper())
                 if why:
                     raise Fail(f"`flex_fwd_kernel` on {label}: {why}", [LOADS_SKIPPED])
-            why = _stray_loads(loads["mask"], _mask_allowed(partial, bm, bn, n), "MASK")
+            why = _stray_loads(loads["mask"], _mask_allowed(partial, bm, bn, n), "MASK", "outside its partial blocks")
             if why:
-                raise Fail(f"`flex_fwd_kernel` on {label}: {why.replace('from key blocks its lists leave out', 'outside its partial blocks')}",
-                           [MASK_FOR_FULL])
+                raise Fail(f"`flex_fwd_kernel` on {label}: {why}", [MASK_FOR_FULL])
         budget = _kv_budget(partial | full, bm, bn, n, d, B * H)
         budget["mask"] = (int(_tiles(partial, bm, bn, n, n).sum()), 0)  # int8: one byte per element of a partial tile
         traced = check_traffic("flex_fwd_kernel", label, traffic, budget) or traced
@@ -664,8 +657,9 @@ def _check_experiment(ns):
     want = (torch.tensor(dens, dtype=torch.float64), torch.tensor(kv, dtype=torch.float64))
     why = mismatch(got, want, rtol=1e-9, atol=1e-9)
     if why:
+        lines = counterexample(label, got, want, (windows, n, d, bs, seed), {})
         raise Fail("\n    ".join([f"`bytes_against_density` on {label}: {why} (the densities must match within 1e-9, "
-                                  f"the bytes exactly)", *counterexample(label, got, want, (windows, n, d, bs, seed), {})]),
+                                  f"the bytes exactly)", *lines]),
                    diagnose(got, _EXPERIMENT_MISTAKES, (windows, n, d, bs, seed), {}, rtol=1e-9, atol=1e-9))
     falls = all(a >= b for a, b in zip(kv[::-1], kv[::-1][1:]))
     return (f"densities and K/V bytes of {len(windows)} windows equal the grader's {how} reproduction exactly "
