@@ -29,7 +29,10 @@ __all__ = ["sliding_window", "prefix_lm", "document", "MASK_MODS"]
 
 
 def sliding_window(window):
-    """mask_mod: key ``kv_idx`` is visible from ``q_idx`` when ``0 <= q_idx - kv_idx <= window``."""
+    """mask_mod: key ``kv_idx`` is visible from ``q_idx`` when ``0 <= q_idx - kv_idx <= window``.
+
+    Example: ``sliding_window(2)(0, 0, torch.tensor(5), torch.tensor(3))  # tensor(True)``
+    """
     validate.integer(window, "window", minimum=0)
 
     def sliding_window_mask(b, h, q_idx, kv_idx):
@@ -39,7 +42,10 @@ def sliding_window(window):
 
 
 def prefix_lm(prefix_len):
-    """mask_mod: the first ``prefix_len`` keys are visible from every query; after them, causal."""
+    """mask_mod: the first ``prefix_len`` keys are visible from every query; after them, causal.
+
+    Example: ``prefix_lm(4)(0, 0, torch.tensor(1), torch.tensor(3))  # tensor(True): 3 is in the prefix``
+    """
     validate.integer(prefix_len, "prefix_len", minimum=0)
 
     def prefix_lm_mask(b, h, q_idx, kv_idx):
@@ -52,6 +58,8 @@ def document(doc_ids):
     """mask_mod: same document (``doc_ids[b, q_idx] == doc_ids[b, kv_idx]``), causal, and not padding.
 
     doc_ids: int tensor (B, N), the document of each position of each row of the batch; -1 = padding.
+
+    Example: ``document(torch.tensor([[0, 0, 1, -1]]))(0, 0, torch.tensor(2), torch.tensor(1))  # tensor(False)``
     """
     validate.tensor(doc_ids, "doc_ids", 2, "(batch, positions)")
 
