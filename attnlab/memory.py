@@ -218,10 +218,10 @@ def trace(fn, *args, **kwargs) -> MemoryTrace:
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
     _interp_hooks.check_triton_version()
-    from attnlab.kernels._runtime import _Interpreting  # not interpreting(): see _Interpreting
+    from attnlab.kernels._runtime import interpreting
 
     rec = _Recorder()
-    with _Interpreting(), _interp_hooks.memory_hooks(rec.on_launch, rec.on_access):
+    with interpreting(), _interp_hooks.memory_hooks(rec.on_launch, rec.on_access):
         result = fn(*args, **kwargs)
     out = rec.finish()
     out.result = result

@@ -59,24 +59,6 @@ def _env_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
-class _Interpreting:
-    """The body of :func:`interpreting`, as a class. :func:`attnlab.memory.trace` enters it directly: a
-    grading part forbids the library's kernels (``attnlab.kernels.*``, functions only), and tracing a
-    learner's own kernel must not count as calling one."""
-
-    def __enter__(self):
-        global _force
-        with _force_lock:
-            _force += 1
-        return self
-
-    def __exit__(self, *exc):
-        global _force
-        with _force_lock:
-            _force -= 1
-        return False
-
-
 @contextlib.contextmanager
 def interpreting():
     """Run every attnlab kernel in Triton's interpreter inside this block, whatever the device.
@@ -84,8 +66,14 @@ def interpreting():
     CUDA tensors are then copied to the host for each launch and back (slow, but exact):
     this is what :func:`attnlab.memory.trace` uses to count loads and stores.
     """
-    with _Interpreting():
+    global _force
+    with _force_lock:
+        _force += 1
+    try:
         yield
+    finally:
+        with _force_lock:
+            _force -= 1
 
 
 def use_interpreter(device: torch.device | str | None) -> bool:
