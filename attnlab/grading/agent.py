@@ -90,6 +90,8 @@ def _targets(pattern):
     for mod_name, module in list(sys.modules.items()):
         if module is None or not (mod_name == package or mod_name.startswith(package + ".")):
             continue
+        if any(part.startswith("_") for part in mod_name[len(package):].split(".")):
+            continue  # a private module (attnlab.kernels._runtime): machinery, e.g. what attnlab.memory.trace runs
         for attr, value in list(vars(module).items()):
             if attr.startswith("_"):
                 continue
