@@ -296,7 +296,7 @@ LOADS_SKIPPED = Mistake(
 
 def _sparse_cases():
     cases = []
-    for seed, (bh, n, d, bm, bn, kind) in enumerate([(2, 48, 16, 16, 16, "random"), (2, 40, 16, 16, 8, "window"),
+    for seed, (bh, n, d, bm, bn, kind) in enumerate([(2, 48, 16, 16, 16, "random"), (2, 40, 16, 32, 16, "window"),
                                                      (2, 40, 16, 16, 16, "empty row"),
                                                      (1, 64, 16, 16, 16, "large scores")]):
         g = _gen(1700 + seed)
