@@ -168,7 +168,7 @@ class Buffer:
         body = self.memory[GUARD:GUARD + numel].view(inner)
         self.view = body[..., :rows, :cols]
         self.view.copy_(data)
-        self.sentinel = sentinel
+        self.sentinel = self.memory[0].item()  # the sentinel as the buffer holds it (7 in an int8 buffer)
         self.inside = torch.zeros(self.memory.shape, dtype=torch.bool)
         self.inside[GUARD:GUARD + numel].view(inner)[..., :rows, :cols] = True
         # memory index -> flat index into the tensor (-1 outside it)

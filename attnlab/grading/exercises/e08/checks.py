@@ -1,172 +1,667 @@
-"""The checks of exercise 08_block_sparse (one ``@CHECKS(part id)`` per graded part)."""
+"""The checks of exercise 08_block_sparse (one ``@CHECKS(part id)`` per graded part).
 
+The expected values come from PyTorch's FlexAttention, run eagerly on the CPU: its
+``create_block_mask`` for the block lists and its ``flex_attention`` for the outputs
+(:func:`_torch_block_mask`, :func:`_flex_reference`), and from attnlab's
+``block_sparse_reference`` for the block-skipping loop.
+"""
+
+import warnings
 
 import torch
 
-from attnlab.grading.core import Fail, Mistake, Registry, check_function, gen as _gen, randn as _randn
-from attnlab.grading.exercises.e07.checks import _ATTENTION_ARGS, _attention_buffers, _kernel_reference
+from attnlab.attention import block_sparse_reference, scaled_dot_product_attention
+from attnlab.grading.core import (Fail, Mistake, Registry, clone, counterexample, diagnose, gen as _gen, learner_of,
+                                  mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e08 import spec as specs
-from attnlab.grading.exercises.e07.spec import attention
-from attnlab.grading.kernel_check import kernel_failure, run_guarded
-from attnlab.grading.agent import device as _device
+from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, run_guarded
+from attnlab.mask_mods import MASK_MODS
 
 CHECKS = Registry()
 
 
-_WINDOW_CASES = [(f"n_blocks={n}, window={w}, causal={c}", (n, w), {"causal": c})
-                 for n, w, c in [(6, 1, False), (6, 2, True), (5, 0, False), (8, 3, True), (4, 1, True)]]
+# ---------------------------------------------------------------------------------------
+# PyTorch's FlexAttention, eager on the CPU: the references
+# ---------------------------------------------------------------------------------------
+
+def _flex():
+    import torch.nn.attention.flex_attention as flex
+
+    return flex
 
 
-def _window_with(strict=False, honour_causal=True, reverse=False):
-    def impl(n_blocks, window, causal=False):
-        i, j = torch.arange(n_blocks)[:, None], torch.arange(n_blocks)[None, :]
-        keep = (i - j).abs() < window if strict else (i - j).abs() <= window
-        if causal and honour_causal:
-            keep = keep & ((j >= i) if reverse else (j <= i))
-        return keep
-    return impl
+def _mask_mod(kind, arg):
+    return MASK_MODS[kind](arg)
 
 
-_WINDOW_MISTAKES = [
-    Mistake("off-by-one-window", "off by one: block j is inside the window when |i - j| <= window",
-            _window_with(strict=True)),
-    Mistake("causal-ignored", "causal=True is ignored: keep only key blocks j <= i", _window_with(honour_causal=False)),
-    Mistake("causal-reversed", "the causal condition is reversed: a query block sees key blocks j <= i",
-            _window_with(reverse=True)),
-]
+def _element_mask(kind, arg, B, H, Nq, Nk):
+    """bool (B, H, Nq, Nk) from torch's create_mask (True = attend)."""
+    return _flex().create_mask(_mask_mod(kind, arg), B, H, Nq, Nk, device="cpu").expand(B, H, Nq, Nk).clone()
 
 
-@CHECKS("block-mask-builder")
-def _check_window(ns):
-    n = check_function(ns, "sliding_window_block_mask", specs.sliding_window_block_mask, _WINDOW_CASES,
-                       _WINDOW_MISTAKES)
-    return f"{n} cases match the spec"
+def _torch_block_mask(kind, arg, B, H, Nq, Nk, block_size):
+    """torch's create_block_mask (eager, CPU) for this mask."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _flex().create_block_mask(_mask_mod(kind, arg), B, H, Nq, Nk, device="cpu",
+                                         BLOCK_SIZE=specs.block_sizes(block_size))
 
 
-def _expand_cases():
+def _torch_lists(kind, arg, B, H, Nq, Nk, block_size):
+    bm = _torch_block_mask(kind, arg, B, H, Nq, Nk, block_size)
+    return bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices
+
+
+def _flex_reference(q, k, v, kind, arg, block_size, scale):
+    """torch's flex_attention (eager, CPU) under torch's block mask; q, k, v (B, H, N, D).
+
+    Called without torch.compile, flex_attention warns and still runs its unfused implementation (the
+    whole score matrix, masked), but first traces it with dynamo (eager backend): a second or more per
+    new mask. The module flag ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG`` (torch's own switch, documented
+    at the top of torch/nn/attention/flex_attention.py) runs the same implementation directly; it
+    only "doesn't work with the backwards pass", and this is a forward. tests/test_exercise_08.py
+    checks that both paths give the same output.
+    """
+    flex = _flex()
+    B, H, N, _ = q.shape
+    bm = _torch_block_mask(kind, arg, B, H, N, N, block_size)
+    before = flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return flex.flex_attention(q, k, v, block_mask=bm, scale=scale)
+    finally:
+        flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = before
+
+
+# ---------------------------------------------------------------------------------------
+# Part (a): create_block_mask
+# ---------------------------------------------------------------------------------------
+
+def _normalised(lists):
+    """(kv_num, kv_idx, full_num, full_idx) with the padding past each count replaced by -1 (int64)."""
+    kn, ki, fn, fi = (torch.as_tensor(t).long() for t in lists)
+    cols = torch.arange(ki.shape[-1])
+    return kn, torch.where(cols < kn[..., None], ki, -1), fn, torch.where(cols < fn[..., None], fi, -1)
+
+
+def _read_lists(got, label):
+    """The learner's four tensors, or Fail saying what the contract asks for."""
+    what = ("create_block_mask must return (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices): "
+            "integer tensors (B, H, n_qb), (B, H, n_qb, n_kb), (B, H, n_qb), (B, H, n_qb, n_kb)")
+    if not isinstance(got, (tuple, list)) or len(got) != 4:
+        raise Fail(f"`create_block_mask` on {label}: {what}; got {type(got).__name__}"
+                   + (f" of {len(got)} values" if isinstance(got, (tuple, list)) else ""))
+    for i, t in enumerate(got):
+        if not torch.is_tensor(t) or t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
+            kind = f"a tensor of {t.dtype}" if torch.is_tensor(t) else type(t).__name__
+            raise Fail(f"`create_block_mask` on {label}: value {i} is {kind}; {what}")
+    kn, ki, fn, fi = got
+    if kn.dim() != 3 or fn.dim() != 3 or ki.dim() != 4 or fi.dim() != 4 or ki.shape[:3] != kn.shape \
+            or fi.shape[:3] != fn.shape:
+        shapes = ", ".join(str(tuple(t.shape)) for t in got)
+        raise Fail(f"`create_block_mask` on {label}: returned shapes {shapes}; {what}")
+    return got
+
+
+def _block_mask_cases():
+    g = _gen(1800)
+    # (kind, B, H, Nq, Nk, block_size): a square case first (so a transposed answer keeps its shape)
+    rows = [("sliding_window", 1, 2, 40, 40, 8), ("sliding_window", 2, 1, 37, 50, (16, 8)),
+            ("prefix_lm", 2, 2, 45, 45, (8, 16)), ("prefix_lm", 1, 1, 33, 20, 8),
+            ("document", 2, 1, 45, 45, 8), ("document", 3, 2, 32, 32, (16, 8))]
     cases = []
-    for seed, (lead, nqb, nkb, bq, bk, n_q, n_k) in enumerate([((), 4, 4, 4, 2, 6, 6), ((), 3, 4, 4, 2, 12, 8), ((2,), 2, 3, 4, 8, 7, 20),
-                                                             ((1, 2), 3, 3, 2, 2, 5, 6), ((), 2, 2, 4, 4, 8, 8)]):
-        g = _gen(1600 + seed)
-        bmask = torch.rand(*lead, nqb, nkb, generator=g) < 0.5
-        cases.append((f"a {tuple(bmask.shape)} block mask, block_size=({bq}, {bk}), n_q={n_q}, n_k={n_k}",
-                      (bmask, (bq, bk), n_q, n_k), {}))
-    return cases
-
-
-def _expand_with(crop=True, swap=False, shift=False):
-    def impl(block_mask, block_size, n_q, n_k):
-        bq, bk = block_size[::-1] if swap else block_size
-        full = block_mask.repeat_interleave(bq, dim=-2).repeat_interleave(bk, dim=-1)
-        if shift:  # element i mapped to block (i + 1) // BQ
-            full = torch.cat([full[..., 1:, :], full[..., -1:, :]], dim=-2)
-            full = torch.cat([full[..., :, 1:], full[..., :, -1:]], dim=-1)
-        return full[..., :n_q, :n_k] if crop else full
-    return impl
-
-
-_EXPAND_MISTAKES = [
-    Mistake("not-cropped", "the expanded mask is not cropped to (n_q, n_k): the last blocks may be partial",
-            _expand_with(crop=False)),
-    Mistake("swapped-block-size", "BQ and BK are swapped: block_size = (BQ, BK), rows are queries",
-            _expand_with(swap=True)),
-    Mistake("off-by-one-block-edge", "off by one at the block edge: element i belongs to block i // BQ",
-            _expand_with(shift=True)),
-]
-
-
-@CHECKS("block-mask-to-elements")
-def _check_expand(ns):
-    n = check_function(ns, "block_to_element_mask", specs.block_to_element_mask, _expand_cases(), _EXPAND_MISTAKES)
-    return f"{n} cases match the spec, with partial last blocks"
-
-
-def _sparse_cases():
-    cases = []
-    for seed, (bh, n, d, bm, bn, kind) in enumerate([(2, 32, 16, 16, 16, "random"), (2, 48, 16, 16, 16, "window"),
-                                                     (1, 40, 16, 16, 16, "empty-row"), (2, 40, 16, 16, 8, "random")]):
-        g = _gen(1700 + seed)
-        q, k, v = _randn(g, bh, n, d), _randn(g, bh, n, d), _randn(g, bh, n, d)
-        nqb, nkb = -(-n // bm), -(-n // bn)
-        if kind == "window":
-            bmask = specs.sliding_window_block_mask(nqb, 1, causal=True).expand(bh, nqb, nkb).clone()
+    for kind, B, H, Nq, Nk, bs in rows:
+        if kind == "sliding_window":
+            arg = int(torch.randint(3, 12, (1,), generator=g))
+        elif kind == "prefix_lm":
+            arg = int(torch.randint(5, 20, (1,), generator=g))
         else:
-            bmask = torch.rand(bh, nqb, nkb, generator=g) < 0.5
-            bmask[:, 0, 0] = True
-            if kind == "empty-row":
-                bmask[:, 1, :] = False  # query block 1 attends to nothing: its rows must be zeros
-            else:
-                bmask[:, :, 0] = True
-        label = f"BH={bh}, N={n}, BLOCK_M={bm}, BLOCK_N={bn}, {kind} block mask"
-        cases.append((label, q, k, v, bmask, bm, bn))
+            arg = _doc_ids(g, B, Nq)
+        what = f"doc_ids {tuple(arg.shape)}" if kind == "document" else f"{arg}"
+        label = f"{kind}({what}), B={B}, H={H}, Nq={Nq}, Nk={Nk}, block_size={bs}"
+        cases.append((label, (kind, arg, B, H, Nq, Nk, bs)))
     return cases
 
 
-_SPARSE_MISTAKES = [
-    Mistake("mask-ignored", "the block mask is ignored: skip key blocks whose mask entry is 0",
-            lambda q, k, v, sc, bmask, bm, bn: _kernel_reference(q, k, v, sc, bn, bmask, bm, mask_ignored=True)),
-    Mistake("mask-transposed", "the block mask is read transposed: entry [query block, key block]",
-            lambda q, k, v, sc, bmask, bm, bn: _kernel_reference(q, k, v, sc, bn, bmask, bm, mask_transposed=True)),
-    Mistake("acc-not-rescaled", "the accumulator is not rescaled when the running max grows",
-            lambda q, k, v, sc, bmask, bm, bn: _kernel_reference(q, k, v, sc, bn, bmask, bm, rescale_acc=False)),
-    Mistake("fully-masked-row", "a query block with no key block gives NaN (0/0): its rows must be zeros",
-            lambda q, k, v, sc, bmask, bm, bn: _kernel_reference(q, k, v, sc, bn, bmask, bm, nan_empty=True)),
+def _doc_ids(g, B, N, padding=False):
+    """Sorted document ids (B, N): a few documents of random lengths per row (-1: padding at the end)."""
+    cuts = torch.rand(B, N, generator=g) < 0.12
+    cuts[:, 0] = False
+    ids = cuts.long().cumsum(-1)
+    if padding:
+        ids[:, N - 5:] = -1
+    return ids
+
+
+def _padded_mask(kind, arg, B, H, Nq, Nk, bq, bk, pad=False, transposed=False):
+    e = _element_mask(kind, arg, B, H, Nq, Nk)
+    if transposed:
+        e = e.transpose(-2, -1)
+    nqb, nkb = cdiv(e.shape[-2], bq), cdiv(e.shape[-1], bk)
+    out = torch.full((B, H, nqb * bq, nkb * bk), pad, dtype=torch.bool)
+    out[..., :e.shape[-2], :e.shape[-1]] = e
+    return out
+
+
+def _lists_with(pad=False, transposed=False, rule="right", floor=False, edge=False):
+    """A wrong create_block_mask (normalised lists), from the element mask."""
+    def impl(kind, arg, B, H, Nq, Nk, block_size):
+        bq, bk = specs.block_sizes(block_size)
+        if transposed and (Nq != Nk or bq != bk):
+            raise ValueError("only square")
+        m = _padded_mask(kind, arg, B, H, Nq, Nk, bq, bk, pad=pad, transposed=transposed)
+        nqb, nkb = m.shape[-2] // bq, m.shape[-1] // bk
+        if edge:  # tile (i, j) also takes row (i + 1) * BQ and column (j + 1) * BK of the next blocks
+            count = torch.zeros(B, H, nqb, nkb, dtype=torch.long)
+            size = torch.zeros(nqb, nkb, dtype=torch.long)
+            for i in range(nqb):
+                for j in range(nkb):
+                    tile = m[..., i * bq:(i + 1) * bq + 1, j * bk:(j + 1) * bk + 1]
+                    count[..., i, j] = tile.sum((-2, -1))
+                    size[i, j] = tile.shape[-2] * tile.shape[-1]
+            full_size = size
+        else:
+            count = m.view(B, H, nqb, bq, nkb, bk).sum((3, 5))
+            full_size = bq * bk
+        if floor:
+            count = count[..., :Nq // bq, :Nk // bk]
+        anything = count > 0
+        full = count == full_size
+        partial, full = {"right": (anything & ~full, full), "full-means-any": (torch.zeros_like(full), anything),
+                         "all-partial": (anything, torch.zeros_like(full)),
+                         "full-dropped": (anything & ~full, torch.zeros_like(full)),
+                         "partial-includes-full": (anything, full)}[rule]
+        return _normalised((*specs.block_lists(partial), *specs.block_lists(full)))
+    return impl
+
+
+_BLOCK_MASK_MISTAKES = [
+    Mistake("transposed-block-mask", "the block mask is transposed: rows are query blocks, columns key blocks; call "
+            "mask_mod(b, h, q_idx, kv_idx) with q_idx varying along dim -2 and kv_idx along dim -1",
+            _lists_with(transposed=True)),
+    Mistake("off-by-one-block-edge", "off by one at the block edge: tile (i, j) holds rows i*BQ ... (i+1)*BQ - 1 "
+            "and columns j*BK ... (j+1)*BK - 1, the next block's first row and column are not in it",
+            _lists_with(edge=True)),
+    Mistake("partial-treated-as-full", "a tile with at least one allowed element is not full: full means all BQ x BK "
+            "elements are allowed; the others with some allowed element are partial",
+            _lists_with(rule="full-means-any")),
+    Mistake("full-treated-as-partial", "no block is full: a tile whose BQ x BK elements are all allowed goes into "
+            "full_kv_num_blocks / full_kv_indices, not into the partial lists", _lists_with(rule="all-partial")),
+    Mistake("full-treated-as-empty", "the full blocks are missing: a tile whose elements are all allowed is listed "
+            "in full_kv_indices (it is not empty)", _lists_with(rule="full-dropped")),
+    Mistake("partial-lists-include-full", "kv_num_blocks / kv_indices list only the partial blocks: a full block "
+            "belongs to the full lists alone", _lists_with(rule="partial-includes-full")),
+    Mistake("ragged-tail-full", "positions past Nq or Nk count as masked out: pad with False, so a ragged last "
+            "block is partial (the kernel must bound-check it), never full", _lists_with(pad=True)),
+    Mistake("ragged-tail-dropped", "the number of blocks rounds up: n_qb = ceil(Nq / BQ), n_kb = ceil(Nk / BK); "
+            "the last, ragged block counts", _lists_with(floor=True)),
 ]
+
+
+@CHECKS("flex-block-mask")
+def _check_block_mask(ns):
+    learner = learner_of(ns)
+    present(learner.call("create_block_mask", []), "create_block_mask")
+    cases = _block_mask_cases()
+    reply = learner.call("block_mask_for", [[clone(args), {}] for _label, args in cases])
+    present(reply, "block_mask_for")
+    results = reply.get("results", [])
+    for i, (label, args) in enumerate(cases):
+        if i >= len(results):
+            raise Fail(f"`create_block_mask`: the grader got no result for {label}")
+        got = _normalised(_read_lists(value_of(results[i], "create_block_mask", label), label))
+        want = _normalised(_torch_lists(*args))
+        why = mismatch(got, want)
+        if why:
+            if all(g.shape == w.shape for g, w in zip(got, want)) and torch.equal(got[0], want[0]) \
+                    and torch.equal(got[2], want[2]) and torch.equal(got[1].sort(-1).values, want[1].sort(-1).values) \
+                    and torch.equal(got[3].sort(-1).values, want[3].sort(-1).values):
+                raise Fail(f"`create_block_mask` on {label}: the right blocks, in another order: list each query "
+                           f"block's key blocks in increasing order, as FlexAttention does")
+            names = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"]
+            which = next(n for n, g, w in zip(names, got, want) if mismatch(g, w))
+            lines = counterexample(label, got, want, args, {})
+            raise Fail("\n    ".join([f"`create_block_mask` on {label}: {why} ({which}; entries past each count "
+                                      f"are shown as -1 and not compared)", *lines]),
+                       diagnose(got, _BLOCK_MASK_MISTAKES, args, {}))
+    return (f"{len(cases)} block masks (sliding window, prefix-LM, document; ragged lengths, Nq != Nk, "
+            f"BQ != BK) equal torch's create_block_mask")
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels: buffers, lists, what each program may load, byte budgets
+# ---------------------------------------------------------------------------------------
+
+_ATTENTION_ARGS = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None]]
+
+
+def _attention_buffers(q, k, v, pad_rows=16):
+    """q, k, v and the output o, each inside sentinel memory with ``pad_rows`` extra rows per head
+    (so stride_h is not N * D)."""
+    return {"q": {"data": q, "pad_rows": pad_rows}, "k": {"data": k, "pad_rows": pad_rows},
+            "v": {"data": v, "pad_rows": pad_rows}, "o": {"shape": list(q.shape), "output": True, "pad_rows": pad_rows}}
+
+
+def _tiles(x, bm, bn, n_q, n_k):
+    """Expand a bool (..., n_qb, n_kb) to (..., n_q, n_k)."""
+    return specs.block_to_element_mask(x, (bm, bn), n_q, n_k)
+
+
+def _rows_in(j, bn, n):
+    return max(0, min(n, (j + 1) * bn) - j * bn)
+
+
+def _stray_loads(loaded, allowed, what, outside="from key blocks its lists leave out"):
+    """None when every program loaded only elements ``allowed`` for it, else a sentence.
+
+    loaded: {program: bool (BH, ...)} from run_guarded; allowed(pid_m, pid_h) -> bool of the same shape;
+    outside: where the stray elements of the program's own head lie, in words.
+    """
+    for program, seen in sorted(loaded.items()):
+        pid_m, pid_h = program[0], program[1]
+        extra = seen & ~allowed(pid_m, pid_h)
+        if extra.any():
+            where = outside if extra.sum() == extra[pid_h].sum() else "from other heads"
+            return f"program (pid_m={pid_m}, pid_h={pid_h}) loaded {int(extra.sum())} element(s) of `{what}` {where}"
+    return None
+
+
+def _kv_allowed(visit, bn, n, d):
+    """allowed(pid_m, pid_h) for K and V: the rows of the key blocks ``visit`` (BH, n_qb, n_kb) lists."""
+    def allowed(pid_m, pid_h):
+        out = torch.zeros(visit.shape[0], n, d, dtype=torch.bool)
+        out[pid_h] = visit[pid_h, pid_m].repeat_interleave(bn)[:n, None]
+        return out
+    return allowed
+
+
+def _kv_budget(visit, bm, bn, n, d, bh, element_size=4):
+    """Bytes a correct kernel moves: Q once, each visited K/V block once per query block, O once."""
+    kv = sum(_rows_in(j, bn, n) for j in visit.nonzero()[:, 2].tolist()) * d * element_size
+    qo = bh * n * d * element_size
+    return {"q": (qo, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, qo)}
 
 
 LOADS_SKIPPED = Mistake(
-    "loads-skipped-blocks", "the kernel loads K/V blocks that the block mask leaves out: the output is right, but a "
-    "kernel that loads every block and masks the scores afterwards moves as many bytes as dense attention. Read the "
-    "mask entry first and load K and V only inside `if keep != 0:`, so a skipped block costs no loads", None)
+    "loads-skipped-blocks", "the kernel loads K/V blocks its lists leave out: the output is right, but a kernel that "
+    "loads every block and masks the scores afterwards moves as many bytes as dense attention. Loop over the list "
+    "(for i in range(0, num): j = tl.load(indices + ...)) and load K and V of block j only", None)
 
 
-def _skipped_blocks_loaded(loaded, bmask, bn):
-    """None when no program loaded K or V outside its query block's kept key blocks, else what it loaded.
+# ---------------------------------------------------------------------------------------
+# Part (b): the block-skipping loop
+# ---------------------------------------------------------------------------------------
 
-    loaded: {"k": {program: bool (BH, N, D)}, "v": ...} from run_guarded; the grid is (n_qb, BH),
-    so program (pid_m, pid_h, 0) may read rows of key block j of head pid_h only where
-    bmask[pid_h, pid_m, j] is True.
-    """
-    for name in ("k", "v"):
-        for (pid_m, pid_h, _), seen in sorted(loaded[name].items()):
-            bh, n, _d = seen.shape
-            allowed = torch.zeros(bh, n, dtype=torch.bool)
-            allowed[pid_h] = bmask[pid_h, pid_m].repeat_interleave(bn)[:n]
-            extra = seen & ~allowed[..., None]
-            if extra.any():
-                rows = extra[pid_h].any(-1).nonzero().flatten()
-                blocks = sorted({int(r) // bn for r in rows})
-                where = (f"from key block(s) {', '.join(map(str, blocks))}, which block_mask[{pid_h}, {pid_m}] "
-                         f"leaves out" if blocks else "")
-                if extra.sum() > extra[pid_h].sum():
-                    where += (" and " if where else "") + "from other heads"
-                return (f"program (pid_m={pid_m}, pid_h={pid_h}) loaded {int(extra.sum())} element(s) of "
-                        f"`{name.upper()}` {where}")
-    return None
+def _sparse_cases():
+    cases = []
+    for seed, (bh, n, d, bm, bn, kind) in enumerate([(2, 48, 16, 16, 16, "random"), (2, 40, 16, 32, 16, "window"),
+                                                     (2, 40, 16, 16, 16, "empty row"),
+                                                     (1, 64, 16, 16, 16, "large scores")]):
+        g = _gen(1700 + seed)
+        amp = 6.0 if kind == "large scores" else 1.0
+        q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
+        nqb, nkb = cdiv(n, bm), cdiv(n, bn)
+        if kind == "window":
+            i, j = torch.arange(nqb)[:, None] * bm, torch.arange(nkb)[None, :] * bn
+            visit = ((j <= i + bm - 1) & (j + bn - 1 >= i - 8)).expand(bh, nqb, nkb).clone()
+        else:
+            visit = torch.rand(bh, nqb, nkb, generator=g) < 0.5
+            visit[:, :, -1] |= torch.rand(bh, nqb, generator=g) < 0.7  # the ragged last block, often
+            visit[:, 0, 0] = True
+            if bh > 1:
+                visit[1, 0, 1] = ~visit[0, 0, 1]  # the heads' lists differ
+            if kind == "empty row":
+                visit[:, 1, :] = False  # query block 1 visits nothing: its rows must be zeros
+        label = f"BH={bh}, N={n}, D={d}, BLOCK_M={bm}, BLOCK_N={bn}, {kind} block lists"
+        cases.append((label, q, k, v, visit, bm, bn))
+    return cases
+
+
+def _sparse_with(use_list=True, counter_as_index=False, head_zero=False, rescale=True, nan_empty=False,
+                 mask_tail=True, drop_last=False):
+    """A wrong block-skipping loop, in PyTorch: q, k, v (BH, N, D), visit (BH, n_qb, n_kb)."""
+    def impl(q, k, v, scale, visit, bm, bn):
+        bh, n, d = q.shape
+        vis = visit.clone()
+        if not use_list:
+            vis[:] = True
+        if head_zero:
+            vis = vis[:1].expand_as(vis)
+        if counter_as_index or drop_last:
+            num = vis.sum(-1)
+            if drop_last:
+                num = (num - 1).clamp(min=0)
+            order = torch.sort((~vis).to(torch.int8), dim=-1, stable=True).indices
+            cols = torch.arange(vis.shape[-1])
+            vis = torch.zeros_like(vis)
+            if counter_as_index:
+                vis = cols < num[..., None]
+            else:
+                vis.scatter_(-1, order, cols < num[..., None])
+        kp, vp = k, v
+        n_k = n
+        if not mask_tail:  # keys past N loaded as 0 and scored 0: they join the softmax
+            n_k = cdiv(n, bn) * bn
+            kp = torch.cat([k, k.new_zeros(bh, n_k - n, d)], dim=1)
+            vp = torch.cat([v, v.new_zeros(bh, n_k - n, d)], dim=1)
+        mask = _tiles(vis, bm, bn, n, n_k)
+        if not rescale:
+            return _unrescaled(q, kp, vp, scale, mask, bn)
+        out = scaled_dot_product_attention(q[None], kp[None], vp[None], mask=mask[None], scale=scale)[0]
+        if nan_empty:
+            out = out.masked_fill(~mask.any(-1)[..., None], float("nan"))
+        return out
+    return impl
+
+
+def _unrescaled(q, k, v, scale, mask, bn):
+    """The online softmax without rescaling acc when the running max grows."""
+    bh, n, d = q.shape
+    s = (q @ k.transpose(-2, -1)) * scale
+    out = torch.zeros(bh, n, v.shape[-1])
+    m = torch.full((bh, n), float("-inf"))
+    l = torch.zeros(bh, n)
+    for start in range(0, k.shape[1], bn):
+        sb = s[:, :, start:start + bn].masked_fill(~mask[:, :, start:start + bn], float("-inf"))
+        m_new = torch.maximum(m, sb.amax(-1))
+        m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+        p = torch.exp(sb - m_safe[..., None])
+        l = torch.exp(torch.where(torch.isfinite(m), m - m_safe, torch.full_like(m, float("-inf")))) * l + p.sum(-1)
+        out = out + p @ v[:, start:start + bn]
+        m = m_new
+    return out / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+
+
+_SPARSE_MISTAKES = [
+    Mistake("list-ignored", "the lists are ignored: every key block is visited (dense attention); visit only the "
+            "kv_num_blocks[row] blocks of kv_indices[row]", _sparse_with(use_list=False)),
+    Mistake("counter-as-block-index", "the loop counter is used as the block index: block i is visited instead of "
+            "j = kv_indices[row, i]; load j from the list", _sparse_with(counter_as_index=True)),
+    Mistake("head-offset-forgotten", "every head reads head 0's lists: row (pid_h, pid_m) of the lists is "
+            "pid_h * n_qb + pid_m", _sparse_with(head_zero=True)),
+    Mistake("acc-not-rescaled", "the accumulator is not rescaled when the running max grows: "
+            "acc = acc * alpha[:, None] + tl.dot(p, v)", _sparse_with(rescale=False)),
+    Mistake("fully-masked-row", "a query block with an empty list gives NaN (0 / 0): its rows must be zeros, "
+            "divide by tl.where(l_i > 0, l_i, 1.0)", _sparse_with(nan_empty=True)),
+    Mistake("tail-not-masked", "keys past n_ctx join the softmax: in the ragged last block set their scores to -inf "
+            "(tl.where(offs_n[None, :] < n_ctx, s, float('-inf')))", _sparse_with(mask_tail=False)),
+    Mistake("count-off-by-one", "the last listed block is skipped: visit i = 0 ... kv_num_blocks[row] - 1, "
+            "range(0, num)", _sparse_with(drop_last=True)),
+]
 
 
 @CHECKS("block-sparse-loop")
 def _check_sparse(ns):
     cases = _sparse_cases()
-    for label, q, k, v, bmask, bm, bn in cases:
+    traced = False
+    for label, q, k, v, visit, bm, bn in cases:
         bh, n, d = q.shape
-        nqb, nkb = bmask.shape[-2:]
+        nqb, nkb = visit.shape[-2:]
         scale = d ** -0.5
-        mask_i32 = bmask.to(torch.int32).contiguous()
-        args = _ATTENTION_ARGS + [["dev", mask_i32], ["stride", "o", 0], ["stride", "o", 1], ["val", n], ["val", nqb],
-                                  ["val", nkb], ["val", scale]]
-        loads = {"k": None, "v": None}
-        got = run_guarded(ns, "block_sparse_fwd_kernel", label, _attention_buffers(q, k, v, pad_rows=16), (nqb, bh),
-                          args, {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"], loads=loads)["o"]
-        want = attention(q, k, v, scale=scale, mask=specs.block_to_element_mask(bmask, (bm, bn), n, n))
-        kernel_failure(label, "block_sparse_fwd_kernel", got, want, _SPARSE_MISTAKES,
-                        (q, k, v, scale, bmask, bm, bn), {}, uses_dot=True)
+        num, idx = specs.block_lists(visit)
+        args = _ATTENTION_ARGS + [["dev", num], ["dev", idx], ["stride", "o", 0], ["stride", "o", 1], ["val", n],
+                                  ["val", nqb], ["val", nkb], ["val", scale]]
+        loads, traffic = {"k": None, "v": None}, {}
+        got = run_guarded(ns, "block_sparse_fwd_kernel", label, _attention_buffers(q, k, v), (nqb, bh), args,
+                          {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"], loads=loads, traffic=traffic)["o"]
+        want = block_sparse_reference(q[None], k[None], v[None], visit[None], (bm, bn), scale=scale)[0]
+        kernel_failure(label, "block_sparse_fwd_kernel", got, want, _SPARSE_MISTAKES, (q, k, v, scale, visit, bm, bn),
+                       {}, uses_dot=True)
         if loads["k"] is not None:  # the interpreter recorded every load (no such record on a GPU)
-            why = _skipped_blocks_loaded(loads, bmask, bn)
+            for name in ("k", "v"):
+                why = _stray_loads(loads[name], _kv_allowed(visit, bn, n, d), name.upper())
+                if why:
+                    raise Fail(f"`block_sparse_fwd_kernel` on {label}: {why}", [LOADS_SKIPPED])
+        traced = check_traffic("block_sparse_fwd_kernel", label, traffic, _kv_budget(visit, bm, bn, n, d, bh)) or traced
+    done = f"{len(cases)} launches match block_sparse_reference (random, windowed and empty lists, ragged N)"
+    if not traced:
+        return done + "; that skipped blocks are never loaded, and the byte budget, are checked only in Triton's " \
+                      "interpreter (CPU): skipped on this GPU"
+    return done + ", with no K or V load outside the lists and each visited block loaded once"
+
+
+# ---------------------------------------------------------------------------------------
+# Part (c): partial blocks with the element mask
+# ---------------------------------------------------------------------------------------
+
+def _flex_cases():
+    cases = []
+    rows = [("sliding_window", 1, 2, 50, 16, 16), ("prefix_lm", 2, 1, 40, 16, 16), ("document", 2, 1, 45, 16, 16),
+            ("document with padding", 1, 2, 37, 16, 16)]
+    for seed, (kind, B, H, n, bm, bn) in enumerate(rows):
+        g = _gen(1900 + seed)
+        d = 16
+        if kind == "sliding_window":
+            arg = int(torch.randint(4, 20, (1,), generator=g))
+        elif kind == "prefix_lm":
+            arg = int(torch.randint(5, 25, (1,), generator=g))
+        else:
+            arg = _doc_ids(g, B, n, padding=kind.endswith("padding"))
+        amp = 4.0 if seed == 1 else 1.0
+        q, k, v = (_randn(g, B, H, n, d, scale=amp if i < 2 else 1.0) for i in range(3))
+        mm = "document" if kind.startswith("document") else kind
+        what = {"sliding_window": f"window={arg}", "prefix_lm": f"prefix_len={arg}"}.get(mm, "doc_ids")
+        label = (f"{kind} ({what}), B={B}, H={H}, N={n}, D={d}, BLOCK_M={bm}, BLOCK_N={bn}"
+                 + (", padding rows see no key" if kind.endswith("padding") else "")
+                 + (", large scores" if amp > 1 else ""))
+        cases.append((label, mm, arg, q, k, v, bm, bn))
+    return cases
+
+
+def _flex_with(rule="right", after_softmax=False, transposed=False):
+    """A wrong flex forward in PyTorch: q, k, v (BH, N, D); e (BH, N, N) element mask; partial/full (BH, n_qb, n_kb)."""
+    def impl(q, k, v, scale, e, partial, full, bm, bn):
+        bh, n, d = q.shape
+        tp, tf = _tiles(partial, bm, bn, n, n), _tiles(full, bm, bn, n, n)
+        inner = e.transpose(-2, -1) if transposed else e
+        mask = {"right": (inner & tp) | tf, "partial-as-full": tp | tf, "full-as-empty": inner & tp,
+                "partial-skipped": tf}[rule]
+        if after_softmax:  # the normaliser sums over every visited element, the masked ones too
+            visited = tp | tf
+            s = (q @ k.transpose(-2, -1)) * scale
+            s = s.masked_fill(~visited, float("-inf"))
+            m = s.amax(-1, keepdim=True)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            p = torch.exp(s - m)
+            den = p.sum(-1, keepdim=True)
+            return (p * mask) @ v / torch.where(den > 0, den, torch.ones_like(den))
+        return scaled_dot_product_attention(q[None], k[None], v[None], mask=mask[None], scale=scale)[0]
+    return impl
+
+
+_FLEX_MISTAKES = [
+    Mistake("partial-treated-as-full", "the element mask is not applied in partial blocks: load the MASK tile of a "
+            "partial block and set the scores it forbids to -inf", _flex_with(rule="partial-as-full")),
+    Mistake("full-treated-as-empty", "the full blocks are not visited: walk full_kv_num_blocks / full_kv_indices too "
+            "(without the mask)", _flex_with(rule="full-as-empty")),
+    Mistake("partial-treated-as-empty", "the partial blocks are not visited: walk kv_num_blocks / kv_indices too, "
+            "with the mask", _flex_with(rule="partial-skipped")),
+    Mistake("mask-after-softmax", "the mask is applied after the exponentials: the masked scores still count in the "
+            "running max and the sum l; set them to -inf before tl.max and tl.exp",
+            _flex_with(after_softmax=True)),
+    Mistake("transposed-mask-tile", "the MASK tile is read transposed: its rows are queries (offs_m[:, None] * "
+            "stride_mq) and its columns keys (offs_n[None, :])", _flex_with(transposed=True)),
+]
+
+NAN_ROWS = Mistake(
+    "fully-masked-rows-nan", "NaN where the output is finite: a row can have no allowed key in a partial block (or at "
+    "all), so m_new stays -inf and exp(-inf - (-inf)) is NaN. Subtract m_safe = tl.where(m_new == float('-inf'), 0.0, "
+    "m_new) in both exps, and divide by tl.where(l_i > 0, l_i, 1.0) at the end", None)
+MASK_FOR_FULL = Mistake(
+    "mask-loaded-for-full-blocks", "the kernel reads MASK outside its partial blocks: a full block is all allowed "
+    "(its mask is all True), so reading its mask tile moves bytes for nothing. Load the MASK tile only for the "
+    "blocks of kv_indices", None)
+
+
+def _mask_allowed(partial, bm, bn, n):
+    def allowed(pid_m, pid_h):
+        out = torch.zeros(partial.shape[0], n, n, dtype=torch.bool)
+        rows = torch.zeros(n, dtype=torch.bool)
+        rows[pid_m * bm:(pid_m + 1) * bm] = True
+        out[pid_h] = rows[:, None] & partial[pid_h, pid_m].repeat_interleave(bn)[:n][None, :]
+        return out
+    return allowed
+
+
+def _launch_flex(ns, label, q, k, v, e, lists, bm, bn, loads=None, traffic=None):
+    """Launch the learner's flex_fwd_kernel on (BH, N, D) inputs and the (BH, N, N) element mask."""
+    bh, n, d = q.shape
+    kn, ki, fn, fi = (t.reshape(bh, *t.shape[2:]).to(torch.int32).contiguous() for t in lists)
+    nqb, nkb = ki.shape[-2:]
+    buffers = {**_attention_buffers(q, k, v), "mask": {"data": e.to(torch.int8), "pad_rows": 3, "pad_cols": 5}}
+    args = _ATTENTION_ARGS + [["buf", "mask", None], ["dev", kn], ["dev", ki], ["dev", fn], ["dev", fi],
+                              ["stride", "o", 0], ["stride", "o", 1], ["stride", "mask", 0], ["stride", "mask", 1],
+                              ["val", n], ["val", nqb], ["val", nkb], ["val", d ** -0.5]]
+    return run_guarded(ns, "flex_fwd_kernel", label, buffers, (nqb, bh), args,
+                       {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"], loads=loads, traffic=traffic)["o"]
+
+
+def _dense_lists(lists, bh):
+    """partial, full: bool (BH, n_qb, n_kb) from torch's lists."""
+    kn, ki, fn, fi = _normalised(lists)
+    nkb = ki.shape[-1]
+
+    def dense(num, idx):
+        out = torch.zeros(*idx.shape[:-1], nkb + 1, dtype=torch.bool)
+        out.scatter_(-1, torch.where(idx < 0, nkb, idx), True)
+        return out[..., :nkb].reshape(bh, -1, nkb)
+    return dense(kn, ki), dense(fn, fi)
+
+
+@CHECKS("partial-blocks")
+def _check_flex(ns):
+    cases = _flex_cases()
+    traced = False
+    for label, kind, arg, q, k, v, bm, bn in cases:
+        B, H, n, d = q.shape
+        scale = d ** -0.5
+        lists = _torch_lists(kind, arg, B, H, n, n, bm)
+        e = _element_mask(kind, arg, B, H, n, n).reshape(B * H, n, n)
+        q3, k3, v3 = (t.reshape(B * H, n, d) for t in (q, k, v))
+        loads, traffic = {"k": None, "v": None, "mask": None}, {}
+        got = _launch_flex(ns, label, q3, k3, v3, e, lists, bm, bn, loads=loads, traffic=traffic)
+        want = _flex_reference(q, k, v, kind, arg, bm, scale).reshape(B * H, n, d)
+        if torch.isnan(got).any() and not torch.isnan(want).any():
+            row = tuple(int(i) for i in torch.isnan(got).nonzero()[0][:2])
+            raise Fail(f"`flex_fwd_kernel` on {label}: NaN in row {row[1]} of head {row[0]}, where "
+                       f"flex_attention's output is finite", [NAN_ROWS])
+        partial, full = _dense_lists(lists, B * H)
+        kernel_failure(label, "flex_fwd_kernel", got, want, _FLEX_MISTAKES,
+                       (q3, k3, v3, scale, e, partial, full, bm, bn), {}, uses_dot=True)
+        if loads["k"] is not None:
+            for name in ("k", "v"):
+                why = _stray_loads(loads[name], _kv_allowed(partial | full, bn, n, d), name.upper())
+                if why:
+                    raise Fail(f"`flex_fwd_kernel` on {label}: {why}", [LOADS_SKIPPED])
+            why = _stray_loads(loads["mask"], _mask_allowed(partial, bm, bn, n), "MASK", "outside its partial blocks")
             if why:
-                raise Fail(f"`block_sparse_fwd_kernel` on {label}: {why}", [LOADS_SKIPPED])
-    done = f"{len(cases)} launches match the spec (random, windowed and empty block rows), with no stray access"
-    if _device() == "cuda":
-        return done + "; that skipped blocks are never loaded is checked only in Triton's interpreter (CPU), " \
-                      "skipped on this GPU"
-    return done + ", and no K or V load from a block the mask leaves out"
+                raise Fail(f"`flex_fwd_kernel` on {label}: {why}", [MASK_FOR_FULL])
+        budget = _kv_budget(partial | full, bm, bn, n, d, B * H)
+        budget["mask"] = (int(_tiles(partial, bm, bn, n, n).sum()), 0)  # int8: one byte per element of a partial tile
+        traced = check_traffic("flex_fwd_kernel", label, traffic, budget) or traced
+    done = (f"{len(cases)} launches match torch's flex_attention (sliding window, prefix-LM, documents, padding rows "
+            f"that see nothing; ragged N)")
+    if not traced:
+        return done + "; which blocks are loaded, and the byte budget, are checked only in Triton's interpreter " \
+                      "(CPU): skipped on this GPU"
+    return done + ", reading MASK only in partial blocks and K/V only in listed blocks, each once"
+
+
+# ---------------------------------------------------------------------------------------
+# Part (d), the experiment: K/V bytes against density
+# ---------------------------------------------------------------------------------------
+
+_EXPERIMENT = {"n": 64, "d": 16, "block_size": 16}
+
+
+def _model_point(w, n, d, block_size, kv_only=True):
+    """(density, K/V bytes) of a correct kernel under sliding_window(w), from torch's block mask; and the
+    other quantities the mistakes report."""
+    lists = _torch_lists("sliding_window", w, 1, 1, n, n, block_size)
+    partial, full = _dense_lists(lists, 1)
+    visit = partial | full
+    kv = 2 * sum(_rows_in(j, block_size, n) for j in visit.nonzero()[:, 2].tolist()) * d * 4
+    e = _element_mask("sliding_window", w, 1, 1, n, n)[0, 0]
+    mask_bytes = int(_tiles(partial, block_size, block_size, n, n).sum())
+    lists_bytes = 4 * (2 * visit.shape[1] + int(visit.sum()))
+    return {"density": float(visit.float().mean()), "kv": kv, "partial_density": float(partial.float().mean()),
+            "element_density": float(e.float().mean()), "dense_kv": 2 * n * d * 4 * visit.shape[1],
+            "total": kv + 2 * n * d * 4 + mask_bytes + lists_bytes}
+
+
+def _experiment_with(density="density", kv=lambda p: p["kv"]):
+    def impl(windows, n, d, block_size, seed):
+        points = [_model_point(w, n, d, block_size) for w in windows]
+        return (torch.tensor([p[density] for p in points], dtype=torch.float64),
+                torch.tensor([float(kv(p)) for p in points], dtype=torch.float64))
+    return impl
+
+
+_EXPERIMENT_MISTAKES = [
+    Mistake("dense-bytes", "the bytes do not fall with the density: the kernel that was traced loads every key block "
+            "(run your flex_fwd_kernel on the lists of each window)", _experiment_with(kv=lambda p: p["dense_kv"])),
+    Mistake("density-of-elements", "the density is the fraction of *tiles* the kernel visits, (partial + full) / "
+            "(n_qb * n_kb), not the fraction of allowed elements", _experiment_with(density="element_density")),
+    Mistake("density-partial-only", "the density counts the full blocks too: (partial + full) / (n_qb * n_kb)",
+            _experiment_with(density="partial_density")),
+    Mistake("k-bytes-only", "the bytes are those read from K *and* V", _experiment_with(kv=lambda p: p["kv"] // 2)),
+    Mistake("elements-not-bytes", "the quantity is bytes (4 per float32 element), not elements",
+            _experiment_with(kv=lambda p: p["kv"] // 4)),
+    Mistake("total-bytes", "the bytes are those read from K and V only (trace.by_tensor['K']['read'] + "
+            "trace.by_tensor['V']['read']), not the trace's total", _experiment_with(kv=lambda p: p["total"])),
+]
+
+
+def _experiment_windows():
+    g = _gen(2000)
+    picks = torch.randperm(40, generator=g)[:4].sort().values.tolist()
+    return [int(w) for w in picks]
+
+
+@CHECKS("bytes-vs-density")
+def _check_experiment(ns):
+    learner = learner_of(ns)
+    windows, cfg = _experiment_windows(), _EXPERIMENT
+    n, d, bs = cfg["n"], cfg["d"], cfg["block_size"]
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=_gen(2001)))
+    label = f"windows={windows}, n={n}, d={d}, block_size={bs}, seed={seed}"
+    reply = learner.call("bytes_against_density", [[[list(windows), n, d, bs, seed], {}]])
+    present(reply, "bytes_against_density")
+    results = reply.get("results", [])
+    if not results:
+        raise Fail(f"`bytes_against_density`: the grader got no result for {label}")
+    got = value_of(results[0], "bytes_against_density", label)
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise Fail(f"`bytes_against_density` on {label}: return (densities, kv_bytes), two 1-D tensors of "
+                   f"len(windows) = {len(windows)}")
+    got = tuple(torch.as_tensor(x, dtype=torch.float64) if not torch.is_tensor(x) else x.double() for x in got)
+    # the grader's own reproduction: its trace of your flex_fwd_kernel on each window's lists (in the interpreter),
+    # else (on a GPU) what a kernel that loads each listed K/V block once moves
+    dens, kv, how = [], [], "traced"
+    g = _gen(2002)
+    for w in windows:
+        point = _model_point(w, n, d, bs)
+        lists = _torch_lists("sliding_window", w, 1, 1, n, n, bs)
+        e = _element_mask("sliding_window", w, 1, 1, n, n).reshape(1, n, n)
+        q, k, v = _randn(g, 1, n, d), _randn(g, 1, n, d), _randn(g, 1, n, d)
+        traffic = {}
+        _launch_flex(ns, f"sliding_window(window={w}), N={n}", q, k, v, e, lists, bs, bs, traffic=traffic)
+        if traffic:
+            kv.append(float(traffic["k"]["load_bytes"] + traffic["v"]["load_bytes"]))
+        else:
+            how = "counted"
+            kv.append(float(point["kv"]))
+        dens.append(point["density"])
+    want = (torch.tensor(dens, dtype=torch.float64), torch.tensor(kv, dtype=torch.float64))
+    why = mismatch(got, want, rtol=1e-9, atol=1e-9)
+    if why:
+        lines = counterexample(label, got, want, (windows, n, d, bs, seed), {})
+        raise Fail("\n    ".join([f"`bytes_against_density` on {label}: {why} (the densities must match within 1e-9, "
+                                  f"the bytes exactly)", *lines]),
+                   diagnose(got, _EXPERIMENT_MISTAKES, (windows, n, d, bs, seed), {}, rtol=1e-9, atol=1e-9))
+    falls = all(a >= b for a, b in zip(kv[::-1], kv[::-1][1:]))
+    return (f"densities and K/V bytes of {len(windows)} windows equal the grader's {how} reproduction exactly "
+            f"({', '.join(f'{x:.2f}: {int(b)} B' for x, b in zip(dens, kv))})"
+            + ("" if falls else "; note: the bytes did not rise with the window"))
