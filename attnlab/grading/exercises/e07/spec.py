@@ -8,7 +8,6 @@ The Triton parts have no reference kernel: their checks compare with :func:`attn
 and count the kernel's traffic against a budget (``checks.py``).
 """
 
-import math
 
 import torch
 
@@ -57,26 +56,6 @@ def forward_traffic(n, causal=False, block_m=16, block_n=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 1, n, 16, generator=g) for _ in range(3))
     return trace(flash_attention, q, k, v, causal=causal, block_m=block_m, block_n=block_n).total_bytes
-
-
-def attention(q, k, v, scale=None, mask=None):
-    """Reference for the Triton kernels (exercise 08 compares with it too): attention over the last
-    two dims, any leading dims.
-
-    q: (..., Nq, d); k, v: (..., Nk, d); mask: bool broadcastable to (..., Nq, Nk) or None.
-    Rows with nothing to attend to are zeros.
-    """
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    s = q @ k.transpose(-2, -1) * scale  # (..., Nq, Nk)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    m = s.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(s - m)
-    total = e.sum(dim=-1, keepdim=True)
-    p = torch.where(total > 0, e / total.clamp_min(1e-30), torch.zeros_like(e))
-    return p @ v  # (..., Nq, dv)
 
 
 __import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
