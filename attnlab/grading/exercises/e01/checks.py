@@ -6,8 +6,8 @@ from functools import lru_cache
 import torch
 
 from attnlab.attention import padding_mask
-from attnlab.grading.core import (Fail, Mistake, Registry, check_function, diagnose, gen as _gen, learner_of, present,
-                                  randn as _randn, value_of)
+from attnlab.grading.core import (Fail, Mistake, NotAccepted, Registry, check_function, diagnose, gen as _gen,
+                                  learner_of, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e01 import spec as specs
 
 CHECKS = Registry()
@@ -241,7 +241,7 @@ def _as_pair(got, label):
 
 @CHECKS("alignment-crossing")
 def _check_crossing(ns):
-    seed = int(torch.randint(0, 10_000, (1,), generator=_gen(400)))
+    seed = int(torch.randint(0, 10_000, (1,), generator=_gen(403)))
     label = f"seed={seed}, steps={CHECK_STEPS}"
     learner = learner_of(ns)
     reply = learner.call("alignment_crossing", [[(seed, CHECK_STEPS), {}]])
@@ -249,7 +249,14 @@ def _check_crossing(ns):
     results = reply.get("results", [])
     if not results:
         raise Fail(f"`alignment_crossing`: the grader got no result for {label}")
-    got = _as_pair(value_of(results[0], "alignment_crossing", label), label)
+    try:
+        got = _as_pair(value_of(results[0], "alignment_crossing", label), label)
+    except NotAccepted as exc:
+        if "masked_softmax" in exc.message:  # the model's own attention ran: no context_fn was plugged in
+            exc.message += ("\n    RNNsearch uses the library's attention when it gets no context_fn: build it with "
+                            "context_fn=context_vector (yours)")
+        raise
+
     want = _reference(seed, CHECK_STEPS)
     if not torch.isfinite(got).all() or (got - want).abs().max() > TOLERANCE:
         found = diagnose(got, _CROSSING_MISTAKES, (seed, CHECK_STEPS), {}, rtol=0.0, atol=TOLERANCE)
