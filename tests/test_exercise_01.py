@@ -1,6 +1,8 @@
 """Exercise 01 (soft alignment): wrong implementations fail their check with the matching diagnosis,
 shortcuts are refused, and the experiment's recipe, tolerance and plug-in hook hold."""
 
+import contextlib
+import io
 from functools import lru_cache
 from pathlib import Path
 
@@ -153,7 +155,8 @@ def _setup_namespace():
     nb = nbformat.read(str(ROOT / "solutions" / "01_soft_alignment.ipynb"), as_version=4)
     cell = next(c for c in nb.cells if c.cell_type == "code" and "SWAPS = " in c.source)
     ns = {"torch": torch}
-    exec(compile(cell.source, "setup-cell", "exec"), ns)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints what it built
+        exec(compile(cell.source, "setup-cell", "exec"), ns)
     return ns
 
 
