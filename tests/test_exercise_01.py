@@ -329,3 +329,11 @@ def test_the_crossing_appears_from_other_seeds_too():
     for seed in (1, 2):
         crossed, straight = specs.alignment_crossing(seed, steps=250)
         assert crossed > straight + 0.4, (seed, crossed, straight)
+
+
+def test_adjective_noun_swaps_reads_the_grammar_s_alignment():
+    from attnlab.data.translation import adjective_noun_swaps
+
+    assert adjective_noun_swaps("these green trees sleep .") == [(1, 2)]
+    assert adjective_noun_swaps("the dog often sees a red car .") == [(5, 6)]   # the adverb swap is left out
+    assert adjective_noun_swaps("the bird sleeps .") == []

@@ -57,32 +57,20 @@ RECIPE = dict(n_train=3000, train_seed=1, min_len=5, max_len=8, n_probe=64, prob
               emb_dim=16, hidden_dim=32, batch_size=32, lr=1e-2, steps=250)
 
 
-def _swaps(english):
-    """[(i, j)]: French word i (a noun) translates English word j, French word i + 1 (its adjective)
-    translates English word j - 1: the adjective-noun pairs that swap."""
-    from attnlab.data.translation import ADJECTIVES, translate_rule_based
-
-    adjectives = {a[0] for a in ADJECTIVES}
-    words = english.split()
-    _, gold = translate_rule_based(english, return_alignment=True)
-    return [(i, gold[i]) for i in range(len(gold) - 1)
-            if gold[i + 1] == gold[i] - 1 and words[gold[i + 1]] in adjectives]
-
-
 @lru_cache(maxsize=1)
 def _data():
     """The training ids, the probe batch (src, src_len, tgt) and its swaps, as the notebook builds them."""
-    from attnlab.data.translation import encode, generate_pairs, source_vocab, target_vocab
+    from attnlab.data.translation import adjective_noun_swaps, encode, generate_pairs, source_vocab, target_vocab
 
     r = RECIPE
     sv, tv = source_vocab(), target_vocab()
     train = generate_pairs(r["n_train"], seed=r["train_seed"], min_len=r["min_len"], max_len=r["max_len"])
     candidates = generate_pairs(400, seed=r["probe_seed"], min_len=5, max_len=9)
-    probe = [(en, fr) for en, fr in candidates if _swaps(en)][: r["n_probe"]]
+    probe = [(en, fr) for en, fr in candidates if adjective_noun_swaps(en)][: r["n_probe"]]
     src, src_len = encode([en for en, _ in probe], sv)  # (P, S), (P,)
     tgt, _ = encode([fr for _, fr in probe], tv)  # (P, T)
     return ([sv.encode(en) for en, _ in train], [tv.encode(fr) for _, fr in train],
-            (src, src_len, tgt), [_swaps(en) for en, _ in probe], (len(sv), len(tv)))
+            (src, src_len, tgt), [adjective_noun_swaps(en) for en, _ in probe], (len(sv), len(tv)))
 
 
 def train_rnnsearch(seed, steps, score_fn=additive_scores, context_fn=context_vector):
