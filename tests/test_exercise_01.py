@@ -337,3 +337,12 @@ def test_adjective_noun_swaps_reads_the_grammar_s_alignment():
     assert adjective_noun_swaps("these green trees sleep .") == [(1, 2)]
     assert adjective_noun_swaps("the dog often sees a red car .") == [(5, 6)]   # the adverb swap is left out
     assert adjective_noun_swaps("the bird sleeps .") == []
+
+
+def test_a_right_decode_step_over_a_wrong_part_2_says_so():
+    def decode_step(s, h, w, u, v, w_s, w_c, mask=None):
+        c, weights = _ctx_zero_fill(learner_scores(s, h, w, u, v), h, mask)
+        return torch.tanh(s @ w_s.T + c @ w_c.T), weights
+
+    result = run_check("decode-step", LocalLearner({"decode_step": decode_step}, forbidden=[]))
+    assert not result.passed and "context-vector-wrong" in result.diagnosis, result.message

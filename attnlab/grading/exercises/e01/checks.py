@@ -170,6 +170,26 @@ _DECODE_MISTAKES = [
 ]
 
 
+
+def _decode_using(score_fn, ctx_fn):
+    def impl(s, h, w, u, v, w_s, w_c, mask=None):
+        c, weights = ctx_fn(score_fn(s, h, w, u, v), h, mask)
+        return torch.tanh(s @ w_s.T + c @ w_c.T), weights
+    return impl
+
+
+# a right decode_step that calls a wrong part 1 or part 2 (the learner's own, as the notebook has it)
+_DECODE_MISTAKES += [
+    Mistake("additive-score-wrong", "decode_step itself looks right, but the additive_scores it calls is not: "
+            "make check(\"additive-score\") pass first", _decode_using(m.impl, specs.context_vector))
+    for m in _ADDITIVE_MISTAKES
+] + [
+    Mistake("context-vector-wrong", "decode_step itself looks right, but the context_vector it calls is not: "
+            "make check(\"context-vector\") pass first", _decode_using(specs.additive_scores, m.impl))
+    for m in _CONTEXT_MISTAKES
+]
+
+
 @CHECKS("decode-step")
 def _check_decode(ns):
     n = check_function(ns, "decode_step", specs.decode_step, _decode_cases(), _DECODE_MISTAKES)
@@ -262,7 +282,8 @@ def _check_crossing(ns):
         found = diagnose(got, _CROSSING_MISTAKES, (seed, CHECK_STEPS), {}, rtol=0.0, atol=TOLERANCE)
         raise Fail(f"`alignment_crossing({seed}, {CHECK_STEPS})` returned crossed {got[0]:.3f}, straight {got[1]:.3f}; "
                    f"the grader's run of the same recipe with the reference attention gave crossed {want[0]:.3f}, "
-                   f"straight {want[1]:.3f} (each must agree within {TOLERANCE})", found)
+                   f"straight {want[1]:.3f} (each must agree within {TOLERANCE}); the run uses your additive_scores "
+                   f"and context_vector, so make their checks pass first", found)
     verdict = "the alignment crosses" if want[0] > want[1] else "this run did not cross"
     return (f"{label}: crossed {got[0]:.3f}, straight {got[1]:.3f}, within {TOLERANCE} of the grader's run "
             f"({want[0]:.3f}, {want[1]:.3f}): {verdict}")
