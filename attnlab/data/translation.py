@@ -47,7 +47,7 @@ import torch
 
 __all__ = [
     "NOUNS", "ADJECTIVES", "VERBS", "INTRANSITIVE_VERBS",
-    "generate_pair", "generate_pairs", "make_splits", "translate_rule_based",
+    "generate_pair", "generate_pairs", "make_splits", "translate_rule_based", "adjective_noun_swaps",
     "Vocab", "source_vocab", "target_vocab", "encode", "pad_batch", "batches",
     "TranslationData", "load_task", "detokenize", "MIN_LEN", "MAX_LEN",
 ]
@@ -278,6 +278,22 @@ def translate_rule_based(english: str, return_alignment: bool = False):
     """
     french, alignment = _RuleTranslator().translate(english)
     return (french, alignment) if return_alignment else french
+
+
+def adjective_noun_swaps(english: str):
+    """Where an adjective-noun pair swaps: ``[(i, j)]`` with French word ``i`` (the noun) translating
+    English word ``j`` and French word ``i + 1`` (its adjective) translating English word ``j - 1``.
+
+    Read from the grammar's gold alignment (``translate_rule_based(..., return_alignment=True)``),
+    so elision and contractions are accounted for. Adverb-verb swaps are left out.
+
+    Example: ``adjective_noun_swaps("these green trees sleep .") == [(1, 2)]`` (ces arbres verts dorment .)
+    """
+    adjectives = {a[0] for a in ADJECTIVES}
+    words = english.split()
+    _, gold = translate_rule_based(english, return_alignment=True)  # gold[i]: the English word French word i translates
+    return [(i, gold[i]) for i in range(len(gold) - 1)
+            if gold[i + 1] == gold[i] - 1 and words[gold[i + 1]] in adjectives]
 
 
 class _RuleTranslator:

@@ -187,12 +187,22 @@ class RNNsearch(_Seq2Seq):
     just written. On this small task that gives alignments that sit on the right word instead of
     lagging one word behind; the alignment model itself is the paper's.
 
+    Your own alignment model can replace the library's (exercise 01): ``score_fn(s, h, w, u, v) -> (B, S)``
+    computes the raw scores from the query ``s (B, H)``, the annotations ``h (B, S, 2H)`` and the model's
+    own parameters ``w (A, H)``, ``u (A, 2H)``, ``v (A,)`` (the weights of ``attention.W``, ``U``, ``v``,
+    so they train); ``context_fn(scores, h, mask) -> (context (B, 2H), weights (B, S))`` turns them into
+    weights and the context. Either may be given alone; None (the default) keeps the library's.
+
     Example: ``ids, alpha = RNNsearch(67, 95).greedy_decode(src, src_len)``  # alpha (B, T', S)
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, emb_dim: int = 48, hidden_dim: int = 96,
-                 maxout_dim: int = 64, align_dim: int | None = None):
+                 maxout_dim: int = 64, align_dim: int | None = None, score_fn=None, context_fn=None):
         super().__init__(src_vocab_size, tgt_vocab_size, emb_dim, hidden_dim, 2 * hidden_dim, maxout_dim)
+        for name, fn in (("score_fn", score_fn), ("context_fn", context_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name}: expected a function or None, got {type(fn).__name__}")
+        self.score_fn, self.context_fn = score_fn, context_fn  # plain attributes: not in config, not saved
         align_dim = align_dim or hidden_dim
         self.config["align_dim"] = align_dim
         self.encoder = nn.GRU(emb_dim, hidden_dim, batch_first=True, bidirectional=True)
@@ -221,7 +231,12 @@ class RNNsearch(_Seq2Seq):
         ``uh = self.attention.U(h) (B, S, A)`` -> ``(context (B, 2H), weights (B, S))``.
         """
         a = self.attention
-        scores = a.v(torch.tanh(a.W(q)[:, None, :] + uh))[..., 0]  # (B, S): v^T tanh(W s + U h_j)
+        if self.score_fn is None:
+            scores = a.v(torch.tanh(a.W(q)[:, None, :] + uh))[..., 0]  # (B, S): v^T tanh(W s + U h_j)
+        else:  # a plugged-in alignment model, on the same parameters (it recomputes U h_j itself)
+            scores = self.score_fn(q, h, a.W.weight, a.U.weight, a.v.weight[0])  # (B, S)
+        if self.context_fn is not None:
+            return self.context_fn(scores, h, mask)  # (B, 2H), (B, S)
         weights = masked_softmax(scores, mask, dim=-1)  # (B, S), zero at padding
         return torch.einsum("bs,bsd->bd", weights, h), weights  # (B, 2H)
 

@@ -1,14 +1,19 @@
 """The checks of exercise 01_soft_alignment (one ``@CHECKS(part id)`` per graded part)."""
 
 
+from functools import lru_cache
+
 import torch
 
-from attnlab.grading.core import Mistake, Registry, check_function, gen as _gen, randn as _randn
+from attnlab.attention import padding_mask
+from attnlab.grading.core import (Fail, Mistake, NotAccepted, Registry, check_function, diagnose, gen as _gen,
+                                  learner_of, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e01 import spec as specs
-from attnlab.grading.exercises.e02.spec import padding_mask
 
 CHECKS = Registry()
 
+
+# ----------------------------------------------------------------------------- additive-score
 
 def _additive_params(g, dq, dk, a):
     return _randn(g, a, dq, scale=0.5), _randn(g, a, dk, scale=0.5), _randn(g, a)
@@ -16,12 +21,14 @@ def _additive_params(g, dq, dk, a):
 
 def _additive_cases():
     cases = []
-    # the first case has Dq == Dk so that swapped projections run and can be recognised
-    for seed, (b, n, dq, dk, a) in enumerate([(2, 5, 6, 6, 4), (3, 7, 4, 6, 5), (1, 1, 3, 2, 8), (4, 9, 5, 5, 3)]):
+    # the first case is square (B = N, Dq = Dk = A) so that every known mistake runs on it and can be recognised
+    shapes = [(5, 5, 4, 4, 4, "square: B = N, Dq = Dk = A"), (3, 7, 4, 6, 5, "Dq != Dk"),
+              (1, 1, 3, 2, 8, "one source position"), (4, 9, 5, 5, 3, "A smaller than Dq")]
+    for seed, (b, n, dq, dk, a, what) in enumerate(shapes):
         g = _gen(100 + seed)
         s, h = _randn(g, b, dq), _randn(g, b, n, dk)
         w, u, v = _additive_params(g, dq, dk, a)
-        cases.append((f"B={b}, N={n}, Dq={dq}, Dk={dk}, A={a} (seed {100 + seed})", (s, h, w, u, v), {}))
+        cases.append((f"B={b}, N={n}, Dq={dq}, Dk={dk}, A={a}, {what} (seed {100 + seed})", (s, h, w, u, v), {}))
     return cases
 
 
@@ -34,6 +41,14 @@ _ADDITIVE_MISTAKES = [
             lambda s, h, w, u, v: torch.softmax(specs.additive_scores(s, h, w, u, v), dim=-1)),
     Mistake("tanh-after-v", "the tanh is applied after the dot product with v instead of before it",
             lambda s, h, w, u, v: torch.tanh(((s @ w.T)[:, None, :] + h @ u.T) @ v)),
+    Mistake("query-not-broadcast", "W s (B, A) was added to U h (B, N, A) without a position axis, so broadcasting "
+            "lined the batch up with the source positions: use (s @ w.T)[:, None, :]",
+            lambda s, h, w, u, v: torch.tanh(s @ w.T + h @ u.T) @ v),
+    Mistake("not-transposed", "W and U are (A, Dq) and (A, Dk): with row vectors the projections are s @ w.T and "
+            "h @ u.T, not s @ w and h @ u",
+            lambda s, h, w, u, v: torch.tanh((s @ w)[:, None, :] + h @ u) @ v),
+    Mistake("v-ignored", "the A-vector was summed instead of read out with v: multiply by v over the last axis",
+            lambda s, h, w, u, v: torch.tanh((s @ w.T)[:, None, :] + h @ u.T).sum(-1)),
 ]
 
 
@@ -43,6 +58,8 @@ def _check_additive(ns):
     return f"{n} randomized cases match the spec"
 
 
+# ----------------------------------------------------------------------------- context-vector
+
 def _context_cases():
     cases = []
     for seed, (b, n, dk) in enumerate([(3, 6, 4), (2, 1, 5), (4, 9, 3)]):
@@ -50,15 +67,14 @@ def _context_cases():
         cases.append((f"B={b}, N={n}, Dk={dk}, no mask (seed {200 + seed})", (_randn(g, b, n), _randn(g, b, n, dk)), {}))
     g = _gen(210)
     lengths = torch.tensor([5, 2, 7])
-    mask = padding_mask(lengths, 7)
-    cases.append(("B=3, N=7 with padding (lengths 5, 2, 7)", (_randn(g, 3, 7), _randn(g, 3, 7, 4)), {"mask": mask}))
+    cases.append(("B=3, N=7 with padding (lengths 5, 2, 7)", (_randn(g, 3, 7), _randn(g, 3, 7, 4)),
+                  {"mask": padding_mask(lengths, 7)}))
     g = _gen(211)
     cases.append(("B=2, N=6, large scores (up to ~400): needs the max subtracted",
                   (_randn(g, 2, 6, scale=200.0), _randn(g, 2, 6, 3)), {}))
     g = _gen(212)
-    mask = padding_mask(torch.tensor([3, 0]), 5)
     cases.append(("B=2, N=5 where row 1 has no real token (must give zero weights)",
-                  (_randn(g, 2, 5), _randn(g, 2, 5, 3)), {"mask": mask}))
+                  (_randn(g, 2, 5), _randn(g, 2, 5, 3)), {"mask": padding_mask(torch.tensor([3, 0]), 5)}))
     return cases
 
 
@@ -71,8 +87,8 @@ def _ctx_from_weights(weights, h):
     return (weights[:, :, None] * h).sum(dim=1), weights
 
 
-def _masked_scores(scores, mask):
-    return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+def _masked_scores(scores, mask, fill=float("-inf")):
+    return scores if mask is None else scores.masked_fill(~mask, fill)
 
 
 _CONTEXT_MISTAKES = [
@@ -86,6 +102,14 @@ _CONTEXT_MISTAKES = [
             lambda sc, h, mask=None: _ctx_from_weights(_naive_softmax(_masked_scores(sc, mask), -1), h)),
     Mistake("fully-masked-row", "a row with no real token gives NaN (0/0): it should give zero weights",
             lambda sc, h, mask=None: _ctx_from_weights(torch.softmax(_masked_scores(sc, mask), dim=-1), h)),
+    Mistake("mask-inverted", "the mask is read the wrong way round: True marks a real token (keep it), False padding",
+            lambda sc, h, mask=None: _ctx_from_weights(specs.context_vector(sc, h, None if mask is None else ~mask)[1], h)),
+    Mistake("masked-to-zero", "masked scores were set to 0, and exp(0) = 1 still gives padding weight: set them to "
+            "-inf so that exp gives exactly 0",
+            lambda sc, h, mask=None: _ctx_from_weights(torch.softmax(_masked_scores(sc, mask, 0.0), dim=-1), h)),
+    Mistake("context-from-scores", "the context is weighted by the raw scores: weight h by the softmax weights",
+            lambda sc, h, mask=None: ((_masked_scores(sc, mask, 0.0)[:, :, None] * h).sum(1),
+                                      specs.context_vector(sc, h, mask)[1])),
 ]
 
 
@@ -95,25 +119,28 @@ def _check_context(ns):
     return f"{n} cases match the spec, with padding, large scores and an empty row"
 
 
+# ----------------------------------------------------------------------------- decode-step
+
 def _decode_cases():
     cases = []
-    for seed, (b, n, dq, dk, a, lens) in enumerate([(2, 5, 4, 4, 3, None), (3, 6, 5, 3, 4, [6, 2, 4]), (1, 3, 2, 6, 5, None)]):
+    for seed, (b, n, dq, dk, a, lens) in enumerate([(2, 5, 4, 4, 3, None), (3, 6, 5, 3, 4, [6, 2, 4]),
+                                                    (1, 3, 2, 6, 5, None)]):
         g = _gen(300 + seed)
         s, h = _randn(g, b, dq), _randn(g, b, n, dk)
         w, u, v = _additive_params(g, dq, dk, a)
         w_s, w_c = _randn(g, dq, dq, scale=0.5), _randn(g, dq, dk, scale=0.5)
         kwargs = {} if lens is None else {"mask": padding_mask(torch.tensor(lens), n)}
-        cases.append((f"B={b}, N={n}, Dq={dq}, Dk={dk}" + (f", lengths {lens}" if lens else ""),
+        cases.append((f"B={b}, N={n}, Dq={dq}, Dk={dk}, A={a}" + (f", lengths {lens}" if lens else ", no mask"),
                       (s, h, w, u, v, w_s, w_c), kwargs))
     return cases
 
 
-def _decode_with(weights_fn, update_fn):
+def _decode_with(weights_fn, update_fn, second=None):
     def impl(s, h, w, u, v, w_s, w_c, mask=None):
         scores = specs.additive_scores(s, h, w, u, v)
         weights = weights_fn(scores, mask)
         c = (weights[:, :, None] * h).sum(dim=1)
-        return update_fn(s, c, w_s, w_c), weights
+        return update_fn(s, c, w_s, w_c), (weights if second is None else second(scores, weights))
     return impl
 
 
@@ -134,6 +161,32 @@ _DECODE_MISTAKES = [
             _decode_with(lambda sc, mask: torch.softmax(_masked_scores(sc, mask), dim=0), _spec_update)),
     Mistake("swapped-update-weights", "W_s and W_c are swapped: W_s multiplies the old state, W_c the context",
             _decode_with(_spec_weights, lambda s, c, w_s, w_c: torch.tanh(s @ w_c.T + c @ w_s.T))),
+    Mistake("state-weights-transposed", "W_s is applied transposed: with row vectors the old state's term is "
+            "s @ w_s.T", _decode_with(_spec_weights, lambda s, c, w_s, w_c: torch.tanh(s @ w_s + c @ w_c.T))),
+    Mistake("scores-returned", "the second value should be the attention weights (after the softmax), not the raw "
+            "scores", _decode_with(_spec_weights, _spec_update, second=lambda scores, weights: scores)),
+    Mistake("context-not-used", "the new state ignores the context: s' = tanh(W_s s + W_c c)",
+            _decode_with(_spec_weights, lambda s, c, w_s, w_c: torch.tanh(s @ w_s.T))),
+]
+
+
+
+def _decode_using(score_fn, ctx_fn):
+    def impl(s, h, w, u, v, w_s, w_c, mask=None):
+        c, weights = ctx_fn(score_fn(s, h, w, u, v), h, mask)
+        return torch.tanh(s @ w_s.T + c @ w_c.T), weights
+    return impl
+
+
+# a right decode_step that calls a wrong part 1 or part 2 (the learner's own, as the notebook has it)
+_DECODE_MISTAKES += [
+    Mistake("additive-score-wrong", "decode_step itself looks right, but the additive_scores it calls is not: "
+            "make check(\"additive-score\") pass first", _decode_using(m.impl, specs.context_vector))
+    for m in _ADDITIVE_MISTAKES
+] + [
+    Mistake("context-vector-wrong", "decode_step itself looks right, but the context_vector it calls is not: "
+            "make check(\"context-vector\") pass first", _decode_using(specs.additive_scores, m.impl))
+    for m in _CONTEXT_MISTAKES
 ]
 
 
@@ -141,3 +194,96 @@ _DECODE_MISTAKES = [
 def _check_decode(ns):
     n = check_function(ns, "decode_step", specs.decode_step, _decode_cases(), _DECODE_MISTAKES)
     return f"{n} cases match the spec"
+
+
+# ----------------------------------------------------------------------------- alignment-crossing
+
+TOLERANCE = 0.05  # absolute, on each of the two masses (the notebook states it)
+CHECK_STEPS = 150  # fewer than the default 250: a run that ignores `steps` shows
+
+
+@lru_cache(maxsize=4)
+def _trained(seed, steps):
+    return specs.train_rnnsearch(seed, steps)
+
+
+@lru_cache(maxsize=4)
+def _alignments(seed, steps):
+    return specs.probe_alignments(_trained(seed, steps))
+
+
+def _masses(alignments, rows=(0, 1), weight=0.5):
+    """(crossed, straight) as a tensor; ``rows``: which output rows hold the noun and the adjective
+    relative to the swap's i (the spec: i and i + 1), ``weight``: 0.5 for the mean of the pair."""
+    _, _, _, swaps, _ = specs._data()
+    crossed, straight = [], []
+    a0, a1 = rows
+    for a, pairs in zip(alignments, swaps):
+        for i, j in pairs:
+            crossed.append(weight * (a[i + a0, j] + a[i + a1, j - 1]))
+            straight.append(weight * (a[i + a0, j - 1] + a[i + a1, j]))
+    return torch.stack([torch.stack(crossed).mean(), torch.stack(straight).mean()]).double()
+
+
+def _reference(seed, steps=250):
+    return _masses(_alignments(seed, steps))
+
+
+_CROSSING_MISTAKES = [
+    Mistake("masses-swapped", "the two numbers are the wrong way round: return (crossed, straight), the crossed "
+            "mass first (noun row on the noun, adjective row on the adjective)",
+            lambda seed, steps=250: _reference(seed, steps).flip(0)),
+    Mistake("rows-off-by-one", "the rows are shifted by one: row i of the recorded weights is French word i "
+            "(the step that *outputs* it), not the word the decoder has just read",
+            lambda seed, steps=250: _masses(_alignments(seed, steps), rows=(-1, 0))),
+    Mistake("sum-not-mean", "each pair's mass is the *mean* of its two rows' weights (so it lies in [0, 1]), "
+            "not their sum", lambda seed, steps=250: _masses(_alignments(seed, steps), weight=1.0)),
+    Mistake("untrained", "these are the masses of an untrained model (nearly uniform weights): train for `steps` "
+            "steps before reading the alignment", lambda seed, steps=250: _masses(_alignments(seed, 0))),
+    Mistake("steps-ignored", f"the run trained 250 steps whatever `steps` said (the grader asked for "
+            f"{CHECK_STEPS}): pass `steps` on to the training", lambda seed, steps=250: _reference(seed, 250)),
+    Mistake("seed-ignored", "the run did not start from `seed` (it matches seed 0): seed the model's weights "
+            "(deterministic(seed, ...)) and the batch order (torch.Generator().manual_seed(seed))",
+            lambda seed, steps=250: _reference(0, steps)),
+]
+
+
+def _as_pair(got, label):
+    try:
+        pair = [float(x) for x in got]
+    except (TypeError, ValueError):
+        pair = None
+    if pair is None or len(pair) != 2:
+        raise Fail(f"`alignment_crossing` on {label}: expected a pair of numbers (crossed, straight), "
+                   f"got {type(got).__name__}")
+    return torch.tensor(pair, dtype=torch.float64)
+
+
+@CHECKS("alignment-crossing")
+def _check_crossing(ns):
+    seed = int(torch.randint(0, 10_000, (1,), generator=_gen(403)))
+    label = f"seed={seed}, steps={CHECK_STEPS}"
+    learner = learner_of(ns)
+    reply = learner.call("alignment_crossing", [[(seed, CHECK_STEPS), {}]])
+    present(reply, "alignment_crossing")
+    results = reply.get("results", [])
+    if not results:
+        raise Fail(f"`alignment_crossing`: the grader got no result for {label}")
+    try:
+        got = _as_pair(value_of(results[0], "alignment_crossing", label), label)
+    except NotAccepted as exc:
+        if "masked_softmax" in exc.message:  # the model's own attention ran: no context_fn was plugged in
+            exc.message += ("\n    RNNsearch uses the library's attention when it gets no context_fn: build it with "
+                            "context_fn=context_vector (yours)")
+        raise
+
+    want = _reference(seed, CHECK_STEPS)
+    if not torch.isfinite(got).all() or (got - want).abs().max() > TOLERANCE:
+        found = diagnose(got, _CROSSING_MISTAKES, (seed, CHECK_STEPS), {}, rtol=0.0, atol=TOLERANCE)
+        raise Fail(f"`alignment_crossing({seed}, {CHECK_STEPS})` returned crossed {got[0]:.3f}, straight {got[1]:.3f}; "
+                   f"the grader's run of the same recipe with the reference attention gave crossed {want[0]:.3f}, "
+                   f"straight {want[1]:.3f} (each must agree within {TOLERANCE}); the run uses your additive_scores "
+                   f"and context_vector, so make their checks pass first", found)
+    verdict = "the alignment crosses" if want[0] > want[1] else "this run did not cross"
+    return (f"{label}: crossed {got[0]:.3f}, straight {got[1]:.3f}, within {TOLERANCE} of the grader's run "
+            f"({want[0]:.3f}, {want[1]:.3f}): {verdict}")
