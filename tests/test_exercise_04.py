@@ -35,7 +35,8 @@ WRONG.add("merge-heads", "interleaved-heads",
           merge_heads=lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1))
 WRONG.add("merge-heads", "summed-heads", merge_heads=lambda x: x.sum(1))
 WRONG.add("merge-heads", "averaged-heads", merge_heads=lambda x: x.mean(1))
-WRONG.add("merge-heads", "concatenated-positions", merge_heads=lambda x: torch.cat([x[:, i] for i in range(x.shape[1])], 1))
+WRONG.add("merge-heads", "concatenated-positions",
+          merge_heads=lambda x: torch.cat([x[:, i] for i in range(x.shape[1])], 1))
 WRONG.add("merge-heads", "heads-reversed",
           merge_heads=lambda x: torch.cat([x[:, i] for i in reversed(range(x.shape[1]))], dim=-1))
 
@@ -157,7 +158,8 @@ def _profile(w, o1=-1, o2=-2, average=False, total=False):
         c = w[:, head].diagonal(o2, dim1=-2, dim2=-1)
         c = c[:, 1:] if o2 == -1 else c
         if total:
-            rows.append([a.sum().item(), c.sum().item(), w.shape[0] * (w.shape[-1] - 2) - a.sum().item() - c.sum().item()])
+            everything = w.shape[0] * (w.shape[-1] - 2)
+            rows.append([a.sum().item(), c.sum().item(), everything - a.sum().item() - c.sum().item()])
         else:
             rows.append([a.mean().item(), c.mean().item(), 1 - a.mean().item() - c.mean().item()])
     rows.sort(key=lambda r: -r[0])

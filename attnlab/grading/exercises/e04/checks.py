@@ -174,7 +174,8 @@ _MHA_MISTAKES = [
     Mistake("heads-order", "heads merged in the wrong order: (B, h, N, dh) -> transpose(1, 2) -> (B, N, h*dh)",
             _mha_with(merge_ok=False)),
     Mistake("no-output-projection", "the output projection out_proj is missing", _mha_with(out_proj=False)),
-    Mistake("causal-ignored", "causal=True is ignored: mask out the keys after the query", _mha_with(causal_mode="none")),
+    Mistake("causal-ignored", "causal=True is ignored: mask out the keys after the query",
+            _mha_with(causal_mode="none")),
     Mistake("causal-bottom-right", "the causal mask is aligned bottom-right (query i sees keys j <= i + Nk - Nq); "
             "in this course it is top-left: query i sees keys j <= i", _mha_with(causal_mode="bottom-right")),
     Mistake("mask-ignored", "the mask argument is ignored", _mha_with(mask_mode="ignored")),
@@ -286,7 +287,7 @@ def _trained(seed, num_heads, steps):
     return specs.trained_model(seed, num_heads, steps)
 
 
-def _recomputed(seed, num_heads, steps, *, causal=True, softmax=True, scaled=True):
+def _recomputed(seed, num_heads, steps, *, causal=True, softmax=True):
     """Layer 0's weights recomputed from the trained model's q/k projections, with switches for mistakes."""
     model, tokens = _trained(seed, num_heads, steps)
     with torch.no_grad():
@@ -296,7 +297,7 @@ def _recomputed(seed, num_heads, steps, *, causal=True, softmax=True, scaled=Tru
         x = block.ln_attn(x)
         q = specs.split_heads(block.attn.q_proj(x), num_heads)
         k = specs.split_heads(block.attn.k_proj(x), num_heads)
-        s = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scaled else 1.0)
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         if causal:
             s = s.masked_fill(~causal_mask(n, n), float("-inf") if softmax else 0.0)
         return torch.softmax(s, dim=-1) if softmax else s
@@ -319,29 +320,42 @@ def _reference(seed, num_heads=2, steps=200):
     return specs.profile(specs.attention_weights(*_trained(seed, num_heads, steps)))
 
 
-_HEAD_MISTAKES = [
-    Mistake("no-causal-mask", "the weights are recomputed without the causal mask: the model was trained causal, "
-            "so its queries never saw later keys", lambda seed, num_heads=2, steps=200: specs.profile(_recomputed(seed, num_heads, steps, causal=False))),
-    Mistake("untrained", "this is the profile of the model before training: train it first (train_previous_two)",
-            lambda seed, num_heads=2, steps=200: _untrained(seed, num_heads, steps)),
-    Mistake("no-softmax", "these are raw scores, not attention weights: apply the softmax over the keys",
-            lambda seed, num_heads=2, steps=200: specs.profile(_recomputed(seed, num_heads, steps, softmax=False))),
-    Mistake("heads-averaged", "the heads are averaged: return one row per head, shape (h, 3)",
-            lambda seed, num_heads=2, steps=200: _reference(seed, num_heads, steps).mean(dim=0, keepdim=True)),
-    Mistake("summed-not-averaged", "the weights are summed over the test sequences and positions: average them "
-            "(each entry is a fraction of a query's weight, between 0 and 1)",
-            lambda seed, num_heads=2, steps=200: _summed(seed, num_heads, steps)),
-    Mistake("future-diagonal", "diagonal(+1) is key i+1 (after the query, masked): key i-1 is diagonal(-1)",
-            lambda seed, num_heads=2, steps=200: _future(seed, num_heads, steps)),
-]
-
-
 def _future(seed, num_heads, steps):
     w = _recomputed(seed, num_heads, steps)
     next1 = w.diagonal(1, dim1=-2, dim2=-1).mean(dim=(0, 2))
     next2 = w.diagonal(2, dim1=-2, dim2=-1).mean(dim=(0, 2))
     rows = torch.stack([next1, next2, 1 - next1 - next2], dim=1)
     return rows[rows[:, 0].argsort(descending=True)]
+
+
+def _measured(how, **switches):
+    """A wrong experiment: the grader's trained model, measured by ``how(seed, num_heads, steps, **switches)``."""
+    def impl(seed, num_heads=2, steps=200):
+        return how(seed, num_heads, steps, **switches)
+    return impl
+
+
+def _profile_of(seed, num_heads, steps, **switches):
+    return specs.profile(_recomputed(seed, num_heads, steps, **switches))
+
+
+def _averaged(seed, num_heads, steps):
+    return _reference(seed, num_heads, steps).mean(dim=0, keepdim=True)
+
+
+_HEAD_MISTAKES = [
+    Mistake("no-causal-mask", "the weights are recomputed without the causal mask: the model was trained causal, "
+            "so its queries never saw later keys", _measured(_profile_of, causal=False)),
+    Mistake("untrained", "this is the profile of the model before training: train it first (train_previous_two)",
+            _measured(_untrained)),
+    Mistake("no-softmax", "these are raw scores, not attention weights: apply the softmax over the keys",
+            _measured(_profile_of, softmax=False)),
+    Mistake("heads-averaged", "the heads are averaged: return one row per head, shape (h, 3)", _measured(_averaged)),
+    Mistake("summed-not-averaged", "the weights are summed over the test sequences and positions: average them "
+            "(each entry is a fraction of a query's weight, between 0 and 1)", _measured(_summed)),
+    Mistake("future-diagonal", "diagonal(+1) is key i+1 (after the query, masked): key i-1 is diagonal(-1)",
+            _measured(_future)),
+]
 
 
 @CHECKS("head-specialisation")

@@ -12,7 +12,8 @@ EXERCISE = "05_quadratic_cost"
 PARTS = [
     Part("attention-flops", "counting FLOPs", 1, ("attention_flops",)),
     Part("attention-bytes", "the bytes of each step", 2, ("step_bytes", "attention_bytes")),
-    Part("arithmetic-intensity", "arithmetic intensity and the roofline", 2, ("arithmetic_intensity", "is_memory_bound")),
+    Part("arithmetic-intensity", "arithmetic intensity and the roofline", 2,
+         ("arithmetic_intensity", "is_memory_bound")),
     Part("roofline-prediction", "a roofline prediction of the time", 2, ("predict_naive_time",)),
     Part("naive-time-experiment", "predict, then measure, naive attention on this machine", 3,
          ("naive_time_experiment",), "experiment"),

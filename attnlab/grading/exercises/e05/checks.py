@@ -9,8 +9,9 @@ from attnlab.grading.exercises.e05 import spec as specs
 CHECKS = Registry()
 
 
-_SIZES = [(1, 1, 1024, 64, ""), (2, 8, 512, 128, ""), (4, 12, 2048, 64, ""), (1, 2, 100, 30, ", n and d not powers of 2"),
-          (3, 1, 1, 16, ", a single position"), (8, 16, 16384, 128, ", a long sequence")]
+_SIZES = [(1, 1, 1024, 64, ""), (2, 8, 512, 128, ""), (4, 12, 2048, 64, ""),
+          (1, 2, 100, 30, ", n and d not powers of 2"), (3, 1, 1, 16, ", a single position"),
+          (8, 16, 16384, 128, ", a long sequence")]
 _ELEMENT_SIZES = [4, 2, 2, 1, 4, 2]
 
 
