@@ -199,3 +199,11 @@ def test_the_counts_are_the_io_model_s_and_the_prediction_its_roofline():
     want = sum(max(f / p, (r + wr) / w) for f, (r, wr) in zip((mm, 0, mm), steps))
     assert math.isclose(specs.predict_naive_time(b, h, n, d, p, w, es), want, rel_tol=1e-12)
     assert specs.is_memory_bound(49.9, 100e12, 2e12) and not specs.is_memory_bound(50.0, 100e12, 2e12)
+
+
+def test_a_mistake_that_would_have_failed_an_earlier_case_is_not_named():
+    """A flipped comparison fails the first case, an inverted ridge point does not: when the learner's code passes
+    that case and fails a later one where both give its answer, only the inverted ridge point is named."""
+    ns = {"arithmetic_intensity": specs.arithmetic_intensity, "is_memory_bound": lambda i, p, bw: i < bw / p}
+    result = run_check("arithmetic-intensity", LocalLearner(ns, forbidden=[]))
+    assert not result.passed and result.diagnosis == ["ridge-inverted"], result.message

@@ -3,7 +3,8 @@
 import math
 import numbers
 
-from attnlab.grading.core import Fail, Mistake, Registry, check_function, gen as _gen, learner_of, present, value_of
+from attnlab.grading.core import Fail, Mistake, Registry, gen as _gen, learner_of, present, value_of
+from attnlab.grading.exercises.e04.checks import check_in_order
 from attnlab.grading.exercises.e05 import spec as specs
 
 CHECKS = Registry()
@@ -49,7 +50,7 @@ _FLOPS_MISTAKES = [
 
 @CHECKS("attention-flops")
 def _check_flops(ns):
-    n = check_function(ns, "attention_flops", specs.attention_flops, _size_cases(), _FLOPS_MISTAKES)
+    n = check_in_order(ns, "attention_flops", specs.attention_flops, _size_cases(), _FLOPS_MISTAKES)
     return f"{n} sizes match the spec"
 
 
@@ -101,8 +102,8 @@ _TOTAL_MISTAKES = [
 
 @CHECKS("attention-bytes")
 def _check_bytes(ns):
-    n = check_function(ns, "step_bytes", specs.step_bytes, _size_cases(True), _STEP_MISTAKES)
-    n += check_function(ns, "attention_bytes", specs.attention_bytes, _size_cases(True), _TOTAL_MISTAKES)
+    n = check_in_order(ns, "step_bytes", specs.step_bytes, _size_cases(True), _STEP_MISTAKES)
+    n += check_in_order(ns, "attention_bytes", specs.attention_bytes, _size_cases(True), _TOTAL_MISTAKES)
     return f"{n} cases match the spec (attnlab.iomodel's count of standard attention)"
 
 
@@ -120,8 +121,8 @@ _INTENSITY_MISTAKES = [
 ]
 
 _BOUND_CASES = [
-    ("intensity 10 FLOP/B on 100 TFLOP/s and 2 TB/s", (10.0, 100e12, 2e12), {}),
     ("intensity 200 FLOP/B on 100 TFLOP/s and 2 TB/s", (200.0, 100e12, 2e12), {}),
+    ("intensity 10 FLOP/B on 100 TFLOP/s and 2 TB/s", (10.0, 100e12, 2e12), {}),
     ("intensity 5 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (5.0, 8e12, 0.3e12), {}),
     ("intensity 40 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (40.0, 8e12, 0.3e12), {}),
     ("intensity exactly at the ridge point: 50 FLOP/B on 100 TFLOP/s and 2 TB/s", (50.0, 100e12, 2e12), {}),
@@ -140,8 +141,9 @@ _BOUND_MISTAKES = [
 
 @CHECKS("arithmetic-intensity")
 def _check_intensity(ns):
-    n = check_function(ns, "arithmetic_intensity", specs.arithmetic_intensity, _size_cases(True), _INTENSITY_MISTAKES)
-    n += check_function(ns, "is_memory_bound", specs.is_memory_bound, _BOUND_CASES, _BOUND_MISTAKES)
+    n = check_in_order(ns, "arithmetic_intensity", specs.arithmetic_intensity, _size_cases(True),
+                       _INTENSITY_MISTAKES)
+    n += check_in_order(ns, "is_memory_bound", specs.is_memory_bound, _BOUND_CASES, _BOUND_MISTAKES)
     return f"{n} cases match the spec"
 
 
@@ -194,7 +196,7 @@ _PREDICT_CASES = [   # in this order, each wrong version fails first where it is
 
 @CHECKS("roofline-prediction")
 def _check_predict(ns):
-    n = check_function(ns, "predict_naive_time", specs.predict_naive_time, _PREDICT_CASES, _PREDICT_MISTAKES)
+    n = check_in_order(ns, "predict_naive_time", specs.predict_naive_time, _PREDICT_CASES, _PREDICT_MISTAKES)
     return f"{n} cases match the spec"
 
 
