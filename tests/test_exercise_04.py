@@ -264,3 +264,18 @@ def test_the_experiment_tolerance_separates_the_heads_from_a_blend():
     assert (got - torch.tensor([[0.5, 0.5, 0.0]] * 2)).abs().max() > 3 * e04_checks.TOLERANCE
     again = specs.head_specialisation(3)
     assert (got - again).abs().max() < e04_checks.TOLERANCE / 10
+
+
+def test_counting_with_torch_s_flop_counter_is_refused_and_the_counter_still_works_after():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def mha_flops(batch, n_q, n_k, d_model, num_heads):
+        layer = _module()(d_model, num_heads)
+        with FlopCounterMode(display=False) as counter:
+            layer(torch.zeros(batch, n_q, d_model), torch.zeros(batch, n_k, d_model))
+        return counter.get_total_flops()
+
+    result = run_check("mha-cost", _learner("mha-cost", {"mha_parameters": lambda d, h, bias=True: 4 * d * d + (
+        4 * d if bias else 0), "mha_flops": mha_flops}))
+    assert not result.passed and "shortcut" in result.diagnosis and "FlopCounterMode" in result.message, result.message
+    assert specs.mha_flops(1, 4, 4, 8, 2) == 2 * 64 * 16 + 4 * 16 * 8   # the grader's own count is unaffected

@@ -21,6 +21,7 @@ PARTS = [
 # part id -> patterns of what its answer may not call (besides the library and the references)
 FORBIDDEN = {
     "mha-forward": ATTENTION,
+    "mha-cost": ["torch.utils.flop_counter.FlopCounterMode"],   # it would count the FLOPs for you
     "head-specialisation": ATTENTION,
 }
 
