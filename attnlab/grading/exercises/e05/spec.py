@@ -60,12 +60,12 @@ def measure(seed, n, heads, d, repeats):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        g = torch.Generator().manual_seed(seed)
-        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, generator=g)
+        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, generator=torch.Generator().manual_seed(seed))
         matmul = time_call(torch.matmul, a, a, repeats=repeats, reduce="min")
         src = torch.ones(COPY_BYTES // 4)
         dst = torch.zeros_like(src)
         copy = time_call(dst.copy_, src, repeats=repeats, reduce="min")
+        g = torch.Generator().manual_seed(seed)
         q, k, v = (torch.randn(1, heads, n, d, generator=g) for _ in range(3))
         naive = time_call(naive_attention, q, k, v, repeats=repeats, reduce="min")
     finally:
