@@ -56,7 +56,7 @@ HINTS = {
         "2*n*n*d*batch*heads FLOPs for scores and pv, 0 for the softmax, and the bytes of step_bytes.",
     ],
     "naive-time-experiment": [
-        "Four measurements, each the fastest of `repeats` runs after one warm-up run: a MATMUL_SIZE x MATMUL_SIZE "
+        "Three timings, each the fastest of `repeats` runs after one warm-up run: a MATMUL_SIZE x MATMUL_SIZE "
         "float32 matmul, a copy of COPY_BYTES bytes into a tensor allocated beforehand, and your naive attention.",
         "flop_rate = 2 * MATMUL_SIZE**3 / matmul_seconds; bandwidth = 2 * COPY_BYTES / copy_seconds (a copy reads "
         "and writes every byte); the prediction is your predict_naive_time(1, heads, n, d, flop_rate, bandwidth).",
