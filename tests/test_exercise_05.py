@@ -1,32 +1,138 @@
-"""Exercise 05 (the quadratic cost): wrong implementations fail their check with the matching diagnosis."""
+"""Exercise 05 (the quadratic cost): wrong implementations, written as a learner would, fail their check with the
+matching diagnosis; shortcuts are refused; the experiment is graded exactly from the learner's own timings and
+within a stated factor of the grader's own."""
 
+import math
 
+import pytest
+import torch
 
-from attnlab.grading.exercises.e05 import spec as specs
 from attnlab.grading.checks import run_check
+from attnlab.grading.core import LocalLearner
+from attnlab.grading.exercises.e05 import checks as e05_checks
+from attnlab.grading.exercises.e05 import spec as specs
+from attnlab.grading.parts import forbidden
+from attnlab.measure import time_call
 from mistakes import Wrong
 
 WRONG = Wrong()
 
-
+# --- attention-flops -------------------------------------------------------------------------------
 WRONG.add("attention-flops", "multiply-add-once", attention_flops=lambda b, h, n, d: b * h * 2 * n * n * d)
 WRONG.add("attention-flops", "swapped-n-d", attention_flops=lambda b, h, n, d: b * h * 4 * n * d * d)
 WRONG.add("attention-flops", "per-head-only", attention_flops=lambda b, h, n, d: 4 * n * n * d)
+WRONG.add("attention-flops", "heads-forgotten", attention_flops=lambda b, h, n, d: b * 2 * (2 * n * n * d))
+WRONG.add("attention-flops", "batch-forgotten", attention_flops=lambda b, h, n, d: h * 2 * (2 * n * n * d))
+WRONG.add("attention-flops", "softmax-counted",
+          attention_flops=lambda b, h, n, d: b * h * (2 * n * n * d + 5 * n * n + 2 * n * n * d))
 
-WRONG.add("attention-bytes", "elements-not-bytes", attention_bytes=lambda b, h, n, d, es=4: b * h * (4 * n * d + 4 * n * n))
-WRONG.add("attention-bytes", "writes-only", attention_bytes=lambda b, h, n, d, es=4: b * h * (2 * n * n + n * d) * es)
-WRONG.add("attention-bytes", "matrices-only", attention_bytes=lambda b, h, n, d, es=4: b * h * 4 * n * n * es)
 
+# --- attention-bytes -------------------------------------------------------------------------------
+def _steps(scores=(2, 0, 0, 1), softmax=(0, 1, 0, 1), pv=(1, 1, 1, 0), swap=False, unit=True, per_head=False):
+    """step_bytes from a learner's table of element counts per step: (n*d read, n*n read, n*d written, n*n written)."""
+    def step_bytes(batch, heads, n, d, element_size=4):
+        es = element_size if unit else 1
+        bh = 1 if per_head else batch * heads
+        out = []
+        for nd_read, nn_read, nd_written, nn_written in (scores, softmax, pv):
+            read = bh * (nd_read * n * d + nn_read * n * n) * es
+            written = bh * (nd_written * n * d + nn_written * n * n) * es
+            out.append((written, read) if swap else (read, written))
+        return tuple(out)
+    return step_bytes
+
+
+_TOTAL = specs.attention_bytes
+_STEPS = specs.step_bytes
+WRONG.add("attention-bytes", "elements-not-bytes", step_bytes=_steps(unit=False), attention_bytes=_TOTAL)
+WRONG.add("attention-bytes", "read-write-swapped", step_bytes=_steps(swap=True), attention_bytes=_TOTAL)
+WRONG.add("attention-bytes", "pv-forgets-v", step_bytes=_steps(pv=(0, 1, 1, 0)), attention_bytes=_TOTAL)
+WRONG.add("attention-bytes", "scores-forgets-k", step_bytes=_steps(scores=(1, 0, 0, 1)), attention_bytes=_TOTAL)
+WRONG.add("attention-bytes", "output-is-n-by-n", step_bytes=_steps(pv=(1, 1, 0, 1)), attention_bytes=_TOTAL)
+WRONG.add("attention-bytes", "softmax-in-place", step_bytes=_steps(softmax=(0, 0, 0, 0)), attention_bytes=_TOTAL)
+WRONG.add("attention-bytes", "per-head-only", step_bytes=_steps(per_head=True), attention_bytes=_TOTAL)
+WRONG.add("attention-bytes", "writes-only", step_bytes=_STEPS,
+          attention_bytes=lambda b, h, n, d, es=4: sum(w for _, w in specs.step_bytes(b, h, n, d, es)))
+WRONG.add("attention-bytes", "reads-only", step_bytes=_STEPS,
+          attention_bytes=lambda b, h, n, d, es=4: sum(r for r, _ in specs.step_bytes(b, h, n, d, es)))
+WRONG.add("attention-bytes", "matrices-only", step_bytes=_STEPS,
+          attention_bytes=lambda b, h, n, d, es=4: b * h * 4 * n * n * es)
+
+# --- arithmetic-intensity --------------------------------------------------------------------------
 _OK_BOUND = {"is_memory_bound": specs.is_memory_bound}
 WRONG.add("arithmetic-intensity", "inverted-ratio", **_OK_BOUND,
-      arithmetic_intensity=lambda b, h, n, d, es=4: specs.attention_bytes(b, h, n, d, es) / specs.attention_flops(
-          b, h, n, d))
+          arithmetic_intensity=lambda b, h, n, d, es=4: specs.attention_bytes(b, h, n, d, es) / specs.attention_flops(
+              b, h, n, d))
 WRONG.add("arithmetic-intensity", "elements-not-bytes", **_OK_BOUND,
-      arithmetic_intensity=lambda b, h, n, d, es=4: 4 * n * n * d / (4 * n * d + 4 * n * n))
+          arithmetic_intensity=lambda b, h, n, d, es=4: 4 * n * n * d / (4 * n * d + 4 * n * n))
+WRONG.add("arithmetic-intensity", "multiply-add-once", **_OK_BOUND,
+          arithmetic_intensity=lambda b, h, n, d, es=4: 2 * n * n * d / ((4 * n * d + 4 * n * n) * es))
 _OK_AI = {"arithmetic_intensity": specs.arithmetic_intensity}
 WRONG.add("arithmetic-intensity", "comparison-flipped", **_OK_AI, is_memory_bound=lambda i, p, bw: i >= p / bw)
 WRONG.add("arithmetic-intensity", "ridge-inverted", **_OK_AI, is_memory_bound=lambda i, p, bw: i < bw / p)
+WRONG.add("arithmetic-intensity", "ridge-inclusive", **_OK_AI, is_memory_bound=lambda i, p, bw: not i > p / bw)
 
+
+# --- roofline-prediction ---------------------------------------------------------------------------
+def _predict(combine, es_used=None, skip_softmax=False):
+    def predict_naive_time(batch, heads, n, d, flop_rate, bandwidth, element_size=4):
+        es = element_size if es_used is None else es_used
+        mm = 2 * batch * heads * n * n * d
+        steps = [(mm, batch * heads * (2 * n * d + n * n) * es), (0, batch * heads * 2 * n * n * es),
+                 (mm, batch * heads * (n * n + 2 * n * d) * es)]
+        if skip_softmax:
+            del steps[1]
+        return combine(steps, flop_rate, bandwidth)
+    return predict_naive_time
+
+
+WRONG.add("roofline-prediction", "no-overlap",
+          predict_naive_time=_predict(lambda s, p, w: sum(f / p for f, _ in s) + sum(m / w for _, m in s)))
+WRONG.add("roofline-prediction", "one-roofline-for-all",
+          predict_naive_time=_predict(lambda s, p, w: max(sum(f for f, _ in s) / p, sum(m for _, m in s) / w)))
+WRONG.add("roofline-prediction", "flops-only", predict_naive_time=_predict(lambda s, p, w: sum(f for f, _ in s) / p))
+WRONG.add("roofline-prediction", "bytes-only", predict_naive_time=_predict(lambda s, p, w: sum(m for _, m in s) / w))
+WRONG.add("roofline-prediction", "elements-not-bytes",
+          predict_naive_time=_predict(lambda s, p, w: sum(max(f / p, m / w) for f, m in s), es_used=1))
+WRONG.add("roofline-prediction", "softmax-skipped",
+          predict_naive_time=_predict(lambda s, p, w: sum(max(f / p, m / w) for f, m in s), skip_softmax=True))
+
+
+# --- naive-time-experiment: a learner's experiment with one thing wrong -------------------------------------
+_right_prediction = _predict(lambda s, p, w: sum(max(f / p, m / w) for f, m in s))
+
+
+def _experiment(flops_per_matmul=2, copy_passes=2, units=1.0, rate_units=1.0, predict=_right_prediction):
+    def naive_time_experiment(seed, n=1024, heads=4, d=64, repeats=5):
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(1024, 1024, generator=g)
+        matmul_s = time_call(torch.matmul, a, a, repeats=repeats, reduce="min") * units
+        src = torch.ones(32 * 2**20 // 4)
+        dst = torch.empty_like(src).zero_()
+        copy_s = time_call(dst.copy_, src, repeats=repeats, reduce="min") * units
+        flop_rate = flops_per_matmul * 1024**3 / matmul_s / rate_units
+        bandwidth = copy_passes * 32 * 2**20 / copy_s / rate_units
+        predicted = predict(1, heads, n, d, flop_rate, bandwidth)
+        q, k, v = (torch.randn(1, heads, n, d, generator=g) for _ in range(3))
+
+        def naive(q, k, v):
+            return torch.softmax(q @ k.transpose(-2, -1) * d ** -0.5, dim=-1) @ v
+
+        return matmul_s, copy_s, flop_rate, bandwidth, predicted, time_call(naive, q, k, v, repeats=repeats,
+                                                                             reduce="min") * units
+    return naive_time_experiment
+
+
+WRONG.add("naive-time-experiment", "matmul-flops-once", naive_time_experiment=_experiment(flops_per_matmul=1))
+WRONG.add("naive-time-experiment", "copy-counted-once", naive_time_experiment=_experiment(copy_passes=1))
+WRONG.add("naive-time-experiment", "giga-units", naive_time_experiment=_experiment(rate_units=1e9))
+WRONG.add("naive-time-experiment", "milliseconds", naive_time_experiment=_experiment(units=1e3))
+WRONG.add("naive-time-experiment", "no-overlap", naive_time_experiment=_experiment(
+    predict=lambda b, h, n, d, p, w: sum(f / p + (r + wr) / w for f, (r, wr) in zip(
+        (2 * b * h * n * n * d, 0, 2 * b * h * n * n * d), specs.step_bytes(b, h, n, d)))))
+WRONG.add("naive-time-experiment", "softmax-skipped", naive_time_experiment=_experiment(
+    predict=lambda b, h, n, d, p, w: sum(max(2 * b * h * n * n * d / p, (r + wr) / w)
+                                         for i, (r, wr) in enumerate(specs.step_bytes(b, h, n, d)) if i != 1)))
 
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
 
@@ -37,3 +143,67 @@ def test_numpy_scalars_pass():
     ns = {"arithmetic_intensity": lambda b, h, n, d, es=4: np.float64(4 * n * n * d / ((4 * n * d + 4 * n * n) * es)),
           "is_memory_bound": lambda i, p, bw: np.bool_(i < p / bw)}
     assert run_check("arithmetic-intensity", ns).passed
+
+
+def test_a_right_experiment_passes_and_reports_the_miss():
+    result = run_check("naive-time-experiment", {"naive_time_experiment": _experiment()})
+    assert result.passed, result.message
+    assert "measured / predicted" in result.message
+
+
+def test_an_experiment_that_times_something_else_fails_on_the_timing():
+    """A 'naive attention' timed at a quarter of the keys is exact in its arithmetic but far off in time."""
+    def naive_time_experiment(seed, n=1024, heads=4, d=64, repeats=5):
+        out = list(_experiment()(seed, n=n, heads=heads, d=d, repeats=repeats))
+        out[5] /= 50   # e.g. timed one head of a short sequence
+        return tuple(out)
+
+    result = run_check("naive-time-experiment", {"naive_time_experiment": naive_time_experiment})
+    assert not result.passed and "measured_seconds" in result.message and "factor" in result.message, result.message
+
+
+def test_the_experiment_may_not_use_pytorch_s_attention():
+    def naive_time_experiment(seed, n=1024, heads=4, d=64, repeats=5):
+        q = torch.randn(1, heads, n, d)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        return _experiment()(seed, n=n, heads=heads, d=d, repeats=repeats)
+
+    result = run_check("naive-time-experiment", LocalLearner({"naive_time_experiment": naive_time_experiment},
+                                                             forbidden=forbidden("naive-time-experiment")))
+    assert not result.passed and "shortcut" in result.diagnosis, result.message
+
+
+@pytest.mark.parametrize("part, names", [("attention-flops", ["attention_flops"]),
+                                         ("attention-bytes", ["step_bytes", "attention_bytes"]),
+                                         ("roofline-prediction", ["predict_naive_time"])])
+def test_the_references_and_the_io_model_are_refused(part, names):
+    result = run_check(part, {n: getattr(specs, n) for n in names})
+    assert not result.passed and "shortcut" in result.diagnosis, result.message
+
+
+def test_the_io_model_is_refused():
+    from attnlab import iomodel
+
+    result = run_check("attention-flops", {"attention_flops": lambda b, h, n, d: iomodel.attention_flops(b, h, n, d=d)})
+    assert not result.passed and "shortcut" in result.diagnosis, result.message
+
+
+def test_the_counts_are_the_io_model_s_and_the_prediction_its_roofline():
+    b, h, n, d, es = 2, 3, 40, 8, 2
+    steps = specs.step_bytes(b, h, n, d, es)
+    assert steps == ((b * h * 2 * n * d * es, b * h * n * n * es), (b * h * n * n * es, b * h * n * n * es),
+                     (b * h * (n * n + n * d) * es, b * h * n * d * es))
+    assert specs.attention_bytes(b, h, n, d, es) == sum(r + w for r, w in steps) == b * h * (4 * n * d + 4 * n * n) * es
+    p, w = 1e9, 1e8
+    mm = 2 * b * h * n * n * d
+    want = sum(max(f / p, (r + wr) / w) for f, (r, wr) in zip((mm, 0, mm), steps))
+    assert math.isclose(specs.predict_naive_time(b, h, n, d, p, w, es), want, rel_tol=1e-12)
+    assert specs.is_memory_bound(49.9, 100e12, 2e12) and not specs.is_memory_bound(50.0, 100e12, 2e12)
+
+
+def test_a_mistake_that_would_have_failed_an_earlier_case_is_not_named():
+    """A flipped comparison fails the first case, an inverted ridge point does not: when the learner's code passes
+    that case and fails a later one where both give its answer, only the inverted ridge point is named."""
+    ns = {"arithmetic_intensity": specs.arithmetic_intensity, "is_memory_bound": lambda i, p, bw: i < bw / p}
+    result = run_check("arithmetic-intensity", LocalLearner(ns, forbidden=[]))
+    assert not result.passed and result.diagnosis == ["ridge-inverted"], result.message

@@ -8,6 +8,9 @@ Example: ``attnlab progress`` ::
 
     01_soft_alignment        6/6   [x] additive-score  [x] context-vector  [x] decode-step
     02_queries_keys_values   1/5   [x] padding-mask  [ ] causal-mask  [ ] attention-masks
+
+A written (manual) part, graded by hand, shows ``[w]`` once it has an answer and counts in neither
+the parts that pass nor the score.
 """
 
 import json
@@ -19,12 +22,18 @@ from attnlab.grading.grade import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT, grade_i
 from attnlab.grading.workspace import DEFAULT_DIR
 
 
+def _mark(part):
+    if part.get("manual"):  # graded by hand: written or not, never "passing" here
+        return "w" if part.get("answer") else " "
+    return "x" if part["points"] == part["max_points"] else " "
+
+
 def summarize(report):
     """One line for a grade report."""
     name = Path(report["path"]).stem
     if report.get("error"):
         return f"{name:<24} could not grade: {report['error']}"
-    marks = "  ".join(f"[{'x' if p['points'] == p['max_points'] else ' '}] {p['name']}" for p in report["parts"])
+    marks = "  ".join(f"[{_mark(p)}] {p['name']}" for p in report["parts"])
     score = f"{report['score']}/{report['max_score']}"
     return f"{name:<24} {score:>5}   {marks}"
 
@@ -52,8 +61,8 @@ def run(args):
     for report in reports:
         print(summarize(report))
     graded = [r for r in reports if not r.get("error")]
-    done = sum(p["points"] == p["max_points"] for r in graded for p in r["parts"])
-    total = sum(len(r["parts"]) for r in graded)
+    auto = [p for r in graded for p in r["parts"] if not p.get("manual")]
+    done, total = sum(p["points"] == p["max_points"] for p in auto), len(auto)
     print(f"{done} of {total} parts pass; score {sum(r['score'] for r in graded)}/{sum(r['max_score'] for r in graded)}")
     print("details and the likely mistakes: `attnlab grade PATH`")
     if args.json:

@@ -1,60 +1,102 @@
 """The checks of exercise 04_multi_head (one ``@CHECKS(part id)`` per graded part)."""
 
+import functools
 import math
 
 import torch
 
-from attnlab.grading.core import Mistake, Registry, check_function, gen as _gen, randn as _randn
+from attnlab.attention import causal_mask
+from attnlab.grading.core import Fail, Mistake, NotDone, Registry, check_function, clone, gen as _gen, mismatch, \
+    randn as _randn
 from attnlab.grading.exercises.e04 import spec as specs
-from attnlab.grading.exercises.e02.spec import causal_mask
 
 CHECKS = Registry()
 
 
+def check_in_order(ns, name, spec, cases, mistakes, **tolerance):
+    """``check_function``, with a sharper diagnosis: the cases run in order, so a known mistake that would already
+    have failed a case before the one that failed (which the learner's code passed) is not the learner's."""
+    try:
+        return check_function(ns, name, spec, cases, mistakes, **tolerance)
+    except Fail as exc:
+        failed = next((i for i, (label, _, _) in enumerate(cases) if exc.message.startswith(f"`{name}` on {label}:")),
+                      None)
+        if failed:
+            exc.mistakes = [m for m in exc.mistakes if m.impl is None or all(
+                _agrees(m.impl, spec, args, kwargs, tolerance) for _, args, kwargs in cases[:failed])]
+        raise
+
+
+def _agrees(impl, spec, args, kwargs, tolerance):
+    try:
+        return mismatch(impl(*clone(args), **clone(kwargs)), spec(*clone(args), **clone(kwargs)), **tolerance) is None
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# split-heads, merge-heads
+# ---------------------------------------------------------------------------------------------
+
 def _split_cases():
     cases = []
-    for seed, (b, n, d, h) in enumerate([(2, 5, 12, 3), (1, 4, 8, 2), (3, 6, 16, 4)]):
+    shapes = [(2, 5, 12, 3, ""), (1, 4, 8, 2, ""), (3, 6, 16, 4, ", d_head = h"), (2, 3, 6, 1, ", one head"),
+              (1, 3, 4, 4, ", d_head = 1")]
+    for seed, (b, n, d, h, note) in enumerate(shapes):
         g = _gen(800 + seed)
-        cases.append((f"x of shape ({b}, {n}, {d}), {h} heads", (_randn(g, b, n, d), h), {}))
+        cases.append((f"x of shape ({b}, {n}, {d}), {h} heads{note}", (_randn(g, b, n, d), h), {}))
     return cases
 
 
+def _view(x, h):
+    return x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h)   # (B, N, h, dh)
+
+
 _SPLIT_MISTAKES = [
-    Mistake("heads-order", "reshaped straight to (B, h, N, dh): view as (B, N, h, dh) first, then swap N and h",
+    Mistake("heads-order", "reshaped straight to (B, h, N, dh): that mixes positions into heads. View as "
+            "(B, N, h, dh) first, then swap N and h",
             lambda x, h: x.reshape(x.shape[0], h, x.shape[1], x.shape[2] // h)),
     Mistake("interleaved-heads", "the heads are interleaved: head i must hold the contiguous features "
             "[i*dh, (i+1)*dh), i.e. view as (B, N, h, dh), not (B, N, dh, h)",
             lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).permute(0, 3, 1, 2)),
-    Mistake("transposed", "the last two dims are swapped: the result is (B, h, N, dh)",
-            lambda x, h: x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h).permute(0, 2, 3, 1)),
+    Mistake("transposed", "the last two dims are swapped: the result must be (B, h, N, dh), not (B, h, dh, N)",
+            lambda x, h: _view(x, h).permute(0, 2, 3, 1)),
     Mistake("no-transpose", "the heads axis must come second: (B, N, h, dh) -> (B, h, N, dh)",
-            lambda x, h: x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h)),
+            lambda x, h: _view(x, h)),
+    Mistake("heads-in-batch", "the heads are folded into the batch, (B*h, N, dh): keep them as their own axis, "
+            "(B, h, N, dh)", lambda x, h: _view(x, h).transpose(1, 2).reshape(-1, x.shape[1], x.shape[2] // h)),
+    Mistake("h-and-dh-swapped", "num_heads is used as the head size: the last axis is cut into "
+            "(d_model/h, h) pieces of h features; cut it into h heads of d_model/h features",
+            lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).transpose(1, 2)),
 ]
 
 
 @CHECKS("split-heads")
 def _check_split(ns):
     n = check_function(ns, "split_heads", specs.split_heads, _split_cases(), _SPLIT_MISTAKES, rtol=0, atol=0)
-    return f"{n} cases match the spec"
+    return f"{n} cases match the spec (1 head, d_head = 1 and d_head = h among them)"
 
 
 def _merge_cases():
     cases = []
-    for seed, (b, h, n, dh) in enumerate([(2, 3, 5, 4), (1, 2, 4, 4), (3, 4, 6, 2)]):
+    for seed, (b, h, n, dh, note) in enumerate([(2, 3, 5, 4, ""), (1, 2, 4, 4, ""), (3, 4, 6, 2, ""),
+                                                (2, 1, 3, 5, ", one head"), (1, 4, 3, 1, ", d_head = 1")]):
         g = _gen(900 + seed)
-        cases.append((f"x of shape ({b}, {h}, {n}, {dh})", (_randn(g, b, h, n, dh),), {}))
+        cases.append((f"x of shape ({b}, {h}, {n}, {dh}){note}", (_randn(g, b, h, n, dh),), {}))
     return cases
 
 
 _MERGE_MISTAKES = [
-    Mistake("heads-order", "heads merged in the wrong order: swap h and N back before reshaping to (B, N, h*dh)",
-            lambda x: x.reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
+    Mistake("heads-order", "reshaped without moving the heads back: swap h and N (transpose(1, 2)) before "
+            "reshaping to (B, N, h*dh)", lambda x: x.reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
     Mistake("interleaved-heads", "the heads are interleaved: concatenate head 0's dh features, then head 1's, ...",
             lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
-    Mistake("summed-heads", "the heads are summed; they are concatenated",
-            lambda x: x.sum(dim=1)),
-    Mistake("heads-order", "heads merged in the wrong order", lambda x: x.flip(1).transpose(1, 2).reshape(
-        x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
+    Mistake("summed-heads", "the heads are summed; they are concatenated", lambda x: x.sum(dim=1)),
+    Mistake("averaged-heads", "the heads are averaged; they are concatenated", lambda x: x.mean(dim=1)),
+    Mistake("concatenated-positions", "the heads are concatenated along the sequence axis, (B, h*N, dh): "
+            "concatenate their features, (B, N, h*dh)", lambda x: torch.cat(x.unbind(1), dim=1)),
+    Mistake("heads-reversed", "the heads come out in reverse order: head 0's features go first",
+            lambda x: x.flip(1).transpose(1, 2).reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
 ]
 
 
@@ -64,39 +106,286 @@ def _check_merge(ns):
     return f"{n} cases match the spec"
 
 
+# ---------------------------------------------------------------------------------------------
+# mha-forward: the learner's module, built by the notebook's mha_forward with the grader's weights
+# ---------------------------------------------------------------------------------------------
+
+def _state(g, d, bias=True, scale=1.0):
+    state = {}
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        state[f"{name}.weight"] = _randn(g, d, d, scale=scale * d ** -0.5)
+        if bias:
+            state[f"{name}.bias"] = _randn(g, d, scale=0.1)
+    return state
+
+
+def _lengths_mask(lengths, n):
+    return (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]   # (B, 1, 1, Nk)
+
+
 def _mha_cases():
     cases = []
-    for seed, (b, n, d, h, causal) in enumerate([(2, 5, 12, 3, False), (1, 6, 16, 4, True), (2, 4, 8, 2, True)]):
+
+    def add(label, seed, b, nq, nk, d, h, *, cross=False, mask=None, causal=False, bias=True, scale=1.0):
         g = _gen(1000 + seed)
-        ws = [_randn(g, d, d, scale=d ** -0.5) for _ in range(4)]
-        cases.append((f"x of shape ({b}, {n}, {d}), {h} heads, causal={causal}",
-                      (_randn(g, b, n, d), *ws, h), {"causal": causal}))
+        state = _state(g, d, bias, scale)
+        query = _randn(g, b, nq, d)
+        kwargs = {"causal": causal} if causal else {}
+        if mask is not None:
+            kwargs["mask"] = mask
+        if cross:
+            kwargs["key"], kwargs["value"] = _randn(g, b, nk, d), _randn(g, b, nk, d)
+        cases.append((f"{label}: query ({b}, {nq}, {d}), {h} heads", (state, h, query), kwargs))
+
+    add("self-attention, no mask", 0, 2, 5, 5, 12, 3)
+    add("causal self-attention", 1, 1, 6, 6, 16, 4, causal=True)
+    add("key padding mask, lengths [6, 3], shape (B, 1, 1, Nk)", 2, 2, 6, 6, 16, 2, mask=_lengths_mask([6, 3], 6))
+    add("cross-attention, Nq=3, Nk=7, distinct key and value, padding lengths [7, 4]", 3, 2, 3, 7, 8, 2, cross=True,
+        mask=_lengths_mask([7, 4], 7))
+    add("causal and padding (lengths [5, 2]) together", 4, 2, 5, 5, 8, 2, causal=True, mask=_lengths_mask([5, 2], 5))
+    add("causal cross-attention, Nq=4 < Nk=6 (top-left: query i sees keys j <= i)", 5, 1, 4, 6, 8, 4, cross=True,
+        causal=True)
+    g = _gen(1100)
+    per_head = torch.rand(2, 2, 4, 4, generator=g) < 0.6
+    per_head[0, 1, 2] = False   # one fully masked row
+    add("a per-head mask (B, h, Nq, Nk) with one fully masked row", 6, 2, 4, 4, 8, 2, mask=per_head)
+    add("a sequence of length 0 (padding lengths [4, 0]): its rows are fully masked", 7, 2, 4, 4, 8, 2,
+        mask=_lengths_mask([4, 0], 4))
+    add("no biases (bias=False)", 8, 2, 5, 5, 8, 2, bias=False)
+    add("d_head = 1 (h = d_model = 4), causal", 9, 2, 5, 5, 4, 4, causal=True)
+    add("large logits (weights x 30)", 10, 1, 6, 6, 8, 2, scale=30.0)
     return cases
 
 
-def _mha_with(*, scale_dim="head", merge=specs.merge_heads, out_proj=True, honour_causal=True):
-    def impl(x, w_q, w_k, w_v, w_o, num_heads, causal=False):
-        q, k, v = (specs.split_heads(x @ w.T, num_heads) for w in (w_q, w_k, w_v))
-        d = q.shape[-1] if scale_dim == "head" else (x.shape[-1] if scale_dim == "model" else 1)
-        s = q @ k.transpose(-2, -1) / math.sqrt(d)
-        if causal and honour_causal:
-            s = s.masked_fill(~causal_mask(x.shape[1], x.shape[1]), float("-inf"))
-        o = merge(torch.softmax(s, dim=-1) @ v)
-        return o @ w_o.T if out_proj else o
+def _mha_with(*, scale="head", merge_ok=True, out_proj=True, causal_mode="top-left", mask_mode="keep",
+              fill=float("-inf"), nan_rows=False, value_from_key=False, biases=True):
+    """A multi-head attention with one switch set wrong; the default settings give the spec."""
+    def impl(state, num_heads, query, key=None, value=None, mask=None, causal=False):
+        key = query if key is None else key
+        value = key if (value is None or value_from_key) else value
+
+        def linear(name, x):
+            y = x @ state[f"{name}.weight"].T
+            bias = state.get(f"{name}.bias")
+            return y + bias if (bias is not None and biases) else y
+
+        q, k, v = (specs.split_heads(linear(n, t), num_heads)
+                   for n, t in (("q_proj", query), ("k_proj", key), ("v_proj", value)))   # (B, h, N, dh)
+        factor = {"head": q.shape[-1] ** -0.5, "model": query.shape[-1] ** -0.5, "none": 1.0}[scale]
+        s = q @ k.transpose(-2, -1) * factor                                             # (B, h, Nq, Nk)
+        nq, nk = s.shape[-2:]
+        keep = torch.ones(nq, nk, dtype=torch.bool)
+        if causal and causal_mode == "top-left":
+            keep = causal_mask(nq, nk)
+        elif causal and causal_mode == "bottom-right":
+            keep = torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
+        if mask is not None and mask_mode != "ignored":
+            keep = keep & (~mask if mask_mode == "inverted" else mask)
+        w = torch.softmax(s.masked_fill(~keep, fill), dim=-1)
+        if not nan_rows:
+            w = torch.nan_to_num(w, nan=0.0)
+        o = w @ v                                                                        # (B, h, Nq, dh)
+        o = specs.merge_heads(o) if merge_ok else o.reshape(o.shape[0], o.shape[2], -1)
+        return linear("out_proj", o) if out_proj else o
     return impl
 
 
 _MHA_MISTAKES = [
-    Mistake("scale-d-model", "the scale uses d_model; each head scales by 1/sqrt(d_head)", _mha_with(scale_dim="model")),
-    Mistake("scale-forgotten", "the 1/sqrt(d_head) scale is forgotten", _mha_with(scale_dim="none")),
+    Mistake("scale-d-model", "the scale uses d_model; each head scales by 1/sqrt(d_head)", _mha_with(scale="model")),
+    Mistake("scale-forgotten", "the 1/sqrt(d_head) scale is forgotten", _mha_with(scale="none")),
     Mistake("heads-order", "heads merged in the wrong order: (B, h, N, dh) -> transpose(1, 2) -> (B, N, h*dh)",
-            _mha_with(merge=lambda o: o.reshape(o.shape[0], o.shape[2], -1))),
-    Mistake("no-output-projection", "the output projection W_o is missing", _mha_with(out_proj=False)),
-    Mistake("causal-ignored", "causal=True is ignored: mask out keys after the query", _mha_with(honour_causal=False)),
+            _mha_with(merge_ok=False)),
+    Mistake("no-output-projection", "the output projection out_proj is missing", _mha_with(out_proj=False)),
+    Mistake("causal-ignored", "causal=True is ignored: mask out the keys after the query",
+            _mha_with(causal_mode="none")),
+    Mistake("causal-bottom-right", "the causal mask is aligned bottom-right (query i sees keys j <= i + Nk - Nq); "
+            "in this course it is top-left: query i sees keys j <= i", _mha_with(causal_mode="bottom-right")),
+    Mistake("mask-ignored", "the mask argument is ignored", _mha_with(mask_mode="ignored")),
+    Mistake("mask-inverted", "the mask is inverted: True means attend (keep), False means masked out",
+            _mha_with(mask_mode="inverted")),
+    Mistake("mask-filled-with-zero", "masked scores are set to 0; a score of 0 still gets weight exp(0). Fill "
+            "them with -inf", _mha_with(fill=0.0)),
+    Mistake("nan-rows", "a fully masked row gives NaN (softmax of all -inf): such a row attends to nothing, so "
+            "its weights must be 0 (torch.nan_to_num, or torch.where on the row's mask)", _mha_with(nan_rows=True)),
+    Mistake("value-from-key", "the values are projected from `key`: project `value` (it defaults to key only "
+            "when it is None)", _mha_with(value_from_key=True)),
+    Mistake("biases-ignored", "the Linear layers' biases are not used: call the nn.Linear layers (or add .bias)",
+            _mha_with(biases=False)),
 ]
 
 
 @CHECKS("mha-forward")
 def _check_mha(ns):
-    n = check_function(ns, "multi_head_attention", specs.multi_head_attention, _mha_cases(), _MHA_MISTAKES)
-    return f"{n} cases match the spec, causal and not"
+    try:
+        n = check_function(ns, "mha_forward", specs.mha_forward, _mha_cases(), _MHA_MISTAKES)
+    except NotDone as exc:   # the given mha_forward is there; what is missing is the learner's module
+        raise NotDone(exc.message.replace("`mha_forward` is not implemented yet", "your `MultiHeadAttention` is not "
+                                          "implemented yet")) from None
+    return f"{n} cases match the spec: masks, causal, cross-attention, fully masked rows, no biases, large logits"
+
+
+# ---------------------------------------------------------------------------------------------
+# mha-cost
+# ---------------------------------------------------------------------------------------------
+
+_PARAM_CASES = [
+    ("d_model=512, 8 heads", (512, 8), {}),
+    ("d_model=512, 1 head", (512, 1), {}),
+    ("d_model=64, 4 heads, bias=False", (64, 4), {"bias": False}),
+    ("d_model=96, 12 heads", (96, 12), {"bias": True}),
+    ("d_model=6, 3 heads", (6, 3), {}),
+]
+
+
+def _params(d, h, bias=True):
+    return 4 * d * d + (4 * d if bias else 0)
+
+
+_PARAM_MISTAKES = [
+    Mistake("per-head-matrices", "each head does not have its own d_model x d_model matrices: head i owns a "
+            "d_head-wide slice of each projection, so the count does not depend on num_heads",
+            lambda d, h, bias=True: h * _params(d, h, bias)),
+    Mistake("biases-forgotten", "with bias=True each of the four Linear layers also has d_model biases",
+            lambda d, h, bias=True: 4 * d * d),
+    Mistake("output-projection-forgotten", "four Linear layers: q_proj, k_proj, v_proj and out_proj",
+            lambda d, h, bias=True: 3 * d * d + (3 * d if bias else 0)),
+    Mistake("one-head-slice", "this is one head's slice (d_model x d_head per projection); all h heads together "
+            "fill d_model x d_model", lambda d, h, bias=True: 4 * d * (d // h) + (4 * (d // h) if bias else 0)),
+    Mistake("biases-always", "bias=False: the Linear layers have no biases",
+            lambda d, h, bias=True: 4 * d * d + 4 * d),
+]
+
+_FLOP_CASES = [
+    ("batch=1, n_q=n_k=128, d_model=512, 8 heads", (1, 128, 128, 512, 8), {}),
+    ("batch=1, n_q=n_k=128, d_model=512, 1 head", (1, 128, 128, 512, 1), {}),
+    ("batch=2, n_q=3, n_k=7 (cross-attention), d_model=16, 4 heads", (2, 3, 7, 16, 4), {}),
+    ("batch=4, n_q=n_k=2048, d_model=768, 12 heads", (4, 2048, 2048, 768, 12), {}),
+    ("batch=1, n_q=1000, n_k=10, d_model=64, 2 heads", (1, 1000, 10, 64, 2), {}),
+]
+
+
+def _flops(b, nq, nk, d, h, *, proj=2, attn=4, kv_rows=None, out=True, attn_width=None):
+    rows = 2 * nq + 2 * nk if kv_rows is None else kv_rows(nq, nk)
+    if not out:
+        rows -= nq
+    width = d if attn_width is None else attn_width(d, h)
+    return b * (proj * d * d * rows + attn * nq * nk * width)
+
+
+_FLOP_MISTAKES = [
+    Mistake("multiply-add-once", "a multiply-add is 2 FLOPs: a (m, k) @ (k, n) matmul costs 2*m*n*k",
+            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, proj=1, attn=2)),
+    Mistake("projections-forgotten", "the four projections are matmuls too: 2*d_model^2 FLOPs per row projected",
+            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, proj=0)),
+    Mistake("attention-forgotten", "QK^T and PV are missing: 4*n_q*n_k*d_model FLOPs over all heads",
+            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, attn=0)),
+    Mistake("query-length-everywhere", "the key and value projections run on the n_k rows of the keys, not on "
+            "n_q rows", lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, kv_rows=lambda q, k: 4 * q)),
+    Mistake("full-width-per-head", "each head's QK^T and PV run in d_head = d_model/h dimensions, not d_model: "
+            "over h heads that is d_model once", lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h,
+                                                                               attn_width=lambda d, h: d * h)),
+    Mistake("output-projection-forgotten", "the output projection (2*n_q*d_model^2) is missing",
+            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, out=False)),
+    Mistake("batch-forgotten", "multiply by the batch", lambda b, nq, nk, d, h: _flops(1, nq, nk, d, h)),
+]
+
+
+@CHECKS("mha-cost")
+def _check_cost(ns):
+    n = check_in_order(ns, "mha_parameters", specs.mha_parameters, _PARAM_CASES, _PARAM_MISTAKES)
+    n += check_in_order(ns, "mha_flops", specs.mha_flops, _FLOP_CASES, _FLOP_MISTAKES)
+    return f"{n} cases match torch's own counts (the parameters of the module, FlopCounterMode's FLOPs)"
+
+
+# ---------------------------------------------------------------------------------------------
+# head-specialisation: the learner trains and measures; the grader trains the library's model
+# ---------------------------------------------------------------------------------------------
+
+TOLERANCE = 0.1   # absolute, on every entry of the (h, 3) profile
+
+
+@functools.lru_cache(maxsize=8)
+def _trained(seed, num_heads, steps):
+    return specs.trained_model(seed, num_heads, steps)
+
+
+def _recomputed(seed, num_heads, steps, *, causal=True, softmax=True):
+    """Layer 0's weights recomputed from the trained model's q/k projections, with switches for mistakes."""
+    model, tokens = _trained(seed, num_heads, steps)
+    with torch.no_grad():
+        n = tokens.shape[1]
+        x = model.tok_emb(tokens) + model.pos_emb(torch.arange(n))
+        block = model.blocks[0]
+        x = block.ln_attn(x)
+        q = specs.split_heads(block.attn.q_proj(x), num_heads)
+        k = specs.split_heads(block.attn.k_proj(x), num_heads)
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            s = s.masked_fill(~causal_mask(n, n), float("-inf") if softmax else 0.0)
+        return torch.softmax(s, dim=-1) if softmax else s
+
+
+def _untrained(seed, num_heads, steps):
+    return specs.profile(_recomputed(seed, num_heads, 0))
+
+
+def _summed(seed, num_heads, steps):
+    w = _recomputed(seed, num_heads, steps)
+    prev1 = w.diagonal(-1, dim1=-2, dim2=-1)[..., 1:].sum(dim=(0, 2))
+    prev2 = w.diagonal(-2, dim1=-2, dim2=-1).sum(dim=(0, 2))
+    rows = torch.stack([prev1, prev2, w.shape[0] * (w.shape[-1] - 2) - prev1 - prev2], dim=1)
+    return rows[rows[:, 0].argsort(descending=True)]
+
+
+def _reference(seed, num_heads=2, steps=200):
+    """specs.head_specialisation on the cached training (the mistakes reuse it)."""
+    return specs.profile(specs.attention_weights(*_trained(seed, num_heads, steps)))
+
+
+def _future(seed, num_heads, steps):
+    w = _recomputed(seed, num_heads, steps)
+    next1 = w.diagonal(1, dim1=-2, dim2=-1).mean(dim=(0, 2))
+    next2 = w.diagonal(2, dim1=-2, dim2=-1).mean(dim=(0, 2))
+    rows = torch.stack([next1, next2, 1 - next1 - next2], dim=1)
+    return rows[rows[:, 0].argsort(descending=True)]
+
+
+def _measured(how, **switches):
+    """A wrong experiment: the grader's trained model, measured by ``how(seed, num_heads, steps, **switches)``."""
+    def impl(seed, num_heads=2, steps=200):
+        return how(seed, num_heads, steps, **switches)
+    return impl
+
+
+def _profile_of(seed, num_heads, steps, **switches):
+    return specs.profile(_recomputed(seed, num_heads, steps, **switches))
+
+
+def _averaged(seed, num_heads, steps):
+    return _reference(seed, num_heads, steps).mean(dim=0, keepdim=True)
+
+
+_HEAD_MISTAKES = [
+    Mistake("no-causal-mask", "the weights are recomputed without the causal mask: the model was trained causal, "
+            "so its queries never saw later keys", _measured(_profile_of, causal=False)),
+    Mistake("untrained", "this is the profile of the model before training: train it first (train_previous_two)",
+            _measured(_untrained)),
+    Mistake("no-softmax", "these are raw scores, not attention weights: apply the softmax over the keys",
+            _measured(_profile_of, softmax=False)),
+    Mistake("heads-averaged", "the heads are averaged: return one row per head, shape (h, 3)", _measured(_averaged)),
+    Mistake("summed-not-averaged", "the weights are summed over the test sequences and positions: average them "
+            "(each entry is a fraction of a query's weight, between 0 and 1)", _measured(_summed)),
+    Mistake("future-diagonal", "diagonal(+1) is key i+1 (after the query, masked): key i-1 is diagonal(-1)",
+            _measured(_future)),
+]
+
+
+@CHECKS("head-specialisation")
+def _check_heads(ns):
+    g = _gen(1200)
+    seeds = [int(torch.randint(0, 10_000, (1,), generator=g)) for _ in range(2)]
+    cases = [(f"seed={s}, 2 heads, 200 steps", (s,), {"num_heads": 2, "steps": 200}) for s in seeds]
+    n = check_function(ns, "head_specialisation", _reference, cases, _HEAD_MISTAKES, rtol=0,
+                       atol=TOLERANCE)
+    return (f"{n} seeds: your profiles match the grader's own training of the same model within {TOLERANCE} "
+            f"on every entry")

@@ -1,36 +1,104 @@
 """The references of exercise 04_multi_head: what the grader compares the learner's answers with.
 
 Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Splitting, merging and the module itself are the library's ``attnlab.attention.MultiHeadAttention``;
+the costs are measured on it (on the meta device: shapes only, nothing allocated); the experiment
+trains the library's ``TinyTransformer``, which the notebook's ``TwoRelations`` mirrors.
 """
 
-from attnlab.grading.exercises.e02.spec import causal_mask, masked_attention
+from types import SimpleNamespace
+
+import torch
+
+from attnlab.attention import MultiHeadAttention
+
+
+def _layout(d_model, num_heads):
+    """What MultiHeadAttention.split_heads/merge_heads read from their module."""
+    return SimpleNamespace(d_model=d_model, num_heads=num_heads, d_head=d_model // num_heads)
+
 
 def split_heads(x, num_heads):
     """(B, N, d_model) -> (B, h, N, d_model / h): head i holds features [i*dh, (i+1)*dh)."""
-    b, n, d_model = x.shape
-    d_head = d_model // num_heads
-    return x.view(b, n, num_heads, d_head).transpose(1, 2)  # (B, h, N, dh)
+    return MultiHeadAttention.split_heads(_layout(x.shape[-1], num_heads), x)
 
 
 def merge_heads(x):
     """(B, h, N, dh) -> (B, N, h*dh), the inverse of ``split_heads``."""
-    b, h, n, dh = x.shape
-    return x.transpose(1, 2).reshape(b, n, h * dh)  # (B, N, d_model)
+    return MultiHeadAttention.merge_heads(_layout(x.shape[1] * x.shape[3], x.shape[1]), x)
 
 
-def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, causal=False):
-    """Multi-head self-attention without biases (nn.Linear convention: y = x W^T).
+def mha_forward(state_dict, num_heads, query, key=None, value=None, mask=None, causal=False):
+    """The library's MultiHeadAttention with the weights ``state_dict`` (q_proj, k_proj, v_proj, out_proj;
+    biases if the dict has them), called on (query, key, value, mask, causal) -> (B, Nq, d_model)."""
+    d_model = state_dict["q_proj.weight"].shape[1]
+    module = MultiHeadAttention(d_model, num_heads, bias="q_proj.bias" in state_dict)
+    module.load_state_dict(state_dict)
+    return module(query, key, value, mask=mask, causal=causal)
 
-    x: (B, N, d_model); w_q, w_k, w_v, w_o: (d_model, d_model).
-    Returns (B, N, d_model).
-    """
-    q = split_heads(x @ w_q.T, num_heads)  # (B, h, N, dh)
-    k = split_heads(x @ w_k.T, num_heads)
-    v = split_heads(x @ w_v.T, num_heads)
-    n = x.shape[1]
-    mask = causal_mask(n, n, device=x.device) if causal else None
-    heads = masked_attention(q, k, v, mask)  # (B, h, N, dh), scaled by 1/sqrt(dh)
-    return merge_heads(heads) @ w_o.T  # (B, N, d_model)
+
+def mha_parameters(d_model, num_heads, bias=True):
+    """Parameters of one MultiHeadAttention layer (counted on the meta device)."""
+    with torch.device("meta"):
+        module = MultiHeadAttention(d_model, num_heads, bias=bias)
+    return sum(p.numel() for p in module.parameters())
+
+
+def mha_flops(batch, n_q, n_k, d_model, num_heads):
+    """Matmul FLOPs of one forward (query (batch, n_q, d_model), key = value (batch, n_k, d_model)),
+    as torch's FlopCounterMode counts them (2 per multiply-add; softmax and bias additions not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        module = MultiHeadAttention(d_model, num_heads)
+        query, key = torch.empty(batch, n_q, d_model), torch.empty(batch, n_k, d_model)
+    with FlopCounterMode(display=False) as counter:
+        module(query, key)
+    return counter.get_total_flops()
+
+
+TASK = dict(vocab=8, seq_len=12)  # PreviousTwo
+MODEL = dict(d_model=32, d_mlp=0)
+TRAIN = dict(batch_size=32, lr=6e-3, schedule="cosine")
+TEST_SEQUENCES = 500
+
+
+def trained_model(seed, num_heads=2, steps=200):
+    """(TinyTransformer trained on PreviousTwo from ``seed``, the test tokens (500, 12) of seed + 1)."""
+    from attnlab.data.toy import PreviousTwo
+    from attnlab.models.transformer import TinyTransformer, train
+    from attnlab.train import deterministic
+
+    task = PreviousTwo(**TASK)
+    with deterministic(seed), torch.enable_grad():   # checks call the spec under no_grad
+        model = TinyTransformer(task.vocab_size, task.n_classes, num_heads=num_heads, max_len=task.seq_len, seed=seed,
+                                **MODEL)
+        if steps:
+            train(model, task, steps=steps, seed=seed, **TRAIN)
+    tokens, _ = task.sample(TEST_SEQUENCES, torch.Generator().manual_seed(seed + 1))
+    return model, tokens
+
+
+def attention_weights(model, tokens):
+    """(n, h, N, N): layer 0's attention weights of the trained model on ``tokens``."""
+    with torch.no_grad():
+        return model(tokens, return_weights=True)[1][0]
+
+
+def profile(weights):
+    """(h, 3): per head, mean weight of the queries i >= 2 on key i-1, on key i-2, and on all others;
+    rows sorted by the weight on i-1, largest first."""
+    prev1 = weights.diagonal(-1, dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, 2))   # (h,)  queries 2..N-1
+    prev2 = weights.diagonal(-2, dim1=-2, dim2=-1).mean(dim=(0, 2))            # (h,)
+    rows = torch.stack([prev1, prev2, 1 - prev1 - prev2], dim=1)              # (h, 3)
+    return rows[rows[:, 0].argsort(descending=True)]
+
+
+def head_specialisation(seed, num_heads=2, steps=200):
+    """Train the one-layer attention-only model on PreviousTwo from ``seed`` and return each head's
+    profile (h, 3): weight on i-1, on i-2, on the rest, sorted by the first column."""
+    model, tokens = trained_model(seed, num_heads, steps)
+    return profile(attention_weights(model, tokens))
 
 
 __import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())

@@ -1,26 +1,36 @@
 """The checks of exercise 05_quadratic_cost (one ``@CHECKS(part id)`` per graded part)."""
 
+import math
+import numbers
 
-
-from attnlab.grading.core import Mistake, Registry, check_function
+from attnlab.grading.core import Fail, Mistake, Registry, gen as _gen, learner_of, present, value_of
+from attnlab.grading.exercises.e04.checks import check_in_order
 from attnlab.grading.exercises.e05 import spec as specs
 
 CHECKS = Registry()
 
 
-_SIZES = [(1, 1, 1024, 64), (2, 8, 512, 128), (4, 12, 2048, 64), (1, 2, 100, 30)]
+_SIZES = [(1, 1, 1024, 64, ""), (2, 8, 512, 128, ""), (4, 12, 2048, 64, ""),
+          (1, 2, 100, 30, ", n and d not powers of 2"), (3, 1, 1, 16, ", a single position"),
+          (8, 16, 16384, 128, ", a long sequence")]
+_ELEMENT_SIZES = [4, 2, 2, 1, 4, 2]
 
 
 def _size_cases(with_elem=False):
     cases = []
-    for i, (b, h, n, d) in enumerate(_SIZES):
+    for i, (b, h, n, d, note) in enumerate(_SIZES):
+        label = f"batch={b}, heads={h}, n={n}, d={d}"
         if with_elem:
-            es = [4, 2, 2, 1][i]
-            cases.append((f"batch={b}, heads={h}, n={n}, d={d}, element_size={es}", (b, h, n, d, es), {}))
+            es = _ELEMENT_SIZES[i]
+            cases.append((f"{label}, element_size={es}{note}", (b, h, n, d, es), {}))
         else:
-            cases.append((f"batch={b}, heads={h}, n={n}, d={d}", (b, h, n, d), {}))
+            cases.append((f"{label}{note}", (b, h, n, d), {}))
     return cases
 
+
+# ---------------------------------------------------------------------------------------------
+# attention-flops
+# ---------------------------------------------------------------------------------------------
 
 _FLOPS_MISTAKES = [
     Mistake("multiply-add-once", "a multiply-add counts as 2 FLOPs (or: both matmuls, QK^T and PV, must be counted)",
@@ -29,20 +39,60 @@ _FLOPS_MISTAKES = [
             lambda b, h, n, d: b * h * 4 * n * d * d),
     Mistake("per-head-only", "this is one head of one sequence: multiply by batch and heads",
             lambda b, h, n, d: 4 * n * n * d),
+    Mistake("heads-forgotten", "every head does its own two matmuls: multiply by heads too",
+            lambda b, h, n, d: b * 4 * n * n * d),
+    Mistake("batch-forgotten", "every sequence of the batch does the work: multiply by batch too",
+            lambda b, h, n, d: h * 4 * n * n * d),
+    Mistake("softmax-counted", "the softmax is not counted here (only the two matrix products are)",
+            lambda b, h, n, d: b * h * (4 * n * n * d + 5 * n * n)),
 ]
 
 
 @CHECKS("attention-flops")
 def _check_flops(ns):
-    n = check_function(ns, "attention_flops", specs.attention_flops, _size_cases(), _FLOPS_MISTAKES)
+    n = check_in_order(ns, "attention_flops", specs.attention_flops, _size_cases(), _FLOPS_MISTAKES)
     return f"{n} sizes match the spec"
 
 
-_BYTES_MISTAKES = [
+# ---------------------------------------------------------------------------------------------
+# attention-bytes
+# ---------------------------------------------------------------------------------------------
+
+def _steps(b, h, n, d, es, *, scores=None, softmax=None, pv=None, swap=False, unit=None):
+    """Per-step (read, written) bytes with one step's element counts replaced (a wrong version)."""
+    counts = {"scores": (2 * n * d, n * n), "softmax": (n * n, n * n), "pv": (n * n + n * d, n * d)}
+    for name, value in (("scores", scores), ("softmax", softmax), ("pv", pv)):
+        if value is not None:
+            counts[name] = value(n, d)
+    size = es if unit is None else unit
+    out = tuple((b * h * r * size, b * h * w * size) for r, w in counts.values())
+    return tuple((w, r) for r, w in out) if swap else out
+
+
+_STEP_MISTAKES = [
+    Mistake("elements-not-bytes", "these are elements: multiply by element_size",
+            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, unit=1)),
+    Mistake("read-write-swapped", "each pair is (bytes read, bytes written), in that order",
+            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, swap=True)),
+    Mistake("pv-forgets-v", "O = PV reads V (n*d elements) as well as P",
+            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, pv=lambda n, d: (n * n, n * d))),
+    Mistake("scores-forgets-k", "S = QK^T reads both Q and K (2*n*d elements)",
+            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, scores=lambda n, d: (n * d, n * n))),
+    Mistake("output-is-n-by-n", "O = PV writes O, (n, d) per head; it is P that is n x n",
+            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, pv=lambda n, d: (n * n + n * d, n * n))),
+    Mistake("softmax-in-place", "standard attention's softmax reads S from memory and writes P back: n^2 elements "
+            "each way, not zero", lambda b, h, n, d, es=4: _steps(b, h, n, d, es, softmax=lambda n, d: (0, 0))),
+    Mistake("per-head-only", "this is one head of one sequence: multiply by batch and heads",
+            lambda b, h, n, d, es=4: _steps(1, 1, n, d, es)),
+]
+
+_TOTAL_MISTAKES = [
     Mistake("elements-not-bytes", "this counts elements: multiply by element_size",
             lambda b, h, n, d, es=4: specs.attention_bytes(b, h, n, d, 1)),
     Mistake("writes-only", "only the writes are counted: S and P are also read back, and Q, K, V read",
             lambda b, h, n, d, es=4: b * h * (2 * n * n + n * d) * es),
+    Mistake("reads-only", "only the reads are counted: S, P and O are written too",
+            lambda b, h, n, d, es=4: b * h * (2 * n * n + 3 * n * d) * es),
     Mistake("matrices-only", "only S and P are counted: Q, K, V are read and O written too (4nd elements)",
             lambda b, h, n, d, es=4: b * h * 4 * n * n * es),
     Mistake("per-head-only", "this is one head of one sequence: multiply by batch and heads",
@@ -52,9 +102,14 @@ _BYTES_MISTAKES = [
 
 @CHECKS("attention-bytes")
 def _check_bytes(ns):
-    n = check_function(ns, "attention_bytes", specs.attention_bytes, _size_cases(True), _BYTES_MISTAKES)
-    return f"{n} sizes match the spec"
+    n = check_in_order(ns, "step_bytes", specs.step_bytes, _size_cases(True), _STEP_MISTAKES)
+    n += check_in_order(ns, "attention_bytes", specs.attention_bytes, _size_cases(True), _TOTAL_MISTAKES)
+    return f"{n} cases match the spec (attnlab.iomodel's count of standard attention)"
 
+
+# ---------------------------------------------------------------------------------------------
+# arithmetic-intensity
+# ---------------------------------------------------------------------------------------------
 
 _INTENSITY_MISTAKES = [
     Mistake("inverted-ratio", "this is bytes per FLOP: arithmetic intensity is FLOPs / bytes",
@@ -66,10 +121,12 @@ _INTENSITY_MISTAKES = [
 ]
 
 _BOUND_CASES = [
-    ("intensity 10 FLOP/B on 100 TFLOP/s and 2 TB/s", (10.0, 100e12, 2e12), {}),
     ("intensity 200 FLOP/B on 100 TFLOP/s and 2 TB/s", (200.0, 100e12, 2e12), {}),
+    ("intensity 10 FLOP/B on 100 TFLOP/s and 2 TB/s", (10.0, 100e12, 2e12), {}),
     ("intensity 5 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (5.0, 8e12, 0.3e12), {}),
     ("intensity 40 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (40.0, 8e12, 0.3e12), {}),
+    ("intensity exactly at the ridge point: 50 FLOP/B on 100 TFLOP/s and 2 TB/s", (50.0, 100e12, 2e12), {}),
+    ("intensity 0.5 FLOP/B (a softmax) on 0.2 TFLOP/s and 20 GB/s", (0.5, 0.2e12, 20e9), {}),
 ]
 
 _BOUND_MISTAKES = [
@@ -77,11 +134,173 @@ _BOUND_MISTAKES = [
             lambda i, p, bw: i > p / bw),
     Mistake("ridge-inverted", "the ridge point is peak_flops / bandwidth (FLOP per byte), not its inverse",
             lambda i, p, bw: i < bw / p),
+    Mistake("ridge-inclusive", "at the ridge point itself the kernel reaches peak compute: memory-bound means "
+            "strictly below (intensity < peak_flops / bandwidth)", lambda i, p, bw: i <= p / bw),
 ]
 
 
 @CHECKS("arithmetic-intensity")
 def _check_intensity(ns):
-    n = check_function(ns, "arithmetic_intensity", specs.arithmetic_intensity, _size_cases(True), _INTENSITY_MISTAKES)
-    n += check_function(ns, "is_memory_bound", specs.is_memory_bound, _BOUND_CASES, _BOUND_MISTAKES)
+    n = check_in_order(ns, "arithmetic_intensity", specs.arithmetic_intensity, _size_cases(True),
+                       _INTENSITY_MISTAKES)
+    n += check_in_order(ns, "is_memory_bound", specs.is_memory_bound, _BOUND_CASES, _BOUND_MISTAKES)
     return f"{n} cases match the spec"
+
+
+# ---------------------------------------------------------------------------------------------
+# roofline-prediction
+# ---------------------------------------------------------------------------------------------
+
+def _step_costs(b, h, n, d, es):
+    flops = (2 * b * h * n * n * d, 0, 2 * b * h * n * n * d)
+    moved = tuple(r + w for r, w in specs.step_bytes(b, h, n, d, es))
+    return list(zip(flops, moved))
+
+
+def _predict_with(combine, *, elements=None, steps=(0, 1, 2)):
+    def impl(b, h, n, d, flop_rate, bandwidth, element_size=4):
+        costs = _step_costs(b, h, n, d, element_size if elements is None else elements)
+        return combine([costs[i] for i in steps], flop_rate, bandwidth)
+    return impl
+
+
+def _roofline_sum(costs, p, w):
+    return sum(max(f / p, m / w) for f, m in costs)
+
+
+_PREDICT_MISTAKES = [
+    Mistake("no-overlap", "FLOPs and bytes overlap on the roofline: a step takes max(FLOPs / flop_rate, bytes / "
+            "bandwidth), not their sum", _predict_with(lambda c, p, w: sum(f / p + m / w for f, m in c))),
+    Mistake("one-roofline-for-all", "the three steps run one after another, each on its own roofline: sum the "
+            "per-step maxima (one max over the totals would let the softmax's bytes hide behind the matmuls' FLOPs)",
+            _predict_with(lambda c, p, w: max(sum(f for f, _ in c) / p, sum(m for _, m in c) / w))),
+    Mistake("flops-only", "the bytes are left out: each step also takes at least bytes / bandwidth",
+            _predict_with(lambda c, p, w: sum(f / p for f, _ in c))),
+    Mistake("bytes-only", "the FLOPs are left out: each step also takes at least FLOPs / flop_rate",
+            _predict_with(lambda c, p, w: sum(m / w for _, m in c))),
+    Mistake("elements-not-bytes", "the bytes are counted as elements: multiply by element_size",
+            _predict_with(_roofline_sum, elements=1)),
+    Mistake("softmax-skipped", "the softmax step is missing: it moves 2 n^2 elements per head and takes at least "
+            "that many bytes / bandwidth", _predict_with(_roofline_sum, steps=(0, 2))),
+]
+
+_PREDICT_CASES = [   # in this order, each wrong version fails first where it is the only one that gives its number
+    ("batch=1, heads=12, n=1024, d=64, fp16 on an A100 (312 TFLOP/s, 1.555 TB/s): every step memory-bound",
+     (1, 12, 1024, 64, 312e12, 1.555e12), {"element_size": 2}),
+    ("batch=1, heads=4, n=1024, d=64, 100 GFLOP/s, 20 GB/s: the matmuls compute-bound, the softmax not",
+     (1, 4, 1024, 64, 100e9, 20e9), {}),
+    ("batch=2, heads=2, n=256, d=512 (large d), 10 GFLOP/s, 50 GB/s", (2, 2, 256, 512, 10e9, 50e9), {}),
+    ("batch=1, heads=1, n=100, d=30, 1 TFLOP/s, 1 GB/s", (1, 1, 100, 30, 1e12, 1e9), {}),
+]
+
+
+@CHECKS("roofline-prediction")
+def _check_predict(ns):
+    n = check_in_order(ns, "predict_naive_time", specs.predict_naive_time, _PREDICT_CASES, _PREDICT_MISTAKES)
+    return f"{n} cases match the spec"
+
+
+# ---------------------------------------------------------------------------------------------
+# naive-time-experiment: exact from the learner's own timings, and their timings close to the grader's
+# ---------------------------------------------------------------------------------------------
+
+FACTOR = 10.0          # a timing passes within FACTOR of the grader's own measurement of the same thing (a busy
+                       # machine slows one run and not the other; a unit mistake is off by 1000)
+SIZES = {"n": 1024, "heads": 2, "d": 64, "repeats": 5}
+NAMES = ("matmul_seconds", "copy_seconds", "flop_rate", "bandwidth", "predicted_seconds", "measured_seconds")
+
+def _rate(message_key, message):
+    return Mistake(message_key, message, None)
+
+
+_RATE_MISTAKES = {
+    "flop_rate": [
+        (lambda t: specs.MATMUL_SIZE ** 3 / t,
+         _rate("matmul-flops-once", "a 1024 x 1024 matmul does 1024^3 multiply-adds, 2 * 1024^3 FLOPs")),
+        (lambda t: 2 * specs.MATMUL_SIZE ** 3 / t / 1e9,
+         _rate("giga-units", "return rates in FLOP/s and byte/s, not GFLOP/s or GB/s")),
+        (lambda t: t / (2 * specs.MATMUL_SIZE ** 3), _rate("rate-inverted", "a rate is work / seconds")),
+    ],
+    "bandwidth": [
+        (lambda t: specs.COPY_BYTES / t,
+         _rate("copy-counted-once", "a copy reads every byte and writes it: 2 * COPY_BYTES per copy")),
+        (lambda t: 2 * specs.COPY_BYTES / t / 1e9,
+         _rate("giga-units", "return rates in FLOP/s and byte/s, not GFLOP/s or GB/s")),
+        (lambda t: 2 * specs.COPY_BYTES / 4 / t,
+         _rate("elements-not-bytes", "COPY_BYTES are bytes: a float32 element is 4 of them")),
+        (lambda t: t / (2 * specs.COPY_BYTES), _rate("rate-inverted", "a rate is work / seconds")),
+    ],
+}
+
+
+def _close(got, want, rel=1e-6):
+    return math.isclose(float(got), float(want), rel_tol=rel, abs_tol=0.0)
+
+
+def _numbers(result):
+    if not isinstance(result, (tuple, list)) or len(result) != len(NAMES):
+        raise Fail(f"`naive_time_experiment` should return a tuple of {len(NAMES)} numbers {NAMES}, got "
+                   f"{type(result).__name__}{'' if not isinstance(result, (tuple, list)) else f' of {len(result)}'}")
+    values = []
+    for name, v in zip(NAMES, result):
+        if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1:
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
+            raise Fail(f"`naive_time_experiment`: {name} should be a positive number, got {v!r}")
+        values.append(float(v))
+    return dict(zip(NAMES, values))
+
+
+def _timing_mistakes(ratio):
+    units = [(1e3, "milliseconds", "the times are in milliseconds: return seconds"),
+             (1e6, "microseconds", "the times are in microseconds: return seconds"),
+             (1e9, "nanoseconds", "the times are in nanoseconds (perf_counter_ns?): return seconds")]
+    return [Mistake(key, message, None) for scale, key, message in units if scale / FACTOR < ratio < scale * FACTOR]
+
+
+@CHECKS("naive-time-experiment")
+def _check_experiment(ns):
+    learner = learner_of(ns)
+    g = _gen(1300)
+    seed = int(g.initial_seed() % 10_000)
+    reply = learner.call("naive_time_experiment", [[(seed,), dict(SIZES)]])
+    present(reply, "naive_time_experiment")
+    results = reply.get("results", [])
+    if not results:
+        raise Fail("`naive_time_experiment`: the grader got no result")
+    label = f"seed={seed}, " + ", ".join(f"{k}={v}" for k, v in SIZES.items())
+    got = _numbers(value_of(results[0], "naive_time_experiment", label))
+
+    # exact: the rates from the learner's own timings, the prediction from the learner's own rates
+    for rate, seconds, work in (("flop_rate", "matmul_seconds", 2 * specs.MATMUL_SIZE ** 3),
+                                ("bandwidth", "copy_seconds", 2 * specs.COPY_BYTES)):
+        want = work / got[seconds]
+        if not _close(got[rate], want):
+            found = [m for f, m in _RATE_MISTAKES[rate] if _close(got[rate], f(got[seconds]))]
+            raise Fail(f"`naive_time_experiment` ({label}): {rate} is {got[rate]:.6g}, but your own {seconds} "
+                       f"({got[seconds]:.6g} s) gives {want:.6g}", found)
+    args = (1, SIZES["heads"], SIZES["n"], SIZES["d"], got["flop_rate"], got["bandwidth"])
+    want = specs.predict_naive_time(*args)
+    if not _close(got["predicted_seconds"], want):
+        found = [m for m in _PREDICT_MISTAKES if _close(got["predicted_seconds"], m.impl(*args))]
+        raise Fail(f"`naive_time_experiment` ({label}): predicted_seconds is {got['predicted_seconds']:.6g}, but the "
+                   f"roofline gives {want:.6g} from your own rates", found)
+
+    # generous: each timing within FACTOR of the grader's own measurement, made right after (twice if needed)
+    mine = dict(zip(("matmul_seconds", "copy_seconds", "measured_seconds"), specs.measure(seed, **SIZES)))
+    for name in mine:
+        ratio = got[name] / mine[name]
+        for _ in range(2):   # the machine may have been busy during one of the two measurements: measure again
+            if 1 / FACTOR <= ratio <= FACTOR:
+                break
+            again = dict(zip(mine, specs.measure(seed, **SIZES)))[name]
+            if abs(math.log(got[name] / again)) < abs(math.log(ratio)):
+                mine[name], ratio = again, got[name] / again
+        if not 1 / FACTOR <= ratio <= FACTOR:
+            raise Fail(f"`naive_time_experiment` ({label}): {name} is {got[name]:.4g} s, but the grader measured "
+                       f"{mine[name]:.4g} s on this machine (a factor {ratio:.3g}; accepted: within a factor "
+                       f"{FACTOR:g} either way)", _timing_mistakes(ratio))
+    miss = got["measured_seconds"] / got["predicted_seconds"]
+    return (f"your prediction follows from your rates; your timings are within a factor {FACTOR:g} of the grader's "
+            f"({', '.join(f'{got[k] * 1e3:.2f} ms against {mine[k] * 1e3:.2f} ms' for k in mine)}); "
+            f"measured / predicted = {miss:.2f}")

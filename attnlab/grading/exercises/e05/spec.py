@@ -1,39 +1,76 @@
 """The references of exercise 05_quadratic_cost: what the grader compares the learner's answers with.
 
 Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Every count is the library's IO model (``attnlab.iomodel``: standard attention as Dao et al. 2022,
+Algorithm 0, three kernels); the experiment times the library's ``naive_attention``.
 """
 
+from attnlab import iomodel
+
+MATMUL_SIZE = 1024           # the experiment's matmul: (1024, 1024) @ (1024, 1024), float32
+COPY_BYTES = 32 * 2**20      # the experiment's copy: 32 MiB of float32
 
 
 def attention_flops(batch, heads, n, d):
-    """FLOPs of standard attention's two matmuls (a multiply-add counts 2).
+    """FLOPs of standard attention's two matmuls, S = QK^T and O = PV (2 per multiply-add); softmax not counted."""
+    return iomodel.attention_flops(batch, heads, n, d=d)
 
-    S = Q K^T: 2 n^2 d per head; O = P V: 2 n^2 d per head. The softmax is not counted.
-    """
-    return batch * heads * (2 * n * n * d + 2 * n * n * d)
+
+def step_bytes(batch, heads, n, d, element_size=4):
+    """((read, written) of S = QK^T, of P = softmax(S), of O = PV): bytes each step moves to and from memory."""
+    io = iomodel.standard_forward_io(batch, heads, n, d=d, bytes_per_element=element_size)
+    return tuple((io.parts[step].bytes_read, io.parts[step].bytes_written) for step in ("scores", "softmax", "pv"))
 
 
 def attention_bytes(batch, heads, n, d, element_size=4):
-    """HBM bytes standard attention moves when it materialises S and P.
-
-    Per head, in elements: read Q, K (2nd), write S (n^2), read S (n^2), write P (n^2),
-    read P (n^2) and V (nd), write O (nd): 4nd + 4n^2.
-    """
-    elements = 4 * n * d + 4 * n * n
-    return batch * heads * elements * element_size
+    """All bytes standard attention reads and writes (4nd + 4n^2 elements per head)."""
+    return iomodel.standard_forward_io(batch, heads, n, d=d, bytes_per_element=element_size).total_bytes
 
 
 def arithmetic_intensity(batch, heads, n, d, element_size=4):
-    """FLOPs per HBM byte of standard attention."""
-    return attention_flops(batch, heads, n, d) / attention_bytes(batch, heads, n, d, element_size)
+    """FLOPs per byte of standard attention."""
+    return iomodel.standard_forward_io(batch, heads, n, d=d, bytes_per_element=element_size).arithmetic_intensity
+
+
+def _machine(peak_flops, bandwidth):
+    return iomodel.Machine("the learner's", peak_flops, bandwidth, 0, 1)
 
 
 def is_memory_bound(intensity, peak_flops, bandwidth):
-    """True when a kernel of this intensity (FLOP/byte) cannot reach peak compute.
+    """True when work of this intensity (FLOP/byte) sits left of the ridge point peak_flops / bandwidth."""
+    return iomodel.roofline(intensity, 1.0, machine=_machine(peak_flops, bandwidth)).bound == "memory"
 
-    The machine's ridge point is peak_flops / bandwidth (FLOP/s over byte/s).
-    """
-    return intensity < peak_flops / bandwidth
+
+def predict_naive_time(batch, heads, n, d, flop_rate, bandwidth, element_size=4):
+    """Seconds of naive attention predicted by the roofline, step by step: the sum over S = QK^T, softmax, O = PV
+    of max(FLOPs / flop_rate, bytes / bandwidth) (the softmax's FLOPs counted as 0)."""
+    io = iomodel.standard_forward_io(batch, heads, n, d=d, bytes_per_element=element_size)
+    machine = _machine(flop_rate, bandwidth)
+    return sum(iomodel.roofline(part, machine=machine).time_s for part in io.parts.values())
+
+
+def measure(seed, n, heads, d, repeats):
+    """The grader's own (matmul seconds, copy seconds, naive attention seconds): each the fastest of ``repeats``
+    runs after a warm-up, float32 on the CPU, one thread."""
+    import torch
+
+    from attnlab.attention import naive_attention
+    from attnlab.measure import time_call
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, generator=torch.Generator().manual_seed(seed))
+        matmul = time_call(torch.matmul, a, a, repeats=repeats, reduce="min")
+        src = torch.ones(COPY_BYTES // 4)
+        dst = torch.zeros_like(src)
+        copy = time_call(dst.copy_, src, repeats=repeats, reduce="min")
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(1, heads, n, d, generator=g) for _ in range(3))
+        naive = time_call(naive_attention, q, k, v, repeats=repeats, reduce="min")
+    finally:
+        torch.set_num_threads(threads)
+    return matmul, copy, naive
 
 
 __import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
