@@ -44,20 +44,20 @@ WRONG.add("online-softmax-update", "p-uses-old-max", online_softmax_update=_onli
 # ---------------------------------------------------------------------------------------------
 
 def _tiled(rescale=True, scaled=True, tail=True, strict=False, diagonal=True, lse="ok", normalise=True):
-    def tiled_attention_forward(q, k, v, causal=False, block_q=16, block_k=16):
+    def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
         B, n_q, d = q.shape
         n_k = k.shape[1]
         scale = d ** -0.5 if scaled else 1.0
         o, L = torch.empty(B, n_q, v.shape[-1]), torch.empty(B, n_q)
-        for q0 in range(0, n_q, block_q):
-            qi = q[:, q0:q0 + block_q]
+        for q0 in range(0, n_q, block_m):
+            qi = q[:, q0:q0 + block_m]
             rows = torch.arange(q0, q0 + qi.shape[1])[:, None]
             m = torch.full(qi.shape[:2], -float("inf"))
             l, acc = torch.zeros(qi.shape[:2]), torch.zeros(*qi.shape[:2], v.shape[-1])
             stop = min(q0 + qi.shape[1], n_k) if causal else n_k
-            last = stop if tail else stop - block_k + 1        # the partial last block never starts
-            for k0 in range(0, last, block_k):
-                s = qi @ k[:, k0:k0 + block_k].transpose(1, 2) * scale
+            last = stop if tail else stop - block_n + 1        # the partial last block never starts
+            for k0 in range(0, last, block_n):
+                s = qi @ k[:, k0:k0 + block_n].transpose(1, 2) * scale
                 if causal and diagonal:
                     cols = torch.arange(k0, k0 + s.shape[-1])[None, :]
                     s = s.masked_fill(cols >= rows if strict else cols > rows, -float("inf"))
@@ -65,10 +65,10 @@ def _tiled(rescale=True, scaled=True, tail=True, strict=False, diagonal=True, ls
                 alpha = torch.exp(m - m_new)
                 p = torch.exp(s - m_new[..., None])
                 l = alpha * l + p.sum(-1)
-                acc = (alpha[..., None] * acc if rescale else acc) + p @ v[:, k0:k0 + block_k]
+                acc = (alpha[..., None] * acc if rescale else acc) + p @ v[:, k0:k0 + block_n]
                 m = m_new
-            o[:, q0:q0 + block_q] = acc / l[..., None] if normalise else acc
-            L[:, q0:q0 + block_q] = {"ok": m + torch.log(l), "no-max": torch.log(l), "max": m}[lse]
+            o[:, q0:q0 + block_m] = acc / l[..., None] if normalise else acc
+            L[:, q0:q0 + block_m] = {"ok": m + torch.log(l), "no-max": torch.log(l), "max": m}[lse]
         return o, L
     return tiled_attention_forward
 
@@ -224,49 +224,49 @@ WRONG.add("traffic-experiment", "kv-only",
 # ---------------------------------------------------------------------------------------------
 
 def _backward(subtract_d=True, flip=False, scale_grads=True, recompute_scaled=True, causal_mask=True, d_tile=False):
-    def tiled_attention_backward(q, k, v, o, L, do, causal=False, block_q=16, block_k=16):
+    def tiled_attention_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
         n_q, n_k, d = q.shape[1], k.shape[1], q.shape[-1]
         scale = d ** -0.5
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         D = (do * o).sum(-1)
-        for k0 in range(0, n_k, block_k):
-            kj, vj = k[:, k0:k0 + block_k], v[:, k0:k0 + block_k]
+        for k0 in range(0, n_k, block_n):
+            kj, vj = k[:, k0:k0 + block_n], v[:, k0:k0 + block_n]
             cols = torch.arange(k0, k0 + kj.shape[1])[None, :]
-            for q0 in range(0, n_q, block_q):
-                qi, doi = q[:, q0:q0 + block_q], do[:, q0:q0 + block_q]
+            for q0 in range(0, n_q, block_m):
+                qi, doi = q[:, q0:q0 + block_m], do[:, q0:q0 + block_m]
                 rows = torch.arange(q0, q0 + qi.shape[1])[:, None]
                 s = qi @ kj.transpose(1, 2) * (scale if recompute_scaled else 1.0)
-                p = torch.exp(s - L[:, q0:q0 + block_q, None])
+                p = torch.exp(s - L[:, q0:q0 + block_m, None])
                 if causal and causal_mask:
                     p = p.masked_fill(cols > rows, 0.0)
-                dv[:, k0:k0 + block_k] += p.transpose(1, 2) @ doi
+                dv[:, k0:k0 + block_n] += p.transpose(1, 2) @ doi
                 dp = doi @ vj.transpose(1, 2)
-                Di = (p * dp).sum(-1) if d_tile else D[:, q0:q0 + block_q]
+                Di = (p * dp).sum(-1) if d_tile else D[:, q0:q0 + block_m]
                 if not subtract_d:
                     ds = p * dp
                 else:
                     ds = p * (Di[..., None] - dp) if flip else p * (dp - Di[..., None])
                 g = scale if scale_grads else 1.0
-                dq[:, q0:q0 + block_q] += ds @ kj * g
-                dk[:, k0:k0 + block_k] += ds.transpose(1, 2) @ qi * g
+                dq[:, q0:q0 + block_m] += ds @ kj * g
+                dk[:, k0:k0 + block_n] += ds.transpose(1, 2) @ qi * g
         return dq, dk, dv
 
     class FlashAttentionFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, causal=False, block_q=16, block_k=16):
-            o, L = _tiled()(q, k, v, causal, block_q, block_k)
+        def forward(ctx, q, k, v, causal=False, block_m=16, block_n=16):
+            o, L = _tiled()(q, k, v, causal, block_m, block_n)
             ctx.save_for_backward(q, k, v, o, L)
-            ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+            ctx.causal, ctx.block_m, ctx.block_n = causal, block_m, block_n
             return o
 
         @staticmethod
         def backward(ctx, do):
             q, k, v, o, L = ctx.saved_tensors
-            dq, dk, dv = tiled_attention_backward(q, k, v, o, L, do, ctx.causal, ctx.block_q, ctx.block_k)
+            dq, dk, dv = tiled_attention_backward(q, k, v, o, L, do, ctx.causal, ctx.block_m, ctx.block_n)
             return dq, dk, dv, None, None, None
 
-    def flash_attention_pytorch(q, k, v, causal=False, block_q=16, block_k=16):
-        return FlashAttentionFunction.apply(q, k, v, causal, block_q, block_k)
+    def flash_attention_pytorch(q, k, v, causal=False, block_m=16, block_n=16):
+        return FlashAttentionFunction.apply(q, k, v, causal, block_m, block_n)
 
     return flash_attention_pytorch
 
@@ -399,14 +399,14 @@ def test_online_update_with_torch_softmax_is_a_shortcut():
 
 
 def test_tiled_forward_with_logsumexp_or_sdpa_is_a_shortcut():
-    def with_logsumexp(q, k, v, causal=False, block_q=16, block_k=16):
-        o, _ = _tiled()(q, k, v, causal, block_q, block_k)
+    def with_logsumexp(q, k, v, causal=False, block_m=16, block_n=16):
+        o, _ = _tiled()(q, k, v, causal, block_m, block_n)
         s = q @ k.transpose(1, 2) * q.shape[-1] ** -0.5
         if causal:
             s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -float("inf"))
         return o, torch.logsumexp(s, dim=-1)
 
-    def with_sdpa(q, k, v, causal=False, block_q=16, block_k=16):
+    def with_sdpa(q, k, v, causal=False, block_m=16, block_n=16):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal), _tiled()(q, k, v, causal)[1]
 
     for fn in (with_logsumexp, with_sdpa):
@@ -437,10 +437,10 @@ def test_measuring_the_library_kernel_is_a_shortcut():
 def test_a_backward_through_autograd_is_a_shortcut():
     class Autograd(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, causal=False, block_q=16, block_k=16):
+        def forward(ctx, q, k, v, causal=False, block_m=16, block_n=16):
             ctx.save_for_backward(q, k, v)
             ctx.causal = causal
-            return _tiled()(q, k, v, causal, block_q, block_k)[0]
+            return _tiled()(q, k, v, causal, block_m, block_n)[0]
 
         @staticmethod
         def backward(ctx, do):
@@ -453,8 +453,8 @@ def test_a_backward_through_autograd_is_a_shortcut():
                 o = (e / e.sum(-1, keepdim=True)) @ v
                 return (*torch.autograd.grad(o, (q, k, v), do), None, None, None)
 
-    result = _shortcut("tiled-backward", flash_attention_pytorch=lambda q, k, v, causal=False, block_q=16, block_k=16:
-                       Autograd.apply(q, k, v, causal, block_q, block_k))
+    result = _shortcut("tiled-backward", flash_attention_pytorch=lambda q, k, v, causal=False, block_m=16, block_n=16:
+                       Autograd.apply(q, k, v, causal, block_m, block_n))
     assert "shortcut" in result.diagnosis and "torch.autograd.grad" in result.message, result.message
 
 

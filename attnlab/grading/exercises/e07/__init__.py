@@ -43,7 +43,7 @@ HINTS = {
         "acc_new = alpha[:, None] * acc + P @ v_block.",
     ],
     "tiled-forward": [
-        "Two loops: the outer one over blocks of block_q query rows, the inner one over blocks of block_k keys "
+        "Two loops: the outer one over blocks of block_m query rows, the inner one over blocks of block_n keys "
         "(range(0, N, block) with slicing, so the last block may be shorter). Each query block starts with "
         "m = -inf, l = 0, acc = 0 and is finished (O and L written) before the next one starts.",
         "Inside the inner loop it is your online_softmax_update on the tile S = Q_i K_j^T * scale, with the batch "

@@ -84,7 +84,7 @@ def _check_online(ns):
 # the forward, block by block in PyTorch, with a switch per mistake (parts tiled-forward and flash-kernel-loop)
 # ---------------------------------------------------------------------------------------------
 
-def _forward_emulation(q, k, v, causal=False, scale=None, block_q=16, block_k=16, rescale_acc=True, use_scale=True,
+def _forward_emulation(q, k, v, causal=False, scale=None, block_m=16, block_n=16, rescale_acc=True, use_scale=True,
                        drop_tail=False, mask_tail=True, causal_strict=False, diagonal_unmasked=False, skip=True,
                        lse="ok", exp2=False, normalise=True):
     """FlashAttention-2's forward as the learner writes it: q (B, Nq, d), k, v (B, Nk, d) -> (O, L).
@@ -100,19 +100,19 @@ def _forward_emulation(q, k, v, causal=False, scale=None, block_q=16, block_k=16
     o = q.new_zeros(B, Nq, v.shape[-1])                                    # (B, Nq, dv)
     L = q.new_zeros(B, Nq)                                                 # (B, Nq)
     ex = (lambda x: torch.exp2(x)) if exp2 else torch.exp
-    for q0 in range(0, Nq, block_q):
-        q1 = min(q0 + block_q, Nq)
+    for q0 in range(0, Nq, block_m):
+        q1 = min(q0 + block_m, Nq)
         rows = torch.arange(q0, q1)[:, None]                               # (bq, 1)
         m = q.new_full((B, q1 - q0), float("-inf"))
         l = q.new_zeros(B, q1 - q0)
         acc = q.new_zeros(B, q1 - q0, v.shape[-1])
         hi = min(q1, Nk) if (causal and skip) else Nk
-        for k0 in range(0, hi, block_k):
-            if drop_tail and k0 + block_k > Nk:
+        for k0 in range(0, hi, block_n):
+            if drop_tail and k0 + block_n > Nk:
                 continue
-            kb, vb = k[:, k0:k0 + block_k], v[:, k0:k0 + block_k]         # (B, <= bk, d)
-            if not mask_tail and kb.shape[1] < block_k:                    # loaded as 0, never masked
-                pad = block_k - kb.shape[1]
+            kb, vb = k[:, k0:k0 + block_n], v[:, k0:k0 + block_n]         # (B, <= bk, d)
+            if not mask_tail and kb.shape[1] < block_n:                    # loaded as 0, never masked
+                pad = block_n - kb.shape[1]
                 kb = torch.cat([kb, kb.new_zeros(B, pad, d)], 1)
                 vb = torch.cat([vb, vb.new_zeros(B, pad, vb.shape[-1])], 1)
             cols = torch.arange(k0, k0 + kb.shape[1])[None, :]             # (1, bk)
@@ -139,8 +139,8 @@ def _forward_emulation(q, k, v, causal=False, scale=None, block_q=16, block_k=16
 
 
 def _fwd(**flags):
-    return lambda q, k, v, causal=False, block_q=16, block_k=16: _forward_emulation(
-        q, k, v, causal, None, block_q, block_k, **flags)
+    return lambda q, k, v, causal=False, block_m=16, block_n=16: _forward_emulation(
+        q, k, v, causal, None, block_m, block_n, **flags)
 
 
 _OUT_MISTAKES = [   # mistakes visible in O (and in L): compared on O
@@ -204,7 +204,7 @@ def _tiled_cases():
         g = _gen(1400 + seed)
         q, k, v = _randn(g, b, nq, 16, scale=amp), _randn(g, b, nk, 16, scale=amp), _randn(g, b, nk, 16)
         shape = f"B={b}, Nq={nq}" + (f", Nk={nk}" if nk != nq else "")
-        label = (f"{shape}, d=16, causal={causal}, block_q={bq}, block_k={bk}"
+        label = (f"{shape}, d=16, causal={causal}, block_m={bq}, block_n={bk}"
                  + (" with large scores (q, k ~ 3 randn)" if amp > 1 else "")
                  + (", N not a multiple of the blocks" if nq % bq or nk % bk else ""))
         cases.append((label, (q, k, v, causal, bq, bk), {}))
@@ -441,7 +441,7 @@ def _check_traffic_experiment(ns):
 # the backward, densely in PyTorch, with a switch per mistake (parts tiled-backward and dkdv-kernel)
 # ---------------------------------------------------------------------------------------------
 
-def _backward_emulation(q, k, v, o, lse, do, causal=False, scale=None, block_q=16, block_k=16, subtract_d=True,
+def _backward_emulation(q, k, v, o, lse, do, causal=False, scale=None, block_m=16, block_n=16, subtract_d=True,
                         sign_flipped=False, scale_grads=True, recompute_scaled=True, mask="ok", d_per_tile=False):
     """dQ, dK, dV from L with the known mistakes as switches; all (B, N, d). ``mask``: "ok", "none" (causal mask
     forgotten in the backward), "blocks" or "kblocks" (the tiles above the diagonal skipped, in a loop over query
@@ -455,16 +455,16 @@ def _backward_emulation(q, k, v, o, lse, do, causal=False, scale=None, block_q=1
     if causal and mask == "ok":
         p = p.masked_fill(cols > rows, 0.0)
     elif causal and mask == "blocks":   # query-block loop: key blocks that start after the block's last row skipped
-        end = torch.clamp((rows // block_q + 1) * block_q, max=Nq)             # (Nq, 1)
-        p = p.masked_fill((cols // block_k) * block_k >= end, 0.0)
+        end = torch.clamp((rows // block_m + 1) * block_m, max=Nq)             # (Nq, 1)
+        p = p.masked_fill((cols // block_n) * block_n >= end, 0.0)
     elif causal and mask == "kblocks":  # key-block loop: query blocks that end before the key block starts skipped
-        p = p.masked_fill(rows < ((cols // block_k) * block_k // block_q) * block_q, 0.0)
+        p = p.masked_fill(rows < ((cols // block_n) * block_n // block_m) * block_m, 0.0)
     dv = p.transpose(1, 2) @ do                                              # (B, Nk, dv)
     dp = do @ v.transpose(1, 2)                                              # (B, Nq, Nk)
     if d_per_tile:   # D_i summed over one key tile only
         D = torch.zeros_like(dp)
-        for k0 in range(0, Nk, block_k):
-            D[..., k0:k0 + block_k] = (p[..., k0:k0 + block_k] * dp[..., k0:k0 + block_k]).sum(-1, keepdim=True)
+        for k0 in range(0, Nk, block_n):
+            D[..., k0:k0 + block_n] = (p[..., k0:k0 + block_n] * dp[..., k0:k0 + block_n]).sum(-1, keepdim=True)
     else:
         D = (do * o).sum(-1, keepdim=True)                                   # (B, Nq, 1)
     if not subtract_d:
@@ -481,23 +481,23 @@ class _WrongBackward(torch.autograd.Function):
     """The right forward (the reference) with a backward from ``_backward_emulation``'s switches."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, block_q, block_k, flags):
-        o, lse = specs.tiled_attention_forward(q, k, v, causal, block_q, block_k)
+    def forward(ctx, q, k, v, causal, block_m, block_n, flags):
+        o, lse = specs.tiled_attention_forward(q, k, v, causal, block_m, block_n)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (causal, block_q, block_k, flags)
+        ctx.args = (causal, block_m, block_n, flags)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        causal, block_q, block_k, flags = ctx.args
-        dq, dk, dv = _backward_emulation(q, k, v, o, lse, do, causal, None, block_q, block_k, **flags)
+        causal, block_m, block_n, flags = ctx.args
+        dq, dk, dv = _backward_emulation(q, k, v, o, lse, do, causal, None, block_m, block_n, **flags)
         return dq, dk, dv, None, None, None, None
 
 
 def _bwd(**flags):
-    return lambda q, k, v, causal=False, block_q=16, block_k=16: _WrongBackward.apply(q, k, v, causal, block_q,
-                                                                                       block_k, flags)
+    return lambda q, k, v, causal=False, block_m=16, block_n=16: _WrongBackward.apply(q, k, v, causal, block_m,
+                                                                                       block_n, flags)
 
 
 _BACKWARD_MISTAKES = [
@@ -531,7 +531,7 @@ def _backward_cases():
         q, k, v = _randn(g, b, nq, 16), _randn(g, b, nk, 16), _randn(g, b, nk, 16)
         do = _randn(g, b, nq, 16)
         shape = f"B={b}, Nq={nq}" + (f", Nk={nk}" if nk != nq else "")
-        label = (f"{shape}, d=16, causal={causal}, block_q={bq}, block_k={bk}"
+        label = (f"{shape}, d=16, causal={causal}, block_m={bq}, block_n={bk}"
                  + (", N not a multiple of the blocks" if nq % bq or nk % bk else ""))
         cases.append((label, (q, k, v, causal, bq, bk), {}, do))
     return cases

@@ -29,21 +29,21 @@ def online_softmax_update(m, l, acc, s_block, v_block):
     return m_new, l_new, acc_new
 
 
-def tiled_attention_forward(q, k, v, causal=False, block_q=16, block_k=16):
+def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
     """FlashAttention-2's forward with its log-sum-exp, for one leading batch dim.
 
     q: (B, Nq, d), k: (B, Nk, d), v: (B, Nk, dv), float32; causal: query i sees keys j <= i.
     Returns O (B, Nq, dv) and L (B, Nq), L_i = log sum_j exp(S_ij) of the scaled scores.
     """
-    o, lse = tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, block_q=block_q,
-                             block_k=block_k, return_lse=True)  # (B, 1, Nq, dv), (B, 1, Nq)
+    o, lse = tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, block_m=block_m,
+                             block_n=block_n, return_lse=True)  # (B, 1, Nq, dv), (B, 1, Nq)
     return o[:, 0], lse[:, 0]
 
 
-def flash_attention_pytorch(q, k, v, causal=False, block_q=16, block_k=16):
+def flash_attention_pytorch(q, k, v, causal=False, block_m=16, block_n=16):
     """The same attention as a differentiable function (autograd.Function inside): O (B, Nq, dv)."""
-    return tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, block_q=block_q,
-                           block_k=block_k)[:, 0]
+    return tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, block_m=block_m,
+                           block_n=block_n)[:, 0]
 
 
 def forward_traffic(n, causal=False, block_m=16, block_n=16, seed=0):
