@@ -283,10 +283,12 @@ def _check_attention_row(ns):
 SIZES = (16, 64, 256)
 D, REPEAT = 32, 5
 # what the part accepts (stated in the notebook): the grader times its own loop and batched attention
-SLOPE_TOL = 0.5     # the exponent of the loop's time in N: within +-0.5 of the grader's
+SLOPE_TOL = 0.7     # the exponent of the loop's time in N: within +-0.7 of the grader's
 RATIO_FACTOR = 10   # the speed-up at the largest N: within a factor 10 of the grader's
+LOOP_FACTOR = 10    # the loop's time at the largest N: within a factor 10 of the grader's loop
 TIME_FACTOR = 100   # both times at the largest N (geometric mean): within a factor 100 of the grader's (seconds, not ms)
 DIFF_TOL = 1e-4     # the loop and the batched outputs agree
+RUNS = 2            # yours and the grader's measurement, in turn; each time's minimum over the runs is kept
 
 M_SHAPE = Mistake("wrong-structure", "return a dict {'loop': tensor (len(sizes),), 'batched': tensor (len(sizes),), "
                   "'max_abs_diff': float}: one time per size, in the order of `sizes`", None)
@@ -347,22 +349,30 @@ def _check_loop_timing(ns):
     learner = learner_of(ns)
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=_gen(500)))
     label = f"sizes={list(SIZES)}, d={D}, seed={seed}, repeat={REPEAT}"
-    reply = learner.call(name, [[(list(SIZES),), {"d": D, "seed": seed, "repeat": REPEAT}]])
-    present(reply, name)
-    results = reply.get("results", [])
-    if not results:
-        raise Fail(f"`{name}`: the grader got no result for {label}")
-    got = value_of(results[0], name, label)
-    loop, batched, diff = _measured(got, len(SIZES))
-    if not diff <= DIFF_TOL:  # also NaN
-        raise Fail(f"`{name}` ({label}): max_abs_diff = {diff:.3g}; your loop and batched outputs must agree "
-                   f"within {DIFF_TOL:g}", [M_DISAGREE])
-    want = specs.loop_vs_batched(SIZES, d=D, seed=seed, repeat=REPEAT)  # the grader's own run, here and now
-    g_loop, g_batched = want["loop"], want["batched"]
+    # yours and the grader's in turn, twice, keeping each time's minimum: other programs only ever add time,
+    # and a burst of load during one run then disturbs neither side's result
+    mine, theirs = [], []
+    for _ in range(RUNS):
+        reply = learner.call(name, [[(list(SIZES),), {"d": D, "seed": seed, "repeat": REPEAT}]])
+        present(reply, name)
+        results = reply.get("results", [])
+        if not results:
+            raise Fail(f"`{name}`: the grader got no result for {label}")
+        loop, batched, diff = _measured(value_of(results[0], name, label), len(SIZES))
+        if not diff <= DIFF_TOL:  # also NaN
+            raise Fail(f"`{name}` ({label}): max_abs_diff = {diff:.3g}; your loop and batched outputs must agree "
+                       f"within {DIFF_TOL:g}", [M_DISAGREE])
+        mine.append((loop, batched, diff))
+        want = specs.loop_vs_batched(SIZES, d=D, seed=seed, repeat=REPEAT)  # the grader's own run, here and now
+        theirs.append((want["loop"], want["batched"]))
+    loop, batched = (torch.stack([m[i] for m in mine]).amin(0) for i in (0, 1))
+    diff = max(m[2] for m in mine)
+    g_loop, g_batched = (torch.stack([t[i] for t in theirs]).amin(0) for i in (0, 1))
     slope, g_slope = _slope(SIZES, loop), _slope(SIZES, g_loop)
     ratio, g_ratio = float(loop[-1] / batched[-1]), float(g_loop[-1] / g_batched[-1])
     # how many times the grader's each column is, at the largest N: both ~1000 for milliseconds
-    scale = math.sqrt(float(loop[-1] / g_loop[-1]) * float(batched[-1] / g_batched[-1]))
+    loop_scale = float(loop[-1] / g_loop[-1])
+    scale = math.sqrt(loop_scale * float(batched[-1] / g_batched[-1]))
     seen = (f"yours: {_describe(loop, batched)}; the grader's: {_describe(g_loop, g_batched)}")
     # swapped: your 'batched' times are nearer the grader's loop than its batched attention
     if ratio < 1 < g_ratio and float(batched[-1] / g_batched[-1]) > math.sqrt(g_ratio):
@@ -371,6 +381,9 @@ def _check_loop_timing(ns):
     if not 1 / TIME_FACTOR <= scale <= TIME_FACTOR:
         raise Fail(f"`{name}` ({label}): your times are {scale:.3g} times the grader's at N={SIZES[-1]} "
                    f"(accepted: within a factor {TIME_FACTOR})\n    {seen}", [M_UNIT])
+    if not 1 / LOOP_FACTOR <= loop_scale <= LOOP_FACTOR:
+        raise Fail(f"`{name}` ({label}): your loop took {loop_scale:.3g} times the grader's at N={SIZES[-1]} "
+                   f"(accepted: within a factor {LOOP_FACTOR})\n    {seen}", [M_FLAT if loop_scale < 1 else M_STEEP])
     if abs(slope - g_slope) > SLOPE_TOL:
         raise Fail(f"`{name}` ({label}): your loop's time grows as N^{slope:.2f}, the grader's as N^{g_slope:.2f} "
                    f"(accepted: within +-{SLOPE_TOL})\n    {seen}", [M_FLAT if slope < g_slope else M_STEEP])
