@@ -49,8 +49,8 @@ HINTS = {
     "attention-masks": [
         "Write the unmasked version first: scores = q @ k.transpose(-2, -1) / sqrt(d) of shape (B, H, Nq, Nk), "
         "weights = softmax over the keys (the last axis), out = weights @ v.",
-        "Masks act on the scores, before the softmax: combine `mask` and, if `causal`, your causal_mask(Nq, Nk) "
-        "with &, then scores.masked_fill(~keep, float('-inf')). A finite 'very negative' number is not enough: "
+        "Masks act on the scores, before the softmax: combine `mask` and, if `causal`, the (Nq, Nk) causal mask "
+        "(part 2's comparison, built here) with &, then scores.masked_fill(~keep, float('-inf')). A finite 'very negative' number is not enough: "
         "a row with every key masked would then average all the values.",
         "A row whose keys are all masked has only -inf scores, and its softmax is 0/0 = NaN. Replace those "
         "rows' weights by zeros (torch.nan_to_num, or torch.where on keep.any(-1, keepdim=True)) before "
@@ -65,8 +65,8 @@ HINTS = {
         "-inf is NaN). Return the pair (weights, out), weights first.",
     ],
     "loop-timing": [
-        "First the loop: for each query i, out[0, 0, i] = attention_row(q[0, 0, i], k[0, 0], v[0, 0])[1]. "
-        "Check it against masked_attention(q, k, v) with (a - b).abs().max().",
+        "Build it in pieces: first an inner function loop(q, k, v) that fills an empty (N, dv) output row by row "
+        "with attention_row, and check it against masked_attention(q, k, v) on one size before timing anything.",
         "Timing: t0 = time.perf_counter(); f(); t = time.perf_counter() - t0, repeated `repeat` times; keep the "
         "smallest (other programs only ever add time). Draw q, k, v for each N from one Generator seeded once.",
         "Collect one loop time and one batched time per N, in seconds, in the order of `sizes`, and return "
