@@ -144,6 +144,13 @@ def _sdpa_cases():
     return cases
 
 
+def _fp16_sdpa_cases():
+    g = _gen(612)
+    args = (_randn(g, 1, 2, 4, 16, scale=3.0), _randn(g, 1, 2, 6, 16, scale=3.0), _randn(g, 1, 2, 6, 8))
+    return [("float16 q, k, v (B=1, H=2, Nq=4, Nk=6, d=16, dv=8), scores up to ~30: exp overflows float16 above 11",
+             tuple(a.half() for a in args), {})]
+
+
 def _sdpa_with(scale_fn, dim=-1, softmax=None, honour_scale=True, outside=False):
     def impl(q, k, v, scale=None):
         sc = scale if (scale is not None and honour_scale) else scale_fn(q.shape[-1], v.shape[-1])
@@ -173,7 +180,9 @@ _SDPA_MISTAKES = [
 def _check_sdpa(ns):
     n = check_function(ns, "scaled_dot_product_attention", specs.scaled_dot_product_attention, _sdpa_cases(),
                        _SDPA_MISTAKES)
-    return f"{n} cases match the spec, with dv != d, an explicit scale and large logits"
+    n += check_function(ns, "scaled_dot_product_attention", specs.scaled_dot_product_attention, _fp16_sdpa_cases(),
+                        _SDPA_MISTAKES, rtol=2e-2, atol=2e-3)
+    return f"{n} cases match the spec, with dv != d, an explicit scale, large logits and float16"
 
 
 # ---------------------------------------------------------------------------------------------
