@@ -49,11 +49,9 @@ def test_exercise_has_stubs_and_no_solutions_hidden_tests_or_outputs(path):
         assert marker not in text
     nb = nbformat.read(str(path), as_version=4)
     nbformat.validate(nb)
-    answers = [c for c in nb.cells if c.metadata["nbgrader"]["solution"] and c.cell_type == "code"]
+    answers = [c for c in nb.cells if c.metadata["nbgrader"]["solution"]]
     assert answers and all("# YOUR CODE HERE\n" in c.source and "raise NotImplementedError()" in c.source
                            for c in answers)
-    written = [c for c in nb.cells if c.metadata["nbgrader"]["solution"] and c.cell_type == "markdown"]
-    assert all(c.source.endswith("YOUR ANSWER HERE") for c in written)  # a manual part's answer, emptied
     for c in nb.cells:
         if c.cell_type == "code":
             assert c.outputs == [] and c.execution_count is None
@@ -71,11 +69,7 @@ def test_cells_carry_nbgrader_schema_3_metadata(path):
         assert {"grade", "solution", "locked", "grade_id"} <= set(meta)
         assert re.fullmatch(r"[A-Za-z0-9_-]+", meta["grade_id"])
         ids.append(meta["grade_id"])
-        if meta["grade"] and meta["solution"]:  # a manual part: the learner's written answer, graded by hand
-            assert not meta["locked"] and c.cell_type == "markdown"
-            assert f'<!-- manual: {meta["grade_id"]} -->' in c.source
-            graded[meta["grade_id"]] = meta["points"]
-        elif meta["grade"]:
+        if meta["grade"]:
             assert meta["locked"] and not meta["solution"] and c.cell_type == "code"
             assert f'check("{meta["grade_id"]}")' in c.source
             graded[meta["grade_id"]] = meta["points"]
