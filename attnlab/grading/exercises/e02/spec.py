@@ -1,44 +1,90 @@
 """The references of exercise 02_queries_keys_values: what the grader compares the learner's answers with.
 
 Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+The maths has one home, the library (``attnlab.attention``): these functions only give it the
+signatures the exercise asks for. ``loop_vs_batched`` is the grader's own run of the timing experiment.
 """
 
 import math
+import time
 
 import torch
 
-def padding_mask(lengths, max_len):
-    """Bool (B, max_len), True where position j < lengths[b] (a real token).
+from attnlab import attention as _attention
 
-    lengths: int (B,).
-    """
-    positions = torch.arange(max_len, device=lengths.device)  # (max_len,)
-    return positions[None, :] < lengths[:, None]  # (B, max_len)
+
+def padding_mask(lengths, max_len):
+    """Bool (B, max_len), True where position j < lengths[b] (a real token). lengths: int (B,)."""
+    return _attention.padding_mask(lengths, max_len)
 
 
 def causal_mask(n_q, n_k, device=None):
     """Bool (n_q, n_k), True where key j <= query i (top-left aligned, like PyTorch's is_causal)."""
-    i = torch.arange(n_q, device=device)[:, None]  # (n_q, 1)
-    j = torch.arange(n_k, device=device)[None, :]  # (1, n_k)
-    return j <= i
+    return _attention.causal_mask(n_q, n_k, device=device)
 
 
-def masked_attention(q, k, v, mask=None):
-    """softmax(q k^T / sqrt(d) with masked scores removed) v.
+def masked_attention(q, k, v, mask=None, causal=False):
+    """softmax(q k^T / sqrt(d), masked scores removed) v.
 
-    q: (B, H, Nq, d); k: (B, H, Nk, d); v: (B, H, Nk, dv);
-    mask: bool broadcastable to (B, H, Nq, Nk), True = attend, or None.
-    A query row with no key to attend to outputs zeros. Returns (B, H, Nq, dv).
+    q: (B, H, Nq, d); k: (B, H, Nk, d); v: (B, H, Nk, dv); mask: bool broadcastable to
+    (B, H, Nq, Nk), True = attend, or None; causal: AND the top-left causal mask. A query row
+    with no key to attend to outputs zeros. Returns (B, H, Nq, dv).
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Nq, Nk)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    m = scores.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(scores - m)  # (B, H, Nq, Nk)
-    total = e.sum(dim=-1, keepdim=True)
-    p = torch.where(total > 0, e / total.clamp_min(1e-30), torch.zeros_like(e))
-    return p @ v  # (B, H, Nq, dv)
+    return _attention.scaled_dot_product_attention(q, k, v, mask=mask, causal=causal)
+
+
+def attention_row(q, k, v, keep=None):
+    """One query's row of the attention matrix and its output.
+
+    q: (d,); k: (Nk, d); v: (Nk, dv); keep: bool (Nk,) (True = attend) or None.
+    Returns (weights (Nk,), out (dv,)); with no key kept, both are zeros.
+    """
+    out, weights = _attention.scaled_dot_product_attention(
+        q[None, None, None], k[None, None], v[None, None], mask=keep, return_weights=True)  # (1,1,1,dv), (1,1,1,Nk)
+    return weights[0, 0, 0], out[0, 0, 0]
+
+
+def _loop(q, k, v):
+    """(1, 1, N, d) attention one query at a time: each step one row, as ``attention_row`` computes it without
+    its argument checks (a plain row costs about what a learner's does, so the timings compare)."""
+    k0, v0, scale = k[0, 0], v[0, 0], 1.0 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[2], v.shape[-1], dtype=q.dtype)  # (N, dv)
+    for i in range(q.shape[2]):
+        weights = _attention.softmax(k0 @ q[0, 0, i] * scale)  # (N,) row i of the attention matrix
+        out[i] = weights @ v0  # (dv,)
+    return out[None, None]  # (1, 1, N, dv)
+
+
+def _best_time(fn, repeat):
+    best = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def loop_vs_batched(sizes, d=32, seed=0, repeat=5):
+    """The timing experiment: for each N in ``sizes``, q, k, v of shape (1, 1, N, d) (torch.randn from a
+    Generator seeded with ``seed``), attention one query at a time and all at once, each timed ``repeat``
+    times (the fastest kept, in seconds, on one thread).
+
+    Returns {"loop": float64 (len(sizes),), "batched": float64 (len(sizes),), "max_abs_diff": float}.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: the same conditions as the exercise's setup cell
+    try:
+        g = torch.Generator().manual_seed(seed)
+        loop, batched, diff = [], [], 0.0
+        for n in sizes:
+            q, k, v = (torch.randn(1, 1, n, d, generator=g) for _ in range(3))
+            diff = max(diff, (_loop(q, k, v) - masked_attention(q, k, v)).abs().max().item())
+            loop.append(_best_time(lambda: _loop(q, k, v), repeat))
+            batched.append(_best_time(lambda: masked_attention(q, k, v), repeat))
+    finally:
+        torch.set_num_threads(threads)
+    return {"loop": torch.tensor(loop, dtype=torch.float64), "batched": torch.tensor(batched, dtype=torch.float64),
+            "max_abs_diff": diff}
 
 
 __import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())

@@ -4,48 +4,137 @@ import math
 
 import torch
 
-from attnlab.grading.core import Mistake, Registry, check_function, gen as _gen, randn as _randn
-from attnlab.grading.exercises.e01.checks import _naive_softmax
+from attnlab.grading.core import (Fail, Mistake, Registry, check_function, diagnose, gen as _gen, learner_of,
+                                  present, randn as _randn, value_of)
 from attnlab.grading.exercises.e03 import spec as specs
 
 CHECKS = Registry()
 
 
+def _naive_softmax(x, dim=-1):
+    e = torch.exp(x)
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# stable-softmax
+# ---------------------------------------------------------------------------------------------
+
 def _softmax_cases():
     g = _gen(500)
     rows = _randn(g, 3, 5)
     rows[1] -= 1000.0  # a row far below the others: a global max would underflow it
+    masked = _randn(g, 3, 6)
+    masked[0, 2:] = float("-inf")
+    masked[2, 0] = float("-inf")
     return [
+        ("x of shape (5, 5), dim=-1 (square)", (_randn(g, 5, 5),), {}),
         ("x of shape (4, 6), dim=-1", (_randn(g, 4, 6),), {}),
         ("x of shape (2, 3, 5), dim=1", (_randn(g, 2, 3, 5),), {"dim": 1}),
         ("x of shape (5, 3), dim=0", (_randn(g, 5, 3),), {"dim": 0}),
         ("large logits (~1000): exp overflows without the max subtracted", (_randn(g, 3, 4, scale=1000.0),), {}),
         ("rows with very different offsets (one ~ -1000): subtract each row's own max", (rows,), {}),
+        ("rows with -inf entries (masked scores): their weights are 0", (masked,), {}),
     ]
+
+
+def _fp16_cases():
+    g = _gen(501)
+    x = _randn(g, 4, 8, scale=4.0)
+    x[:, 0] = 15.0  # exp(15) = 3.3e6 > 65504, the largest float16
+    return [("float16 x of shape (4, 8) with logits up to 15 (exp(15) overflows float16)", (x.half(),), {})]
+
+
+def _keepdim_lost(sum_too):
+    def impl(x, dim=-1):
+        e = torch.exp(x - x.amax(dim=dim))  # (.., no dim ..) broadcasts against the wrong axis
+        return e / (e.sum(dim=dim) if sum_too else e.sum(dim=dim, keepdim=True))
+    return impl
 
 
 _SOFTMAX_MISTAKES = [
     Mistake("no-max-subtraction", "exp overflows on large logits: subtract each row's max before exp", _naive_softmax),
     Mistake("wrong-axis", "the softmax ignores `dim` (it always normalises the last axis)",
-            lambda x, dim=-1: torch.softmax(x, dim=-1)),
-    Mistake("wrong-axis", "the softmax normalises over the wrong axis", lambda x, dim=-1: torch.softmax(x, dim=0)),
+            lambda x, dim=-1: specs.softmax(x, dim=-1)),
+    Mistake("wrong-axis", "the softmax normalises over the wrong axis", lambda x, dim=-1: specs.softmax(x, dim=0)),
     Mistake("global-max", "the max is taken over the whole tensor, not each row: rows far below it underflow to 0/0",
             lambda x, dim=-1: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum(dim=dim, keepdim=True)),
+    Mistake("missing-keepdim", "a reduction lost its axis: use keepdim=True in amax and sum so that the result "
+            "broadcasts along `dim`", _keepdim_lost(False)),
+    Mistake("missing-keepdim", "a reduction lost its axis: use keepdim=True in amax and sum so that the result "
+            "broadcasts along `dim`", _keepdim_lost(True)),
+    Mistake("mean-not-max", "the mean is subtracted: exp still overflows when one logit is far above the mean; "
+            "subtract the max", lambda x, dim=-1: _naive_softmax(x - x.mean(dim=dim, keepdim=True), dim)),
+    Mistake("max-wrong-axis", "the max is taken along the last axis but the sum along `dim`: take both along `dim`",
+            lambda x, dim=-1: _naive_softmax(x - x.amax(dim=-1, keepdim=True), dim)),
 ]
 
 
 @CHECKS("stable-softmax")
 def _check_softmax(ns):
     n = check_function(ns, "softmax", specs.softmax, _softmax_cases(), _SOFTMAX_MISTAKES)
-    return f"{n} cases match the spec, including large logits and far-apart rows"
+    n += check_function(ns, "softmax", specs.softmax, _fp16_cases(), _SOFTMAX_MISTAKES, rtol=1e-2, atol=1e-3)
+    return f"{n} cases match the spec, including large logits, far-apart rows, -inf entries and float16"
 
+
+# ---------------------------------------------------------------------------------------------
+# softmax-backward
+# ---------------------------------------------------------------------------------------------
+
+def _backward_cases():
+    cases = []
+    g = _gen(550)
+    for label, shape, dim, spread in [
+            ("(5, 5), dim=-1 (square)", (5, 5), -1, 1.0),
+            ("(4, 6), dim=-1", (4, 6), -1, 1.0),
+            ("(2, 3, 5), dim=1", (2, 3, 5), 1, 1.0),
+            ("(2, 2, 3, 7), dim=-1: attention weights (B, H, Nq, Nk)", (2, 2, 3, 7), -1, 2.0),
+            ("(5, 3), dim=0", (5, 3), 0, 1.0),
+            ("(3, 8), dim=-1, saturated rows (scores ~30: p nearly one-hot)", (3, 8), -1, 30.0)]:
+        p = specs.softmax(_randn(g, *shape, scale=spread), dim=dim)
+        dp = _randn(g, *shape)
+        cases.append((f"p and dp of shape {label}", (p, dp), {} if dim == -1 else {"dim": dim}))
+    return cases
+
+
+def _rowsum(x, dim):
+    return x.sum(dim=dim, keepdim=True)
+
+
+_BACKWARD_MISTAKES = [
+    Mistake("missing-rowsum", "only the diagonal term p * dp: the softmax couples every entry of a row, subtract "
+            "each row's sum of dp * p (ds = p * (dp - rowsum(dp * p)))", lambda p, dp, dim=-1: p * dp),
+    Mistake("diagonal-only", "this is p (1 - p) dp, the Jacobian's diagonal alone: the off-diagonal entries "
+            "-p_i p_j also carry gradient", lambda p, dp, dim=-1: p * (1 - p) * dp),
+    Mistake("unweighted-rowsum", "the row sum must weight dp by p: rowsum(dp * p), not rowsum(dp)",
+            lambda p, dp, dim=-1: p * (dp - _rowsum(dp, dim))),
+    Mistake("missing-p-factor", "the whole bracket is multiplied by p: ds = p * (dp - rowsum(dp * p))",
+            lambda p, dp, dim=-1: dp - _rowsum(dp * p, dim)),
+    Mistake("wrong-sign", "the sign is flipped: ds = p * (dp - rowsum(dp * p))",
+            lambda p, dp, dim=-1: p * (_rowsum(dp * p, dim) - dp)),
+    Mistake("wrong-axis", "the row sum ignores `dim` (it always sums the last axis)",
+            lambda p, dp, dim=-1: p * (dp - _rowsum(dp * p, -1))),
+    Mistake("missing-keepdim", "the row sum lost its axis: use keepdim=True so that it broadcasts along `dim`",
+            lambda p, dp, dim=-1: p * (dp - (dp * p).sum(dim=dim))),
+]
+
+
+@CHECKS("softmax-backward")
+def _check_softmax_backward(ns):
+    n = check_function(ns, "softmax_backward", specs.softmax_backward, _backward_cases(), _BACKWARD_MISTAKES)
+    return f"{n} cases match autograd through the softmax, including saturated rows and dim != -1"
+
+
+# ---------------------------------------------------------------------------------------------
+# scaled-attention
+# ---------------------------------------------------------------------------------------------
 
 def _sdpa_cases():
     cases = []
-    for seed, (b, h, nq, nk, d) in enumerate([(2, 2, 4, 6, 16), (1, 3, 5, 5, 64), (2, 1, 7, 3, 4)]):
+    for seed, (b, h, nq, nk, d, dv) in enumerate([(2, 2, 4, 6, 16, 8), (1, 3, 5, 5, 64, 64), (2, 1, 7, 3, 4, 4)]):
         g = _gen(600 + seed)
-        args = (_randn(g, b, h, nq, d), _randn(g, b, h, nk, d), _randn(g, b, h, nk, d))
-        cases.append((f"B={b}, H={h}, Nq={nq}, Nk={nk}, d={d}", args, {}))
+        args = (_randn(g, b, h, nq, d), _randn(g, b, h, nk, d), _randn(g, b, h, nk, dv))
+        cases.append((f"B={b}, H={h}, Nq={nq}, Nk={nk}, d={d}, dv={dv}", args, {}))
     g = _gen(610)
     args = (_randn(g, 1, 2, 4, 8), _randn(g, 1, 2, 5, 8), _randn(g, 1, 2, 5, 8))
     cases.append(("an explicit scale=0.3", args, {"scale": 0.3}))
@@ -55,21 +144,35 @@ def _sdpa_cases():
     return cases
 
 
-def _sdpa_with(scale_fn, dim=-1, softmax=None, honour_scale=True):
+def _fp16_sdpa_cases():
+    g = _gen(612)
+    args = (_randn(g, 1, 2, 4, 16, scale=3.0), _randn(g, 1, 2, 6, 16, scale=3.0), _randn(g, 1, 2, 6, 8))
+    return [("float16 q, k, v (B=1, H=2, Nq=4, Nk=6, d=16, dv=8), scores up to ~30: exp overflows float16 above 11",
+             tuple(a.half() for a in args), {})]
+
+
+def _sdpa_with(scale_fn, dim=-1, softmax=None, honour_scale=True, outside=False):
     def impl(q, k, v, scale=None):
-        sc = scale if (scale is not None and honour_scale) else scale_fn(q.shape[-1])
+        sc = scale if (scale is not None and honour_scale) else scale_fn(q.shape[-1], v.shape[-1])
+        if outside:
+            return (softmax or torch.softmax)(q @ k.transpose(-2, -1), dim=dim) @ v * sc
         return (softmax or torch.softmax)(q @ k.transpose(-2, -1) * sc, dim=dim) @ v
     return impl
 
 
 _SDPA_MISTAKES = [
-    Mistake("scale-forgotten", "the 1/sqrt(d) scale is forgotten", _sdpa_with(lambda d: 1.0)),
-    Mistake("scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)", _sdpa_with(lambda d: 1.0 / d)),
+    Mistake("scale-forgotten", "the 1/sqrt(d) scale is forgotten", _sdpa_with(lambda d, dv: 1.0)),
+    Mistake("scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)", _sdpa_with(lambda d, dv: 1.0 / d)),
+    Mistake("scale-uses-dv", "the scale uses v's dimension; it is 1/sqrt(d) with d the dimension of q and k "
+            "(q.shape[-1])", _sdpa_with(lambda d, dv: dv ** -0.5)),
+    Mistake("scale-outside-softmax", "the scale multiplies the output; it divides the scores, inside the softmax",
+            _sdpa_with(lambda d, dv: d ** -0.5, outside=True)),
     Mistake("wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)",
-            _sdpa_with(lambda d: d ** -0.5, dim=-2)),
-    Mistake("scale-ignored", "an explicit `scale` argument is ignored", _sdpa_with(lambda d: d ** -0.5, honour_scale=False)),
+            _sdpa_with(lambda d, dv: d ** -0.5, dim=-2)),
+    Mistake("scale-ignored", "an explicit `scale` argument is ignored",
+            _sdpa_with(lambda d, dv: d ** -0.5, honour_scale=False)),
     Mistake("no-max-subtraction", "exp overflows on large logits: use a softmax that subtracts the max",
-            _sdpa_with(lambda d: d ** -0.5, softmax=_naive_softmax)),
+            _sdpa_with(lambda d, dv: d ** -0.5, softmax=_naive_softmax)),
 ]
 
 
@@ -77,35 +180,114 @@ _SDPA_MISTAKES = [
 def _check_sdpa(ns):
     n = check_function(ns, "scaled_dot_product_attention", specs.scaled_dot_product_attention, _sdpa_cases(),
                        _SDPA_MISTAKES)
-    return f"{n} cases match the spec, with an explicit scale and large logits"
+    n += check_function(ns, "scaled_dot_product_attention", specs.scaled_dot_product_attention, _fp16_sdpa_cases(),
+                        _SDPA_MISTAKES, rtol=2e-2, atol=2e-3)
+    return f"{n} cases match the spec, with dv != d, an explicit scale, large logits and float16"
 
 
-def _variance_cases():
-    cases = []
-    for seed, (n, d) in enumerate([(256, 64), (100, 16), (50, 512)]):
-        g = _gen(700 + seed)
-        cases.append((f"n={n} pairs, d={d}", (_randn(g, n, d), _randn(g, n, d)), {}))
-    return cases
+# ---------------------------------------------------------------------------------------------
+# variance-experiment
+# ---------------------------------------------------------------------------------------------
+
+DIMS, N_PAIRS = (8, 32, 128, 512), 8192
+TOL = 0.15  # each variance within 15% of the grader's run (about 6 standard errors at d = 8 for other draws)
 
 
-def _raw(q, k):
-    return (q * k).sum(-1)
+def _experiment_with(score=None, stat=torch.var, divide=math.sqrt, same_draw=False):
+    """The experiment, by the recipe, with one thing changed (a known mistake)."""
+    def impl(dims, n_pairs=N_PAIRS, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        rows = []
+        for d in dims:
+            q = torch.randn(n_pairs, d, generator=g)
+            k = q if same_draw else torch.randn(n_pairs, d, generator=g)
+            raw = (q * k).sum(dim=-1) if score is None else score(q, k)
+            rows.append(torch.stack([stat(raw), stat(raw / divide(d))]))
+        return torch.stack(rows)
+    return impl
 
 
 _VARIANCE_MISTAKES = [
-    Mistake("divided-by-d", "the scaled scores are divided by d; divide by sqrt(d)",
-            lambda q, k: torch.stack([_raw(q, k).var(), (_raw(q, k) / q.shape[-1]).var()])),
-    Mistake("std-not-var", "these are standard deviations; the experiment measures variances",
-            lambda q, k: torch.stack([_raw(q, k).std(), (_raw(q, k) / math.sqrt(q.shape[-1])).std()])),
-    Mistake("all-pairs", "the scores of all pairs (q @ k.T) are used; pair row i of q with row i of k",
-            lambda q, k: torch.stack([(q @ k.T).var(), (q @ k.T / math.sqrt(q.shape[-1])).var()])),
-    Mistake("biased-variance", "use torch.var's default (unbiased) estimator",
-            lambda q, k: torch.stack([_raw(q, k).var(unbiased=False),
-                                      (_raw(q, k) / math.sqrt(q.shape[-1])).var(unbiased=False)])),
+    Mistake("divided-by-d", "the scaled scores are divided by d; divide by sqrt(d)", _experiment_with(divide=float)),
+    Mistake("scaled-wrong-way", "the scaled scores are multiplied by sqrt(d); divide by it",
+            _experiment_with(divide=lambda d: d ** -0.5)),
+    Mistake("std-not-var", "these are standard deviations; the experiment measures variances (torch.var)",
+            _experiment_with(stat=torch.std)),
+    Mistake("mean-not-var", "these are means (about 0); the experiment measures variances (torch.var)",
+            _experiment_with(stat=torch.mean)),
+    Mistake("summed-over-pairs", "the sum runs over the pairs (dim=0); a dot product sums the d features of one "
+            "pair (dim=-1)", _experiment_with(score=lambda q, k: (q * k).sum(dim=0))),
+    Mistake("no-sum", "the products q_i k_i are not summed: a score is the dot product, the sum over the d "
+            "features", _experiment_with(score=lambda q, k: (q * k).flatten())),
+    Mistake("same-draw", "k is q (or q . q): draw k independently of q; |q|^2 has variance 2d, not d",
+            _experiment_with(same_draw=True)),
+    Mistake("same-draw", "k is q (or q . q): draw k independently of q; |q|^2 has variance 2d, not d",
+            _experiment_with(score=lambda q, k: (q * q).sum(dim=-1))),
 ]
+
+M_STRUCTURE = Mistake("wrong-structure", f"return a float tensor of shape (len(dims), 2): row i holds "
+                      f"[variance of the raw scores, variance of the scaled scores] at d = dims[i]", None)
+M_SEED_IGNORED = Mistake("seed-ignored", "the same seed gives different numbers: draw q and k from "
+                         "torch.Generator().manual_seed(seed) (generator=g), not from the global random state", None)
+M_SEED_FIXED = Mistake("seed-fixed", "two different seeds give the same numbers: seed the Generator with the "
+                       "`seed` argument, not a constant", None)
+
+
+def _table(got, seed):
+    try:
+        t = torch.as_tensor(got, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise Fail(f"`score_variance` (seed={seed}) returned {type(got).__name__}", [M_STRUCTURE]) from None
+    if tuple(t.shape) != (len(DIMS), 2):
+        raise Fail(f"`score_variance` (seed={seed}) returned shape {tuple(t.shape)}, expected ({len(DIMS)}, 2) for "
+                   f"dims={list(DIMS)}", [M_STRUCTURE])
+    if not torch.isfinite(t).all():
+        raise Fail(f"`score_variance` (seed={seed}) returned {t.tolist()}: NaN or inf", [M_STRUCTURE])
+    return t
+
+
+def _slope(dims, values):
+    x = torch.log(torch.tensor(dims, dtype=torch.float64))
+    y = torch.log(values)
+    x = x - x.mean()
+    return float((x * (y - y.mean())).sum() / (x * x).sum())
+
+
+def _rows(t):
+    return "; ".join(f"d={d}: {a:.4g}, {b:.4g}" for d, (a, b) in zip(DIMS, t.tolist()))
 
 
 @CHECKS("variance-experiment")
 def _check_variance(ns):
-    n = check_function(ns, "score_variance", specs.score_variance, _variance_cases(), _VARIANCE_MISTAKES)
-    return f"{n} cases match the spec"
+    name = "score_variance"
+    learner = learner_of(ns)
+    seed, other = (int(s) for s in torch.randint(0, 2**31 - 1, (2,), generator=_gen(700)))
+    calls = [(seed, "seed"), (seed, "the same seed again"), (other, "another seed")]
+    reply = learner.call(name, [[(list(DIMS),), {"n_pairs": N_PAIRS, "seed": s}] for s, _ in calls])
+    present(reply, name)
+    results = reply.get("results", [])
+    tables = []
+    for i, (s, what) in enumerate(calls):
+        label = f"dims={list(DIMS)}, n_pairs={N_PAIRS}, seed={s} ({what})"
+        if i >= len(results):
+            raise Fail(f"`{name}`: the grader got no result for {label}")
+        tables.append(_table(value_of(results[i], name, label), s))
+    args, kwargs = (list(DIMS),), {"n_pairs": N_PAIRS, "seed": seed}
+    want = specs.score_variance(*args, **kwargs).double()  # the grader's run of the experiment, same seed
+    rel = ((tables[0] - want).abs() / want.abs()).max().item()
+    if rel > TOL:
+        found = diagnose(tables[0].float(), _VARIANCE_MISTAKES, args, kwargs, rtol=TOL, atol=0.05)
+        raise Fail(f"`{name}` (dims={list(DIMS)}, n_pairs={N_PAIRS}, seed={seed}): an entry is {rel:.0%} away from the "
+                   f"grader's run with the same seed (accepted: {TOL:.0%})\n    yours [Var(raw), Var(scaled)]: "
+                   f"{_rows(tables[0])}\n    the grader's: {_rows(want)}", found)
+    if not torch.allclose(tables[0], tables[1], rtol=1e-6, atol=0.0):
+        raise Fail(f"`{name}`: two calls with seed={seed} gave different numbers\n    first:  {_rows(tables[0])}\n"
+                   f"    second: {_rows(tables[1])}", [M_SEED_IGNORED])
+    if torch.allclose(tables[0], tables[2], rtol=1e-9, atol=0.0):
+        raise Fail(f"`{name}`: seed={seed} and seed={other} gave exactly the same numbers: {_rows(tables[0])}",
+                   [M_SEED_FIXED])
+    slope, g_slope = _slope(DIMS, tables[0][:, 0]), _slope(DIMS, want[:, 0])
+    lo, hi = tables[0][:, 1].min().item(), tables[0][:, 1].max().item()
+    return (f"Var(q.k) grows as d^{slope:.2f} (the grader's run: d^{g_slope:.2f}); Var(q.k/sqrt(d)) stays in "
+            f"[{lo:.2f}, {hi:.2f}] from d={DIMS[0]} to {DIMS[-1]}; within {rel:.1%} of the grader's run, "
+            f"reproducible from the seed")

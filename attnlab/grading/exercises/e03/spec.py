@@ -1,17 +1,34 @@
 """The references of exercise 03_scaled_dot_product: what the grader compares the learner's answers with.
 
 Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+The maths has one home, the library (``attnlab.attention``): the softmax and attention delegate to it,
+and the softmax's backward is autograd through the library's softmax. ``score_variance`` is the
+experiment the learner runs, as the grader runs it.
 """
 
 import math
 
 import torch
 
+from attnlab import attention as _attention
+
+
 def softmax(x, dim=-1):
-    """Numerically stable softmax: subtract each row's max before exp."""
-    m = x.amax(dim=dim, keepdim=True)
-    e = torch.exp(x - m)
-    return e / e.sum(dim=dim, keepdim=True)
+    """Numerically stable softmax along ``dim`` (each row's max subtracted before exp)."""
+    return _attention.softmax(x, dim=dim)
+
+
+def softmax_backward(p, dp, dim=-1):
+    """dS, the gradient on the scores S, from P = softmax(S, dim) and dP, the gradient on P.
+
+    Computed by autograd through the library's softmax: log(P) are scores whose softmax is P (any
+    constant shift along ``dim`` leaves the softmax and its backward unchanged).
+    p: float, sums to 1 along dim; dp: float like p. Returns float like p.
+    """
+    with torch.enable_grad():
+        s = p.detach().log().requires_grad_(True)   # scores whose softmax is p
+        (ds,) = torch.autograd.grad(_attention.softmax(s, dim=dim), s, dp)
+    return ds
 
 
 def scaled_dot_product_attention(q, k, v, scale=None):
@@ -19,22 +36,24 @@ def scaled_dot_product_attention(q, k, v, scale=None):
 
     q: (B, H, Nq, d); k: (B, H, Nk, d); v: (B, H, Nk, dv). Returns (B, H, Nq, dv).
     """
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = q @ k.transpose(-2, -1) * scale  # (B, H, Nq, Nk)
-    return softmax(scores, dim=-1) @ v  # (B, H, Nq, dv)
+    return _attention.scaled_dot_product_attention(q, k, v, scale=scale)
 
 
-def score_variance(q, k):
-    """Variance of raw and scaled dot products of matching rows.
+def score_variance(dims, n_pairs=8192, seed=0):
+    """The variance experiment: Var(q . k) and Var(q . k / sqrt(d)) for each d in ``dims``.
 
-    q, k: (n, d) with independent N(0, 1) entries. The raw scores are
-    q_i . k_i (n of them); the scaled ones are divided by sqrt(d).
-    Returns a tensor [var(raw), var(scaled)] (torch.var, unbiased).
+    g = torch.Generator().manual_seed(seed) once; for each d in order, q then k drawn as
+    torch.randn(n_pairs, d, generator=g); the n_pairs scores are q_i . k_i (row i with row i).
+    Returns float (len(dims), 2): [torch.var(raw), torch.var(scaled)] per d (unbiased).
     """
-    raw = (q * k).sum(dim=-1)  # (n,)
-    scaled = raw / math.sqrt(q.shape[-1])
-    return torch.stack([raw.var(), scaled.var()])
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for d in dims:
+        q = torch.randn(n_pairs, d, generator=g)   # (n, d)
+        k = torch.randn(n_pairs, d, generator=g)   # (n, d)
+        raw = (q * k).sum(dim=-1)                  # (n,) one dot product per pair
+        rows.append(torch.stack([raw.var(), (raw / math.sqrt(d)).var()]))
+    return torch.stack(rows)                       # (len(dims), 2)
 
 
 __import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
