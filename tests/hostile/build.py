@@ -165,28 +165,46 @@ SHORTCUTS = {
         "stable-softmax-answer": "def softmax(x, dim=-1):\n    return torch.softmax(x, dim=dim)\n",
         "scaled-attention-answer": ("def scaled_dot_product_attention(q, k, v, scale=None):\n"
                                     "    return attnlab.scaled_dot_product_attention(q, k, v, scale=scale)\n"),
-        "variance-experiment-answer": "def score_variance(q, k):\n    return specs.score_variance(q, k)\n",
+        "softmax-backward-answer": ("def softmax_backward(p, dp, dim=-1):\n"
+                                    "    x = p.log().detach().requires_grad_(True)\n"
+                                    "    return torch.autograd.grad(torch.softmax(x, dim), x, dp)[0]\n"),
+        "variance-experiment-answer": ("def score_variance(dims, n_pairs=8192, seed=0):\n"
+                                       "    return specs.score_variance(dims, n_pairs, seed)\n"),
     },
     "04_multi_head": {
         "split-heads-answer": "def split_heads(x, num_heads):\n    return specs.split_heads(x, num_heads)\n",
         "merge-heads-answer": "def merge_heads(x):\n    return specs.merge_heads(x)\n",
-        "mha-forward-answer": ("def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, causal=False):\n"
-                               "    return specs.multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, causal)\n"),
+        "mha-cost-answer": ("def mha_parameters(d_model, num_heads, bias=True):\n"
+                            "    return specs.mha_parameters(d_model, num_heads, bias)\n\n\n"
+                            "def mha_flops(batch, n_q, n_k, d_model, num_heads):\n"
+                            "    return specs.mha_flops(batch, n_q, n_k, d_model, num_heads)\n"),
     },
     "05_quadratic_cost": {
         "attention-flops-answer": "def attention_flops(batch, heads, n, d):\n    return specs.attention_flops(batch, heads, n, d)\n",
-        "attention-bytes-answer": ("def attention_bytes(batch, heads, n, d, element_size=4):\n"
+        "attention-bytes-answer": ("def step_bytes(batch, heads, n, d, element_size=4):\n"
+                                   "    return specs.step_bytes(batch, heads, n, d, element_size)\n\n\n"
+                                   "def attention_bytes(batch, heads, n, d, element_size=4):\n"
                                    "    return specs.attention_bytes(batch, heads, n, d, element_size)\n"),
         "arithmetic-intensity-answer": ("def arithmetic_intensity(batch, heads, n, d, element_size=4):\n"
                                         "    return specs.arithmetic_intensity(batch, heads, n, d, element_size)\n\n\n"
                                         "def is_memory_bound(intensity, peak_flops, bandwidth):\n"
                                         "    return specs.is_memory_bound(intensity, peak_flops, bandwidth)\n"),
+        "roofline-prediction-answer": ("def predict_naive_time(batch, heads, n, d, flop_rate, bandwidth, element_size=4):\n"
+                                       "    return specs.predict_naive_time(batch, heads, n, d, flop_rate, bandwidth, "
+                                       "element_size)\n"),
+    },
+    "08_block_sparse": {
+        "flex-block-mask-answer": ("from torch.nn.attention.flex_attention import create_block_mask as _cbm\n\n"
+                                   "def create_block_mask(mask_mod, B, H, Nq, Nk, block_size):\n"
+                                   "    m = _cbm(mask_mod, B, H, Nq, Nk, device='cpu', BLOCK_SIZE=block_size)\n"
+                                   "    return m.kv_num_blocks, m.kv_indices, m.full_kv_num_blocks, m.full_kv_indices\n"),
     },
     "07_flash_attention": {
         "online-softmax-update-answer": ("def online_softmax_update(m, l, acc, s_block, v_block):\n"
                                          "    return specs.online_softmax_update(m, l, acc, s_block, v_block)\n"),
-        "tiled-forward-answer": ("def tiled_attention_forward(q, k, v, block_k=16, scale=None):\n"
-                                 "    return F.scaled_dot_product_attention(q[None], k[None], v[None], scale=scale)[0]\n"),
+        "tiled-forward-answer": ("def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):\n"
+                                 "    return attnlab.tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, "
+                                 "return_lse=True)\n"),
     },
 }
 
@@ -236,7 +254,12 @@ FAKE_KERNELS = {
                         FAKE_ATTENTION.format(name="block_sparse_fwd_kernel")},
 }
 
-IMPORTS = "import attnlab\nimport torch\nimport torch.nn.functional as F\nfrom attnlab.grading import specs\n"
+IMPORTS = "import attnlab\nimport torch\nimport torch.nn.functional as F\n"
+
+
+def _imports(exercise):
+    # the shortcuts call the exercise's references as `specs`
+    return IMPORTS + f"from attnlab.grading.exercises.e{exercise[:2]} import spec as specs\n"
 
 
 def _load(folder, exercise):
@@ -302,10 +325,10 @@ def probes():
     out["shortcut_captured_early.ipynb"] = _insert_after_setup(nb, "import torch\n_sm = torch.softmax\n")
     for exercise, edits in SHORTCUTS.items():
         nb = _edit(_load("exercises", exercise), edits)
-        out[f"shortcut_{exercise[:2]}.ipynb"] = _insert_after_setup(nb, IMPORTS)
+        out[f"shortcut_{exercise[:2]}.ipynb"] = _insert_after_setup(nb, _imports(exercise))
     for exercise, edits in FAKE_KERNELS.items():
         nb = _edit(_load("exercises", exercise), edits)
-        out[f"fake_kernel_{exercise[:2]}.ipynb"] = _insert_after_setup(nb, IMPORTS)
+        out[f"fake_kernel_{exercise[:2]}.ipynb"] = _insert_after_setup(nb, _imports(exercise))
     return out
 
 
