@@ -204,6 +204,8 @@ def test_progress_shows_which_parts_pass(graded):
     run = graded["progress"]
     assert run.returncode == 0, run.stderr[-2000:]
     lines = {line.split()[0]: line for line in run.stdout.splitlines() if line[:2].isdigit()}
-    assert "4/4" in lines["05_quadratic_cost"] and "[x] arithmetic-intensity" in lines["05_quadratic_cost"]
-    assert "0/6" in lines["01_soft_alignment"] and "[ ] additive-score" in lines["01_soft_alignment"]
-    assert "3 of 6 parts pass" in run.stdout
+    assert "10/10" in lines["05_quadratic_cost"] and "[x] arithmetic-intensity" in lines["05_quadratic_cost"]
+    assert "[w] prediction-explain" in lines["05_quadratic_cost"]  # a written answer: graded by hand
+    assert "0/9" in lines["01_soft_alignment"] and "[ ] additive-score" in lines["01_soft_alignment"]
+    assert "[ ] explain-crossing" in lines["01_soft_alignment"]
+    assert "5 of 9 parts pass" in run.stdout
