@@ -141,7 +141,7 @@ def test_the_table_has_every_part_and_a_total(graded):
 def test_every_solution_scores_full_marks(graded, path):
     report = graded["reports"]["solution:" + path.name]
     assert not report.get("error"), report
-    assert 3 <= len(report["parts"]) <= 6
+    assert len(report["parts"]) >= 5  # at least 4 graded parts and a written one
     assert report["score"] == report["max_score"] > 0, json.dumps(report, indent=1)
 
 
