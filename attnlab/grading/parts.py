@@ -11,7 +11,7 @@ from attnlab.grading.exercises import ATTENTION, AUTOGRAD, BLOCK_MASKS, KINDS, P
 
 
 def _load():
-    table, package, forbidden, hints = {}, {}, {}, {}
+    table, package, forbidden, hints, allowed = {}, {}, {}, {}, {}
     for name in PACKAGES:
         try:
             mod = importlib.import_module(f"attnlab.grading.exercises.{name}")
@@ -29,11 +29,13 @@ def _load():
         table[mod.EXERCISE] = rows
         forbidden.update(getattr(mod, "FORBIDDEN", {}))
         hints.update(getattr(mod, "HINTS", {}))
-    return table, package, forbidden, hints
+        allowed.update(getattr(mod, "ALLOWED", {}))
+    return table, package, forbidden, hints, allowed
 
 
-# exercise -> [Part, ...] in notebook order; part id -> its package; part id -> forbidden patterns / hints
-TABLE, PACKAGE, FORBIDDEN, HINTS = _load()
+# exercise -> [Part, ...] in notebook order; part id -> its package; part id -> forbidden patterns / hints;
+# part id -> the LIBRARY patterns it may use after all (the capstone builds attnlab.models' GPT around the answers)
+TABLE, PACKAGE, FORBIDDEN, HINTS, ALLOWED = _load()
 
 # Parts graded by a person, not by `attnlab grade` (an nbgrader manually graded cell: a short written
 # explanation): reported as "manual" with no points, and left out of the score.
@@ -74,7 +76,8 @@ LIBRARY = ["attnlab.attention.*", "attnlab.tiled.*", "attnlab.iomodel.*", "attnl
 
 def forbidden(part_id):
     """The patterns of what ``part_id``'s answer may not call."""
-    return REFERENCES + LIBRARY + FORBIDDEN.get(part_id, [])
+    allowed = ALLOWED.get(part_id, ())
+    return REFERENCES + [p for p in LIBRARY if p not in allowed] + FORBIDDEN.get(part_id, [])
 
 
 def all_forbidden():
