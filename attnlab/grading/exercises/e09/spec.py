@@ -42,18 +42,28 @@ def train_gpt(seed, steps, attention="sdpa"):
     Returns a float32 tensor of ``steps`` losses.
     """
     corpus = _corpus()
-    model = GPT(**TINY, attention=attention, seed=seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    g = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(steps):
-        x, y = corpus.batch("train", BATCH, SEQ, g)                        # (B, T), (B, T)
-        _, loss = model(x, y)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        optimizer.step()
-        losses.append(loss.item())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # tiny matrices: one thread is faster, and rounds the same way every run
+    try:
+        return _train(corpus, seed, steps, attention)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(corpus, seed, steps, attention):
+    with torch.enable_grad():                                               # also when called under no_grad
+        model = GPT(**TINY, attention=attention, seed=seed)
+        optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+        g = torch.Generator().manual_seed(seed)
+        losses = []
+        for _ in range(steps):
+            x, y = corpus.batch("train", BATCH, SEQ, g)                    # (B, T), (B, T)
+            _, loss = model(x, y)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            optimizer.step()
+            losses.append(loss.item())
     return torch.tensor(losses)
 
 
