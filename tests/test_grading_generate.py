@@ -51,6 +51,7 @@ def test_exercise_has_stubs_and_no_solutions_hidden_tests_or_outputs(path):
     nbformat.validate(nb)
     answers = [c for c in nb.cells if c.metadata["nbgrader"]["solution"]]
     assert answers and all("# YOUR CODE HERE\n" in c.source and "raise NotImplementedError()" in c.source
+                           if c.cell_type == "code" else "<!-- manual:" in c.source and "YOUR ANSWER HERE" in c.source
                            for c in answers)
     for c in nb.cells:
         if c.cell_type == "code":
@@ -69,7 +70,10 @@ def test_cells_carry_nbgrader_schema_3_metadata(path):
         assert {"grade", "solution", "locked", "grade_id"} <= set(meta)
         assert re.fullmatch(r"[A-Za-z0-9_-]+", meta["grade_id"])
         ids.append(meta["grade_id"])
-        if meta["grade"]:
+        if meta["grade"] and c.cell_type == "markdown":  # a manual part's written answer (graded by hand)
+            assert meta["solution"] and not meta["locked"] and f"<!-- manual: {meta['grade_id']} -->" in c.source
+            graded[meta["grade_id"]] = meta["points"]
+        elif meta["grade"]:
             assert meta["locked"] and not meta["solution"] and c.cell_type == "code"
             assert f'check("{meta["grade_id"]}")' in c.source
             graded[meta["grade_id"]] = meta["points"]
