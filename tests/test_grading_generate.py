@@ -19,7 +19,7 @@ EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
 def test_there_is_one_exercise_per_lesson():
     names = [p.stem for p in SOLUTIONS]
     assert names == list(TABLE) == [p.stem for p in EXERCISES]
-    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, 9)]
+    assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, 10)]
 
 
 def test_exercises_and_solutions_are_what_generation_gives():
@@ -51,6 +51,7 @@ def test_exercise_has_stubs_and_no_solutions_hidden_tests_or_outputs(path):
     nbformat.validate(nb)
     answers = [c for c in nb.cells if c.metadata["nbgrader"]["solution"] and c.cell_type == "code"]
     assert answers and all("# YOUR CODE HERE\n" in c.source and "raise NotImplementedError()" in c.source
+                           if c.cell_type == "code" else "<!-- manual:" in c.source and "YOUR ANSWER HERE" in c.source
                            for c in answers)
     written = [c for c in nb.cells if c.metadata["nbgrader"]["solution"] and c.cell_type == "markdown"]
     assert all("YOUR ANSWER HERE" in c.source for c in written)  # a manual part's answer cell
