@@ -1,4 +1,5 @@
-"""FlashAttention and standard-attention Triton kernels against torch SDPA, in the CPU interpreter."""
+"""The attention kernels (FlashAttention, and standard attention: the same checks and bad inputs) against torch
+SDPA, in the CPU interpreter; their launch configuration. The softmax kernel: tests/test_kernels_softmax.py."""
 
 import importlib
 import math
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.kernels import flash_attention, softmax, standard_attention
+from attnlab.kernels import flash_attention, standard_attention
 from attnlab.kernels import _tuning
 from attnlab.kernels._tuning import default_block_sizes
 
@@ -117,21 +118,6 @@ def test_standard_attention_matches_sdpa(causal):
     _check(standard_attention, q, k, v, causal, 2e-5, 2e-4)
 
 
-def test_softmax_one_and_two_pass(monkeypatch):
-    sm = importlib.import_module("attnlab.kernels.softmax")  # the name `softmax` is the function
-
-    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(0)) * 30
-    x[2] = float("-inf")  # a fully masked row gives zeros
-    ref = torch.softmax(x, -1).nan_to_num(0.0)
-    torch.testing.assert_close(softmax(x), ref)
-    monkeypatch.setattr(sm, "MAX_FUSED_BLOCK", 64)  # force the two-pass loop over 64-wide chunks
-    assert sm.softmax_block_size(300) == (64, False)
-    torch.testing.assert_close(softmax(x), ref)
-    torch.testing.assert_close(softmax(torch.randn(3, 1)), torch.ones(3, 1))
-    h = torch.randn(2, 3, 7, dtype=torch.float16)
-    torch.testing.assert_close(softmax(h), torch.softmax(h.float(), -1).half(), atol=1e-3, rtol=1e-3)
-
-
 # ---- bad input: raised before any launch, naming the argument ------------------------------
 def _good():
     return _qkv(1, 1, 8, 8, 16, grad=False)
@@ -162,15 +148,6 @@ def test_bad_inputs(fn):
         fn(q, k, v, causal="yes")
     with pytest.raises(ValueError, match="block_m"):
         fn(q, k, v, block_m=24)
-
-
-def test_softmax_bad_inputs():
-    with pytest.raises(TypeError, match="x: expected dtype"):
-        softmax(torch.arange(4))
-    with pytest.raises(TypeError, match="bfloat16"):
-        softmax(torch.randn(2, 2).bfloat16())
-    with pytest.raises(ValueError, match="x: expected at least one element"):
-        softmax(torch.randn(0))
 
 
 def test_kernels_run_in_interpreter_without_env(monkeypatch):
