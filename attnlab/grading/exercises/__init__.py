@@ -9,7 +9,10 @@ A part is one of three kinds:
 - ``manual``: a short written answer in an nbgrader manually graded cell (a markdown cell holding
   ``<!-- manual: PART-ID -->`` and a solution region), reported as ``manual`` and never auto-scored.
 
-To add an exercise: a package here, its name in ``PACKAGES``, and ``solutions/NN_name.ipynb``.
+To add an exercise: a package here, its name in ``PACKAGES`` and in pyproject.toml's packages, and
+``solutions/NN_name.ipynb``. The packages share one layout on purpose: their part tables, hint lists and
+known-mistake tables (``Mistake(key, message, wrong version of the reference)``) look alike from one exercise
+to the next, and each row is that exercise's own.
 """
 
 from collections import namedtuple

@@ -1,7 +1,7 @@
 """Exercise 06_triton_primer: a Triton puzzle set, its graded parts, what each may not call, and its hints.
 
-Imports nothing heavy: the grader and ``attnlab generate`` read it without torch. The checks are in
-``checks.py``, the references in ``spec.py``.
+Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
+attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
 """
 
 from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part  # noqa: F401
