@@ -16,26 +16,14 @@ Example (in an exercise notebook)::
 import importlib
 import os
 import sys
-from dataclasses import dataclass
 
 from attnlab.grading import core
 from attnlab.grading.core import LocalLearner, learner_of, run_part
 from attnlab.grading.parts import HINTS, MANUAL, PACKAGE, TABLE, exercises, forbidden, info
 
 
-@dataclass
-class Part:
-    id: str
-    exercise: str
-    title: str
-    points: int
-    names: tuple
-    kind: str = "auto"
-
-
-# part id -> Part, and exercise -> [part id, ...] in notebook order, from the exercise packages
-PARTS = {row.id: Part(row.id, exercise, row.title, row.points, tuple(row.names), row.kind)
-         for exercise, rows in TABLE.items() for row in rows}
+# part id -> its row of the exercise package's table (id, title, points, names, kind), in notebook order
+PARTS = {row.id: row for rows in TABLE.values() for row in rows}
 EXERCISES = exercises()
 
 

@@ -15,12 +15,11 @@ def _hidden(*args, **kwargs):
                        "`attnlab grade` runs your notebook: the grader's references are not answers")
 
 
-def hide(ns, force=False):
+def hide(ns):
     """Replace the public functions defined in the module ``ns`` by stand-ins (under the grader)."""
-    if not force and os.environ.get("ATTNLAB_GRADING") != "1":
+    if os.environ.get("ATTNLAB_GRADING") != "1":
         return
     module = ns["__name__"]
-    ns["HIDDEN"] = True
     for name, value in list(ns.items()):
         if isinstance(value, types.FunctionType) and not name.startswith("_") and value.__module__ == module:
             stub = types.FunctionType(_hidden.__code__, {}, name)

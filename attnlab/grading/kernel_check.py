@@ -11,9 +11,11 @@ guard regions before and after) are filled with a sentinel value:
   a different sentinel changes its output: an **out-of-bounds load**;
 - elements of the output still holding the sentinel were never written.
 
-In the interpreter every load is also recorded with the program that made it, so
-the block-sparse check can fail a kernel that loads K/V blocks its mask leaves out
-(right numbers, dense traffic); on a GPU that part is skipped, and the check says so.
+In the interpreter every load and store is also recorded: each tensor's bytes (every
+access counted, so a row loaded twice counts twice), held to a part's budget by
+:func:`check_traffic`, and which program loaded which elements, so a check can fail a
+kernel that loads K/V blocks its mask leaves out (right numbers, too many bytes). On a
+GPU there is no trace: those checks are skipped, and the check says so.
 
 Under Triton's interpreter (CPU) the buffers are real memory, so an access that
 stays within the guards is caught here instead of corrupting the process. The

@@ -7,7 +7,7 @@ An instructor sets points there.
 
 import importlib
 
-from attnlab.grading.exercises import ATTENTION, AUTOGRAD, BLOCK_MASKS, KINDS, PACKAGES, SOFTMAX, Part  # noqa: F401
+from attnlab.grading.exercises import KINDS, PACKAGES, Part
 
 
 def _load():
@@ -20,6 +20,7 @@ def _load():
                 continue  # an exercise not written yet
             raise
         rows = [Part(*row) for row in mod.PARTS]
+        rows = [row._replace(names=tuple(row.names)) for row in rows]
         for row in rows:
             if row.kind not in KINDS:
                 raise ValueError(f"{mod.EXERCISE}: part {row.id!r} has kind {row.kind!r}; expected one of {KINDS}")
@@ -60,10 +61,6 @@ def info(part_id):
                 return row
     known = ", ".join(sorted(PACKAGE))
     raise ValueError(f"part_id: unknown exercise part {part_id!r}; known parts: {known}")
-
-
-def exercise_of(part_id):
-    return next(ex for ex, rows in TABLE.items() if any(r.id == part_id for r in rows))
 
 
 # What a part's answer may not call: the grader checks the answer cells' syntax for these names

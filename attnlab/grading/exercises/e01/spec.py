@@ -14,6 +14,7 @@ from functools import lru_cache
 import torch
 
 from attnlab.attention import masked_softmax, softmax
+from attnlab.grading.hiding import hide
 
 
 def additive_scores(s, h, w, u, v):
@@ -132,4 +133,4 @@ def alignment_crossing(seed, steps=250):
     return swap_masses(probe_alignments(train_rnnsearch(seed, steps)))
 
 
-__import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

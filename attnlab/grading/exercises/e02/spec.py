@@ -11,6 +11,7 @@ import time
 import torch
 
 from attnlab import attention as _attention
+from attnlab.grading.hiding import hide
 
 
 def padding_mask(lengths, max_len):
@@ -87,4 +88,4 @@ def loop_vs_batched(sizes, d=32, seed=0, repeat=5):
             "max_abs_diff": diff}
 
 
-__import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

@@ -11,6 +11,7 @@ import math
 import torch
 
 from attnlab import attention as _attention
+from attnlab.grading.hiding import hide
 
 
 def softmax(x, dim=-1):
@@ -56,4 +57,4 @@ def score_variance(dims, n_pairs=8192, seed=0):
     return torch.stack(rows)                       # (len(dims), 2)
 
 
-__import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

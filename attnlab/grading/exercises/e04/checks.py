@@ -6,32 +6,10 @@ import math
 import torch
 
 from attnlab.attention import causal_mask
-from attnlab.grading.core import Fail, Mistake, NotDone, Registry, check_function, clone, gen as _gen, mismatch, \
-    randn as _randn
+from attnlab.grading.core import Mistake, NotDone, Registry, check_function, check_in_order, gen as _gen, randn as _randn
 from attnlab.grading.exercises.e04 import spec as specs
 
 CHECKS = Registry()
-
-
-def check_in_order(ns, name, spec, cases, mistakes, **tolerance):
-    """``check_function``, with a sharper diagnosis: the cases run in order, so a known mistake that would already
-    have failed a case before the one that failed (which the learner's code passed) is not the learner's."""
-    try:
-        return check_function(ns, name, spec, cases, mistakes, **tolerance)
-    except Fail as exc:
-        failed = next((i for i, (label, _, _) in enumerate(cases) if exc.message.startswith(f"`{name}` on {label}:")),
-                      None)
-        if failed:
-            exc.mistakes = [m for m in exc.mistakes if m.impl is None or all(
-                _agrees(m.impl, spec, args, kwargs, tolerance) for _, args, kwargs in cases[:failed])]
-        raise
-
-
-def _agrees(impl, spec, args, kwargs, tolerance):
-    try:
-        return mismatch(impl(*clone(args), **clone(kwargs)), spec(*clone(args), **clone(kwargs)), **tolerance) is None
-    except Exception:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from attnlab.attention import MultiHeadAttention
+from attnlab.grading.hiding import hide
 
 
 def _layout(d_model, num_heads):
@@ -101,4 +102,4 @@ def head_specialisation(seed, num_heads=2, steps=200):
     return profile(attention_weights(model, tokens))
 
 
-__import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

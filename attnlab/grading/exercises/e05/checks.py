@@ -3,8 +3,7 @@
 import math
 import numbers
 
-from attnlab.grading.core import Fail, Mistake, Registry, gen as _gen, learner_of, present, value_of
-from attnlab.grading.exercises.e04.checks import check_in_order
+from attnlab.grading.core import Fail, Mistake, Registry, check_in_order, gen as _gen, learner_of, present, value_of
 from attnlab.grading.exercises.e05 import spec as specs
 
 CHECKS = Registry()

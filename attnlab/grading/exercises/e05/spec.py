@@ -6,6 +6,7 @@ Algorithm 0, three kernels); the experiment times the library's ``naive_attentio
 """
 
 from attnlab import iomodel
+from attnlab.grading.hiding import hide
 
 MATMUL_SIZE = 1024           # the experiment's matmul: (1024, 1024) @ (1024, 1024), float32
 COPY_BYTES = 32 * 2**20      # the experiment's copy: 32 MiB of float32
@@ -73,4 +74,4 @@ def measure(seed, n, heads, d, repeats):
     return matmul, copy, naive
 
 
-__import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

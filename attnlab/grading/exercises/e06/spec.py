@@ -6,6 +6,7 @@ traffic model); what is here is specific to the puzzles. Memory budgets are in b
 """
 
 from attnlab.attention import causal_mask, softmax
+from attnlab.grading.hiding import hide
 from attnlab.iomodel import matmul_io
 
 
@@ -62,8 +63,4 @@ def matmul_traffic(M, N, K, block, seed=0):
     return matmul_io(M, N, K, 4, block, block).bytes_read
 
 
-def cdiv(a, b):
-    return -(-a // b)
-
-
-__import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

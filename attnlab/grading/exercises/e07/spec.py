@@ -11,6 +11,7 @@ and count the kernel's traffic against a budget (``checks.py``).
 
 import torch
 
+from attnlab.grading.hiding import hide
 from attnlab.tiled import tiled_attention
 
 
@@ -58,4 +59,4 @@ def forward_traffic(n, causal=False, block_m=16, block_n=16, seed=0):
     return trace(flash_attention, q, k, v, causal=causal, block_m=block_m, block_n=block_n).total_bytes
 
 
-__import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

@@ -9,6 +9,7 @@ the exercise: its ``create_block_mask`` contract, and the adapter the grader cal
 
 import torch
 
+from attnlab.grading.hiding import hide
 from attnlab.mask_mods import MASK_MODS
 
 
@@ -63,4 +64,4 @@ def block_to_element_mask(block_mask, block_size, n_q, n_k):
     return full[..., :n_q, :n_k]
 
 
-__import__("attnlab.grading.hiding", fromlist=["hide"]).hide(globals())
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs
