@@ -33,18 +33,11 @@ import warnings
 import torch
 
 from attnlab import validate
+# format_bytes lives with the byte counts (attnlab.memory) and is re-exported here, where the
+# lessons have always imported it; this module imports memory and never the other way round
+from attnlab.memory import format_bytes, trace_ops
 
 __all__ = ["peak_memory", "time_call", "random_qkv", "scaling_sweep", "longest_sequence", "format_bytes"]
-
-
-def format_bytes(n):
-    """``1536`` -> ``'1.5 KiB'``: bytes in binary units, for tables."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 @contextlib.contextmanager
@@ -263,6 +256,4 @@ def op_traffic(fn, *args, **kwargs):
     times): the old name works until after attnlab 0.2, with a ``DeprecationWarning``."""
     warnings.warn("attnlab.measure.op_traffic is deprecated and will be removed after attnlab 0.2; "
                   "use attnlab.memory.trace_ops", DeprecationWarning, stacklevel=2)
-    from attnlab.memory import trace_ops   # memory imports this module (format_bytes)
-
     return trace_ops(fn, *args, **kwargs)

@@ -40,9 +40,19 @@ import numpy as np
 import torch
 
 from attnlab import _interp_hooks
-from attnlab.measure import format_bytes
 
-__all__ = ["trace", "trace_ops", "MemoryTrace", "MemoryEvent", "TensorInfo"]
+__all__ = ["trace", "trace_ops", "MemoryTrace", "MemoryEvent", "TensorInfo", "format_bytes"]
+
+
+def format_bytes(n):
+    """``1536`` -> ``'1.5 KiB'``: bytes in binary units, for tables."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
 
 
 @dataclass(frozen=True)

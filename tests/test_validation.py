@@ -291,7 +291,7 @@ NO_TENSORS = {
     "attnlab.memory.MemoryEvent": "a result of trace",
     "attnlab.memory.TensorInfo": "a result of trace",
     "attnlab.measure.random_qkv": "sizes; it makes q, k, v",
-    "attnlab.measure.format_bytes": "a number",
+    "attnlab.memory.format_bytes": "a number",
     "attnlab.kernels.standard_attention.standard_block_sizes": "a head dim, a dtype and a device",
     "attnlab.kernels.softmax.softmax_block_size": "a row length",
     "attnlab.kernels.softmax.rows_per_program": "a block size and a device",
