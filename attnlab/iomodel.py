@@ -7,8 +7,9 @@ measures it; the tests compare the two). Counts are per call, summed over batch 
 Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``flops``,
 ``total_bytes``, ``arithmetic_intensity`` and a per-kernel ``parts`` breakdown):
 
-* ``standard_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, block_m=None)``:
-  three kernels, S = QK^T (written), softmax (S read, P written), O = PV (P read).
+* ``standard_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, block_m=None,
+  score_bytes=None)``: three kernels, S = QK^T (written), softmax (S read, P written), O = PV
+  (P read); ``score_bytes=4`` counts S in float32, as ``standard_attention`` stores it.
   ``block_m=None`` is the ideal of Dao et al. 2022, Algorithm 0 (every operand read once);
   a block size gives the tiled kernels' count (K and V are read once per query block).
 * ``standard_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, blocks=None)``:
@@ -169,19 +170,28 @@ def flash_block_sizes(sram_bytes: int, d: int, bytes_per_element: int = 2) -> tu
 # ---------------------------------------------------------------------------------------
 # Standard attention
 # ---------------------------------------------------------------------------------------
-def standard_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, block_m=None, block_n=None) -> IO:
+def standard_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, block_m=None, block_n=None,
+                        score_bytes=None) -> IO:
     """Three kernels, per head: S = QK^T (read Q once and K once per query block, write
-    n_q n_k), softmax (read and write n_q n_k), O = PV (read P once and V once per query
-    block, write n_q d). ``block_n`` does not change the traffic (it is accepted to mirror the
-    kernels' arguments)."""
+    n_q n_k), softmax (read S and write P, n_q n_k each), O = PV (read P once and V once per
+    query block, write n_q d). ``block_n`` does not change the traffic (it is accepted to mirror
+    the kernels' arguments). ``score_bytes``: the bytes of one element of S; None means
+    ``bytes_per_element`` (Algorithm 0, everything in one dtype). attnlab's
+    ``standard_attention`` stores S in float32 for any input, so its count is ``score_bytes=4``.
+
+    Example: ``standard_forward_io(1, 1, 1024, d=64, bytes_per_element=2, score_bytes=4).total_bytes``"""
     n_k = n_q if n_k is None else n_k
     _check(batch, heads, n_q, n_k, d, bytes_per_element)
     _check_block("block_m", block_m)
     _check_block("block_n", block_n)
+    validate.integer(score_bytes, "score_bytes", allow_none=True)
     e = bytes_per_element
+    es = e if score_bytes is None else score_bytes
     tr = 1 if block_m is None else math.ceil(n_q / block_m)
-    io = (_part("scores", (n_q * d + tr * n_k * d) * e, n_q * n_k * e, 2 * n_q * n_k * d)
-          + softmax_io(n_q, n_k, e)
+    p = softmax_io(n_q, n_k, e)                      # P written in the inputs' dtype; S read below
+    s_reads = p.bytes_read // e * es
+    io = (_part("scores", (n_q * d + tr * n_k * d) * e, n_q * n_k * es, 2 * n_q * n_k * d)
+          + _part("softmax", s_reads, p.bytes_written)
           + _part("pv", (n_q * n_k + tr * n_k * d) * e, n_q * d * e, 2 * n_q * n_k * d))
     return io.scaled(batch * heads)
 

@@ -78,7 +78,7 @@ def gpt2_medium_comparison(seq: int = 1024, head_dim: int = 64, batch: int = 64,
     sb = standard_blocks
     run("standard",
         lambda a, b_, c: standard_attention(a, b_, c, block_m=sb[0], block_n=sb[1], block_k=sb[2]),
-        iomodel.standard_forward_io(1, 1, seq, seq, head_dim, e, block_m=sb[0]),
+        iomodel.standard_forward_io(1, 1, seq, seq, head_dim, e, block_m=sb[0], score_bytes=4),  # S in float32
         iomodel.standard_backward_io(1, 1, seq, seq, head_dim, e, blocks=sb))
     run("flash",
         lambda a, b_, c: flash_attention(a, b_, c, block_m=bm, block_n=bn),

@@ -18,7 +18,16 @@ exactly; ``attnlab.memory.trace`` measures it.
 
 Causal attention here writes ``-inf`` above the diagonal of S and the softmax turns it into
 zeros of P; nothing is skipped, so causal traffic equals non-causal traffic (this is the
-unfused baseline). S, P, dP and dS are stored in the inputs' dtype, as a framework would.
+unfused baseline).
+
+S is stored in float32 whatever the inputs' dtype; P, dP and dS are stored in the inputs' dtype.
+The softmax is exact under a shift of a row, so what matters in S is its *absolute* error, and
+float16 keeps a *relative* one: near a score of 40,000 (what inputs of magnitude 100 give at
+d = 64) float16's spacing is 32, so rounding moves a score by up to 16, P by factors up to e^16
+and O by hundreds. P is in [0, 1]
+and only ever needs float16's relative error (FlashAttention rounds its P the same way before
+the PV product). For float16 inputs this makes S's write and its read by the softmax cost 4
+bytes an element: ``iomodel.standard_forward_io(..., score_bytes=4)``.
 """
 
 import torch
@@ -71,10 +80,10 @@ def _scores_kernel(
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
         if CAUSAL:
             s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-        # write BLOCK_M * BLOCK_N elements of S: the N x N matrix goes to global memory
+        # write BLOCK_M * BLOCK_N elements of S (float32): the N x N matrix goes to global memory
         tl.store(s_base + offs_m[:, None] * stride_sm + offs_n[None, :], s.to(S.dtype.element_ty),
                  mask=(offs_m[:, None] < N_Q) & (offs_n[None, :] < N_K))
-    # per (batch, head): read Nq d + ceil(Nq / BLOCK_M) Nk d; write Nq Nk
+    # per (batch, head): read Nq d + ceil(Nq / BLOCK_M) Nk d; write Nq Nk (4 bytes each)
 
 
 @jit
@@ -177,7 +186,8 @@ def _options(device):
 def _standard_forward(q, k, v, causal, scale, block_m, block_n):
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
-    s = torch.empty((B, H, n_q, n_k), device=q.device, dtype=q.dtype)
+    # S in float32 whatever q's dtype: its absolute error is what the softmax sees (module docstring)
+    s = torch.empty((B, H, n_q, n_k), device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(n_q, block_m), B * H)
     prec = dot_precision(q.dtype)
     # kernel 1: S = Q K^T * scale, written to global memory
@@ -187,8 +197,8 @@ def _standard_forward(q, k, v, causal, scale, block_m, block_n):
         H, n_q, n_k, scale,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), DOT_PRECISION=prec, **_options(q.device),
     )
-    # kernel 2: P = softmax(S), row by row (read S, write P)
-    p = torch.empty_like(s)
+    # kernel 2: P = softmax(S), row by row (read S in float32, write P in q's dtype)
+    p = torch.empty_like(s, dtype=q.dtype)
     _launch_softmax(s.view(-1, n_k), p.view(-1, n_k))
     # kernel 3: O = P V
     o = torch.empty_like(q)
@@ -268,6 +278,7 @@ def standard_attention(q, k, v, causal=False, scale=None, *, block_m=None, block
 
     q: (B, H, Nq, d), k and v: (B, H, Nk, d); d in 16, 32, 64, 128. Returns o (B, H, Nq, d).
     Softmax rows are held whole on chip up to 16384 keys (longer rows take two passes).
+    S (B, H, Nq, Nk) is written in float32 for any input dtype, P in the inputs' dtype.
 
     Example: ``o = standard_attention(q, k, v, causal=True)``
     """

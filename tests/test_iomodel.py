@@ -18,6 +18,11 @@ def test_standard_forward_hand_count():
     t = io.standard_forward_io(1, 1, 4, 4, d=2, bytes_per_element=1, block_m=2)
     assert t.bytes_read == 56 + 8 + 8
     assert io.standard_forward_io(3, 5, 4, 4, d=2, bytes_per_element=1).bytes_read == 15 * 56
+    # S kept in 4-byte elements (standard_attention's float32 S): S's write and its softmax read
+    # cost 16 * 4 instead of 16; P's write and read stay 1 byte each
+    f = io.standard_forward_io(1, 1, 4, 4, d=2, bytes_per_element=1, score_bytes=4)
+    assert (f.bytes_read, f.bytes_written) == (56 + 3 * 16, 40 + 3 * 16)
+    assert f.parts["scores"].bytes_written == 64 and f.parts["softmax"].bytes_read == 64
 
 
 def test_standard_backward_hand_count():
@@ -223,6 +228,6 @@ def test_model_equals_traced_bytes_of_attnlab_kernels():
              + io.flash_backward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm, block_n=bn, causal=True))
     assert (fa.bytes_read, fa.bytes_written) == (model.bytes_read, model.bytes_written)
     std = trace(fwd_bwd(lambda a, b, c: standard_attention(a, b, c, block_m=bm, block_n=bn, block_k=16)))
-    model = (io.standard_forward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm)
+    model = (io.standard_forward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm, score_bytes=4)  # S in float32
              + io.standard_backward_io(1, 2, n, d=d, bytes_per_element=2, blocks=(bm, bn, 16)))
     assert (std.bytes_read, std.bytes_written) == (model.bytes_read, model.bytes_written)
