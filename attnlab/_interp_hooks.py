@@ -24,6 +24,14 @@ numpy, one program at a time. attnlab leans on four of its internals, all here:
    grader accepts nothing else), and :func:`jit_helpers_interpreted` makes a learner's own
    ``@triton.jit`` helpers run interpreted when an interpreted kernel calls them.
 
+Every patch of ``triton.language`` (Triton's own, made at each interpreted launch, and ours) is
+**scoped to the thread** that makes it (:class:`_ThreadScope`): a patched module attribute or
+class attribute is looked up per thread, so a kernel compiled in another thread while an
+interpreted launch runs (a native launch on a GPU, or ``triton.compile`` for a GPU target on a
+CPU machine) sees the real ``triton.language``. Triton's interpreter patches the modules
+process-wide, and a compile that met its patches failed with ``'ir.value' object has no
+attribute 'dtype'`` at ``tl.arange``.
+
 No module outside this one touches ``triton.runtime.interpreter`` or patches ``JITFunction``
 (``tests/test_interp_hooks.py`` checks the source).
 
@@ -41,6 +49,7 @@ import dataclasses
 import importlib
 import inspect
 import threading
+import types
 
 import numpy as np
 import torch
@@ -81,6 +90,7 @@ def check_triton_version() -> None:
     problem = interpreter_problem(getattr(triton, "__version__", "unknown"), np.__version__)
     if problem is not None:
         raise RuntimeError(problem)
+    _scope_patches_to_threads()
 
 
 def _fast_dot(original):
@@ -129,6 +139,131 @@ def _language_anchor():  # pragma: no cover - never called, only its __globals__
     return tl, core
 
 
+# ---------------------------------------------------------------------------------------
+# Patches of triton.language, scoped to the thread that makes them
+# ---------------------------------------------------------------------------------------
+_MISSING = object()
+_thread = threading.local()   # .values: {(id(obj), name): this thread's patched value}
+_scoped = {}                  # (id(obj), name) -> obj, for every attribute that is looked up per thread
+
+
+def _thread_values():
+    values = getattr(_thread, "values", None)
+    if values is None:
+        values = _thread.values = {}
+    return values
+
+
+class _ScopedModule(types.ModuleType):
+    """A module (``triton.language``, ``.core``, ``.math``, ...) whose patched attributes are
+    looked up per thread: the calling thread's patch if it has one, else the module's own.
+
+    Triton's compiler lets a kernel read a global that is ``type(v) is ModuleType`` or whose
+    ``__module__`` starts with ``triton.language``; a module of this class passes by the second
+    rule (its ``__module__`` is read from this class, as modules have none of their own)."""
+
+    __module__ = "triton.language"
+
+    def __getattribute__(self, name):
+        values = getattr(_thread, "values", None)
+        if values:
+            value = values.get((id(self), name), _MISSING)
+            if value is not _MISSING:
+                return value
+        return types.ModuleType.__getattribute__(self, name)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):     # Triton's JIT skips `type(v) is ModuleType` and deep-copies the rest
+        return self
+
+
+class _ScopedAttribute:
+    """A class attribute (``tl.tensor.__add__``, ``tl.dtype.to_ir``, ...) looked up per thread,
+    bound as the value it stands for would be (function, property, ...)."""
+
+    def __init__(self, cls, name, original):
+        self.key, self.cls, self.name, self.original = (id(cls), name), cls, name, original
+
+    def __get__(self, instance, owner=None):
+        values = getattr(_thread, "values", None)
+        value = values.get(self.key, _MISSING) if values else _MISSING
+        if value is _MISSING:
+            value = self.original
+        if value is _MISSING:                       # the class had no such attribute of its own
+            value = next((base.__dict__[self.name] for base in self.cls.__mro__[1:] if self.name in base.__dict__),
+                         _MISSING)
+            if value is _MISSING:
+                if self.name == "__bool__" and instance is not None:
+                    return lambda: True             # Python's default truth (the class has no __len__)
+                raise AttributeError(self.name)
+        get = getattr(type(value), "__get__", None)
+        return value if get is None else get(value, instance, owner)
+
+
+class _ThreadScope:
+    """Triton's ``_LangPatchScope`` (``set_attr``/``restore``), scoped to the calling thread.
+
+    The first patch of an attribute makes it a per-thread lookup for good (a module becomes a
+    :class:`_ScopedModule`, a class attribute a :class:`_ScopedAttribute`); after that a patch
+    is an entry in the thread's own table, and ``restore`` puts back what the thread saw before.
+    Objects of any other kind are patched process-wide, as Triton does."""
+
+    def __init__(self):
+        self._changes = []
+
+    def set_attr(self, obj, name, value):
+        key = (id(obj), name)
+        if key not in _scoped and not self._make_scoped(key, obj, name):
+            self._changes.append((None, (obj, name, getattr(obj, name, _MISSING))))
+            setattr(obj, name, value)
+            return
+        values = _thread_values()
+        self._changes.append((key, values.get(key, _MISSING)))
+        values[key] = value
+
+    @staticmethod
+    def _make_scoped(key, obj, name):
+        """Turn ``obj.name`` into a per-thread lookup; False for an object that cannot be."""
+        with _lock:
+            if key in _scoped:
+                return True
+            if type(obj) is types.ModuleType:
+                obj.__class__ = _ScopedModule
+            elif isinstance(obj, type):
+                type.__setattr__(obj, name, _ScopedAttribute(obj, name, obj.__dict__.get(name, _MISSING)))
+            elif not isinstance(obj, _ScopedModule):
+                return False
+            _scoped[key] = obj
+            return True
+
+    def restore(self):
+        values = _thread_values()
+        while self._changes:
+            key, before = self._changes.pop()
+            if key is None:                         # a process-wide patch
+                obj, name, original = before
+                if original is _MISSING:
+                    delattr(obj, name)
+                else:
+                    setattr(obj, name, original)
+            elif before is _MISSING:
+                values.pop(key, None)
+            else:
+                values[key] = before
+
+
+def _scope_patches_to_threads():
+    """Make Triton's interpreter patch ``triton.language`` per thread (its ``_patch_lang``,
+    called at every interpreted launch, builds its scope from this name)."""
+    from triton.runtime import interpreter as ti
+
+    if ti._LangPatchScope is not _ThreadScope:
+        with _lock:
+            ti._LangPatchScope = _ThreadScope
+
+
 _session_depth = 0
 
 
@@ -152,14 +287,13 @@ def interpreter_session():
             import triton.experimental.gluon  # noqa: F401
         except Exception:  # pragma: no cover
             pass
-        saved = []
         builder = ti.interpreter_builder
         old_options = builder.options
         old_threads = torch.get_num_threads()
         scope = None
         _session_depth = 1
         try:
-            scope = ti._patch_lang(_language_anchor)
+            scope = ti._patch_lang(_language_anchor)   # a _ThreadScope (check_triton_version)
             for mod_name in _LANGUAGE_MODULES:
                 mod = importlib.import_module(mod_name)
                 for name, value in list(vars(mod).items()):
@@ -168,8 +302,7 @@ def interpreter_session():
                     replacement = _interpreted_library.get(id(value))
                     if replacement is None:
                         replacement = _interpreted_library[id(value)] = (value, _DirectCall(value))
-                    saved.append((mod, name, value))
-                    setattr(mod, name, replacement[1])
+                    scope.set_attr(mod, name, replacement[1])    # this thread's tl.max, tl.sum, ...
             builder.create_dot = _fast_dot(type(builder).create_dot.__get__(builder))
             builder.options = dataclasses.replace(old_options, sanitize_overflow=False)
             if old_threads != 1:
@@ -181,8 +314,6 @@ def interpreter_session():
                 torch.set_num_threads(old_threads)
             builder.options = old_options
             builder.__dict__.pop("create_dot", None)
-            for mod, name, value in reversed(saved):
-                setattr(mod, name, value)
             if scope is not None:
                 scope.restore()
 
@@ -278,6 +409,7 @@ def interpreted(fn, **jit_kwargs):
     under ``TRITON_INTERPRET=1``), launched as ``interpreted(fn)[grid](...)``."""
     from triton.runtime.interpreter import InterpretedFunction
 
+    _scope_patches_to_threads()
     return InterpretedFunction(fn, **jit_kwargs)
 
 
@@ -306,11 +438,9 @@ def jit_helpers_interpreted():
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    with _lock:
-        saved = JITFunction.__call__
-        JITFunction.__call__ = lambda jf, *a, **k: InterpretedFunction(jf.fn)(*a, **k)
+    scope = _ThreadScope()          # this thread's JITFunction.__call__ only
+    scope.set_attr(JITFunction, "__call__", lambda jf, *a, **k: InterpretedFunction(jf.fn)(*a, **k))
     try:
         yield
     finally:
-        with _lock:
-            JITFunction.__call__ = saved
+        scope.restore()

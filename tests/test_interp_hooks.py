@@ -82,3 +82,71 @@ def test_no_module_outside_interp_hooks_touches_triton_internals():
                     any(k in ast.unparse(node.args[0]) for k in ("JITFunction", "triton")):
                 found.append(f"{where}:{node.lineno} setattr on {ast.unparse(node.args[0])}")
     assert not found, "Triton internals touched outside attnlab/_interp_hooks.py:\n" + "\n".join(found)
+
+
+def _compile_for_sm80(kernel, signature, constexprs):
+    """Lower ``kernel`` (an attnlab kernel: its ``.fn`` is the Python function) to PTX and a cubin
+    for sm_80 with Triton's bundled toolchain (no GPU needed)."""
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from triton.runtime.jit import JITFunction
+        import triton
+    except ImportError as e:  # pragma: no cover - a triton build without its GPU backend
+        pytest.skip(f"no Triton GPU backend: {e}")
+    src = ASTSource(JITFunction(kernel.fn), signature, constexprs)
+    try:
+        return triton.compile(src, target=GPUTarget("cuda", 80, 32), options={"num_warps": 4})
+    except (RuntimeError, FileNotFoundError) as e:  # pragma: no cover - toolchain missing
+        if "ptxas" in str(e) or "not found" in str(e).lower():
+            pytest.skip(f"Triton's CUDA toolchain is not available: {e}")
+        raise
+
+
+def test_a_compile_never_sees_the_patches_of_an_interpreted_launch_in_another_thread():
+    """Thread A holds an interpreter session and launches interpreted kernels, back to back,
+    while this thread compiles a kernel for a GPU: the compile must see the real
+    ``triton.language`` (Triton's interpreter patches it process-wide, and a compile that met
+    those patches failed with "'ir.value' object has no attribute 'dtype'" at ``tl.arange``)."""
+    import threading
+
+    import triton.language as tl
+
+    import importlib
+
+    from attnlab._interp_hooks import interpreter_session
+
+    vector_add = importlib.import_module("attnlab.kernels.vector_add")   # the module (the package exports the function)
+
+    inside, done = threading.Event(), threading.Event()
+    seen, errors, launches = {}, [], []
+    x = torch.randn(8, 300)
+
+    def interpreted_launches():
+        try:
+            with interpreter_session():
+                seen["arange in the session"] = tl.arange
+                inside.set()
+                while not done.is_set():
+                    torch.testing.assert_close(softmax(x), torch.softmax(x, dim=-1))
+                    launches.append(1)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            inside.set()
+
+    thread = threading.Thread(target=interpreted_launches, daemon=True)
+    thread.start()
+    try:
+        assert inside.wait(60)
+        assert not tl.core.is_builtin(seen["arange in the session"])   # A's tl.arange is the interpreter's
+        assert tl.core.is_builtin(tl.arange)                            # this thread's is Triton's own
+        for _ in range(2):
+            compiled = _compile_for_sm80(vector_add.add_kernel, {"X": "*fp32", "Y": "*fp32", "Z": "*fp32", "n": "i32",
+                                                                  "BLOCK": "constexpr"}, {(4,): 128})
+            assert "ptx" in compiled.asm
+    finally:
+        done.set()
+        thread.join(120)
+    assert not errors, errors
+    assert launches, "no interpreted launch ran while the kernel compiled"
+    torch.testing.assert_close(softmax(x), torch.softmax(x, dim=-1))   # and the interpreter still works after
