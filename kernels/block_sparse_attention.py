@@ -28,7 +28,7 @@ import torch
 from attnlab import validate
 
 from ._runtime import use_interpreter
-from .block_mask import BlockMask, _check_block_size, causal_block_mask
+from .block_mask import BlockMask, _check_block_size, _lists, causal_block_mask
 from .flash_attention import _FlashAttention
 
 __all__ = ["block_sparse_attention", "prepare_block_mask"]
@@ -68,8 +68,8 @@ def prepare_block_mask(block_mask, block_size, n_q, n_k, batch, heads, causal=Fa
         if causal:
             mask = mask & causal_block_mask(n_q, n_k, bm.block_size).mask
         mask = mask.expand(batch, heads, *want)
-        kv_num, kv_idx = BlockMask._lists(mask)
-        q_num, q_idx = BlockMask._lists(mask.transpose(-1, -2))
+        kv_num, kv_idx = _lists(mask)
+        q_num, q_idx = _lists(mask.transpose(-1, -2))
         cache.clear()
         cache[key] = tuple(t.to(device) for t in (kv_num, kv_idx, q_num, q_idx))
     return bm, cache[key]
