@@ -24,8 +24,9 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
   counts the paper's Algorithm 1 (K/V outside, Q/O/l/m re-read and re-written per K/V block).
 * ``block_sparse_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *,
   block_mask=None, density=None, block_size=(64, 64), causal=False)`` and
-  ``block_sparse_backward_io(...)``: the same kernels walking a block list; with a
-  ``BlockMask`` (or bool tensor) exact, with ``density`` the expected value.
+  ``block_sparse_backward_io(...)``: the same kernels walking a BlockMask's lists, full and
+  partial blocks (a partial one also reads its block_m x block_n int8 mask tile); with a
+  ``BlockMask`` (or bool tile tensor) exact, with ``density`` the expected value.
 * ``paper_standard_forward_io`` / ``paper_standard_backward_io(batch, heads, n, d=64,
   bytes_per_element=2, *, mask="additive", dropout=True)``: standard attention as Dao et al.
   2022's PyTorch baseline runs it, one kernel per operation (S, mask, softmax, dropout, PV; the
@@ -262,7 +263,15 @@ def _resolve_blocks(d, bytes_per_element, block_m, block_n, sram_bytes):
     return block_m, block_n
 
 
-def _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes):
+def _list_bytes(slices, outer, mf, partial, block_m, block_n):
+    """Bytes of the block lists a block-sparse kernel reads: per outer block (a program's query or
+    key block) two int32 counts (full and partial blocks); per visited tile one int32 index; per
+    partial tile one int32 tile id and its block_m x block_n int8 element mask."""
+    n_partial = 0 if partial is None else int(partial.to(torch.int64).sum())
+    return 4 * (2 * slices * outer + int(mf.sum())) + n_partial * (4 + block_m * block_n)
+
+
+def _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes, partial=None):
     rows, cols = _tiles(n_q, n_k, block_m, block_n)
     m, mult = _visit_masks(batch, heads, n_q, n_k, block_m, block_n, causal, block_mask)
     mf = m.to(torch.int64)
@@ -271,12 +280,12 @@ def _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mas
     slices = m.shape[0] * m.shape[1]
     reads = slices * n_q * d * e + 2 * kv_elems * d * e
     if sparse:
-        reads += 4 * (slices * rows.numel() + int(mf.sum()))  # kv_num_blocks + kv_indices
+        reads += _list_bytes(slices, rows.numel(), mf, partial, block_m, block_n)
     writes = slices * (n_q * d * e + n_q * lse_bytes)
     return _part("flash_fwd", reads, writes, 4 * pair_elems * d).scaled(mult)
 
 
-def _flash_bwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes):
+def _flash_bwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes, partial=None):
     rows, cols = _tiles(n_q, n_k, block_m, block_n)
     m, mult = _visit_masks(batch, heads, n_q, n_k, block_m, block_n, causal, block_mask)
     mf = m.to(torch.int64)
@@ -284,8 +293,8 @@ def _flash_bwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mas
     q_elems = int((mf * rows[:, None]).sum())      # sum over visited tiles of rows_i
     kv_elems = int((mf * cols[None, :]).sum())     # sum over visited tiles of cols_j
     pair_elems = int((mf * rows[:, None] * cols[None, :]).sum())
-    n_tiles = int(mf.sum())
-    idx = (lambda outer: 4 * (slices * outer + n_tiles)) if sparse else (lambda outer: 0)
+    idx = ((lambda outer: _list_bytes(slices, outer, mf, partial, block_m, block_n)) if sparse
+           else (lambda outer: 0))
     pre = _part("bwd_preprocess", slices * 2 * n_q * d * e, slices * n_q * lse_bytes)
     dkdv = _part("bwd_dkdv",
                  slices * 2 * n_k * d * e + q_elems * (2 * d * e + 2 * lse_bytes) + idx(cols.numel()),
@@ -345,11 +354,20 @@ def _sparse_io(kind, batch, heads, n_q, n_k, d, bytes_per_element, block_mask, d
     n_k = n_q if n_k is None else n_k
     _check(batch, heads, n_q, n_k, d, bytes_per_element)
     if block_mask is not None:
-        if hasattr(block_mask, "block_size"):
-            block_size = tuple(block_mask.block_size)
-        bm, bn = block_size
+        from attnlab.kernels.block_mask import BlockMask
+
+        if not isinstance(block_mask, BlockMask):
+            if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool:
+                raise TypeError(f"block_mask: expected a BlockMask or a bool tensor, got {type(block_mask).__name__}")
+            _visit_masks(batch, heads, n_q, n_k, *block_size, False, block_mask)   # the shape check
+            block_mask = BlockMask(block_mask.cpu(), block_size)
+        bm, bn = block_mask.block_size
+        _visit_masks(batch, heads, n_q, n_k, bm, bn, False, block_mask)           # the shape check
+        if causal:   # the kernel walks the mask AND causal, element by element (its own tiles)
+            block_mask = block_mask.and_causal(n_q, n_k)
+        kept, partial = block_mask.mask.cpu(), block_mask.partial_blocks.cpu()
         fn = _flash_fwd if kind == "fwd" else _flash_bwd
-        return fn(batch, heads, n_q, n_k, d, bytes_per_element, bm, bn, causal, block_mask, True, lse_bytes)
+        return fn(batch, heads, n_q, n_k, d, bytes_per_element, bm, bn, False, kept, True, lse_bytes, partial)
     if density is None:
         raise ValueError("block_mask, density: expected one of them (block_mask exact, density an expected value), "
                          "got neither")
@@ -372,8 +390,10 @@ def _sparse_io(kind, batch, heads, n_q, n_k, d, bytes_per_element, block_mask, d
 
 def block_sparse_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_mask=None,
                             density=None, block_size=(64, 64), causal=False, lse_bytes=4) -> IO:
-    """Block-sparse FlashAttention forward: the flash forward summed over the kept tiles only,
-    plus the int32 block lists (kv_num_blocks: one per query block, kv_indices: one per tile).
+    """Block-sparse FlashAttention forward: the flash forward summed over the kept tiles only
+    (full and partial), plus the int32 block lists (two counts per query block, full and partial;
+    one index per kept tile) and, per partial tile, its int32 id and block_m x block_n int8 mask.
+    ``causal`` counts the mask AND causal (the kernel's ``causal=True``).
     With ``density`` instead of a mask: the expected traffic when that fraction of tiles is kept
     (the tile-proportional part scales with density; Q, O, L and the counts do not)."""
     return _sparse_io("fwd", batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes)

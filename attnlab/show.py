@@ -10,12 +10,12 @@ def show_source(obj, *, lines=None, constexprs=None):
 
     In a notebook the code is shown highlighted; elsewhere it is printed.
     ``lines=(start, stop)`` keeps only that slice of the source's lines.
-    ``constexprs={"SPARSE": False}`` shows a kernel as Triton compiles it for those values: each
+    ``constexprs={"CAUSAL": False}`` shows a kernel as Triton compiles it for those values: each
     ``if NAME:`` (or ``if not NAME:``) keeps only the branch that runs, dedented; comments inside
     it stay. This cuts by the code's structure, never by a comment's wording.
 
     Example: ``show_source(attnlab.scaled_dot_product_attention)``;
-    ``show_source(_attn_fwd_kernel, constexprs={"SPARSE": False})``
+    ``show_source(_attn_fwd_kernel, constexprs={"CAUSAL": False})``
     """
     obj = getattr(obj, "fn", obj)  # a Triton kernel (attnlab's Kernel, triton.JITFunction): its Python function
     try:

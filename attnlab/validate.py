@@ -29,7 +29,7 @@ import warnings
 import torch
 
 __all__ = ["tensor", "like", "qkv", "scale", "flag", "integer", "power_of_two", "number_in", "one_of", "bool_mask",
-           "block_pair", "kernel_qkv", "kernel_blocks", "interpreter_dtypes", "KERNEL_HEAD_DIMS", "KERNEL_DTYPES",
+           "block_pair", "kernel_qkv", "kernel_blocks", "no_double_backward", "interpreter_dtypes", "KERNEL_HEAD_DIMS", "KERNEL_DTYPES",
            "renamed_keywords", "dim"]
 
 # What the Triton attention kernels (attnlab.kernels) accept: one head dim of these for q, k and
@@ -68,15 +68,20 @@ def like(x, name, ref, ref_name):
         raise ValueError(f"{name}: expected device {ref.device} (the device of {ref_name}), got {x.device}")
 
 
-def qkv(q, k, v, *, dtypes=None, same_head_dim=False, same_length=False, nonempty=False):
+def qkv(q, k, v, *, dtypes=None, same_head_dim=False, same_length=False, nonempty=False, gqa=False):
     """q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv): floating tensors of one dtype and device.
     ``same_head_dim``: Dv == D (the kernels); ``same_length``: Nq == Nk; ``nonempty``: every
-    length at least 1."""
+    length at least 1; ``gqa``: k and v may have H_kv heads with H % H_kv == 0 (grouped-query
+    attention; H_kv = 1 is multi-query attention)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         tensor(x, name, 4, "(batch, heads, seq, head_dim)", floating=True, dtypes=dtypes, nonempty=nonempty)
     for name, x in (("k", k), ("v", v)):
         like(x, name, q, "q")
-    if k.shape[:2] != q.shape[:2]:
+    if gqa and k.shape[0] == q.shape[0] and k.shape[1] >= 1:
+        if q.shape[1] % k.shape[1]:
+            raise ValueError(f"k: expected a number of heads that divides q's {q.shape[1]} (grouped-query attention: "
+                             f"each KV head serves H_q / H_kv query heads), got shape {tuple(k.shape)}")
+    elif k.shape[:2] != q.shape[:2]:
         raise ValueError(f"k: expected (batch, heads) = {tuple(q.shape[:2])} like q, got shape {tuple(k.shape)}")
     if k.shape[3] != q.shape[3]:
         raise ValueError(f"k: expected head_dim {q.shape[3]} like q, got shape {tuple(k.shape)}")
@@ -196,7 +201,7 @@ def interpreter_dtypes(interpreted, **tensors):
                             f"bfloat16; bfloat16 runs on a CUDA GPU), got dtype {t.dtype}")
 
 
-def kernel_qkv(q, k, v, sm_scale=None, causal=False, *, interpreted):
+def kernel_qkv(q, k, v, sm_scale=None, causal=False, *, interpreted, gqa=False):
     """The checks every Triton attention wrapper makes before a launch; returns the scale as a float.
 
     :func:`qkv`'s rules, plus what the kernels need: one head dim for q, k and v, in
@@ -205,7 +210,7 @@ def kernel_qkv(q, k, v, sm_scale=None, causal=False, *, interpreted):
     a bool ``causal``; and no bfloat16 where the launch is
     interpreted (``interpreted(device)``, see :func:`interpreter_dtypes`).
     """
-    qkv(q, k, v, dtypes=KERNEL_DTYPES, same_head_dim=True, nonempty=True)
+    qkv(q, k, v, dtypes=KERNEL_DTYPES, same_head_dim=True, nonempty=True, gqa=gqa)
     if q.shape[-1] not in KERNEL_HEAD_DIMS:
         raise ValueError(f"q: expected head_dim in {KERNEL_HEAD_DIMS}, got shape {tuple(q.shape)}")
     if q.device.type not in ("cpu", "cuda"):
@@ -214,6 +219,17 @@ def kernel_qkv(q, k, v, sm_scale=None, causal=False, *, interpreted):
     flag(causal, "causal")
     interpreter_dtypes(interpreted, q=q, k=k, v=v)
     return sm_scale
+
+
+def no_double_backward(name):
+    """Called at the top of a kernel's ``backward``: a ``RuntimeError`` when autograd asks for a
+    graph of the gradients (``create_graph=True``, double backward), which the backward kernels
+    cannot give, instead of returning first-order gradients without one. PyTorch's own fused
+    attention kernels refuse it too ("derivative ... is not implemented")."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{name}: double backward (create_graph=True) is not supported: its backward is a "
+                           f"Triton kernel with no derivative of its own; use attnlab.attention's reference or "
+                           f"torch.nn.functional.scaled_dot_product_attention on the CPU for higher-order gradients")
 
 
 def kernel_blocks(block_m, block_n):

@@ -10,7 +10,8 @@ memory traffic counted, the kernel with its traffic counted, the launching wrapp
 * ``flash_steps.py``: FlashAttention built in steps: (a) the loop, (b) boundary masks, (c) causal
   block skipping, and a minimal backward (dK/dV and dQ kernels).
 * ``flash_attention.py``: FlashAttention-2 forward and backward, as shipped.
-* ``block_mask.py`` and ``block_sparse_attention.py``: block-sparse FlashAttention.
+* ``block_mask.py`` (``create_block_mask`` from ``attnlab.mask_mods``) and ``block_sparse_attention.py``:
+  block-sparse FlashAttention with full and partial blocks, as FlexAttention.
 
 On CUDA tensors the kernels run compiled; on CPU tensors they run in Triton's interpreter
 from the same source, with nothing to set (see ``_runtime.py``).
@@ -24,6 +25,7 @@ Example::
 from .block_mask import (
     BlockMask,
     causal_block_mask,
+    create_block_mask,
     full_mask,
     global_mask,
     intersection,
@@ -39,7 +41,7 @@ from .standard_attention import standard_attention
 from .vector_add import vector_add
 
 __all__ = [
-    "softmax", "standard_attention", "flash_attention", "block_sparse_attention", "BlockMask",
+    "softmax", "standard_attention", "flash_attention", "block_sparse_attention", "BlockMask", "create_block_mask",
     "local_mask", "strided_mask", "global_mask", "causal_block_mask", "random_mask", "full_mask",
     "union", "intersection", "vector_add",
 ]

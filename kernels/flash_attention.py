@@ -13,14 +13,22 @@ What you learn here:
 * the memory traffic of each kernel, counted in comments and predicted exactly by
   :mod:`attnlab.iomodel` (``flash_forward_io``, ``flash_backward_io``).
 
-Conventions: q (B, H, Nq, d), k and v (B, H, Nk, d); causal means query i sees key j <= i
-(top-left alignment, exactly ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``,
-also when Nq != Nk). A query row that sees no key at all (possible only with a block-sparse
-mask) gets output 0, gradient 0 and log-sum-exp -inf.
+* grouped-query attention (GQA, Ainslie et al. 2023; MQA, Shazeer 2019): k and v may have
+  fewer heads than q; query head ``h`` reads KV head ``h // GROUP`` (``GROUP = H_q / H_kv``)
+  through its pointer, so K and V are never copied, and the dK/dV kernel sums over the group;
+* offsets are 64-bit where a program id times a stride can pass 2**31 (``.to(tl.int64)``, as
+  Triton's fused-attention tutorial does).
 
-The same kernels, with ``SPARSE=True``, are the block-sparse kernels of
-``block_sparse_attention.py``: the loop over key blocks then walks a list of block
-indices instead of a range.
+This file is lesson 07's step (c) (``flash_steps.fwd_causal_kernel``) plus what a GPU and the
+course need: any strides, Nq != Nk, ``exp2``, masks only on the blocks that need them, the
+log-sum-exp, GQA. The block-sparse kernels are a marked copy of these, in
+``block_sparse_attention.py``.
+
+Conventions: q (B, H, Nq, d), k and v (B, H_kv, Nk, d); causal means query i sees key j <= i
+(top-left alignment, exactly ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``,
+also when Nq != Nk). The log-sum-exp that ``flash_attention(..., return_lse=True)`` returns is
+differentiable: its gradient enters the backward as ``D_i - dlse_i`` (below), which is what merging
+partial attentions through their log-sum-exp (ring attention, split-K decoding) needs.
 """
 
 import torch
@@ -33,6 +41,7 @@ from ._runtime import dot_precision, jit, use_interpreter
 from ._tuning import INTERPRETER_BLOCKS, default_block_sizes, launch, native_options
 
 __all__ = ["flash_attention", "SUPPORTED_HEAD_DIMS"]
+
 
 SUPPORTED_HEAD_DIMS = validate.KERNEL_HEAD_DIMS  # (16, 32, 64, 128); the checks live in attnlab.validate
 # exp(x) == exp2(x * LOG2E) and ln(x) == log2(x) * LN2: exp2 and log2 are the GPU's native instructions
@@ -56,27 +65,26 @@ LN2 = tl.constexpr(0.6931471805599453)
 @jit
 def _attn_fwd_kernel(
     Q, K, V, O, L,                       # L: log-sum-exp per query row, a (B, H, Nq, 1) column
-    KV_NUM, KV_IDX,                      # block-sparse only: (B, H, nqb) counts, (B, H, nqb, nkb) indices
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     stride_lb, stride_lh,
-    stride_numb, stride_numh, stride_idxb, stride_idxh, stride_idxq,
-    H, N_Q, N_K, sm_scale,
+    H, GROUP, N_Q, N_K, sm_scale,        # GROUP = H / H_kv query heads per KV head (1 without GQA)
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EVEN_N: tl.constexpr,                # Nk % BLOCK_N == 0: no key block runs past the end
 ):
     pid_m = tl.program_id(0)             # which block of BLOCK_M queries
     pid_bh = tl.program_id(1)            # which (batch, head)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = (pid_bh // H).to(tl.int64)       # 64-bit: b * stride_qb can pass 2**31
+    h = (pid_bh % H).to(tl.int64)
+    h_kv = h // GROUP                    # the KV head this query head reads (GQA), never a copy
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)   # 64-bit rows: offs_m * stride_qn too
     offs_d = tl.arange(0, HEAD_DIM)
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    k_base = K + b * stride_kb + h_kv * stride_kh
+    v_base = V + b * stride_vb + h_kv * stride_vh
 
     # read BLOCK_M * d elements of Q, once (rows past Nq are masked off and cost nothing)
     q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
@@ -85,25 +93,14 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)                # running row sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)      # running unnormalised output
 
-    # which key blocks this query block visits
-    if SPARSE:
-        n_blocks = tl.load(KV_NUM + b * stride_numb + h * stride_numh + pid_m)  # read 1 int
-        idx_base = KV_IDX + b * stride_idxb + h * stride_idxh + pid_m * stride_idxq
+    if CAUSAL:
+        # query rows < min((pid_m + 1) * BLOCK_M, Nq) see keys < that bound: blocks
+        # entirely above the diagonal are never loaded
+        hi = tl.minimum(tl.minimum((pid_m + 1) * BLOCK_M, N_Q), N_K)
     else:
-        if CAUSAL:
-            # query rows < min((pid_m + 1) * BLOCK_M, Nq) see keys < that bound: blocks
-            # entirely above the diagonal are never loaded
-            hi = tl.minimum(tl.minimum((pid_m + 1) * BLOCK_M, N_Q), N_K)
-        else:
-            hi = N_K
-        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
-
-    for it in range(0, n_blocks):
-        if SPARSE:
-            start_n = tl.load(idx_base + it) * BLOCK_N   # read 1 int: the block's index
-        else:
-            start_n = it * BLOCK_N
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+        hi = N_K
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
         # read BLOCK_N * d elements of K (keys past Nk masked off)
@@ -118,14 +115,11 @@ def _attn_fwd_kernel(
         if CAUSAL:
             if start_n + BLOCK_N > pid_m * BLOCK_M + 1:  # the block crosses the diagonal
                 s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-        # online softmax: new max, rescale what was accumulated so far
+        # online softmax: new max, rescale what was accumulated so far (every row sees key 0 in
+        # the first block, so m_new is finite)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if SPARSE:  # a row may have seen no key yet (m_new = -inf): subtract 0, not -inf, to avoid NaN
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:       # dense: every row sees key 0 in the first block, so m_new is finite
-            m_new_safe = m_new
-        p = tl.math.exp2(s - m_new_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_new_safe)
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         # read BLOCK_N * d elements of V
         if EVEN_N:
@@ -135,13 +129,12 @@ def _attn_fwd_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / l_safe[:, None]
+    o = acc / l_i[:, None]
     # write BLOCK_M * d elements of O
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
-    # write BLOCK_M elements of L: log-sum-exp in natural-log units (-inf for an empty row)
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    # write BLOCK_M elements of L: log-sum-exp in natural-log units
+    lse = (m_i + tl.math.log2(l_i)) * LN2
     tl.store(L + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
     # per program: read (1 + 2 * visited blocks) tiles, write one O tile and one L column.
     # per (batch, head), not causal: read Nq d + ceil(Nq / BLOCK_M) * 2 Nk d, write Nq d + Nq
@@ -151,25 +144,32 @@ def _attn_fwd_kernel(
 # Backward kernels. Their opening lines (program ids, batch and head, offsets, the loads of a
 # block) repeat the forward's on purpose, as in Triton's fused-attention tutorial: each kernel
 # reads on its own from top to bottom.
+#
+# With dlse, the gradient of the log-sum-exp output (dL_i/dS_ij = P_ij), the softmax backward
+# dS = P * (dP - D) becomes dS = P * (dP - (D - dlse)): the preprocess kernel folds dlse into D,
+# and the other two kernels are unchanged.
 # ---------------------------------------------------------------------------------------
 @jit
 def _attn_bwd_preprocess_kernel(
-    O, DO, DELTA,                        # DELTA: (B, H, Nq, 1) column, like L
+    O, DO, DELTA, DLSE,                  # DELTA: (B, H, Nq, 1) column, like L; DLSE: L's layout too
     stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don, stride_deltab, stride_deltah,
     H, N_Q,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    HAS_DLSE: tl.constexpr,              # the log-sum-exp output has a gradient
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None] < N_Q
     # read 2 * BLOCK_M * d elements (O and dO)
     o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=rows, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=rows, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij
+    if HAS_DLSE:  # read BLOCK_M floats of dlse
+        delta -= tl.load(DLSE + b * stride_deltab + h * stride_deltah + offs_m, mask=offs_m < N_Q, other=0.0)
     # write BLOCK_M elements
     tl.store(DELTA + b * stride_deltab + h * stride_deltah + offs_m, delta, mask=offs_m < N_Q)
 
@@ -177,7 +177,6 @@ def _attn_bwd_preprocess_kernel(
 @jit
 def _attn_bwd_dkdv_kernel(
     Q, K, V, DO, L, DELTA, DK, DV,
-    Q_NUM, Q_IDX,                        # block-sparse only: for each key block, the query blocks that see it
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -185,111 +184,101 @@ def _attn_bwd_dkdv_kernel(
     stride_lb, stride_lh,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
-    stride_numb, stride_numh, stride_idxb, stride_idxh, stride_idxk,
-    H, N_Q, N_K, sm_scale,
+    H_KV, GROUP, N_Q, N_K, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,   # Nq % BLOCK_M == 0, Nk % BLOCK_N == 0
 ):
-    # one program per (block of BLOCK_N keys, batch x head); it loops over query blocks
+    # one program per (block of BLOCK_N keys, batch x KV head); it loops over the GROUP query
+    # heads that read this KV head and, for each, over query blocks: dK and dV sum over both
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    b = (pid_bh // H_KV).to(tl.int64)
+    h_kv = (pid_bh % H_KV).to(tl.int64)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     kv_rows = offs_n[:, None] < N_K
     # read 2 * BLOCK_N * d elements (K and V), once
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
-    q_base = Q + b * stride_qb + h * stride_qh
-    do_base = DO + b * stride_dob + h * stride_doh
-    l_base = L + b * stride_lb + h * stride_lh
-    delta_base = DELTA + b * stride_lb + h * stride_lh   # DELTA has L's layout (asserted by the wrapper)
+    k = tl.load(K + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
+    v = tl.load(V + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
     qk_scale = sm_scale * LOG2E
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
 
-    if SPARSE:
-        n_blocks = tl.load(Q_NUM + b * stride_numb + h * stride_numh + pid_n)   # read 1 int
-        idx_base = Q_IDX + b * stride_idxb + h * stride_idxh + pid_n * stride_idxk
-        first = 0
+    n_blocks = (N_Q + BLOCK_M - 1) // BLOCK_M
+    if CAUSAL:
+        first = (pid_n * BLOCK_N) // BLOCK_M   # query blocks wholly above this key block see none of it
+        n_blocks = tl.where(pid_n * BLOCK_N < N_Q, n_blocks, first)  # keys past the last query: none
     else:
-        n_blocks = (N_Q + BLOCK_M - 1) // BLOCK_M
-        if CAUSAL:
-            first = (pid_n * BLOCK_N) // BLOCK_M   # query blocks wholly above this key block see none of it
-            n_blocks = tl.where(pid_n * BLOCK_N < N_Q, n_blocks, first)  # keys past the last query: none
-        else:
-            first = 0
+        first = 0
 
-    for it in range(first, n_blocks):
-        if SPARSE:
-            start_m = tl.load(idx_base + it) * BLOCK_M   # read 1 int
-        else:
+    for g in range(0, GROUP):
+        h = h_kv * GROUP + g                     # a query head of this KV head's group
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        l_base = L + b * stride_lb + h * stride_lh
+        delta_base = DELTA + b * stride_lb + h * stride_lh   # DELTA has L's layout (asserted by the wrapper)
+        for it in range(first, n_blocks):
             start_m = it * BLOCK_M
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :]
-        do_ptrs = do_base + offs_m[:, None] * stride_don + offs_d[None, :]
-        # read 2 * BLOCK_M * d elements (Q and dO) and 2 * BLOCK_M (L and D); rows past Nq masked off
-        if EVEN_M:
-            q = tl.load(q_ptrs)
-            lse = tl.load(l_base + offs_m)
-        else:
-            q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
-            lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=0.0)
-        # recompute P^T for this tile from Q, K and L (never stored in the forward)
-        lse2 = lse * LOG2E
-        if SPARSE:  # a row that saw no key has L = -inf: make its P 0, not exp2(+inf)
-            lse2 = tl.where(lse == float("-inf"), float("inf"), lse2)
-        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale      # (BLOCK_N, BLOCK_M)
-        p_t = tl.math.exp2(s_t - lse2[None, :])
-        if not (EVEN_M and EVEN_N):
-            p_t = tl.where((offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K), p_t, 0.0)
-        if CAUSAL:
-            if start_m < pid_n * BLOCK_N + BLOCK_N - 1:  # the tile crosses the diagonal
-                p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
-        if EVEN_M:
-            do = tl.load(do_ptrs)
-        else:
-            do = tl.load(do_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
-        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)            # dV += P^T dO
-        if EVEN_M:
-            delta = tl.load(delta_base + offs_m)
-        else:
-            delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # (dP)^T = V dO^T
-        ds_t = p_t * (dp_t - delta[None, :])                                         # dS = P * (dP - D)
-        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)             # dK += dS^T Q
+            offs_m = start_m + tl.arange(0, BLOCK_M).to(tl.int64)
+            q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :]
+            do_ptrs = do_base + offs_m[:, None] * stride_don + offs_d[None, :]
+            # read 2 * BLOCK_M * d elements (Q and dO) and 2 * BLOCK_M (L and D); rows past Nq masked off
+            if EVEN_M:
+                q = tl.load(q_ptrs)
+                lse = tl.load(l_base + offs_m)
+            else:
+                q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
+                lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=0.0)
+            # recompute P^T for this tile from Q, K and L (never stored in the forward)
+            s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale      # (BLOCK_N, BLOCK_M)
+            p_t = tl.math.exp2(s_t - lse[None, :] * LOG2E)
+            if not (EVEN_M and EVEN_N):
+                p_t = tl.where((offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K), p_t, 0.0)
+            if CAUSAL:
+                if start_m < pid_n * BLOCK_N + BLOCK_N - 1:  # the tile crosses the diagonal
+                    p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
+            if EVEN_M:
+                do = tl.load(do_ptrs)
+            else:
+                do = tl.load(do_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
+            dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)            # dV += P^T dO
+            if EVEN_M:
+                delta = tl.load(delta_base + offs_m)
+            else:
+                delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
+            dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # (dP)^T = V dO^T
+            ds_t = p_t * (dp_t - delta[None, :])                                         # dS = P * (dP - D)
+            dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)             # dK += dS^T Q
     dk = dk * sm_scale
     # write 2 * BLOCK_N * d elements (dK and dV)
-    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_rows)
-    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=kv_rows)
 
 
 @jit
 def _attn_bwd_dq_kernel(
     Q, K, V, DO, L, DELTA, DQ,
-    KV_NUM, KV_IDX,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_don,
     stride_lb, stride_lh,
     stride_dqb, stride_dqh, stride_dqn,
-    stride_numb, stride_numh, stride_idxb, stride_idxh, stride_idxq,
-    H, N_Q, N_K, sm_scale,
+    H, GROUP, N_Q, N_K, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EVEN_N: tl.constexpr,
 ):
     # one program per (block of BLOCK_M queries, batch x head); the same key blocks as the forward
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    h_kv = h // GROUP
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = offs_m[:, None] < N_Q
     # read 2 * BLOCK_M * d elements (Q, dO) and 2 * BLOCK_M (L, D), once
@@ -298,31 +287,19 @@ def _attn_bwd_dq_kernel(
     lse = tl.load(L + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     lse2 = lse * LOG2E
-    if SPARSE:  # a row that saw no key: P = 0
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse2)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    k_base = K + b * stride_kb + h_kv * stride_kh
+    v_base = V + b * stride_vb + h_kv * stride_vh
     qk_scale = sm_scale * LOG2E
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     # the same walk over key blocks as the forward kernel: written out again on purpose, so that
     # each kernel reads on its own from top to bottom, as in Triton's fused-attention tutorial
-    if SPARSE:
-        n_blocks = tl.load(KV_NUM + b * stride_numb + h * stride_numh + pid_m)   # read 1 int
-        idx_base = KV_IDX + b * stride_idxb + h * stride_idxh + pid_m * stride_idxq
+    if CAUSAL:
+        hi = tl.minimum(tl.minimum((pid_m + 1) * BLOCK_M, N_Q), N_K)
     else:
-        if CAUSAL:
-            hi = tl.minimum(tl.minimum((pid_m + 1) * BLOCK_M, N_Q), N_K)
-        else:
-            hi = N_K
-        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
-
-    for it in range(0, n_blocks):
-        if SPARSE:
-            start_n = tl.load(idx_base + it) * BLOCK_N   # read 1 int
-        else:
-            start_n = it * BLOCK_N
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+        hi = N_K
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
         # read 2 * BLOCK_N * d elements (K and V); keys past Nk masked off
@@ -363,100 +340,92 @@ def _explicit_blocks(q, block_m, block_n):
     return validate.kernel_blocks(*blocks)
 
 
-def _sparse_args(num, idx):
-    """Pointer and strides for the block lists, or placeholders when not sparse."""
-    if num is None:
-        return (None, None), (0, 0, 0, 0, 0)
-    return (num, idx), (num.stride(0), num.stride(1), idx.stride(0), idx.stride(1), idx.stride(2))
+def _rows_contiguous(t):
+    """The kernels take any strides but a head dim of stride 1 (one row is one vector load)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _flash_forward(q, k, v, causal, scale, block_m=None, block_n=None, kv_num=None, kv_idx=None):
-    """Launch the forward kernel. Returns o (B, H, Nq, d) and lse (B, H, Nq) float32.
+def _strides(t, n=3):
+    return tuple(t.stride(i) for i in range(n))
+
+
+def _preprocess(o, do, dlse, n_q, H, B, d, block_m):
+    """D = rowsum(dO * O) - dlse, a (B, H, Nq, 1) float32 column laid out like L."""
+    delta = torch.empty((B, H, n_q, 1), device=o.device, dtype=torch.float32)
+    if dlse is not None:
+        dlse = dlse.float().contiguous().view(B, H, n_q, 1)
+        assert dlse.stride() == delta.stride(), "dlse must share DELTA's layout (the kernel uses DELTA's strides)"
+    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, block_m), B * H)](
+        o, do, delta, dlse,
+        *_strides(o), *_strides(do), delta.stride(0), delta.stride(1),
+        H, n_q, HEAD_DIM=d, BLOCK_M=block_m, HAS_DLSE=dlse is not None,
+    )
+    return delta
+
+
+def _flash_forward(q, k, v, causal, scale, block_m=None, block_n=None):
+    """Launch the forward kernel. Returns o (B, H, Nq, d) and lse (B, H, Nq, 1) float32.
     Block sizes None: chosen by :func:`_tuning.choose_config`."""
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
-    o = torch.empty_like(q)
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((B, H, n_q, 1), device=q.device, dtype=torch.float32)
-    (num, idx), sp = _sparse_args(kv_num, kv_idx)
 
     def run(config):
         bm, bn = config["block_m"], config["block_n"]
         _attn_fwd_kernel[(triton.cdiv(n_q, bm), B * H)](
-            q, k, v, o, lse, num, idx,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            o.stride(0), o.stride(1), o.stride(2),
+            q, k, v, o, lse,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(o),
             lse.stride(0), lse.stride(1),
-            *sp,
-            H, n_q, n_k, scale,
+            H, H // k.shape[1], n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-            CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+            CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
             EVEN_N=n_k % bn == 0,
             **native_options(config),
         )
 
     launch("fwd", run, q, n_q, n_k, causal, block_m, block_n)
-    return o, lse.squeeze(-1)
+    return o, lse
 
 
-def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m=None, block_n=None,
-                    kv_num=None, kv_idx=None, q_num=None, q_idx=None):
+def _flash_backward(do, dlse, q, k, v, o, lse, causal, scale, block_m=None, block_n=None):
     """Launch the three backward kernels. Returns dq, dk, dv. Block sizes None: chosen by
     :func:`_tuning.choose_config`, separately for the dK/dV and the dQ kernel."""
     B, H, n_q, d = q.shape
-    n_k = k.shape[-2]
-    do = do.contiguous()
-    lse = lse.unsqueeze(-1)                       # (B, H, Nq, 1) column, as the forward stored it
-    delta = torch.empty_like(lse)                 # D = rowsum(dO * O), laid out exactly like L:
+    H_kv, n_k = k.shape[1], k.shape[2]
+    do = _rows_contiguous(do)
+    pre_m = block_m if block_m is not None else (INTERPRETER_BLOCKS[0] if use_interpreter(q.device) else 64)
+    delta = _preprocess(o, do, dlse, n_q, H, B, d, pre_m)
     # the dK/dV and dQ kernels address DELTA with L's strides, so that layout is a requirement
     assert delta.stride() == lse.stride(), "DELTA must share L's layout (the kernels use L's strides for it)"
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    pre_m = block_m if block_m is not None else (INTERPRETER_BLOCKS[0] if use_interpreter(q.device) else 64)
-    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_m), B * H)](
-        o, do, delta,
-        o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), delta.stride(0), delta.stride(1),
-        H, n_q, HEAD_DIM=d, BLOCK_M=pre_m,
-    )
-    (qn, qi), sp_q = _sparse_args(q_num, q_idx)
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
 
     def run_dkdv(config):
         bm, bn = config["block_m"], config["block_n"]
-        _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, bn), B * H)](
-            q, k, v, do, lse, delta, dk, dv, qn, qi,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            do.stride(0), do.stride(1), do.stride(2),
+        _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, bn), B * H_kv)](
+            q, k, v, do, lse, delta, dk, dv,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(do),
             lse.stride(0), lse.stride(1),
-            dk.stride(0), dk.stride(1), dk.stride(2),
-            dv.stride(0), dv.stride(1), dv.stride(2),
-            *sp_q,
-            H, n_q, n_k, scale,
+            *_strides(dk), *_strides(dv),
+            H_kv, H // H_kv, n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-            CAUSAL=bool(causal), SPARSE=q_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+            CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
             EVEN_M=n_q % bm == 0, EVEN_N=n_k % bn == 0,
             **native_options(config),
         )
 
-    (kn, ki), sp_k = _sparse_args(kv_num, kv_idx)
-
     def run_dq(config):
         bm, bn = config["block_m"], config["block_n"]
         _attn_bwd_dq_kernel[(triton.cdiv(n_q, bm), B * H)](
-            q, k, v, do, lse, delta, dq, kn, ki,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            do.stride(0), do.stride(1), do.stride(2),
+            q, k, v, do, lse, delta, dq,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(do),
             lse.stride(0), lse.stride(1),
-            dq.stride(0), dq.stride(1), dq.stride(2),
-            *sp_k,
-            H, n_q, n_k, scale,
+            *_strides(dq),
+            H, H // H_kv, n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
-            CAUSAL=bool(causal), SPARSE=kv_num is not None, DOT_PRECISION=dot_precision(q.dtype),
+            CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
             EVEN_N=n_k % bn == 0,
             **native_options(config),
         )
@@ -468,41 +437,44 @@ def _flash_backward(do, q, k, v, o, lse, causal, scale, block_m=None, block_n=No
 
 class _FlashAttention(torch.autograd.Function):
     """Forward saves q, k, v, o and the log-sum-exp (not P); backward recomputes P block by block.
-
-    ``sparse`` is None (dense) or the block lists (kv_num, kv_idx, q_num, q_idx) of a block mask.
-    """
+    Both outputs are differentiable (the lse's gradient folds into D)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, blocks_fwd, blocks_bwd, sparse=None):
-        kv = sparse[:2] if sparse is not None else ()
-        o, lse = _flash_forward(q, k, v, causal, scale, *blocks_fwd, *kv)
+    def forward(ctx, q, k, v, causal, scale, blocks_fwd, blocks_bwd):
+        o, lse = _flash_forward(q, k, v, causal, scale, *blocks_fwd)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.blocks_bwd, ctx.sparse = causal, scale, blocks_bwd, sparse
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+        ctx.causal, ctx.scale, ctx.blocks_bwd = causal, scale, blocks_bwd
+        ctx.set_materialize_grads(False)   # an unused lse sends None, not a tensor of zeros
+        return o, lse.squeeze(-1)
 
     @staticmethod
-    def backward(ctx, do, _dlse):
+    def backward(ctx, do, dlse):
+        validate.no_double_backward("flash_attention")
         q, k, v, o, lse = ctx.saved_tensors
-        sp = ctx.sparse if ctx.sparse is not None else ()
-        dq, dk, dv = _flash_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, *ctx.blocks_bwd, *sp)
-        return dq, dk, dv, None, None, None, None, None
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = _flash_backward(do, dlse, q, k, v, o, lse, ctx.causal, ctx.scale, *ctx.blocks_bwd)
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, block_m=None, block_n=None):
     """FlashAttention-2 forward (and, through autograd, backward) as Triton kernels.
 
-    q: (B, H, Nq, d), k and v: (B, H, Nk, d); d in 16, 32, 64, 128; float32 or float16
-    (bfloat16 on a GPU). Returns o (B, H, Nq, d), and lse (B, H, Nq) float32 (natural log)
-    when ``return_lse``. ``block_m``/``block_n`` fix the block sizes (forward and backward
-    alike). By default the interpreter uses 128 x 128, and a GPU the fastest of a few
-    configurations (:func:`attnlab.kernels._tuning.gpu_candidates`), timed at the first call for each shape, as
-    ``@triton.autotune`` does; ``ATTNLAB_AUTOTUNE=0`` takes :func:`attnlab.kernels._tuning.gpu_config`'s instead.
+    q: (B, H, Nq, d), k and v: (B, H_kv, Nk, d) with H % H_kv == 0 (grouped-query attention;
+    H_kv = 1 is multi-query; equal to SDPA's ``enable_gqa=True``); d in 16, 32, 64, 128; float32
+    or float16 (bfloat16 on a GPU); any strides with a contiguous last dim. Returns o (B, H, Nq, d),
+    and lse (B, H, Nq) float32 (natural log, differentiable) when ``return_lse``.
+    ``block_m``/``block_n`` fix the block sizes (forward and backward alike). By default the
+    interpreter uses 128 x 128, and a GPU the fastest of a few configurations
+    (:func:`attnlab.kernels._tuning.gpu_candidates`), timed at the first call for each shape, as
+    ``@triton.autotune`` does; ``ATTNLAB_AUTOTUNE=0`` takes :func:`attnlab.kernels._tuning.gpu_config`'s
+    instead. Double backward (``create_graph=True``) raises a ``RuntimeError``.
 
     Example: ``o = flash_attention(q, k, v, causal=True)``
     """
-    scale = validate.kernel_qkv(q, k, v, scale, causal, interpreted=use_interpreter)   # 1/sqrt(d) for None
+    scale = validate.kernel_qkv(q, k, v, scale, causal, interpreted=use_interpreter, gqa=True)  # 1/sqrt(d) for None
+    validate.flag(return_lse, "return_lse")
     blocks = _explicit_blocks(q, block_m, block_n)   # (None, None): chosen at launch, per kernel
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
     o, lse = _FlashAttention.apply(q, k, v, causal, scale, blocks, blocks)  # forward and backward blocks
     return (o, lse) if return_lse else o

@@ -105,12 +105,12 @@ def test_block_sparse_density_and_mask():
     quarter = io.block_sparse_forward_io(1, 1, n, d=d, bytes_per_element=e, density=0.25, block_size=bs)
     assert quarter.bytes_read == round(none.bytes_read + 0.25 * (full.bytes_read - none.bytes_read))
     dense = io.flash_forward_io(1, 1, n, d=d, bytes_per_element=e, block_m=64, block_n=64)
-    assert full.bytes_read == dense.bytes_read + 4 * (16 + 16 * 16)  # + the int32 block lists
+    assert full.bytes_read == dense.bytes_read + 4 * (2 * 16 + 16 * 16)  # + the int32 block lists (2 counts a row)
     ones = BlockMask(torch.ones(1, 1, 16, 16, dtype=torch.bool), bs)
     assert io.block_sparse_forward_io(1, 1, n, d=d, bytes_per_element=e, block_mask=ones) == full
-    loc = local_mask(n, n, 0, bs)  # the 16 diagonal tiles
+    loc = local_mask(n, n, 0, bs)  # the 16 diagonal tiles, each partial: + its id and 64 x 64 int8 mask tile
     m = io.block_sparse_forward_io(1, 1, n, d=d, bytes_per_element=e, block_mask=loc)
-    assert m.bytes_read == n * d * e + 16 * 2 * 64 * d * e + 4 * (16 + 16)
+    assert m.bytes_read == n * d * e + 16 * 2 * 64 * d * e + 4 * (2 * 16 + 16) + 16 * (4 + 64 * 64)
     b = io.block_sparse_backward_io(2, 3, n, d=d, bytes_per_element=e, block_mask=loc)
     assert b == io.block_sparse_backward_io(1, 1, n, d=d, bytes_per_element=e, block_mask=loc).scaled(6)
 

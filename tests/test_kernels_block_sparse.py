@@ -74,37 +74,28 @@ def test_empty_rows_give_zeros():
 
 
 def test_block_lists_like_flex_attention():
+    # a tile pattern: every kept tile is a full block (no element mask), as FlexAttention lists them
     m = torch.tensor([[1, 0, 1], [0, 0, 0], [0, 1, 1]], dtype=torch.bool)
     bm = BlockMask(m, (16, 16))
-    assert bm.kv_num_blocks.tolist() == [[[2, 0, 2]]]
-    assert bm.kv_indices[0, 0, 0, :2].tolist() == [0, 2] and bm.kv_indices[0, 0, 2, :2].tolist() == [1, 2]
-    assert bm.q_num_blocks.tolist() == [[[1, 1, 2]]]
-    assert bm.q_indices[0, 0, 2, :2].tolist() == [0, 2]
+    assert bm.full_kv_num_blocks.tolist() == [[[2, 0, 2]]] and bm.kv_num_blocks.tolist() == [[[0, 0, 0]]]
+    assert bm.full_kv_indices[0, 0, 0, :2].tolist() == [0, 2] and bm.full_kv_indices[0, 0, 2, :2].tolist() == [1, 2]
+    assert bm.full_q_num_blocks.tolist() == [[[1, 1, 2]]]
+    assert bm.full_q_indices[0, 0, 2, :2].tolist() == [0, 2]
     assert bm.kv_indices.dtype == torch.int32
 
 
 def test_flex_attention_agrees_with_same_block_mask():
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError as e:  # pragma: no cover
-        pytest.skip(f"flex_attention unavailable: {e}")
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
     n, bs = 96, (32, 32)
     mask = random_mask(n, n, 0.5, bs, seed=2) | local_mask(n, n, 0, bs)  # diagonal kept: no empty row
-    m = mask.mask[0, 0]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return m[q_idx // bs[0], kv_idx // bs[1]]
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fb = create_block_mask(mask_mod, 1, 1, n, n, device="cpu", BLOCK_SIZE=bs)
-            q, k, v = _qkv(1, 1, n, n, grad=False)  # FlexAttention has no CPU backward
-            ref = flex_attention(q, k, v, block_mask=fb)
-    except Exception as e:  # pragma: no cover - depends on the torch build
-        pytest.skip(f"flex_attention does not run on this CPU: {type(e).__name__}: {e}")
-    # every kept block is a full block for FlexAttention: the same lists as ours
-    assert torch.equal(fb.full_kv_num_blocks.int(), mask.kv_num_blocks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fb = create_block_mask(mask.mask_mod, 1, 1, n, n, device="cpu", BLOCK_SIZE=bs)
+        q, k, v = _qkv(1, 1, n, n, grad=False)  # FlexAttention has no CPU backward
+        ref = flex_attention(q, k, v, block_mask=fb)
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert torch.equal(getattr(fb, name), getattr(mask, name)), name
     o = block_sparse_attention(q, k, v, mask)
     torch.testing.assert_close(o, ref, atol=2e-5, rtol=2e-4)
 
@@ -114,16 +105,18 @@ def test_block_mask_inspection():
     assert m.shape == (1, 1, 4, 4) and m.block_size == (64, 64)
     assert m.density == pytest.approx(10 / 16)
     text = repr(m)
-    assert "density=62.5%" in text and "██" in text and "░░" in text
+    assert "density=62.5%" in text and "▒▒" in text and "░░" in text      # all partial: a band of 32 in tiles of 64
+    assert "██" in repr(local_mask(256, 256, 100, (64, 64)))               # a band of 100 holds full tiles
     em = m.to_element_mask(256, 256)
-    assert em.shape == (1, 1, 256, 256) and em[0, 0, 0, 64] and not em[0, 0, 0, 128]
+    assert em.shape == (1, 1, 256, 256) and em[0, 0, 0, 32] and not em[0, 0, 0, 33]   # exact: not tile-aligned
     fig = m.to_figure()
     assert fig.axes and fig.axes[0].get_xlabel().startswith("key block")
-    assert (~m).density == pytest.approx(6 / 16)
+    assert (~m).density == 1.0   # every tile holds a pair farther apart than 32
     assert union(m, ~m).density == 1.0 and intersection(m, ~m).density == 0.0
     assert causal_block_mask(100, 50, (32, 32)).mask[0, 0].tolist() == [[True, False], [True, True], [True, True], [True, True]]
     assert global_mask(128, 128, 1, (64, 64)).mask.sum() == 3
-    assert strided_mask(128, 128, 2, (32, 32)).density == 0.5
+    assert strided_mask(128, 128, 2, (32, 32)).density == 1.0   # every tile holds even differences
+    assert int(strided_mask(128, 128, 2, (32, 32)).full_blocks.sum()) == 0
     r1, r2 = random_mask(500, 500, 0.25, (32, 32), seed=7), random_mask(500, 500, 0.25, (32, 32), seed=7)
     assert r1 == r2 and 0.15 < r1.density < 0.35
 
@@ -155,26 +148,24 @@ def test_bad_masks_and_inputs():
         union(local_mask(64, 64, 1, (32, 32)), local_mask(64, 64, 1, (16, 16)))
     with pytest.raises(TypeError, match="mask: expected dtype bool"):
         BlockMask(torch.ones(1, 1, 2, 2), (16, 16))
-    with pytest.raises(ValueError, match="n_q=10"):
+    with pytest.raises(ValueError, match="expected q with 64 positions"):
         local_mask(64, 64, 1, (32, 32)).to_element_mask(10, 64)
 
 
-def test_block_lists_are_cached_and_follow_in_place_edits():
-    q, k, v = _qkv(1, 1, 64, 64, grad=False)
-    m = BlockMask(torch.ones(1, 1, 2, 2, dtype=torch.bool), (32, 32))
-    full = block_sparse_attention(q, k, v, m)
-    assert len(m._lists_cache) == 1
-    m.mask[0, 0, 1] = False  # edited in place: the cached lists must not be reused
-    o = block_sparse_attention(q, k, v, m)
-    assert torch.equal(o[..., 32:, :], torch.zeros_like(o[..., 32:, :]))
-    torch.testing.assert_close(o[..., :32, :], full[..., :32, :])
+def test_a_mask_made_for_other_lengths_is_refused():
+    # issue 24, 5(a): full_mask(100, 130) reused at n_q = 120 with causal gave wrong output; now it refuses
+    q, k, v = _qkv(1, 1, 120, NK, grad=False)
+    with pytest.raises(ValueError, match="block_mask: expected q with 100 positions and k with 130"):
+        block_sparse_attention(q, k, v, full_mask(NQ, NK, BS), causal=True)
+    # a tile pattern (no lengths) fits any lengths with its numbers of blocks
+    block_sparse_attention(q[..., :97, :], k, v, BlockMask(torch.ones(1, 1, 4, 9, dtype=torch.bool), BS))
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_the_reference_library(causal):
     from attnlab.attention import block_sparse_reference
 
-    mask = local_mask(NQ, NK, 16, BS) | global_mask(NQ, NK, 1, BS)
+    mask = random_mask(NQ, NK, 0.4, BS, seed=3)   # a tile pattern: the reference takes tiles
     q, k, v = _qkv(grad=False, seed=11)
     torch.testing.assert_close(block_sparse_attention(q, k, v, mask, causal=causal),
                                block_sparse_reference(q, k, v, mask, causal=causal), atol=2e-5, rtol=2e-4)

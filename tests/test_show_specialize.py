@@ -2,6 +2,7 @@
 
 import pytest
 
+from attnlab.kernels.block_sparse_attention import _bsa_fwd_kernel
 from attnlab.kernels.flash_attention import _attn_fwd_kernel
 from attnlab.show import show_source, specialize
 
@@ -15,16 +16,20 @@ def test_specialize_keeps_the_branch_that_runs():
     # conditions on other names stay as they are
     assert specialize("if C:\n    x = 1", {}) == "if C:\n    x = 1"
     with pytest.raises(ValueError, match="not the condition of any if"):
-        specialize(src, {"SPARS": False})
+        specialize(src, {"CAUSL": False})
 
 
-def test_dense_and_sparse_views_of_the_forward_kernel(capsys):
-    show_source(_attn_fwd_kernel, constexprs={"SPARSE": False})
+def test_causal_and_even_views_of_the_forward_kernels(capsys):
+    show_source(_attn_fwd_kernel, constexprs={"CAUSAL": False})
     dense = capsys.readouterr().out
-    assert "if SPARSE" not in dense and "KV_IDX + b" not in dense and "tl.load(idx_base" not in dense
-    assert "hi = tl.minimum(" in dense and "if EVEN_N:" in dense
+    assert "if CAUSAL" not in dense and "hi = N_K" in dense and "hi = tl.minimum(" not in dense
+    assert "if EVEN_N:" in dense
     compile(dense.replace("@jit\n", ""), "<dense>", "exec")   # still valid Python
-    show_source(_attn_fwd_kernel, constexprs={"SPARSE": True, "CAUSAL": False})
+    show_source(_attn_fwd_kernel, constexprs={"CAUSAL": True, "EVEN_N": True})
+    causal = capsys.readouterr().out
+    assert "hi = tl.minimum(" in causal and "if EVEN_N" not in causal and "mask=offs_n[:, None] < N_K" not in causal
+    compile(causal.replace("@jit\n", ""), "<causal>", "exec")
+    show_source(_bsa_fwd_kernel, constexprs={"EVEN_N": True})
     sparse = capsys.readouterr().out
-    assert "tl.load(idx_base + it)" in sparse and "hi = " not in sparse and "if CAUSAL" not in sparse
+    assert "tl.load(FULL_KV_IDX + idx_off + it)" in sparse and "if EVEN_N" not in sparse and "if CAUSAL" not in sparse
     compile(sparse.replace("@jit\n", ""), "<sparse>", "exec")
