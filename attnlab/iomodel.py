@@ -568,8 +568,10 @@ def ulysses_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2,
     """Bytes each rank sends (and receives) in all-to-all (DeepSpeed-Ulysses) attention on P ranks.
 
     Each all-to-all of a local ``batch * heads * (n / P) * d`` tensor keeps 1/P of it and sends the other
-    (P - 1)/P, ``batch * (heads / P) * (n / P) * d`` elements to each of the P - 1 other ranks (that is the
-    bytes per link). The forward moves q, k, v to head shards and O back (4 all-to-alls); the backward dO,
+    (P - 1)/P, ``batch * (heads / P) * (n / P) * d`` elements to each of the P - 1 other ranks. What a rank
+    sends in all, about ``4 batch heads n d / P`` elements, is Jacobs et al. 2023's "communication volume per
+    link" (one link per device into a switched network): constant when n and P grow together, where the
+    ring's grows with P. The forward moves q, k, v to head shards and O back (4 all-to-alls); the backward dO,
     then dQ, dK, dV (4 more), all in the inputs' dtype. ``backward`` returns the backward's bytes.
     Example: ``ulysses_attention_bytes(1, 8, 4096, 64, 4, 2)  # 4 * 3 * 2 * 1024 * 64 * 2 = 3145728``
     """

@@ -325,10 +325,10 @@ def ring_attention(q, k, v, causal=False, group=None, layout="contiguous", attn_
     ``return_lse`` also L (B, H, n_local) float32. ``trace``: a :class:`Trace` that records bytes and times.
     Example: ``o = ring_attention(shard(q, P, rank), shard(k, P, rank), shard(v, P, rank), causal=True)``
     """
-    _check_common(q, k, v, causal, group, trace)
     validate.one_of(layout, "layout", LAYOUTS)
     if attn_fn is not None and not callable(attn_fn):
         raise TypeError(f"attn_fn: expected a callable fn(q, k, v, causal) -> (O, L) or None, got {type(attn_fn).__name__}")
+    _check_common(q, k, v, causal, group, trace)
     if layout == "zigzag" and q.shape[-2] % 2:
         raise ValueError(f"q: the zigzag layout holds two equal chunks per rank, so the local sequence length must "
                          f"be even; got shape {tuple(q.shape)}")

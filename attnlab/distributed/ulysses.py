@@ -95,9 +95,9 @@ def ulysses_attention(q, k, v, causal=False, group=None, attn_fn=None, *, trace=
     differentiable in O (the gradients flow through it by autograd). Returns O (B, H, n_local, d).
     Example: ``o = ulysses_attention(shard(q, P, rank), shard(k, P, rank), shard(v, P, rank), causal=True)``
     """
-    _check_common(q, k, v, causal, group, trace)
     if attn_fn is not None and not callable(attn_fn):
         raise TypeError(f"attn_fn: expected a callable fn(q, k, v, causal) -> (O, L) or None, got {type(attn_fn).__name__}")
+    _check_common(q, k, v, causal, group, trace)
     world = dist.get_world_size(group)
     if q.shape[1] % world:
         raise ValueError(f"q: all-to-all attention gives each rank heads / world_size heads, so the heads must divide "
