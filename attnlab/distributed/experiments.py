@@ -22,7 +22,7 @@ from .ring import attention_lse, flash_lse, ring_attention, shard_indices
 from .trace import Trace
 from .ulysses import ulysses_attention
 
-__all__ = ["exactness", "profile", "longest_sequence", "METHODS", "attn_fn"]
+__all__ = ["exactness", "profile", "profile_methods", "longest_sequence", "METHODS", "attn_fn", "run"]
 
 METHODS = {"ring-contiguous": ("ring", "contiguous"), "ring-zigzag": ("ring", "zigzag"),
            "ulysses": ("ulysses", "contiguous")}
@@ -165,3 +165,10 @@ def longest_sequence(budget_bytes, d=32, heads=1, batch=1, world_sizes=None, att
             found[P] = {"n": lo, "peak_bytes": probes.get(lo), "n_over": hi, "peak_over": probes.get(hi)}
         dist.barrier()
     return found
+
+
+def profile_methods(methods=tuple(METHODS), **kwargs):
+    """:func:`profile` for each method in turn on this group (one launch for all): ``{method: profile}``.
+    Ulysses is skipped where the heads do not divide by the world size."""
+    heads, world = kwargs.get("heads", 4), dist.get_world_size()
+    return {m: profile(m, **kwargs) for m in methods if not (METHODS[m][0] == "ulysses" and heads % world)}

@@ -79,14 +79,27 @@ def _check_importable(fn):
                         "one of attnlab.distributed.experiments")
 
 
-def _worker(rank, fn, args, world_size, port, backend, threads, folder):
+def _die_with_parent():
+    """Linux: ask the kernel to SIGKILL this rank if the launching process dies (killed, not just failed),
+    so that even a parent that could not run its cleanup leaves no orphan behind."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+
+
+def _worker(rank, fn, args, kwargs, world_size, port, backend, threads, folder):
+    _die_with_parent()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     torch.set_num_threads(threads)
     folder = Path(folder)
     try:
         init_from_env(backend)
-        result = fn(*args)
+        result = fn(*args, **kwargs)
         torch.save(result, folder / f"result{rank}.pt")
     except BaseException as exc:  # noqa: BLE001 (re-raised: the parent reads this file, spawn sees the exit)
         record = {"time": time.time(), "traceback": traceback.format_exc()}
@@ -129,11 +142,11 @@ def _stop(processes, grace=5.0):
             p.join()
 
 
-def launch(fn, world_size, *args, backend=None, timeout=300.0, threads=1):
-    """Run ``fn(*args)`` on ``world_size`` local processes joined in one process group; return their results.
+def launch(fn, world_size, *args, kwargs=None, backend=None, timeout=300.0, threads=1):
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` local processes in one process group; return their results.
 
-    fn: a top-level function of an importable module (see the module's docstring); inside it,
-    ``torch.distributed.get_rank()`` says which rank it is. backend: ``"gloo"`` or ``"nccl"``
+    fn: a top-level function of an importable module (see the module's docstring), called with ``args`` and
+    ``kwargs`` (a dict); inside it ``torch.distributed.get_rank()`` says which rank it is. backend: ``"gloo"`` or ``"nccl"``
     (default: :func:`pick_backend`). timeout: seconds before every rank is stopped and TimeoutError
     raised. threads: torch threads per rank (1: the ranks share this machine's cores).
     Returns ``[result of rank 0, ..., result of rank world_size - 1]`` (returned values must pickle;
@@ -148,7 +161,7 @@ def launch(fn, world_size, *args, backend=None, timeout=300.0, threads=1):
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
         raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
     with tempfile.TemporaryDirectory(prefix="attnlab-launch-") as folder:
-        context = mp.start_processes(_worker, args=(fn, args, world_size, _free_port(), backend, threads, folder),
+        context = mp.start_processes(_worker, args=(fn, args, dict(kwargs or {}), world_size, _free_port(), backend, threads, folder),
                                      nprocs=world_size, join=False, start_method="spawn")
         try:
             deadline = time.monotonic() + timeout
