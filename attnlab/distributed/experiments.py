@@ -128,8 +128,9 @@ def longest_sequence(budget_bytes, d=32, heads=1, batch=1, world_sizes=None, att
 
     A probe of length n runs ring attention over n positions on P ranks (inputs made inside, so counted) and
     measures each rank's peak allocated memory (:func:`attnlab.measure.peak_memory`); it fits when the
-    largest rank's peak is within ``budget_bytes``. Doubling from ``n_start``, then bisection on multiples of
-    ``step`` (a multiple of every P). Returns, on every rank, ``{P: {"n", "peak_bytes", "n_over", "peak_over"}}``.
+    largest rank's peak is within ``budget_bytes``. The search starts at ``n_start * P``, halves or doubles
+    until it brackets the limit, then bisects on multiples of ``step`` (a multiple of every P). Returns, on
+    every rank, ``{P: {"n", "peak_bytes", "n_over", "peak_over", "probes": [(n, peak), ...]}}``.
     """
     from attnlab.measure import peak_memory
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -155,14 +156,19 @@ def longest_sequence(budget_bytes, d=32, heads=1, batch=1, world_sizes=None, att
                     probes[n] = int(peak.item())
                 return probes[n] <= budget_bytes
 
-            lo, hi = (n_start, None) if fits(n_start) else (None, n_start)
-            while lo is not None and hi is None and lo < n_max:
+            start = min(n_start * P, n_max)                   # memory per rank ~ n / P: start near the answer
+            lo, hi = (start, None) if fits(start) else (None, start)
+            while lo is None and hi > step:                   # halve until one fits
+                nxt = max(hi // 2 // step * step, step)
+                lo, hi = (nxt, hi) if fits(nxt) else (None, nxt)
+            while lo is not None and hi is None and lo < n_max:   # double until one does not
                 nxt = min(2 * lo, n_max)
                 lo, hi = (nxt, None) if fits(nxt) else (lo, nxt)
-            while lo is not None and hi is not None and hi - lo > step:
+            while lo is not None and hi is not None and hi - lo > step:   # bisect on multiples of step
                 mid = (lo + hi) // 2 // step * step
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-            found[P] = {"n": lo, "peak_bytes": probes.get(lo), "n_over": hi, "peak_over": probes.get(hi)}
+            found[P] = {"n": lo, "peak_bytes": probes.get(lo), "n_over": hi, "peak_over": probes.get(hi),
+                        "probes": sorted(probes.items())}
         dist.barrier()
     return found
 

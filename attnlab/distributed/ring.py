@@ -88,7 +88,8 @@ def merge_partials(o1, l1, o2, l2):
     empty = torch.isneginf(lse)
     w1 = torch.where(empty, 0.0, torch.exp(l1 - lse))[..., None]                   # (B, H, m, 1)
     w2 = torch.where(empty, 0.0, torch.exp(l2 - lse))[..., None]
-    return w1 * o1.float() + w2 * o2.float(), lse
+    o = o1.float() * w1                                                            # (B, H, m, d) one new tensor,
+    return o.addcmul_(o2.float(), w2), lse                                         # the second term added in place
 
 
 def block_backward(do, q, k, v, lse, delta, causal=False):
