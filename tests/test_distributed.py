@@ -207,3 +207,18 @@ def test_communication_formulas():
         iomodel.ulysses_attention_bytes(1, 3, 64, 8, 2)
     with pytest.raises(ValueError, match="n"):
         iomodel.ring_attention_bytes(1, 3, 63, 8, 2)
+
+
+def test_the_benchmark_prints_bytes_equal_to_the_formulas(no_orphans):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ring_attention.py"), "--quick",
+                          "--world-sizes", "2"], capture_output=True, text=True, timeout=600, cwd=root)
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| 2 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["ring-contiguous", "ring-zigzag", "ulysses"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == cells[3], row          # measured bytes per rank == iomodel's formula
+        assert float(cells[4]) > 0
