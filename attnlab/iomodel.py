@@ -41,6 +41,11 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
   two matmuls of the forward; causal halves the useful work, not the standard kernels').
 * ``theorem2(n, d, sram_elements)``: the asymptotic orders of Dao et al. 2022, Theorem 2,
   without constants: standard N d + N^2, flash N^2 d^2 / M.
+* ``ring_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *, backward=False,
+  grad_bytes_per_element=4)`` and ``ulysses_attention_bytes(batch, heads, n, d, world_size,
+  bytes_per_element=2, *, backward=False)``: communication, not HBM: the bytes each rank sends (and
+  receives) in ``attnlab.distributed``'s ring and all-to-all attention over a sequence of ``n`` sharded
+  on ``world_size`` ranks (see the section "Communication").
 * ``MACHINES``: name -> :class:`Machine` (A100, H100, H200, T4, "this machine").
 * ``roofline(flops, bytes_moved, machine="A100")`` -> :class:`Roofline`: arithmetic
   intensity, the machine's ridge point, whether the work is memory- or compute-bound, and
@@ -78,7 +83,7 @@ __all__ = [
     "standard_forward_io", "standard_backward_io", "flash_forward_io", "flash_backward_io",
     "block_sparse_forward_io", "block_sparse_backward_io", "attention_flops", "theorem2", "matmul_io",
     "A100_SRAM_BYTES", "FIG2", "fig2", "paper_flash_forward_io", "paper_flash_backward_io",
-    "paper_standard_forward_io", "paper_standard_backward_io",
+    "paper_standard_forward_io", "paper_standard_backward_io", "ring_attention_bytes", "ulysses_attention_bytes",
 ]
 
 
@@ -555,6 +560,56 @@ def theorem2(n: int, d: int, sram_elements: int, density: float = 1.0) -> dict:
         "flash": n * n * d * d / sram_elements,
         "block_sparse": n * d + n * n * d * d * density / sram_elements,
     }
+
+
+# ---------------------------------------------------------------------------------------
+# Communication: the bytes each rank sends in sequence-parallel attention (attnlab.distributed)
+# ---------------------------------------------------------------------------------------
+def _check_comm(batch, heads, n, d, world_size, bytes_per_element):
+    for name, val in (("batch", batch), ("heads", heads), ("n", n), ("d", d), ("world_size", world_size),
+                      ("bytes_per_element", bytes_per_element)):
+        validate.integer(val, name)
+    if n % world_size:
+        raise ValueError(f"n: expected a multiple of world_size = {world_size} (equal shards), got {n}")
+
+
+def ring_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *, backward=False,
+                         grad_bytes_per_element=4) -> int:
+    """Bytes each rank sends (and, by symmetry, receives) in ring attention over ``n`` positions on P ranks.
+
+    A shard of K (or V) is ``batch * heads * (n / P) * d`` elements. Forward: every rank forwards a K and a
+    V shard at each of the P - 1 steps after its own, ``2 (P - 1)`` shards. Backward: the same K/V trip
+    again, plus the dK/dV accumulators (``grad_bytes_per_element``, float32), which travel one step behind
+    and need P hops to come home: ``2 (P - 1)`` shards + ``2 P`` gradient shards. The ring uses one link per
+    rank (to the next rank), so this is also the bytes per link. Independent of a causal mask (skipped
+    blocks still travel).
+    Example: ``ring_attention_bytes(1, 8, 4096, 64, 4, 2)  # 2 * 3 * 8 * 1024 * 64 * 2 = 6291456``
+    """
+    _check_comm(batch, heads, n, d, world_size, bytes_per_element)
+    validate.integer(grad_bytes_per_element, "grad_bytes_per_element")
+    shard = batch * heads * (n // world_size) * d                    # elements of one K (or V) shard
+    if not backward:
+        return 2 * (world_size - 1) * shard * bytes_per_element
+    return (2 * (world_size - 1) * shard * bytes_per_element
+            + 2 * world_size * shard * grad_bytes_per_element)
+
+
+def ulysses_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *, backward=False) -> int:
+    """Bytes each rank sends (and receives) in all-to-all (DeepSpeed-Ulysses) attention on P ranks.
+
+    Each all-to-all of a local ``batch * heads * (n / P) * d`` tensor keeps 1/P of it and sends the other
+    (P - 1)/P, ``batch * (heads / P) * (n / P) * d`` elements to each of the P - 1 other ranks. What a rank
+    sends in all, about ``4 batch heads n d / P`` elements, is Jacobs et al. 2023's "communication volume per
+    link" (one link per device into a switched network): constant when n and P grow together, where the
+    ring's grows with P. The forward moves q, k, v to head shards and O back (4 all-to-alls); the backward dO,
+    then dQ, dK, dV (4 more), all in the inputs' dtype. ``backward`` returns the backward's bytes.
+    Example: ``ulysses_attention_bytes(1, 8, 4096, 64, 4, 2)  # 4 * 3 * 2 * 1024 * 64 * 2 = 3145728``
+    """
+    _check_comm(batch, heads, n, d, world_size, bytes_per_element)
+    if heads % world_size:
+        raise ValueError(f"heads: expected a multiple of world_size = {world_size} (a head shard per rank), got {heads}")
+    per_link = batch * (heads // world_size) * (n // world_size) * d   # elements one rank sends one other rank
+    return 4 * (world_size - 1) * per_link * bytes_per_element
 
 
 # ---------------------------------------------------------------------------------------
