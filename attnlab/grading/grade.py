@@ -49,6 +49,7 @@ from attnlab.grading import sandbox
 DEFAULT_CELL_TIMEOUT = 120
 DEFAULT_TIMEOUT = 600
 DEFAULT_MEMORY_MB = 4096
+MAX_NOTEBOOK_BYTES = 64 * 2**20
 WORKER_GRACE = 60  # seconds a worker may take beyond --timeout (kernel start, parent-side checks)
 
 _AGENT_CALL = "__import__('attnlab.grading.agent', fromlist=['serve']).serve({!r})"
@@ -85,17 +86,45 @@ def kernel_env(work):
     return env
 
 
+OUTPUT_LIMIT = 8 * 2**20  # bytes of output one cell may send the grader; more is dropped
+
+
+def _capped_client():
+    from nbclient import NotebookClient
+
+    class CappedClient(NotebookClient):
+        """A client that keeps at most OUTPUT_LIMIT bytes of each cell's output (the rest is dropped)."""
+
+        def output(self, outs, msg, display_id, cell_index):
+            size = len(json.dumps(msg.get("content", {}), default=str))
+            used = self._output_bytes.get(cell_index, 0) + size
+            self._output_bytes[cell_index] = used
+            if used > OUTPUT_LIMIT:
+                self.truncated.add(cell_index)
+                return None
+            return super().output(outs, msg, display_id, cell_index)
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._output_bytes, self.truncated = {}, set()
+
+    return CappedClient
+
+
+def _CappedClient(*args, **kwargs):
+    return _capped_client()(*args, **kwargs)
+
+
 class _Runner:
     """One notebook in one sandboxed kernel, restarted when it hangs or dies."""
 
-    def __init__(self, nb, work, runtime, cell_timeout, deadline, limits, forbidden):
-        from nbclient import NotebookClient
-
-        self.nb, self.work, self.runtime = nb, Path(work), Path(runtime)
+    def __init__(self, nb, work, runtime, cell_timeout, deadline, limits, forbidden, copy=None):
+        self.nb, self.work, self.runtime, self.copy = nb, Path(work), Path(runtime), copy
         self.cell_timeout, self.deadline, self.limits, self.forbidden = cell_timeout, deadline, limits, forbidden
-        self.client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
-                                     interrupt_on_timeout=False, record_timing=False, startup_timeout=120,
-                                     resources={"metadata": {"path": str(work)}})
+        self.cgroup = None
+        self.client = _CappedClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
+                                    interrupt_on_timeout=False, record_timing=False, startup_timeout=120,
+                                    resources={"metadata": {"path": str(work)}})
         self.ok_cells = []  # indices of cells that ran without error, replayed after a restart
         self.alive = False
         # nbclient writes an executed cell back into nb.cells[index]: the grader's own cells run
@@ -113,23 +142,29 @@ class _Runner:
     def _kernel_manager(self):
         from jupyter_client.manager import AsyncKernelManager
 
-        writable = [self.work, self.runtime]
+        work, runtime, copy, limits = self.work, self.runtime, self.copy, self.limits
 
         # asynchronous, as nbclient expects: its check that the kernel is still alive runs beside the wait
         # for output, so a kernel that dies mid-cell is noticed
         class SandboxedKernelManager(AsyncKernelManager):
             def format_kernel_cmd(self, extra_arguments=None):
-                return sandbox.wrap_command(super().format_kernel_cmd(extra_arguments), writable)
+                return sandbox.wrap_command(super().format_kernel_cmd(extra_arguments), work, runtime, copy, limits)
 
         km = SandboxedKernelManager(kernel_name="python3", transport="ipc", ip=str(self.runtime / "kernel"))
         km.connection_file = str(self.runtime / "kernel.json")
         return km
 
     def start(self):
+        import zmq
+
         self.client.km = self._kernel_manager()
+        # no message from the kernel may be larger than this: a bigger one closes the connection
+        self.client.km.context.setsockopt(zmq.MAXMSGSIZE, OUTPUT_LIMIT)
+        self.cgroup = sandbox.Cgroup.make(self.limits)
+        self.work.mkdir(parents=True, exist_ok=True)  # outside the sandbox: where its tmpfs goes
         self.client.start_new_kernel(env=kernel_env(self.work), cwd=str(self.work), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                     preexec_fn=sandbox.preexec(self.limits))
+                                     preexec_fn=sandbox.preexec(self.limits, self.cgroup))
         self.client.start_new_kernel_client()
         self.alive = True
         reply, problem = self.request({"op": "install", "forbidden": self.forbidden})
@@ -149,6 +184,9 @@ class _Runner:
         self.client.kc = None
         self.client.km = None
         self.alive = False
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
         sandbox.kill_descendants()  # whatever the kernel started, wherever it went
 
     def restart(self):
@@ -392,7 +430,10 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     path = Path(path)
     report = {"path": str(path), "score": 0, "max_score": 0, "parts": [], "isolation": sandbox.isolation()}
     try:
-        nb = nbformat.read(str(path), as_version=4)
+        with sandbox.open_notebook(path) as f:  # never through a symbolic link
+            nb = nbformat.reads(f.read(MAX_NOTEBOOK_BYTES + 1).decode("utf-8"), as_version=4)
+        if len(nb.get("cells", [])) > 5000:
+            raise ValueError("more than 5000 cells")
     except Exception as exc:
         report["error"] = f"could not read the notebook: {type(exc).__name__}: {exc}"
         return report
@@ -464,8 +505,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     try:
         work, runtime = root / "work", root / "runtime"
         runtime.mkdir()
-        sandbox.working_copy(path, work)
-        runner = _Runner(nb, work, runtime, cell_timeout, deadline, limits, all_forbidden())
+        copy = sandbox.private_copy(path, root / "copy")
+        runner = _Runner(nb, work, runtime, cell_timeout, deadline, limits, all_forbidden(), copy)
         try:
             runner.start()
         except Exception as exc:
@@ -580,14 +621,20 @@ def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT
     chunks = []
     reader = threading.Thread(target=lambda: chunks.append(_read_all(read_fd)), daemon=True)
     env = dict(os.environ, ATTNLAB_GRADING="0")
+    env.pop("PYTHONPATH", None)
     root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    cmd = [sys.executable, "-m", "attnlab.grading.grade", "--worker", str(path), "--report-fd", str(write_fd),
+    # -I: no PYTHONPATH, no user site, not the current folder (a submission's nbformat/ never runs here);
+    # the course's own code first, started from a folder of its own
+    boot = f"import sys; sys.path.insert(0, {root!r}); from attnlab.grading.grade import _worker_main; " \
+           "sys.exit(_worker_main(sys.argv[1:]))"
+    cmd = [sys.executable, "-I", "-c", boot, str(Path(path).absolute()), "--report-fd", str(write_fd),
            "--cell-timeout", str(cell_timeout), "--timeout", str(timeout), "--memory", str(memory_mb)]
+    neutral = tempfile.mkdtemp(prefix="attnlab-worker-")
     with tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                    pass_fds=(write_fd,), start_new_session=True)
+                                    pass_fds=(write_fd,), start_new_session=True, cwd=neutral,
+                                    preexec_fn=_cap_worker(memory_mb))
         finally:
             os.close(write_fd)
         reader.start()
@@ -607,6 +654,7 @@ def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT
             pass
         reader.join(timeout=10)
         os.close(read_fd)
+        os.rmdir(neutral)
         data = chunks[0] if chunks else b""
         if data:
             try:
@@ -620,13 +668,27 @@ def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT
     return {"path": str(path), "score": 0, "max_score": 0, "parts": [], "error": f"the grader's worker failed: {tail}"}
 
 
-def _read_all(fd):
+def _cap_worker(memory_mb):
+    """The worker's own memory: its references and the kernel's replies, never what a notebook prints."""
+    def apply():
+        import resource
+
+        limit = (2 * memory_mb + 4096) * 2**20
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+        except (ValueError, OSError):
+            pass
+    return apply
+
+
+def _read_all(fd, limit=64 * 2**20):
     out = bytearray()
     while True:
         block = os.read(fd, 1 << 16)
         if not block:
             return bytes(out)
-        out += block
+        if len(out) < limit:
+            out += block
 
 
 # ---------------------------------------------------------------------------------------
