@@ -516,6 +516,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             if cell.cell_type != "code":
                 continue
             problem = runner.run_cell(i)
+            if i in runner.client.truncated:
+                notes.append(f"{_describe_cell(i, cell)} printed more than {OUTPUT_LIMIT >> 20} MiB: the rest was not kept")
             if problem is not None:
                 kind, text = problem
                 reason = f"{_describe_cell(i, cell)} {text}"

@@ -183,7 +183,7 @@ def _command(path, cmd, work, runtime, notebook, limits, probe=False):
         args += ["--ro-bind", str(notebook), str(Path(work) / Path(notebook).name)]
     # in its own process namespace the kernel's parent is pid 1: tell ipykernel not to watch for the
     # grader's pid (which it cannot see); --die-with-parent does that job
-    args += ["--setenv", "JPY_PARENT_PID", "1", "--chdir", str(work), "--"]
+    args += ["--remount-ro", "/", "--setenv", "JPY_PARENT_PID", "1", "--chdir", str(work), "--"]
     if as_root():
         uid = str(sandbox_uid())
         args += [shutil.which("setpriv"), "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all",
