@@ -416,10 +416,31 @@ def _diagnose_gradient(got, j, mistakes, args, kwargs, inputs, output, grad_outp
     return found
 
 
+class _Counted:
+    """A learner that counts the calls and launches a check made: a part passes only when it ran the learner's code."""
+
+    def __init__(self, learner):
+        self.learner, self.calls = learner, 0
+
+    def call(self, *args, **kwargs):
+        self.calls += 1
+        return self.learner.call(*args, **kwargs)
+
+    def launch(self, *args, **kwargs):
+        self.calls += 1
+        return self.learner.launch(*args, **kwargs)
+
+
 def run_part(part_id, body, learner):
-    """Run a check body (``body(learner) -> message``) and package the outcome."""
+    """Run a check body (``body(learner) -> message``) and package the outcome.
+
+    A body that returns without having called or launched the learner's code at all (a part that cannot
+    be checked on this device says why and returns) is not a pass: the part scores 0 with that reason."""
+    counted = _Counted(learner_of(learner))
     try:
-        message = body(learner)
+        message = body(counted)
+        if not counted.calls:
+            return CheckResult(part_id, False, f"not checked here, so no points: {message}")
         return CheckResult(part_id, True, message)
     except Fail as exc:
         lines = [exc.message]

@@ -82,18 +82,38 @@ def _layout(ids, parts):
     return owner
 
 
-def canonical_layout(exercise, parts):
-    """The owner of each grade_id, from the course's generated exercise (None if it is not found)."""
+def _course_exercise(exercise):
     import nbformat
 
     try:
         from attnlab.grading.course import find_course
 
-        path = find_course() / "exercises" / f"{exercise}.ipynb"
-        nb = nbformat.read(str(path), as_version=4)
+        return nbformat.read(str(find_course() / "exercises" / f"{exercise}.ipynb"), as_version=4)
     except Exception:
         return None
-    return _layout([_grade_id(c) for c in nb.cells], parts)
+
+
+def canonical_layout(exercise, parts):
+    """The owner of each grade_id, from the course's generated exercise (None if it is not found)."""
+    nb = _course_exercise(exercise)
+    return None if nb is None else _layout([_grade_id(c) for c in nb.cells], parts)
+
+
+def given_sources(exercise):
+    """{grade_id: source} of the cells the course gives (not answer cells), from its generated exercise."""
+    nb = _course_exercise(exercise)
+    if nb is None:
+        return {}
+    return {_grade_id(c): c.source for c in nb.cells if _grade_id(c) and "-answer" not in _grade_id(c)}
+
+
+def learner_cell(cell, part, given):
+    """True for a cell whose code is the learner's: the part's answer cells, a cell with no or an unknown
+    grade_id, and a given cell whose code was changed."""
+    gid = _grade_id(cell)
+    if gid is None or str(gid).startswith(part + "-answer"):
+        return True
+    return gid not in given or given[gid].strip() != cell.source.strip()
 
 
 def owners(nb, parts, names, canonical):

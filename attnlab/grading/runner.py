@@ -187,12 +187,15 @@ class _Runner:
         if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload):
             self.alive = False  # IPython's exit(): the kernel shuts down right after replying
             return ("dead", "called exit(), which shut the kernel down")
-        for out in work.get("outputs", []):
-            if out.get("output_type") == "error":
-                name, value = out.get("ename", "Error"), out.get("evalue", "")
-                if name == "SystemExit":
-                    return ("error", f"called sys.exit({value})")
-                return ("error", f"raised {name}: {value}".rstrip(": "))
+        # the reply's status says whether the cell raised (what the cell displays can be silenced)
+        content = (self.last_reply or {}).get("content") or {}
+        errors = [o for o in work.get("outputs", []) if o.get("output_type") == "error"]
+        if (self.last_reply is not None and content.get("status") != "ok") or errors:
+            shown = errors[0] if errors else content
+            name, value = str(shown.get("ename", "an error")), str(shown.get("evalue", ""))[:500]
+            if name == "SystemExit":
+                return ("error", f"called sys.exit({value})")
+            return ("error", f"raised {name}: {value}".rstrip(": "))
         return None
 
     def run_cell(self, index):

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from attnlab.grading import sandbox
-from attnlab.grading.layout import _describe_cell, _grade_id, canonical_layout, identify, owners
+from attnlab.grading.layout import _describe_cell, _grade_id, canonical_layout, given_sources, identify, learner_cell, owners
 from attnlab.grading.reports import plural
 from attnlab.grading.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, OUTPUT_LIMIT,
                                     RemoteLearner, _Runner)
@@ -74,12 +74,13 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                 pass
     owner = owners(nb, parts, names, canonical_layout(exercise, parts))
     code = [c.source for c in nb.cells if c.cell_type == "code"]
+    given = given_sources(exercise)
 
     # shortcuts, from the syntax of each part's answer cells (and of added cells defining its functions)
     shortcut = {}
     for p in parts:
         mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o == p
-                and (str(_grade_id(c) or "").startswith(p + "-answer") or _grade_id(c) is None)]
+                and learner_cell(c, p, given)]
         found = uses(mine, forbidden(p), code)
         if found:
             shortcut[p] = found
