@@ -88,3 +88,18 @@ def test_an_answer_cell_with_an_unknown_grade_id_is_the_learner_s():
     assert not learner_cell(untouched, "stable-softmax", given)
     untouched.source = "import torch\n_sm = torch.softmax\n"  # a given cell edited: the learner's now
     assert learner_cell(untouched, "stable-softmax", given)
+
+
+def test_exactly_one_gradient_per_input_is_required():
+    class NoGradients:
+        def call(self, name, cases, grad=None):  # a kernel that answers with an empty list of gradients
+            return {"results": [{"ok": {"out": 2 * a[0], "grads": []}} for a, _k, _g in cases]}
+
+        def launch(self, request):
+            raise AssertionError("not a kernel part")
+
+    x = torch.randn(3)
+    cases = [("x", (x,), {}, torch.ones(3))]
+    result = core.run_part("p", lambda learner: core.check_with_gradients(learner, "f", lambda t: 2 * t, cases, [0]),
+                           NoGradients())
+    assert not result.passed and "one gradient per input" in result.message

@@ -385,7 +385,11 @@ def check_with_gradients(learner, name, spec, cases, inputs, output=None, mistak
             raise Fail("\n    ".join([f"`{name}` on {label} (forward): {why}",
                                       *counterexample(label, got["out"], want_out, args, kwargs, spec, rtol, atol)]),
                        diagnose(got["out"], mistakes, args, kwargs, rtol, atol))
-        for j, gname, g in zip(inputs, names, got["grads"]):
+        grads = got.get("grads")
+        if not isinstance(grads, (list, tuple)) or len(grads) != len(inputs):
+            raise Fail(f"`{name}` on {label}: expected one gradient per input ({len(inputs)}), the grader got "
+                       f"{len(grads) if isinstance(grads, (list, tuple)) else 'none'}")
+        for j, gname, g in zip(inputs, names, grads):
             if g is None:
                 raise Fail(f"`{name}` on {label}: {gname} is None: the backward returned no gradient for it")
             why = mismatch(g, a[j].grad, rtol, atol)

@@ -24,8 +24,9 @@ from pathlib import Path
 from attnlab.grading import sandbox
 from attnlab.grading.layout import _describe_cell, _grade_id, canonical_layout, given_sources, identify, learner_cell, owners
 from attnlab.grading.reports import plural
+from attnlab.grading.isolated import IsolatedKernels
 from attnlab.grading.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, OUTPUT_LIMIT,
-                                    RemoteLearner, _Runner)
+                                    RemoteLearner, _Runner, kernel_env)
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20
 
@@ -102,10 +103,10 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     deadline = time.monotonic() + timeout
     limits = sandbox.Limits(memory_mb=memory_mb, cpu_s=int(timeout) + 30)
     root = sandbox.temp_root()
-    runner = None
+    runner = kernels = None
 
     def grade(p):
-        learner = RemoteLearner(runner)
+        learner = RemoteLearner(runner, kernels)
         learner.forbidden = forbidden(p)
         try:
             result = run_check(p, learner, salt=salt)
@@ -123,6 +124,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         runtime.mkdir()
         copy = sandbox.private_copy(path, root / "copy")
         runner = _Runner(nb, work, runtime, cell_timeout, deadline, limits, all_forbidden(), copy)
+        kernels = IsolatedKernels(code, root, limits, kernel_env(root / "kernels-work"), cell_timeout)
         try:
             runner.start()
         except Exception as exc:
@@ -160,6 +162,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                     break
                 grade(p)
     finally:
+        if kernels is not None:
+            kernels.stop()
         if runner is not None:
             runner.stop()
         sandbox.kill_descendants()
