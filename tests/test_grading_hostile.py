@@ -107,6 +107,11 @@ def test_forged_results_score_nothing(graded, name):
     assert report["score"] == 0, json.dumps(report, indent=1)
 
 
+def test_a_launch_forged_in_the_kernel_s_process_scores_nothing(graded):
+    parts = _parts(graded["reports"]["forge_launch.ipynb"])
+    assert parts["masked-scale"]["points"] == 0 and "not implemented" in parts["masked-scale"]["feedback"]
+
+
 def test_nothing_reaches_the_grader_s_stdout(graded):
     assert "FORGED-4245" not in graded["run"].stdout + graded["run"].stderr
     report = graded["reports"]["write_stdout.ipynb"]

@@ -338,6 +338,27 @@ for _ in range(1024):  # 64 MiB of output
     sys.stdout.flush()
 """
 
+
+# the agent patched from a learner cell: every launch of `scale_kernel` answered as clean and traced, with
+# y = alpha * x computed in PyTorch. Under a grader that believed the kernel's process this scored the part
+FORGE_LAUNCH = """import sys, torch
+import attnlab.grading.agent as _agent
+_real_handle = _agent.handle
+def _forged(req, ns):
+    if req.get("op") != "launch":
+        return _real_handle(req, ns)
+    x = req["buffers"]["x"]["data"]
+    alpha = req["args"][3][1]
+    n = x.numel()
+    run = {"outside_changed": {"x": 0, "y": 0}, "never_written": {"x": 0, "y": 0}, "traced": True,
+           "values": {"x": x, "y": alpha * x}, "loads_outside": {"x": 0, "y": 0}, "not_stored": {"x": 0, "y": 0},
+           "traffic": {"x": {"load_bytes": 4 * n, "store_bytes": 0, "load_elements": n},
+                       "y": {"load_bytes": 0, "store_bytes": 4 * n, "load_elements": 0}}, "loaded": {}}
+    return {"result": {"ok": [run, run]}}
+_agent.handle = _forged
+sys.modules["attnlab.grading.agent"].handle = _forged
+"""
+
 SANDBOX_PROBES = {"sandbox_remount": REMOUNT, "sandbox_read_secrets": READ_SECRETS,
                   "sandbox_memory_children": MEMORY_CHILDREN, "sandbox_fill_disk": FILL_DISK,
                   "sandbox_print_flood": PRINT_FLOOD}
@@ -389,6 +410,7 @@ def probes():
         out[f"{name}.ipynb"] = _insert_after_setup(_edit(_load("exercises", "02_queries_keys_values"), WRONG_02), cheat)
     for name, attack in SANDBOX_PROBES.items():
         out[f"{name}.ipynb"] = _insert_after_setup(_load("solutions", "02_queries_keys_values"), attack)
+    out["forge_launch.ipynb"] = _insert_after_setup(_load("exercises", "06_triton_primer"), FORGE_LAUNCH)
     out["forked_sleeper.ipynb"] = _insert_after_setup(_load("solutions", "02_queries_keys_values"), FORKED_SLEEPER)
     out["write_stdout.ipynb"] = _insert_after_setup(_load("solutions", "02_queries_keys_values"), WRITE_STDOUT)
     nb = _load("solutions", "02_queries_keys_values")
