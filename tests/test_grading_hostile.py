@@ -101,7 +101,8 @@ def test_the_batch_finishes_in_time(graded):
 
 
 @pytest.mark.parametrize("name", ["forge_json", "forge_allclose", "forge_exec", "forge_transformer", "forge_module",
-                                  "forge_daemon", "nbgrader_check_rebound", "nbgrader_env_unset"])
+                                  "forge_daemon", "nbgrader_check_rebound", "nbgrader_env_unset",
+                                  "nbgrader_autograde_rebound", "forge_launch"])
 def test_forged_results_score_nothing(graded, name):
     report = graded["reports"][f"{name}.ipynb"]
     assert report["score"] == 0, json.dumps(report, indent=1)

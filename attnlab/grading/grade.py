@@ -61,6 +61,9 @@ def add_arguments(parser):
     parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
                         help=f"memory a notebook's kernel may allocate (default {DEFAULT_MEMORY_MB} MB)")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="notebooks graded at once (default 1)")
+    parser.add_argument("--nbgrader-db", metavar="URL",
+                        help="write each part's score into nbgrader's gradebook (e.g. sqlite:///course/gradebook.db), "
+                             "after nbgrader autograde: the credit nbgrader exports is then attnlab grade's")
 
 
 def run(args):
@@ -98,6 +101,11 @@ def run(args):
     print(f"isolation: {sandbox.isolation()}")
     if getattr(args, "csv", None):
         _write_atomic(args.csv, csv_text(reports))
+    if getattr(args, "nbgrader_db", None):
+        from attnlab.grading.nbgrader import write_gradebook
+
+        for problem in write_gradebook(args.nbgrader_db, reports):
+            print(f"nbgrader: {problem}", file=sys.stderr)
     if getattr(args, "gradescope", None):
         _write_atomic(args.gradescope, json.dumps(gradescope_doc(reports, skipped), indent=2) + "\n")
     if not graded:

@@ -142,6 +142,9 @@ print("deleted what it could")
 BIG_ALLOCATION = "import torch\nbig = torch.ones(2**29)  # 2 GiB of float32\nprint(big.sum())\n"
 
 NBGRADER_CHECK = "check = lambda *a, **k: None\n"
+NBGRADER_AUTOGRADE = ("check = lambda *a, **k: None\n"
+                      "import attnlab.grading.nbgrader as _nb\n"
+                      "_nb.autograde = lambda *a, **k: print('[attnlab grade] full marks (forged)')\n")
 NBGRADER_ENV = "import os\nos.environ.pop('NBGRADER_EXECUTION', None)\nos.environ.pop('ATTNLAB_GRADING', None)\n"
 
 SHORTCUTS = {
@@ -406,6 +409,7 @@ def probes():
     for name, cheat in [("forge_json", FORGE_JSON), ("forge_allclose", FORGE_ALLCLOSE), ("forge_exec", FORGE_EXEC),
                         ("forge_transformer", FORGE_TRANSFORMER), ("forge_module", FORGE_MODULE),
                         ("forge_daemon", FORGE_DAEMON), ("nbgrader_check_rebound", NBGRADER_CHECK),
+                        ("nbgrader_autograde_rebound", NBGRADER_AUTOGRADE),
                         ("nbgrader_env_unset", NBGRADER_ENV)]:
         out[f"{name}.ipynb"] = _insert_after_setup(_edit(_load("exercises", "02_queries_keys_values"), WRONG_02), cheat)
     for name, attack in SANDBOX_PROBES.items():
