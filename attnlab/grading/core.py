@@ -183,7 +183,7 @@ def mismatch(got, want, rtol=1e-4, atol=1e-5, equal_nan=False):
 
 
 def _kind(x):
-    if hasattr(x, "type_name"):  # wire.Unsupported: a value the kernel could not send
+    if hasattr(x, "type_name"):  # agent.Unsupported: a value the kernel could not send
         return x.type_name
     if torch.is_tensor(x):
         return f"a tensor of shape {tuple(x.shape)}"

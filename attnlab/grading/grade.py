@@ -13,7 +13,7 @@ part itself:
 - it draws the part's inputs from a secret seed it keeps, and sends them to the kernel, as the
   source of a cell it executes; :mod:`attnlab.grading.agent` in the kernel calls the learner's
   function (or launches the learner's ``@triton.jit`` kernel) and answers with the outputs only,
-  as one display message of the cell's reply (:mod:`attnlab.grading.wire`, never pickle);
+  as one display message of the cell's reply (``torch.save`` bytes read with ``weights_only=True``);
 - it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`) in its
   own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
 - the part's answer cells must not use what the part forbids (:func:`attnlab.grading.parts.forbidden`):

@@ -209,7 +209,7 @@ class _Runner:
         """Send one request to the agent; (reply dict, None) or (None, (kind, text))."""
         import nbformat
 
-        from attnlab.grading import wire
+        from attnlab.grading import agent as wire
         from attnlab.grading.agent import RESULT_MIME
 
         cell = nbformat.v4.new_code_cell(_AGENT_CALL.format(wire.encode(req)))

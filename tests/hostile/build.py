@@ -61,7 +61,7 @@ def _forge(lines):
     source = "".join(lines)
     if "attnlab" in source and "serve" in source:
         # answer the grader's request ourselves: with the reference, if it can be found
-        return ["import importlib\\n", "from attnlab.grading import wire\\n",
+        return ["import importlib\\n", "from attnlab.grading import agent as wire\\n",
                 "from attnlab.grading.parts import spec_modules\\n",
                 "from IPython.display import publish_display_data\\n",
                 "import re\\n",
