@@ -1,8 +1,8 @@
 """The grader's agent inside the learner's kernel: it only calls the learner's functions.
 
-``attnlab grade`` never runs a check in the learner's kernel. It sends requests (see
-``encode``: ``torch.save`` bytes, read with ``torch.load(weights_only=True)``) as the source of cells it executes itself, and this module
-answers each with the learner's *outputs*, published as one display message of type
+``attnlab grade`` never runs a check in the learner's kernel. It sends requests (:func:`encode`:
+``torch.save`` bytes, read with ``torch.load(weights_only=True)``) as the source of cells it executes
+itself, and this module answers each with the learner's *outputs*, published as one display message of type
 ``RESULT_MIME`` that the grader reads from the cell's reply. The grader picked the inputs
 (from a secret seed), computes the expected values, compares and scores in its own process.
 Nothing here knows the references (``attnlab.grading.exercises.*.spec``) or the scores.

@@ -290,7 +290,8 @@ class IsolatedKernels:
             return reply
         except Exception as exc:  # the process died (memory, time) or sent what cannot be read
             self.stop()
-            self.broken = (f"did not finish within {self.timeout:g} s" if watchdog is not None and not watchdog.is_alive()
+            timed_out = watchdog is not None and not watchdog.is_alive()
+            self.broken = (f"did not finish within {self.timeout:g} s" if timed_out
                            else f"stopped the process that launches it ({type(exc).__name__}: {exc})")
             return {"agent_error": self.broken}
         finally:

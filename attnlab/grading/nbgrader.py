@@ -100,8 +100,8 @@ def autograde(part_id, folder="."):
         raise AssertionError(f"{part_id}: not in attnlab grade's report")
     note = "(feedback only: the credit is written by `attnlab grade --nbgrader-db`, from its own process)"
     if part["points"] < part["max_points"]:
-        raise AssertionError(f"{part_id}: {part['points']}/{part['max_points']} from attnlab grade: {part['feedback']}\n"
-                             f"{note}")
+        raise AssertionError(f"{part_id}: {part['points']}/{part['max_points']} from attnlab grade: "
+                             f"{part['feedback']}\n{note}")
     print(f"[attnlab grade] {part_id}: {part['points']}/{part['max_points']} {note}")
 
 

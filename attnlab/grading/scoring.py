@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from attnlab.grading import sandbox
-from attnlab.grading.layout import _describe_cell, _grade_id, canonical_layout, given_sources, identify, learner_cell, owners
+from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout, given_sources, identify, learner_cell,
+                                    owners)
 from attnlab.grading.reports import plural
 from attnlab.grading.isolated import IsolatedKernels
 from attnlab.grading.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, OUTPUT_LIMIT,
@@ -135,7 +136,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                 continue
             problem = runner.run_cell(i)
             if i in runner.client.truncated:
-                notes.append(f"{_describe_cell(i, cell)} printed more than {OUTPUT_LIMIT >> 20} MiB: the rest was not kept")
+                notes.append(f"{_describe_cell(i, cell)} printed more than {OUTPUT_LIMIT >> 20} MiB: "
+                             "the rest was not kept")
             if problem is not None:
                 kind, text = problem
                 reason = f"{_describe_cell(i, cell)} {text}"
