@@ -318,9 +318,12 @@ def preexec(limits, cgroup=None):
         if cgroup is not None:
             cgroup.enter()
         mb = 2**20
+        # as root the count is the sandbox's own user id's: the submission's processes and threads alone;
+        # otherwise it is the grader's user's, shared with everything else that user runs
+        processes = limits.processes if as_root() else 4 * limits.processes
         for which, value in ((resource.RLIMIT_DATA, limits.memory_mb * mb), (resource.RLIMIT_CPU, limits.cpu_s),
                              (resource.RLIMIT_FSIZE, limits.file_mb * mb), (resource.RLIMIT_CORE, 0),
-                             (resource.RLIMIT_NPROC, limits.processes)):
+                             (resource.RLIMIT_NPROC, processes)):
             try:
                 hard = resource.getrlimit(which)[1]
                 value = value if hard == resource.RLIM_INFINITY else min(value, hard)
