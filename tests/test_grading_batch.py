@@ -1,14 +1,13 @@
 """Batch grading's bookkeeping without kernels: finding notebooks, students, exercise identity,
-part ownership, the wire format, the syntax check of shortcuts, CSV and Gradescope output."""
+part ownership, what crosses between grader and kernel, the syntax check of shortcuts, CSV and Gradescope output."""
 
-import json
 import math
 
 import nbformat
 import pytest
 import torch
 
-from attnlab.grading import grade, shortcuts, wire
+from attnlab.grading import agent, grade, shortcuts
 from attnlab.grading.parts import all_forbidden, exercises, forbidden, info
 
 from pathlib import Path
@@ -63,18 +62,26 @@ def test_cells_belong_to_their_part_wherever_they_are():
     assert owner[-2] is None and owner[-1] == "causal-mask"
 
 
-def test_the_wire_format_round_trips_and_refuses_code():
+def test_what_crosses_round_trips_and_refuses_code():
     value = {"t": torch.arange(6.0).view(2, 3), "b": torch.tensor([True, False]), "x": (1, 2.5, float("nan")),
              "h": torch.ones(2, dtype=torch.bfloat16), "n": None, "s": "ok", "big": 2**70}
-    back = wire.decode(wire.encode(value))
+    back = agent.decode(agent.encode(value))
     assert torch.equal(back["t"], value["t"]) and torch.equal(back["b"], value["b"])
     assert back["x"][:2] == (1, 2.5) and math.isnan(back["x"][2]) and back["h"].dtype == torch.bfloat16
     assert back["n"] is None and back["s"] == "ok" and back["big"] == float(2**70)
-    assert isinstance(wire.decode(wire.encode({"f": lambda: 0}))["f"], wire.Unsupported)
-    with pytest.raises(ValueError):
-        wire.decode(json.dumps({"__tensor__": "object", "shape": [1], "data": ""}))
-    with pytest.raises(ValueError):
-        wire.decode(json.dumps({"__tensor__": "float32", "shape": [3], "data": "AAAA"}))
+    assert isinstance(agent.decode(agent.encode({"f": lambda: 0}))["f"], agent.Unsupported)
+    import base64
+    import io
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran code",))
+
+    buffer = io.BytesIO()
+    torch.save({"x": Evil()}, buffer)
+    with pytest.raises(pickle.UnpicklingError):  # a pickle that runs code is refused
+        agent.decode(base64.b64encode(buffer.getvalue()).decode())
 
 
 def test_the_syntax_check_resolves_imports():

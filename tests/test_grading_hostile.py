@@ -64,6 +64,8 @@ def graded(tmp_path_factory):
         (probes / rel).write_text(build.render(nb))
     neighbour = probes / "a neighbour's notes.txt"
     neighbour.write_text("must survive")
+    (probes / "another student").mkdir()
+    (probes / "another student" / "secret.txt").write_text("SECRET-4247")
     before = _digest(probes)
     out = tmp / "report.json"
     start = time.monotonic()
@@ -99,10 +101,16 @@ def test_the_batch_finishes_in_time(graded):
 
 
 @pytest.mark.parametrize("name", ["forge_json", "forge_allclose", "forge_exec", "forge_transformer", "forge_module",
-                                  "forge_daemon", "nbgrader_check_rebound", "nbgrader_env_unset"])
+                                  "forge_daemon", "nbgrader_check_rebound", "nbgrader_env_unset",
+                                  "nbgrader_autograde_rebound", "forge_launch"])
 def test_forged_results_score_nothing(graded, name):
     report = graded["reports"][f"{name}.ipynb"]
     assert report["score"] == 0, json.dumps(report, indent=1)
+
+
+def test_a_launch_forged_in_the_kernel_s_process_scores_nothing(graded):
+    parts = _parts(graded["reports"]["forge_launch.ipynb"])
+    assert parts["masked-scale"]["points"] == 0 and "not implemented" in parts["masked-scale"]["feedback"]
 
 
 def test_nothing_reaches_the_grader_s_stdout(graded):
@@ -193,4 +201,23 @@ def test_bubblewrap_is_used_where_installed():
     if shutil.which("bwrap") is None or not sys.platform.startswith("linux"):
         pytest.skip("no bubblewrap on this machine")
     assert sandbox.bwrap() is not None
-    assert sandbox.isolation().startswith("bubblewrap")
+    assert "bubblewrap" in sandbox.isolation() and "no capabilities" in sandbox.isolation()
+
+
+@pytest.mark.parametrize("name", sorted(build.SANDBOX_PROBES))
+def test_the_sandbox_holds_whoever_runs_the_grader(graded, name):
+    """Remounting / writable, reading solutions/ or another submission or the live report, three children and
+    /dev/shm beyond --memory, filling the disk, printing without end: none escapes, none costs a point."""
+    from attnlab.grading import sandbox
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("no bubblewrap on this machine: only rlimits hold")
+    report = graded["reports"][f"{name}.ipynb"]
+    text = json.dumps(report)
+    if name == "sandbox_memory_children" and not sandbox.Cgroup.available():
+        pytest.skip("no cgroup can be made here (not root, no delegated cgroup v2): memory is capped per process only")
+    assert "ESCAPE-" not in text, text[-3000:]
+    assert report["score"] == report["max_score"], text[-3000:]
+    assert not (ROOT / "attnlab" / "grading" / "ESCAPE-4246").exists() and not Path("/ESCAPE-4246").exists()
+    if name == "sandbox_print_flood":
+        assert any("was not kept" in n for n in report.get("notes", [])), text[-2000:]

@@ -6,8 +6,10 @@ PYTHONPATH, so its kernels import the same attnlab, torch and triton as the cour
 
 Three exercises go through ``nbgrader generate_assignment``, ``autograde`` and ``export``, with
 submissions in nbgrader's layout: each exercise's solution and its untouched release, and for
-exercise 02 the two one-line cheats (``check`` rebound, ``NBGRADER_EXECUTION`` unset) over wrong
-answers. nbgrader's score of every submission must equal `attnlab grade`'s on the same files.
+exercise 02 the one-line cheats (``check`` rebound, ``check`` and ``autograde`` rebound,
+``NBGRADER_EXECUTION`` unset) over wrong answers. Between ``autograde`` and ``export``, ``attnlab grade
+--nbgrader-db`` writes its own scores into the gradebook (the hidden tests in the students' kernels are
+feedback only): nbgrader's score of every submission must equal `attnlab grade`'s on the same files.
 """
 
 import csv
@@ -70,6 +72,7 @@ def round_trip(tmp_path_factory):
         submissions[("untouched", assignment)] = None  # the release, as generated
     submissions[("rebinds-check", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_check_rebound.ipynb"
     submissions[("unsets-env", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_env_unset.ipynb"
+    submissions[("rebinds-autograde", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_autograde_rebound.ipynb"
     for student in sorted({s for s, _ in submissions}):
         _nbgrader(course, "db", "student", "add", student)
     for exercise in EXERCISES:
@@ -83,12 +86,12 @@ def round_trip(tmp_path_factory):
         shutil.copyfile(source or course / "release" / assignment / f"{exercise}.ipynb", folder / f"{exercise}.ipynb")
     for exercise in EXERCISES:
         _nbgrader(course, "autograde", f"ex{exercise[:2]}", "--force")
+    run = subprocess.run([sys.executable, "-m", "attnlab", "grade", str(course / "submitted"), "-j", "2",
+                          "--csv", str(course / "attnlab.csv"), "--nbgrader-db", f"sqlite:///{course}/gradebook.db"],
+                         env=_env(course), capture_output=True, text=True, timeout=3000)
     _nbgrader(course, "export")
     with open(course / "grades.csv") as f:
         nbgrader_scores = {(r["student_id"], r["assignment"]): float(r["raw_score"]) for r in csv.DictReader(f)}
-    run = subprocess.run([sys.executable, "-m", "attnlab", "grade", str(course / "submitted"), "-j", "2",
-                          "--csv", str(course / "attnlab.csv")], env=_env(course), capture_output=True, text=True,
-                         timeout=3000)
     with open(course / "attnlab.csv") as f:
         attnlab_scores = {(r["student"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
     return {"course": course, "submissions": submissions, "nbgrader": nbgrader_scores, "attnlab": attnlab_scores,
@@ -106,6 +109,7 @@ def test_the_release_is_the_generated_exercise(round_trip):
 
 def test_attnlab_grade_reads_nbgrader_s_layout(round_trip):
     assert round_trip["run"].returncode == 0, round_trip["run"].stdout[-3000:] + round_trip["run"].stderr[-3000:]
+    assert "nbgrader:" not in round_trip["run"].stderr, round_trip["run"].stderr[-3000:]
     assert set(round_trip["attnlab"]) == set(round_trip["submissions"])
 
 
@@ -119,5 +123,5 @@ def test_nbgrader_scores_equal_attnlab_grade_s(round_trip):
 def test_solutions_score_full_and_cheats_score_nothing(round_trip):
     scores = {key: round_trip["nbgrader"][key] for key in round_trip["submissions"]}
     assert all(scores[("solution", a)] > 0 for a in {a for _, a in scores})
-    for student in ("untouched", "rebinds-check", "unsets-env"):
+    for student in ("untouched", "rebinds-check", "unsets-env", "rebinds-autograde"):
         assert all(v == 0 for (s, _), v in scores.items() if s == student), scores

@@ -1,8 +1,8 @@
 """The grader's agent inside the learner's kernel: it only calls the learner's functions.
 
-``attnlab grade`` never runs a check in the learner's kernel. It sends requests (see
-:mod:`attnlab.grading.wire`) as the source of cells it executes itself, and this module
-answers each with the learner's *outputs*, published as one display message of type
+``attnlab grade`` never runs a check in the learner's kernel. It sends requests (:func:`encode`:
+``torch.save`` bytes, read with ``torch.load(weights_only=True)``) as the source of cells it executes
+itself, and this module answers each with the learner's *outputs*, published as one display message of type
 ``RESULT_MIME`` that the grader reads from the cell's reply. The grader picked the inputs
 (from a secret seed), computes the expected values, compares and scores in its own process.
 Nothing here knows the references (``attnlab.grading.exercises.*.spec``) or the scores.
@@ -416,16 +416,84 @@ def handle(req, ns):
         _ACTIVE[:] = []
 
 
+class Unsupported:
+    """A value the kernel could not send (its type's name): the checks report it as a wrong type."""
+
+    def __init__(self, type_name):
+        self.type_name = str(type_name)[:80]
+
+    def __repr__(self):
+        return f"<{self.type_name}>"
+
+
+def _plain(x, depth=0):
+    """``x`` as what ``torch.load(weights_only=True)`` reads: plain tensors, numbers, strings, None, lists,
+    tuples and dicts with string keys; anything else becomes {"__unsupported__": its type's name}."""
+    import torch
+
+    if depth > 32:
+        return {"__unsupported__": "a too deeply nested value"}
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x if not isinstance(x, int) or isinstance(x, bool) or abs(x) < 2**63 else float(x)
+    if type(x).__module__ == "numpy":
+        import numpy as np
+
+        if isinstance(x, np.ndarray) and x.dtype != object:
+            return _plain(torch.from_numpy(np.ascontiguousarray(x)), depth)
+        if isinstance(x, (np.bool_, np.integer, np.floating)):
+            return _plain(x.item(), depth)
+    if isinstance(x, torch.Tensor):
+        return torch.Tensor.as_subclass(torch.Tensor.detach(x), torch.Tensor).cpu().clone()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_plain(v, depth + 1) for v in x) if type(x) in (tuple, list) else \
+            {"__unsupported__": type(x).__name__}
+    if type(x) is dict and all(type(k) is str and not k.startswith("__") for k in x):
+        return {k: _plain(v, depth + 1) for k, v in x.items()}
+    return {"__unsupported__": type(x).__name__}
+
+
+def _restored(x):
+    if isinstance(x, dict):
+        if set(x) == {"__unsupported__"}:
+            return Unsupported(x["__unsupported__"])
+        return {k: _restored(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_restored(v) for v in x)
+    return x
+
+
+def encode(x):
+    """``x`` as text: ``torch.save`` of its plain form, base64 (what crosses between grader and kernel)."""
+    import base64
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(_plain(x), buffer)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def decode(text, limit=256 * 2**20):
+    """The value ``encode`` wrote, read with ``torch.load(weights_only=True)`` (nothing in it can run code)."""
+    import base64
+    import io
+
+    import torch
+
+    if len(text) > limit:
+        raise ValueError(f"more than {limit >> 20} MiB")
+    return _restored(torch.load(io.BytesIO(base64.b64decode(text, validate=True)), weights_only=True))
+
+
 def serve(text):
-    """Answer the request ``text`` (wire format) with one display message of type RESULT_MIME."""
+    """Answer the request ``text`` (:func:`encode`'s) with one display message of type RESULT_MIME."""
     from IPython import get_ipython
     from IPython.display import publish_display_data
 
-    from attnlab.grading import wire
-
     ns = get_ipython().user_ns
     try:
-        reply = handle(wire.decode(text), ns)
+        reply = handle(decode(text), ns)
     except BaseException as exc:
         reply = {"agent_error": describe_error(exc)}
-    publish_display_data({RESULT_MIME: wire.encode(reply)})
+    publish_display_data({RESULT_MIME: encode(reply)})

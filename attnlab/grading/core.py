@@ -183,7 +183,7 @@ def mismatch(got, want, rtol=1e-4, atol=1e-5, equal_nan=False):
 
 
 def _kind(x):
-    if hasattr(x, "type_name"):  # wire.Unsupported: a value the kernel could not send
+    if hasattr(x, "type_name"):  # agent.Unsupported: a value the kernel could not send
         return x.type_name
     if torch.is_tensor(x):
         return f"a tensor of shape {tuple(x.shape)}"
@@ -385,7 +385,11 @@ def check_with_gradients(learner, name, spec, cases, inputs, output=None, mistak
             raise Fail("\n    ".join([f"`{name}` on {label} (forward): {why}",
                                       *counterexample(label, got["out"], want_out, args, kwargs, spec, rtol, atol)]),
                        diagnose(got["out"], mistakes, args, kwargs, rtol, atol))
-        for j, gname, g in zip(inputs, names, got["grads"]):
+        grads = got.get("grads")
+        if not isinstance(grads, (list, tuple)) or len(grads) != len(inputs):
+            raise Fail(f"`{name}` on {label}: expected one gradient per input ({len(inputs)}), the grader got "
+                       f"{len(grads) if isinstance(grads, (list, tuple)) else 'none'}")
+        for j, gname, g in zip(inputs, names, grads):
             if g is None:
                 raise Fail(f"`{name}` on {label}: {gname} is None: the backward returned no gradient for it")
             why = mismatch(g, a[j].grad, rtol, atol)
@@ -416,10 +420,31 @@ def _diagnose_gradient(got, j, mistakes, args, kwargs, inputs, output, grad_outp
     return found
 
 
+class _Counted:
+    """A learner that counts the calls and launches a check made: a part passes only when it ran the learner's code."""
+
+    def __init__(self, learner):
+        self.learner, self.calls = learner, 0
+
+    def call(self, *args, **kwargs):
+        self.calls += 1
+        return self.learner.call(*args, **kwargs)
+
+    def launch(self, *args, **kwargs):
+        self.calls += 1
+        return self.learner.launch(*args, **kwargs)
+
+
 def run_part(part_id, body, learner):
-    """Run a check body (``body(learner) -> message``) and package the outcome."""
+    """Run a check body (``body(learner) -> message``) and package the outcome.
+
+    A body that returns without having called or launched the learner's code at all (a part that cannot
+    be checked on this device says why and returns) is not a pass: the part scores 0 with that reason."""
+    counted = _Counted(learner_of(learner))
     try:
-        message = body(learner)
+        message = body(counted)
+        if not counted.calls:
+            return CheckResult(part_id, False, f"not checked here, so no points: {message}")
         return CheckResult(part_id, True, message)
     except Fail as exc:
         lines = [exc.message]

@@ -1,4 +1,4 @@
-"""nbgrader's hidden tests: every autograded cell asks ``attnlab grade`` for its part's score.
+"""nbgrader: the credit comes from ``attnlab grade``, written into nbgrader's gradebook with nbgrader's API.
 
 In ``solutions/`` (nbgrader's ``source/``) every check cell ends with::
 
@@ -6,13 +6,17 @@ In ``solutions/`` (nbgrader's ``source/``) every check cell ends with::
     __import__("attnlab.grading.nbgrader", fromlist=["autograde"]).autograde("padding-mask")
     ### END HIDDEN TESTS
 
-nbgrader drops the block from the students' release and puts it back when it autogrades. Then
-:func:`autograde` finds the notebook's file next to the kernel (the submission nbgrader is
-grading), grades it with ``attnlab grade`` in a separate process (once per file: the result is
-kept for the other cells) and raises AssertionError unless the part got its full points. So
-nbgrader's score for the cell is ``attnlab grade``'s, whatever the notebook did to ``check``, to
-environment variables or to its own kernel's state before the cell: the grade comes from the
-grader's own process, which runs the submission in a fresh sandboxed kernel.
+nbgrader drops the block from the students' release and puts it back when it autogrades. That cell
+runs in the student's kernel, which the student's own cells can change (``check`` and ``autograde``
+rebound, environment variables unset): whatever it does there is **feedback only**, and it says so.
+:func:`autograde` grades the notebook's file with ``attnlab grade`` in a separate process and prints
+the part's result (raising AssertionError when the part failed, so the feedback shows it).
+
+The credit is written afterwards, from the grader's own process: ``attnlab grade submitted/
+--nbgrader-db sqlite:///course/gradebook.db`` grades every submission in its sandbox and sets each
+autograded cell's score in nbgrader's gradebook (:func:`write_gradebook`, through
+``nbgrader.api.Gradebook``), replacing whatever the student's kernel earned. Run it after ``nbgrader
+autograde`` and before ``nbgrader export``.
 
 ``attnlab grade`` itself removes hidden tests before it runs a notebook (it grades on its own).
 """
@@ -94,6 +98,42 @@ def autograde(part_id, folder="."):
     part = next((p for p in report["parts"] if p["name"] == part_id), None)
     if part is None:
         raise AssertionError(f"{part_id}: not in attnlab grade's report")
+    note = "(feedback only: the credit is written by `attnlab grade --nbgrader-db`, from its own process)"
     if part["points"] < part["max_points"]:
-        raise AssertionError(f"{part_id}: {part['points']}/{part['max_points']} from attnlab grade: {part['feedback']}")
-    print(f"[attnlab grade] {part_id}: {part['points']}/{part['max_points']}")
+        raise AssertionError(f"{part_id}: {part['points']}/{part['max_points']} from attnlab grade: "
+                             f"{part['feedback']}\n{note}")
+    print(f"[attnlab grade] {part_id}: {part['points']}/{part['max_points']} {note}")
+
+
+def write_gradebook(db_url, reports):
+    """Set the score of every autograded part of ``reports`` (``attnlab grade``'s, with student and
+    assignment from nbgrader's layout) in nbgrader's gradebook at ``db_url``. Returns [problems]."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from attnlab.grading.parts import MANUAL
+
+    problems = []
+    with Gradebook(db_url) as gb:
+        for r in reports:
+            student, assignment, notebook = r.get("student"), r.get("assignment"), Path(r["path"]).stem
+            if not (student and assignment):
+                problems.append(f"{r['path']}: not in nbgrader's submitted/<student>/<assignment>/ layout")
+                continue
+            parts = [] if r.get("error") else [p for p in r["parts"] if not p.get("manual")]
+            if r.get("error"):  # could not be graded: every autograded cell of the notebook gets 0
+                try:
+                    cells = gb.find_notebook(notebook, assignment).grade_cells
+                except MissingEntry:
+                    cells = []
+                parts = [{"name": c.name, "points": 0} for c in cells if c.name not in MANUAL]
+            for part in parts:
+                try:
+                    grade = gb.find_grade(part["name"], notebook, assignment, student)
+                except MissingEntry:
+                    problems.append(f"{r['path']}: no autograded result for {part['name']} in the gradebook "
+                                    f"(run nbgrader autograde {assignment} first)")
+                    continue
+                grade.auto_score = float(part["points"])
+                grade.manual_score = None
+            gb.db.commit()
+    return problems

@@ -1,19 +1,33 @@
-"""Where and how ``attnlab grade`` runs a learner's kernel: a throwaway folder, limits, isolation.
+"""Where and how ``attnlab grade`` runs a learner's kernel: an unprivileged user, a private filesystem, limits.
 
-- The notebook's folder is copied into a fresh temporary folder (:func:`working_copy`); the
-  kernel runs there, never in the submission's own folder, and the copy is deleted afterwards.
-- Limits (:class:`Limits`, set with ``setrlimit`` before the kernel starts): memory (the data
-  segment, which counts every tensor), CPU seconds, the size of a file it writes, the number of
-  processes, and no core files. The kernel gets its own session, inherits none of the grader's
-  file descriptors, and its output goes to /dev/null.
-- With bubblewrap (``bwrap``, Debian package ``bubblewrap``) on Linux the kernel also sees the
-  whole filesystem read-only except its working copy and its connection files, gets a private
-  ``/tmp``, its own process namespace (it cannot see or signal the grader, or reach the grader's
-  ``/proc/<pid>/fd``) and no network; it dies with the grader, and every process it started dies
-  with it. Without bubblewrap, the grader kills the kernel's whole process tree itself
-  (:func:`kill_descendants`, with this process as the orphans' subreaper).
+With bubblewrap (``bwrap``, Debian package ``bubblewrap``) on Linux the kernel sees only:
 
-:func:`isolation` says which is in use; ``attnlab doctor`` and every report show it.
+- read-only: the Python it runs (the interpreter's prefix and the virtual environment) and the
+  installed ``attnlab`` package, with every exercise package's references and checks replaced by
+  empty files (only each package's ``__init__.py``, the parts table, stays);
+- a private copy of the one notebook it runs, read-only, in a working folder that is a tmpfs of
+  ``Limits.work_mb``; a private ``/tmp`` of ``Limits.tmp_mb`` and ``/dev/shm`` of ``Limits.shm_mb``;
+- its connection files (one folder of the grader's, made for this kernel only).
+
+Nothing else of ``/`` exists in it: no ``solutions/``, no other submission, no report, none of the
+grader's files. It has its own process, network (none), IPC and UTS namespaces, dies with the grader
+and has no capabilities:
+
+- started by root (Gradescope, a container): bubblewrap builds the mounts, then ``setpriv`` drops
+  to a user id of its own (:func:`sandbox_uid`, no passwd entry, no groups), clears every capability
+  (bounding set too) and sets no-new-privileges before Python starts. The mounts are locked: a
+  process without ``CAP_SYS_ADMIN`` in their namespace cannot remount them;
+- started by anyone else: bubblewrap in a user namespace of its own, ``--cap-drop ALL``; the kernel
+  keeps the user's id (it cannot become anyone else), but still sees only what is listed above.
+
+Limits (:class:`Limits`): per process (``setrlimit``): memory (the data segment), CPU seconds, file
+size, no core files; for the whole submission: a memory and process cgroup (:class:`Cgroup`,
+version 1 or 2, where this machine lets one be made: root, or a delegated v2 subtree) holding the
+kernel, its children and its tmpfs pages; otherwise the process count per user id (``RLIMIT_NPROC``,
+which as root is the sandbox's own id: every process of the submission counts) and the tmpfs sizes.
+
+Without bubblewrap only the rlimits hold (the kernel runs as the grader's user in a temporary
+folder): :func:`isolation` says which is in use; ``attnlab doctor`` and every report show it.
 """
 
 import ctypes
@@ -30,15 +44,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
-COPY_LIMIT = 256 * 2**20  # a folder larger than this is not copied: only the notebook is
+UID_BASE = 2_000_000  # sandbox user ids: UID_BASE + the worker's pid (unique while it runs), never a real user
 
 
 @dataclass
 class Limits:
-    memory_mb: int = 4096
+    memory_mb: int = 4096     # the whole submission (cgroup), and each process's data segment
     cpu_s: int = 900
     file_mb: int = 256
-    processes: int = 512
+    processes: int = 256      # processes and threads of the whole submission
+    work_mb: int = 256        # the working folder (tmpfs)
+    tmp_mb: int = 256         # /tmp (tmpfs)
+    shm_mb: int = 64          # /dev/shm (tmpfs)
 
 
 def _prctl(option, value):
@@ -50,97 +67,263 @@ def _prctl(option, value):
 
 
 def protect_grader():
-    """Make this process hard to tamper with from a kernel running as the same user.
-
-    Not dumpable: its /proc/<pid>/fd and memory need CAP_SYS_PTRACE; a child subreaper: orphans of
-    the kernel (a double-forked daemon) become its children, so :func:`kill_descendants` finds them.
-    """
+    """Make this process hard to tamper with: not dumpable, and a child subreaper (orphans of the
+    kernel become its children, so :func:`kill_descendants` finds them)."""
     if sys.platform.startswith("linux"):
         _prctl(PR_SET_DUMPABLE, 0)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+def as_root():
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def sandbox_uid():
+    """The user id the kernel runs as when the grader is root (its own, unused by anyone else)."""
+    return UID_BASE + os.getpid()
+
+
 @functools.lru_cache(maxsize=1)
 def bwrap():
-    """The path of a working bubblewrap, or None."""
+    """The path of a working bubblewrap (that can also drop to the sandbox's user), or None."""
     if not sys.platform.startswith("linux") or os.environ.get("ATTNLAB_NO_BWRAP"):
         return None
     path = shutil.which("bwrap")
-    if path is None:
+    if path is None or (as_root() and shutil.which("setpriv") is None):
         return None
+    root = tempfile.mkdtemp(prefix="attnlab-probe-")
     try:
-        probe = subprocess.run([path, *_bwrap_base(), "--", "/bin/true"], capture_output=True, timeout=20)
+        cmd = _command(path, ["/bin/true"], Path(root) / "work", Path(root), None, Limits(), probe=True)
+        probe = subprocess.run(cmd, capture_output=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     return path if probe.returncode == 0 else None
 
 
 def isolation():
     """One line: how a learner's kernel is isolated on this machine."""
     if bwrap():
-        return ("bubblewrap: read-only filesystem but a temporary copy of the notebook's folder, no network, "
-                "own process namespace, rlimits")
+        who = ("as root: bubblewrap then setpriv to an unprivileged user id of its own, no capabilities"
+               if as_root() else "bubblewrap in a user namespace, no capabilities, the grader's user id")
+        limit = "a memory and process cgroup" if Cgroup.available() else "rlimits, RLIMIT_NPROC per user id"
+        return (f"{who}; sees only Python, attnlab (without references) and a copy of the notebook; "
+                f"tmpfs working folder, /tmp and /dev/shm; no network; {limit}")
     how = "no bubblewrap" if sys.platform.startswith("linux") else f"no bubblewrap on {sys.platform}"
-    return (f"rlimits only ({how}: install the Debian package bubblewrap for a read-only, offline sandbox); "
-            "a temporary copy of the notebook's folder, own session, process tree killed")
+    return (f"rlimits only ({how}: install the Debian packages bubblewrap and util-linux for an unprivileged, "
+            "private, offline sandbox); a temporary folder, own session, process tree killed")
 
 
-def _bwrap_base():
-    return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
-            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"]
-
-
-def _needed_inside_private_tmp():
-    """Folders the kernel must read that lie under /tmp or /dev/shm, which the sandbox replaces with
-    empty private ones: the interpreter, the virtual environment, the course checkout (a CI clone or
-    a course unpacked in /tmp), sys.path and Jupyter's runtime folder (the connection file)."""
+def _readable_roots():
+    """What the kernel must read: the interpreter, the virtual environment, sys.path, the package."""
     import attnlab
 
-    candidates = {sys.prefix, sys.exec_prefix, sys.base_prefix, *sys.path,
-                  str(Path(attnlab.__file__).resolve().parent.parent)}
+    package = Path(attnlab.__file__).resolve().parent
+    candidates = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *sys.path, str(package)}
     try:
-        from jupyter_core.paths import jupyter_runtime_dir
+        import attnlab.kernels as kernels  # an editable install maps it to the course's kernels/
 
-        candidates.add(jupyter_runtime_dir())
-    except Exception:  # pragma: no cover - jupyter_core is a dependency of the kernel machinery
+        candidates.add(str(Path(kernels.__file__).resolve().parent))
+    except Exception:  # pragma: no cover - triton missing: the kernel will not need them
         pass
-    private = (Path("/tmp"), Path("/dev/shm"))
+    course = package.parent
     found = set()
     for c in candidates:
         if not c:
             continue
         p = Path(c).resolve()
-        if p.exists() and any(p != t and p.is_relative_to(t) for t in private):
-            found.add(p)
-    # the outermost folders only (a bind of a folder covers what is inside it)
-    return [str(p) for p in sorted(found) if not any(q != p and p.is_relative_to(q) for q in found)]
+        if not p.exists() or p in (Path("/"), course) or p == Path.cwd().resolve():
+            continue  # never the course checkout itself (solutions/), nor a folder a notebook came from
+        found.add(p)
+    return [p for p in sorted(found) if not any(q != p and p.is_relative_to(q) for q in found)]
 
 
-def wrap_command(cmd, writable):
-    """``cmd`` run inside bubblewrap with ``writable`` folders (the first is the working dir), or as is."""
-    path = bwrap()
-    if path is None:
-        return list(cmd)
-    args = [path, *_bwrap_base()]
-    for folder in _needed_inside_private_tmp():  # the Python, venv and course the kernel runs from
-        args += ["--ro-bind", folder, folder]
-    for dev in sorted(Path("/dev").glob("nvidia*")):  # a GPU stays usable
-        args += ["--dev-bind", str(dev), str(dev)]
-    for folder in writable:
-        args += ["--bind", str(folder), str(folder)]
+def _hidden_files():
+    """The exercise packages' files but ``__init__.py``: the references and checks the kernel never gets."""
+    from attnlab.grading import exercises
+
+    root = Path(exercises.__file__).resolve().parent
+    return sorted(p for p in root.glob("*/*.py") if p.name != "__init__.py")
+
+
+def _command(path, cmd, work, runtime, notebook, limits, probe=False):
+    mb = 2**20
+    args = [path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+            "--new-session", "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.tmp_mb * mb), "--perms", "1777", "--tmpfs", "/tmp",
+            "--size", str(limits.shm_mb * mb), "--perms", "1777", "--tmpfs", "/dev/shm"]
+    if not as_root():
+        args += ["--unshare-user", "--cap-drop", "ALL"]
+    for folder in ("/usr", "/bin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
+        if os.path.lexists(folder):
+            args += ["--ro-bind", folder, folder]
+    made = set()
+
+    def parents(folder):  # made 0755 (bubblewrap would make them 0700: the kernel's user could not pass)
+        out = []
+        for parent in reversed(Path(folder).parents[:-1]):
+            if parent not in made:
+                made.add(parent)
+                out += ["--perms", "0755", "--dir", str(parent)]
+        return out
+
+    if not probe:
+        for folder in _readable_roots():
+            args += parents(folder) + ["--ro-bind", str(folder), str(folder)]
+        empty = Path(runtime) / "empty.py"
+        empty.touch()
+        for hidden in _hidden_files():
+            args += ["--ro-bind", str(empty), str(hidden)]
+        for dev in sorted(Path("/dev").glob("nvidia*")):  # a GPU stays usable
+            args += ["--dev-bind", str(dev), str(dev)]
+    args += parents(runtime) + ["--bind", str(runtime), str(runtime)] + parents(work)
+    args += ["--size", str(limits.work_mb * mb), "--perms", "1777", "--tmpfs", str(work)]
+    if notebook is not None:
+        args += ["--ro-bind", str(notebook), str(Path(work) / Path(notebook).name)]
     # in its own process namespace the kernel's parent is pid 1: tell ipykernel not to watch for the
     # grader's pid (which it cannot see); --die-with-parent does that job
-    args += ["--setenv", "JPY_PARENT_PID", "1", "--chdir", str(writable[0]), "--"]
+    args += ["--remount-ro", "/", "--setenv", "JPY_PARENT_PID", "1", "--chdir", str(work), "--"]
+    if as_root():
+        uid = str(sandbox_uid())
+        args += [shutil.which("setpriv"), "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all",
+                 "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     return args + list(cmd)
 
 
-def preexec(limits):
-    """A function for Popen(preexec_fn=...): the limits, and death with the grader."""
-    def apply():
+def wrap_command(cmd, work, runtime, notebook=None, limits=None):
+    """``cmd`` run in the sandbox (working folder ``work``, connection files in ``runtime``), or as is."""
+    path = bwrap()
+    if path is None:
+        return list(cmd)
+    if as_root():  # the sandbox's user must create its sockets in runtime and read its connection file
+        os.chown(runtime, sandbox_uid(), sandbox_uid())
+        for f in Path(runtime).glob("*.json"):
+            os.chown(f, sandbox_uid(), sandbox_uid())
+    return _command(path, cmd, work, runtime, notebook, limits or Limits())
+
+
+class Cgroup:
+    """A memory and process cgroup for one submission (v2, else v1's memory and pids hierarchies)."""
+
+    V2 = Path("/sys/fs/cgroup")
+
+    def __init__(self, limits):
+        self.paths = []
+        name = f"attnlab-grade-{os.getpid()}"
         mb = 2**20
+        if (self.V2 / "cgroup.controllers").exists():
+            base = self.V2 / _own_cgroup("")
+            folder = base / name
+            folder.mkdir()
+            self.paths.append(folder)
+            _write(folder / "memory.max", limits.memory_mb * mb)
+            _write(folder / "memory.swap.max", 0, missing_ok=True)
+            _write(folder / "pids.max", limits.processes)
+        else:
+            for controller, settings in (("memory", {"memory.limit_in_bytes": limits.memory_mb * mb,
+                                                     "memory.memsw.limit_in_bytes": limits.memory_mb * mb}),
+                                         ("pids", {"pids.max": limits.processes})):
+                folder = self.V2 / controller / _own_cgroup(controller).lstrip("/") / name
+                folder.mkdir()
+                self.paths.append(folder)
+                for key, value in settings.items():
+                    _write(folder / key, value, missing_ok=key.startswith("memory.memsw"))
+
+    @staticmethod
+    @functools.lru_cache(maxsize=1)
+    def available():
+        if not sys.platform.startswith("linux"):
+            return False
+        try:
+            Cgroup(Limits()).remove()
+            return True
+        except OSError:
+            return False
+
+    @classmethod
+    def make(cls, limits):
+        """A cgroup, or None where none can be made here."""
+        if not cls.available():
+            return None
+        try:
+            return cls(limits)
+        except OSError:
+            return None
+
+    def enter(self):
+        """Move the calling process in (from the child, before it runs the sandbox)."""
+        for folder in self.paths:
+            _write(folder / "cgroup.procs", os.getpid())
+
+    def peak_mb(self):
+        for folder in self.paths:
+            for key in ("memory.peak", "memory.max_usage_in_bytes"):
+                try:
+                    return int((folder / key).read_text()) / 2**20
+                except (OSError, ValueError):
+                    continue
+        return None
+
+    def kill(self):
+        for _ in range(20):
+            pids = set()
+            for folder in self.paths:
+                try:
+                    pids |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
+                except (OSError, ValueError):
+                    pass
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    def remove(self):
+        self.kill()
+        for folder in self.paths:
+            for _ in range(50):
+                try:
+                    folder.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def _own_cgroup(controller):
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if (controller == "" and names == "") or controller in names.split(","):
+            return path.lstrip("/")
+    raise OSError(f"no {controller or 'v2'} cgroup")
+
+
+def _write(path, value, missing_ok=False):
+    try:
+        with open(path, "w") as f:
+            f.write(str(value))
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def preexec(limits, cgroup=None):
+    """A function for Popen(preexec_fn=...): the limits, the cgroup, and death with the grader."""
+    def apply():
+        if cgroup is not None:
+            cgroup.enter()
+        mb = 2**20
+        # as root the count is the sandbox's own user id's: the submission's processes and threads alone;
+        # otherwise it is the grader's user's, shared with everything else that user runs
+        processes = limits.processes if as_root() else 4 * limits.processes
         for which, value in ((resource.RLIMIT_DATA, limits.memory_mb * mb), (resource.RLIMIT_CPU, limits.cpu_s),
                              (resource.RLIMIT_FSIZE, limits.file_mb * mb), (resource.RLIMIT_CORE, 0),
-                             (resource.RLIMIT_NPROC, limits.processes)):
+                             (resource.RLIMIT_NPROC, processes)):
             try:
                 hard = resource.getrlimit(which)[1]
                 value = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -151,33 +334,25 @@ def preexec(limits):
     return apply
 
 
-def working_copy(notebook, dest):
-    """Copy the notebook's folder (without other notebooks or hidden folders) into ``dest``; the copy's path."""
-    notebook = Path(notebook).resolve()
+def private_copy(notebook, dest):
+    """A copy of the notebook alone in ``dest`` (refusing a symbolic link); the copy's path."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    total = 0
-    files = []
-    for root, dirs, names in os.walk(notebook.parent):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
-        for name in names:
-            p = Path(root) / name
-            if p.suffix == ".ipynb" or name.startswith(".") or p.is_symlink() or not p.is_file():
-                continue
-            total += p.stat().st_size
-            files.append(p)
-            if total > COPY_LIMIT:
-                files = []
-                break
-        if total > COPY_LIMIT:
-            break
-    for p in files:
-        target = dest / p.relative_to(notebook.parent)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(p, target)
-    copy = dest / notebook.name
-    shutil.copyfile(notebook, copy)
+    copy = dest / Path(notebook).name
+    with open_notebook(notebook) as src, open(copy, "wb") as out:
+        shutil.copyfileobj(src, out)
+    os.chmod(copy, 0o644)
     return copy
+
+
+def open_notebook(path):
+    """The notebook file opened for reading, never through a symbolic link (OSError then)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    if not os.path.isfile(f"/proc/self/fd/{fd}") and not Path(path).is_file():
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _children():
@@ -206,21 +381,12 @@ def descendants(root=None):
     return found
 
 
-def kill_descendants(keep=(), rounds=20):
-    """SIGKILL every process below this one except ``keep`` (and their own children) until none is left."""
+def kill_descendants(rounds=20):
+    """SIGKILL every process below this one until none is left (reaping the orphans re-parented here)."""
     if not os.path.isdir("/proc"):
         return
-    keep = set(keep)
     for _ in range(rounds):
-        victims = descendants() - keep
-        for pid in list(victims):
-            kept_parent = False
-            for k in keep:
-                if pid in descendants(k):
-                    kept_parent = True
-                    break
-            if kept_parent:
-                victims.discard(pid)
+        victims = descendants()
         if not victims:
             return
         for pid in victims:
@@ -229,7 +395,7 @@ def kill_descendants(keep=(), rounds=20):
             except OSError:
                 pass
         deadline = time.monotonic() + 1
-        while time.monotonic() < deadline:  # reap the zombies re-parented to us
+        while time.monotonic() < deadline:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:

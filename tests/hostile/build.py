@@ -61,7 +61,7 @@ def _forge(lines):
     source = "".join(lines)
     if "attnlab" in source and "serve" in source:
         # answer the grader's request ourselves: with the reference, if it can be found
-        return ["import importlib\\n", "from attnlab.grading import wire\\n",
+        return ["import importlib\\n", "from attnlab.grading import agent as wire\\n",
                 "from attnlab.grading.parts import spec_modules\\n",
                 "from IPython.display import publish_display_data\\n",
                 "import re\\n",
@@ -142,6 +142,9 @@ print("deleted what it could")
 BIG_ALLOCATION = "import torch\nbig = torch.ones(2**29)  # 2 GiB of float32\nprint(big.sum())\n"
 
 NBGRADER_CHECK = "check = lambda *a, **k: None\n"
+NBGRADER_AUTOGRADE = ("check = lambda *a, **k: None\n"
+                      "import attnlab.grading.nbgrader as _nb\n"
+                      "_nb.autograde = lambda *a, **k: print('[attnlab grade] full marks (forged)')\n")
 NBGRADER_ENV = "import os\nos.environ.pop('NBGRADER_EXECUTION', None)\nos.environ.pop('ATTNLAB_GRADING', None)\n"
 
 SHORTCUTS = {
@@ -254,6 +257,116 @@ FAKE_KERNELS = {
                         FAKE_ATTENTION.format(name="block_sparse_fwd_kernel")},
 }
 
+
+# --- the sandbox as root: each probe sits in a solution (full marks) and reports an escape by raising
+# ESCAPE-<n> in a cell of no part, whose text the report keeps as a note: no such text may appear
+
+REMOUNT = """import ctypes, os
+import attnlab
+libc = ctypes.CDLL(None, use_errno=True)
+MS_REMOUNT, MS_BIND = 32, 4096
+pkg = os.path.dirname(attnlab.__file__)
+for target in (b"/", pkg.encode()):
+    libc.mount(b"none", target, None, MS_REMOUNT | MS_BIND, None)  # a read-only bind made writable
+    libc.mount(b"none", target, None, MS_REMOUNT, None)
+written = []
+for f in (os.path.join(pkg, "grading", "ESCAPE-4246"), "/ESCAPE-4246"):
+    try:
+        open(f, "w").write("escaped")
+        written.append(f)
+    except OSError:
+        pass
+if written:
+    raise RuntimeError(f"ESCAPE-4246 wrote {written}")
+"""
+
+READ_SECRETS = """import glob, os
+import attnlab
+course = os.path.dirname(os.path.dirname(attnlab.__file__))
+found = []
+for pattern in (course + "/solutions/*.ipynb", course + "/attnlab/grading/exercises/e02/spec.py",
+                "../**/*.ipynb", "../../**/*.txt", "../../**/*.json", "/tmp/**/*.json", "/work/**/solutions/*.ipynb",
+                "/root/*", "/etc/shadow", "/proc/1/environ"):
+    for f in glob.glob(pattern, recursive=True)[:50]:
+        try:
+            text = open(f, errors="replace").read(4000)
+        except OSError:
+            continue
+        if any(m in text for m in ("def padding_mask", "SECRET-4247", "notebooks", "root:")):
+            found.append(f)
+if found:
+    raise RuntimeError(f"ESCAPE-4247 read {found[:5]}")
+"""
+
+MEMORY_CHILDREN = """import mmap, os, subprocess, sys
+hog = "import time; b = bytearray(700 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(3); print('held')"
+children = [subprocess.Popen([sys.executable, "-c", hog], stdout=subprocess.PIPE) for _ in range(3)]
+shm_ok = True
+try:
+    with open("/dev/shm/attnlab-4248", "wb") as f:
+        for _ in range(8):
+            f.write(b"x" * 2**26)  # 512 MiB in all
+except OSError:
+    shm_ok = False
+held = sum(c.communicate()[0].strip() == b"held" for c in children)
+if held == 3 or shm_ok:
+    raise RuntimeError(f"ESCAPE-4248 {held} children held 700 MiB each, /dev/shm took 512 MiB: {shm_ok}")
+"""
+
+FILL_DISK = """import os
+written = 0
+try:
+    for i in range(12):
+        for where in (".", "/tmp"):
+            with open(os.path.join(where, f"fill-{i}.bin"), "wb") as f:
+                for _ in range(4):
+                    f.write(b"x" * 2**25)  # 128 MiB per file, under the per-file limit
+                    written += 2**25
+except OSError:
+    pass
+if written > 2**30:
+    raise RuntimeError(f"ESCAPE-4249 wrote {written >> 20} MiB")
+for i in range(12):
+    for where in (".", "/tmp"):
+        try:
+            os.remove(os.path.join(where, f"fill-{i}.bin"))
+        except OSError:
+            pass
+"""
+
+PRINT_FLOOD = """import sys
+line = "y" * 2**16
+for _ in range(1024):  # 64 MiB of output
+    print(line)
+    sys.stdout.flush()
+"""
+
+
+# the agent patched from a learner cell: every launch of `scale_kernel` answered as clean and traced, with
+# y = alpha * x computed in PyTorch. Under a grader that believed the kernel's process this scored the part
+FORGE_LAUNCH = """import sys, torch
+import attnlab.grading.agent as _agent
+_real_handle = _agent.handle
+def _forged(req, ns):
+    if req.get("op") != "launch":
+        return _real_handle(req, ns)
+    x = req["buffers"]["x"]["data"]
+    alpha = req["args"][3][1]
+    n = x.numel()
+    run = {"outside_changed": {"x": 0, "y": 0}, "never_written": {"x": 0, "y": 0}, "traced": True,
+           "values": {"x": x, "y": alpha * x}, "loads_outside": {"x": 0, "y": 0}, "not_stored": {"x": 0, "y": 0},
+           "traffic": {"x": {"load_bytes": 4 * n, "store_bytes": 0, "load_elements": n},
+                       "y": {"load_bytes": 0, "store_bytes": 4 * n, "load_elements": 0}}, "loaded": {}}
+    return {"result": {"ok": [run, run]}}
+_agent.handle = _forged
+sys.modules["attnlab.grading.agent"].handle = _forged
+"""
+
+SANDBOX_PROBES = {"sandbox_remount": REMOUNT, "sandbox_read_secrets": READ_SECRETS,
+                  "sandbox_memory_children": MEMORY_CHILDREN, "sandbox_fill_disk": FILL_DISK,
+                  "sandbox_print_flood": PRINT_FLOOD}
+
+
 IMPORTS = "import attnlab\nimport torch\nimport torch.nn.functional as F\n"
 
 
@@ -296,8 +409,12 @@ def probes():
     for name, cheat in [("forge_json", FORGE_JSON), ("forge_allclose", FORGE_ALLCLOSE), ("forge_exec", FORGE_EXEC),
                         ("forge_transformer", FORGE_TRANSFORMER), ("forge_module", FORGE_MODULE),
                         ("forge_daemon", FORGE_DAEMON), ("nbgrader_check_rebound", NBGRADER_CHECK),
+                        ("nbgrader_autograde_rebound", NBGRADER_AUTOGRADE),
                         ("nbgrader_env_unset", NBGRADER_ENV)]:
         out[f"{name}.ipynb"] = _insert_after_setup(_edit(_load("exercises", "02_queries_keys_values"), WRONG_02), cheat)
+    for name, attack in SANDBOX_PROBES.items():
+        out[f"{name}.ipynb"] = _insert_after_setup(_load("solutions", "02_queries_keys_values"), attack)
+    out["forge_launch.ipynb"] = _insert_after_setup(_load("exercises", "06_triton_primer"), FORGE_LAUNCH)
     out["forked_sleeper.ipynb"] = _insert_after_setup(_load("solutions", "02_queries_keys_values"), FORKED_SLEEPER)
     out["write_stdout.ipynb"] = _insert_after_setup(_load("solutions", "02_queries_keys_values"), WRITE_STDOUT)
     nb = _load("solutions", "02_queries_keys_values")

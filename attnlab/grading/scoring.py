@@ -1,0 +1,216 @@
+"""Grading one notebook: run it in the sandbox, then grade each part from this process, and score.
+
+- it draws the part's inputs from a secret seed it keeps, and sends them to the kernel, as the
+  source of a cell it executes; :mod:`attnlab.grading.agent` in the kernel calls the learner's
+  function (or launches the learner's ``@triton.jit`` kernel) and answers with the outputs only,
+  as one display message of the cell's reply (``torch.save`` bytes read with ``weights_only=True``);
+- it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`) in its
+  own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
+- the part's answer cells must not use what the part forbids (:func:`attnlab.grading.parts.forbidden`):
+  the worker reads their syntax tree (:mod:`attnlab.grading.shortcuts`), and the agent's
+  tripwires make such calls fail while the learner's function runs.
+
+What the notebook prints, writes or returns from its own ``check(...)`` cells is never read:
+those are feedback for the learner. A part scores its points only when its check passes, no
+cell of the part (found by nbgrader ``grade_id``, in any order) raised, timed out or killed
+the kernel, no setup cell failed, and its answer uses nothing forbidden. Every other case scores
+0 for the parts it touches, with the reason.
+"""
+
+import secrets
+import time
+from pathlib import Path
+
+from attnlab.grading import sandbox
+from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout, given_sources, identify, learner_cell,
+                                    owners)
+from attnlab.grading.reports import plural
+from attnlab.grading.isolated import IsolatedKernels
+from attnlab.grading.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, OUTPUT_LIMIT,
+                                    RemoteLearner, _Runner, kernel_env)
+
+MAX_NOTEBOOK_BYTES = 64 * 2**20
+
+
+def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIMEOUT, memory_mb=DEFAULT_MEMORY_MB):
+    """Grade one notebook in this process (which runs none of its code). Returns the report dict."""
+    import shutil
+
+    import nbformat
+
+    from attnlab.grading.checks import PARTS, run_check
+    from attnlab.grading.generate import check_ids
+    from attnlab.grading.parts import MANUAL, all_forbidden, exercises, forbidden, points
+    from attnlab.grading.shortcuts import uses
+
+    EXERCISES, POINTS = exercises(), points()
+    path = Path(path)
+    report = {"path": str(path), "score": 0, "max_score": 0, "parts": [], "isolation": sandbox.isolation()}
+    try:
+        with sandbox.open_notebook(path) as f:  # never through a symbolic link
+            nb = nbformat.reads(f.read(MAX_NOTEBOOK_BYTES + 1).decode("utf-8"), as_version=4)
+        if len(nb.get("cells", [])) > 5000:
+            raise ValueError("more than 5000 cells")
+    except Exception as exc:
+        report["error"] = f"could not read the notebook: {type(exc).__name__}: {exc}"
+        return report
+    exercise, warnings = identify(nb, path)
+    if warnings:
+        report["warnings"] = warnings
+    if exercise is None:
+        report["error"] = "not an attnlab exercise (no attnlab.exercise metadata, no grade_id of an exercise part, " \
+                          "no NN_ file name)"
+        return report
+    report["exercise"] = exercise
+    manual = [p for p in EXERCISES[exercise] if p in MANUAL]
+    parts = [p for p in EXERCISES[exercise] if p not in MANUAL]
+    report["max_score"] = sum(POINTS[p] for p in parts)
+    names = {p: PARTS[p].names for p in parts}
+    from attnlab.grading.generate import BEGIN_HIDDEN, END_HIDDEN, _strip_region
+
+    for cell in nb.cells:  # nbgrader's hidden tests ask this grader; here it grades by itself
+        if cell.cell_type == "code" and BEGIN_HIDDEN in cell.source:
+            try:
+                cell.source = _strip_region(cell.source, BEGIN_HIDDEN, END_HIDDEN, None)[0]
+            except ValueError:
+                pass
+    owner = owners(nb, parts, names, canonical_layout(exercise, parts))
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    given = given_sources(exercise)
+
+    # shortcuts, from the syntax of each part's answer cells (and of added cells defining its functions)
+    shortcut = {}
+    for p in parts:
+        mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o == p
+                and learner_cell(c, p, given)]
+        found = uses(mine, forbidden(p), code)
+        if found:
+            shortcut[p] = found
+
+    check_cell = {}  # part -> the cell that calls its check (nbgrader's autograded cell)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            for q in check_ids(cell.source):
+                if q in parts:
+                    check_cell.setdefault(q, i)
+    grade_at = {}
+    for p, i in check_cell.items():
+        grade_at.setdefault(i, []).append(p)
+
+    problems = {p: [] for p in parts}
+    setup_problems, notes = [], []
+    results = {}
+    salt = secrets.randbits(62)  # the inputs of this grading: never sent anywhere but as inputs
+    deadline = time.monotonic() + timeout
+    limits = sandbox.Limits(memory_mb=memory_mb, cpu_s=int(timeout) + 30)
+    root = sandbox.temp_root()
+    runner = kernels = None
+
+    def grade(p):
+        learner = RemoteLearner(runner, kernels)
+        learner.forbidden = forbidden(p)
+        try:
+            result = run_check(p, learner, salt=salt)
+            results[p] = {"passed": result.passed, "message": result.message, "diagnosis": result.diagnosis}
+        except Exception as exc:  # an answer the checks cannot read is the notebook's, not the grader's
+            results[p] = {"passed": False, "diagnosis": [],
+                          "message": f"the grader could not read your function's results ({type(exc).__name__}: {exc})"}
+        if learner.broke is not None:
+            results[p]["message"] = f"the check of your code {learner.broke[1]}\n    " + results[p]["message"]
+            if runner.remaining() > 1:
+                runner.restart()
+
+    try:
+        work, runtime = root / "work", root / "runtime"
+        runtime.mkdir()
+        copy = sandbox.private_copy(path, root / "copy")
+        runner = _Runner(nb, work, runtime, cell_timeout, deadline, limits, all_forbidden(), copy)
+        kernels = IsolatedKernels(code, root, limits, kernel_env(root / "kernels-work"), cell_timeout)
+        try:
+            runner.start()
+        except Exception as exc:
+            report["error"] = f"could not start a Jupyter kernel: {type(exc).__name__}: {exc}"
+            return report
+        for i, cell in enumerate(nb.cells[: runner.scratch]):
+            if cell.cell_type != "code":
+                continue
+            problem = runner.run_cell(i)
+            if i in runner.client.truncated:
+                notes.append(f"{_describe_cell(i, cell)} printed more than {OUTPUT_LIMIT >> 20} MiB: "
+                             "the rest was not kept")
+            if problem is not None:
+                kind, text = problem
+                reason = f"{_describe_cell(i, cell)} {text}"
+                if kind == "total-timeout":
+                    setup_problems.append(f"the notebook ran past the total time limit of {timeout:g} s")
+                    break
+                where = owner[i]
+                if where == "setup":
+                    setup_problems.append(reason)
+                elif where in problems:
+                    problems[where].append(reason)
+                else:
+                    notes.append(f"{reason} (a cell of no part: it costs no points itself)")
+                if kind in ("timeout", "dead") and (runner.remaining() <= 1 or not runner.restart()):
+                    setup_problems.append("grading stopped: a fresh kernel could not re-run the cells that "
+                                          f"worked within the total time limit of {timeout:g} s")
+                    break
+            for p in grade_at.get(i, []):
+                if p not in results and runner.alive:
+                    grade(p)
+        for p in parts:
+            if p not in results and runner.remaining() > 1:
+                if not runner.alive and not runner.restart():
+                    break
+                grade(p)
+    finally:
+        if kernels is not None:
+            kernels.stop()
+        if runner is not None:
+            runner.stop()
+        sandbox.kill_descendants()
+        shutil.rmtree(root, ignore_errors=True)
+
+    for p in parts:
+        r = results.get(p)
+        reasons = setup_problems + problems[p]
+        if r is None:
+            feedback, passed = "not graded: " + ("; ".join(reasons) or "the notebook stopped before this part"), False
+        elif p in shortcut:
+            calls = ", ".join(f"`{n}` (line {line})" for n, line in shortcut[p])
+            feedback, passed = (f"the answer uses {calls}, which this part does not allow: write the computation "
+                                f"yourself (0 points)"), False
+        else:
+            passed = bool(r["passed"]) and not reasons
+            feedback = r["message"]
+            if reasons and r["passed"]:
+                feedback = ("; ".join(reasons) + ": the function passes its check, but the part's cells must run "
+                            "cleanly\n    " + feedback)
+            elif reasons:
+                feedback += "\n    also: " + "; ".join(reasons)
+        if p not in check_cell and r is not None:
+            feedback += "\n    (its check cell is missing: graded at the end of the notebook)"
+        report["parts"].append({"name": p, "points": POINTS[p] if passed else 0, "max_points": POINTS[p],
+                                "feedback": feedback, "diagnosis": [] if r is None else r.get("diagnosis", [])})
+    for p in manual:  # graded by a person in nbgrader: reported with the learner's text, never scored here
+        answer = _manual_answer(nb, p)
+        state = "no answer written yet" if not answer else f"answered ({len(answer.split())} words)"
+        report["parts"].append({"name": p, "points": 0, "max_points": 0, "manual": True, "diagnosis": [],
+                                "answer": answer,
+                                "feedback": f"graded by hand ({plural(POINTS[p], 'point')} in nbgrader's manual grading): "
+                                            f"{state}"})
+    if notes:
+        report["notes"] = notes
+    report["score"] = sum(part["points"] for part in report["parts"])
+    return report
+
+
+def _manual_answer(nb, part):
+    """The learner's written answer of the manual part ``part`` ("" when none is written)."""
+    from attnlab.grading.generate import MANUAL_MARK
+
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and (_grade_id(cell) == part or part in MANUAL_MARK.findall(cell.source)):
+            text = MANUAL_MARK.sub("", cell.source).strip()
+            return "" if text in ("", "YOUR ANSWER HERE") else text
+    return ""

@@ -1,0 +1,105 @@
+"""Never wrong an honest learner, and never let the syntax check's blind spots through.
+
+A learner's own method named like a forbidden one keeps its points; a part whose check could not run
+the learner's code here scores 0 with the reason; code on a ``%time`` line, private and operator-registry
+spellings of a forbidden function, the references named by file path and a relabelled answer cell are
+all read by the syntax check."""
+
+import nbformat
+import torch
+
+from attnlab.grading import core, shortcuts
+from attnlab.grading.checks import run_check
+from attnlab.grading.layout import learner_cell
+from attnlab.grading.parts import forbidden
+
+OWN_SOFTMAX = '''import math
+import torch
+
+class Attention:
+    def softmax(self, s):
+        e = (s - s.amax(-1, keepdim=True)).exp()
+        return e / e.sum(-1, keepdim=True)
+
+    def __call__(self, q, k, v, scale=None):
+        scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        return self.softmax(q @ k.transpose(-2, -1) * scale) @ v
+
+def scaled_dot_product_attention(q, k, v, scale=None):
+    return Attention()(q, k, v, scale)
+'''
+
+
+def test_a_learner_s_own_softmax_method_keeps_a_passing_part():
+    assert "torch.Tensor.softmax" in forbidden("scaled-attention")
+    assert shortcuts.uses([OWN_SOFTMAX], forbidden("scaled-attention")) == []
+    ns = {}
+    exec(OWN_SOFTMAX, ns)
+    result = run_check("scaled-attention", ns)
+    assert result.passed, result.message
+
+
+def test_a_tensor_s_softmax_is_still_caught_without_a_method_of_that_name():
+    source = "def scaled_dot_product_attention(q, k, v, scale=None):\n    return (q @ k.mT).softmax(-1) @ v\n"
+    assert shortcuts.uses([source], forbidden("scaled-attention")) == [("torch.Tensor.softmax", 2)]
+
+
+def test_a_part_that_cannot_be_checked_here_scores_nothing():
+    def body(learner):
+        return "not checked on a GPU: grade this part on a CPU-only machine"
+
+    result = core.run_part("some-part", body, {})
+    assert not result.passed and "not checked here, so no points" in result.message
+
+
+def test_a_part_whose_check_ran_the_learner_s_code_passes():
+    def body(learner):
+        core.check_function(learner, "double", lambda x: 2 * x, [("x", (torch.ones(3),), {})])
+        return "1 case"
+
+    assert core.run_part("some-part", body, {"double": lambda x: x + x}).passed
+
+
+def test_code_on_a_magic_line_is_checked():
+    cell = "import torch\n%time out = torch.softmax(x, -1)\n%%timeit -n 2\n"
+    assert ("torch.softmax", 2) in shortcuts.uses([cell], ["torch.softmax"])
+    cell = "%%time\nimport torch\ny = torch.softmax(x, -1)\n"
+    assert shortcuts.uses([cell], ["torch.softmax"])
+
+
+def test_private_and_registry_spellings_and_the_references_by_path_are_caught():
+    patterns = ["torch.softmax"]
+    found = shortcuts.uses(["import torch\ny = torch._softmax(x, -1, False)\n"], patterns)
+    assert [n for n, _ in found] == ["torch._softmax"]
+    found = shortcuts.uses(["import torch\ny = torch.ops.aten._softmax.default(x, -1, False)\n"], patterns)
+    assert found and found[0][0].startswith("torch.ops.aten")
+    by_path = ("import importlib.util as u\n"
+               "s = u.spec_from_file_location('m', '/c/attnlab/grading/exercises/e03/spec.py')\n")
+    assert any("grading.exercises" in n for n, _ in shortcuts.uses([by_path], patterns))
+
+
+def test_an_answer_cell_with_an_unknown_grade_id_is_the_learner_s():
+    given = {"03-cell-02": "import torch\n"}
+    relabelled = nbformat.v4.new_code_cell("def softmax(x, dim=-1):\n    return torch.softmax(x, dim)\n")
+    relabelled.metadata["nbgrader"] = {"grade_id": "made-up-id"}
+    assert learner_cell(relabelled, "stable-softmax", given)
+    untouched = nbformat.v4.new_code_cell("import torch\n")
+    untouched.metadata["nbgrader"] = {"grade_id": "03-cell-02"}
+    assert not learner_cell(untouched, "stable-softmax", given)
+    untouched.source = "import torch\n_sm = torch.softmax\n"  # a given cell edited: the learner's now
+    assert learner_cell(untouched, "stable-softmax", given)
+
+
+def test_exactly_one_gradient_per_input_is_required():
+    class NoGradients:
+        def call(self, name, cases, grad=None):  # a kernel that answers with an empty list of gradients
+            return {"results": [{"ok": {"out": 2 * a[0], "grads": []}} for a, _k, _g in cases]}
+
+        def launch(self, request):
+            raise AssertionError("not a kernel part")
+
+    x = torch.randn(3)
+    cases = [("x", (x,), {}, torch.ones(3))]
+    result = core.run_part("p", lambda learner: core.check_with_gradients(learner, "f", lambda t: 2 * t, cases, [0]),
+                           NoGradients())
+    assert not result.passed and "one gradient per input" in result.message

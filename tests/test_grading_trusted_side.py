@@ -1,0 +1,93 @@
+"""The trusted side reads untrusted input safely: names, paths and texts a submission controls never
+run code in the grader, never name another student, never rewrite a terminal line or a spreadsheet,
+and a notebook counted twice on Gradescope counts once."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attnlab.grading import grade, reports, runner, sandbox, scoring
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_student_comes_from_the_first_submitted_folder(tmp_path):
+    # a submission that makes submitted/bob/ex03/ inside its own folder is still alice's ex02
+    nb = tmp_path / "submitted" / "alice" / "ex02" / "submitted" / "bob" / "ex03" / "02.ipynb"
+    assert grade.who(nb) == ("alice", "ex02")
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_escaped():
+    text = grade.csv_text([{"path": "-x.ipynb", "student": "=HYPERLINK(\"http://evil\")", "assignment": "+1",
+                            "exercise": "@SUM(A1)", "score": 0, "max_score": 9, "error": "\tdanger"}])
+    row = text.splitlines()[1]
+    assert "'=HYPERLINK" in row and "'+1" in row and "'@SUM" in row and "'-x.ipynb" in row
+    assert ",=" not in row and ",+" not in row and ",@" not in row
+
+
+def test_control_characters_never_reach_the_terminal_or_a_file():
+    evil = "x\r\x1b[2K  total                9/9\x1b[0m\u202e"
+    report = {"path": f"{evil}.ipynb", "score": 0, "max_score": 3, "warnings": [evil], "notes": [evil],
+              "parts": [{"name": evil, "points": 0, "max_points": 3, "feedback": f"line one {evil}\nline two"}]}
+    text = grade.format_report(report)
+    assert "\r" not in text and "\x1b" not in text and "\u202e" not in text
+    assert all(not line.startswith("  total ") or line.endswith("0/3 ") for line in text.splitlines())
+    assert any(line.startswith("    ") and line.strip() == "line two" for line in text.splitlines())
+    doc = grade.gradescope_doc([dict(report, exercise="02_queries_keys_values")], [])
+    assert "\x1b" not in json.dumps(doc) and "\\u001b" not in json.dumps(doc)
+    assert reports.safe_text("a\nb") == "a b" and reports.safe_text("a\nb", newlines=True) == "a\nb"
+
+
+def test_gradescope_counts_each_exercise_once():
+    def rep(path, score):
+        return {"path": path, "exercise": "02_queries_keys_values", "score": score, "max_score": 9,
+                "parts": [{"name": "padding-mask", "points": score, "max_points": 9, "feedback": ""}]}
+
+    doc = grade.gradescope_doc([rep("a/02 copy.ipynb", 9), rep("a/02_queries_keys_values.ipynb", 4),
+                                rep("a/02 again.ipynb", 9)], [])
+    assert doc["score"] == 4  # the exercise's own file, once; the copies are listed, not added
+    assert len(doc["tests"]) == 1
+    assert doc["output"].count("not counted") == 2 and "02 copy.ipynb" in doc["output"]
+
+
+def test_the_manual_part_says_1_point_not_1_points():
+    assert reports.plural(1, "point") == "1 point" and reports.plural(2, "point") == "2 points"
+
+
+def test_a_symlinked_notebook_is_refused(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the first bytes of a file the submission may not read")
+    link = tmp_path / "02_queries_keys_values.ipynb"
+    link.symlink_to(secret)
+    report = scoring.grade_notebook(link)
+    assert "could not read the notebook" in report["error"] and "first bytes" not in json.dumps(report)
+    with pytest.raises(OSError):
+        sandbox.private_copy(link, tmp_path / "copy")
+
+
+@pytest.mark.slow
+def test_a_submission_s_own_modules_never_run_in_the_worker(tmp_path):
+    """Grading from inside the submission's folder: its nbformat/ is not imported by the trusted worker."""
+    marker = tmp_path / "ran"
+    fake = tmp_path / "nbformat"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('the submission ran in the grader')\n")
+    nb = nbformat.read(str(ROOT / "exercises" / "01_soft_alignment.ipynb"), as_version=4)
+    nbformat.write(nb, str(tmp_path / "01_soft_alignment.ipynb"))
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        report = runner.grade_in_subprocess(Path("01_soft_alignment.ipynb"), timeout=300)
+    finally:
+        os.chdir(cwd)
+    assert not marker.exists()
+    assert not report.get("error") and report["score"] == 0, report
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-m", "attnlab", "grade", "--help"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0
