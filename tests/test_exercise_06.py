@@ -202,6 +202,8 @@ def _row_sum_body(x_ptr, out_ptr, n_cols, stride_xm, BLOCK_N: tl.constexpr):
             if MASK:
                 if OFF_BY_ONE:
                     acc += tl.load(x_row + cols, mask=cols <= n_cols, other=0.0)
+                elif NO_OTHER:
+                    acc += tl.load(x_row + cols, mask=cols < n_cols)  # the interpreter's zeros hide it
                 else:
                     acc += tl.load(x_row + cols, mask=cols < n_cols, other=0.0)
             else:
@@ -212,7 +214,7 @@ def _row_sum_body(x_ptr, out_ptr, n_cols, stride_xm, BLOCK_N: tl.constexpr):
     tl.store(out_ptr + row, tl.sum(acc, axis=0))
 
 
-_ROW_SUM = dict(ROW_STRIDE_IS_N=False, LOOP=True, DROP_TAIL=False, MASK=True, OFF_BY_ONE=False)
+_ROW_SUM = dict(ROW_STRIDE_IS_N=False, LOOP=True, DROP_TAIL=False, MASK=True, OFF_BY_ONE=False, NO_OTHER=False)
 
 
 def _row_sum(**flags):
@@ -224,6 +226,7 @@ WRONG.add("row-sum", "tail-dropped", row_sum_kernel=_row_sum(DROP_TAIL=True))
 WRONG.add("row-sum", "out-of-bounds-load", row_sum_kernel=_row_sum(MASK=False))
 WRONG.add("row-sum", "off-by-one-block-edge", row_sum_kernel=_row_sum(OFF_BY_ONE=True))
 WRONG.add("row-sum", "stride-ignored", row_sum_kernel=_row_sum(ROW_STRIDE_IS_N=True))
+WRONG.add("row-sum", "other-missing", row_sum_kernel=_row_sum(NO_OTHER=True))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -428,6 +431,9 @@ def _causal_body(s_ptr, out_ptr, n_q, n_k, stride_s, stride_o, scale, BLOCK_M: t
     if SCALE:
         s = s * scale
     out = tl.where(keep, s, FILL)
+    if PID_SKIP:  # "tiles above the diagonal": right only when BLOCK_M == BLOCK_N
+        if tl.program_id(1) > tl.program_id(0):
+            out = tl.full((BLOCK_M, BLOCK_N), FILL, tl.float32)
     if MASK_STORE:
         tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], out, mask=inside)
     else:
@@ -435,7 +441,7 @@ def _causal_body(s_ptr, out_ptr, n_q, n_k, stride_s, stride_o, scale, BLOCK_M: t
 
 
 _CAUSAL = dict(DIAGONAL=0, ROW_STRIDE_IS_N=False, LOAD_WHOLE_TILE=False, SCALE=True, FILL=-float("inf"),
-               MASK_STORE=True)
+               MASK_STORE=True, PID_SKIP=False)
 
 
 def _causal(**flags):
@@ -450,6 +456,7 @@ WRONG.add("causal-tile", "extra-traffic", causal_mask_kernel=_causal(LOAD_WHOLE_
 WRONG.add("causal-tile", "masked-entries-read", causal_mask_kernel=_causal(LOAD_WHOLE_TILE=True))
 WRONG.add("causal-tile", "out-of-bounds-store", causal_mask_kernel=_causal(MASK_STORE=False))
 WRONG.add("causal-tile", "stride-ignored", causal_mask_kernel=_causal(ROW_STRIDE_IS_N=True))
+WRONG.add("causal-tile", "tile-skip-by-program-id", causal_mask_kernel=_causal(PID_SKIP=True))
 
 
 # --------------------------------------------------------------------------------------------------------------

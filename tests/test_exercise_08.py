@@ -154,7 +154,10 @@ def _loop_body(Q, K, V, O, kv_num_blocks, kv_indices, stride_h, stride_n, n_ctx,
             k = tl.load(K + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx,
                         other=0.0)
         v = tl.load(V + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
+        if SCALE_ARG:
+            s = tl.dot(q, tl.trans(k)) * scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * (1.0 / HEAD_DIM ** 0.5)  # 1/sqrt(d) written in
         if MASK_TAIL:
             s = tl.where(offs_n[None, :] < n_ctx, s, float("-inf"))
         if LOAD_ALL:  # every block loaded, the unlisted ones masked to -inf afterwards
@@ -178,7 +181,7 @@ def _loop_body(Q, K, V, O, kv_num_blocks, kv_indices, stride_h, stride_n, n_ctx,
 
 
 _LOOP_OK = dict(HEAD_ZERO=False, DROP_LAST=False, USE_LIST=True, LOAD_ALL=False, COUNTER_AS_INDEX=False,
-                LOAD_TWICE=False, MASK_TAIL=True, RESCALE=True, GUARD_EMPTY=True)
+                LOAD_TWICE=False, MASK_TAIL=True, RESCALE=True, GUARD_EMPTY=True, SCALE_ARG=True)
 
 
 def _loop(**flags):
@@ -189,7 +192,7 @@ for _key, _flags in [("list-ignored", {"USE_LIST": False}), ("counter-as-block-i
                      ("head-offset-forgotten", {"HEAD_ZERO": True}), ("acc-not-rescaled", {"RESCALE": False}),
                      ("fully-masked-row", {"GUARD_EMPTY": False}), ("tail-not-masked", {"MASK_TAIL": False}),
                      ("count-off-by-one", {"DROP_LAST": True}), ("loads-skipped-blocks", {"LOAD_ALL": True}),
-                     ("extra-traffic", {"LOAD_TWICE": True})]:
+                     ("extra-traffic", {"LOAD_TWICE": True}), ("scale-argument-ignored", {"SCALE_ARG": False})]:
     WRONG.add("block-sparse-loop", _key, block_sparse_fwd_kernel=_loop(**_flags))
 
 

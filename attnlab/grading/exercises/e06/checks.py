@@ -14,6 +14,7 @@ from attnlab.grading.agent import device as _device
 from attnlab.grading.core import Fail, Mistake, NotAccepted, NotDone, Registry, check_function, gen as _gen, \
     randn as _randn
 from attnlab.grading.exercises.e06 import spec as specs
+from attnlab.grading.footprint import undefined_other
 from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, next_power_of_2, run_guarded
 
 CHECKS = Registry()
@@ -195,6 +196,11 @@ _ROW_SUM_MISTAKES = [
     Mistake("tail-dropped", "the last, partial block is left out: the loop must run up to n_cols (range(0, n_cols, "
             "BLOCK_N)), with the lanes past n_cols masked",
             lambda x, bn: x[:, :(x.shape[1] // bn) * bn].sum(-1)[None, :]),
+    Mistake("other-missing", "the masked load has no other=0.0: the lanes past n_cols are undefined (Triton's "
+            "interpreter happens to give 0, a GPU gives whatever is there), so the last, partial block adds "
+            "garbage; pass other=0.0 so that masked lanes add nothing",
+            lambda x, bn: torch.full((1, x.shape[0]), float("nan") if x.shape[1] % bn else 0.0) +
+            (0.0 if x.shape[1] % bn else x.sum(-1)[None, :])),
 ]
 
 
@@ -215,7 +221,8 @@ def _check_row_sum(ns):
         m, n = x.shape
         buffers = {"x": {"data": x, "pad_cols": 3}, "out": {"shape": [1, m], "output": True}}
         args = [["buf", "x", None], ["buf", "out", 0], ["val", n], ["stride", "x", 0]]
-        traffic = _launch(ns, "row_sum_kernel", label, buffers, (m,), args, {"BLOCK_N": bn}, ["out"],
+        # masked lanes of a load without other= read NaN here, as undefined as on a GPU
+        traffic = _launch(undefined_other(ns), "row_sum_kernel", label, buffers, (m,), args, {"BLOCK_N": bn}, ["out"],
                           {"out": specs.row_sum(x)[None, :]}, _ROW_SUM_MISTAKES, (x, bn))
         checked = check_traffic("row_sum_kernel", label, traffic, {"x": (4 * m * n, None), "out": (None, 4 * m)})
     return (f"{len(cases)} launches (partial last blocks, a row shorter than the block) match the spec"
@@ -411,11 +418,13 @@ def _check_matmul(ns):
 # causal-tile: scale and causally mask a tile of scores, reading no tile that is wholly masked
 # ---------------------------------------------------------------------------------------------------------------
 
-def _causal_with(offset=0, fill=float("-inf"), transposed=False, use_scale=True):
-    def impl(s, scale):
+def _causal_with(offset=0, fill=float("-inf"), transposed=False, use_scale=True, pid_skip=False):
+    def impl(s, scale, bm, bn):
         n_q, n_k = s.shape
         i, j = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
         keep = (j >= i) if transposed else (j <= i + offset)
+        if pid_skip:  # tiles with pid_n > pid_m written as -inf without a look
+            keep = keep & (j // bn <= i // bm)
         return (s * (scale if use_scale else 1.0)).masked_fill(~keep, fill)
     return impl
 
@@ -427,6 +436,9 @@ _CAUSAL_MISTAKES = [
     Mistake("filled-with-zero", "masked scores are 0, which softmax still weighs (exp(0) = 1): fill them with -inf",
             _causal_with(fill=0.0)),
     Mistake("scale-forgotten", "the kept scores are not multiplied by scale", _causal_with(use_scale=False)),
+    Mistake("tile-skip-by-program-id", "tiles are skipped by comparing program ids (pid_n <= pid_m), which is the "
+            "diagonal only when BLOCK_M == BLOCK_N: a tile keeps an entry when its first key column is at most its "
+            "last query row, pid_n * BLOCK_N <= pid_m * BLOCK_M + BLOCK_M - 1", _causal_with(pid_skip=True)),
 ]
 
 
@@ -436,10 +448,11 @@ _MASKED_READ = Mistake("masked-entries-read", "entries that end as -inf are read
 
 def _causal_cases():
     out = []
-    for seed, (n_q, n_k, bm, bn) in enumerate([(16, 16, 8, 8), (20, 13, 8, 8), (9, 24, 8, 8)]):
+    for seed, (n_q, n_k, bm, bn) in enumerate([(16, 16, 8, 8), (20, 13, 8, 8), (9, 24, 8, 8), (16, 20, 16, 8),
+                                                (12, 24, 4, 8)]):
         g = _gen(1400 + seed)
-        what = "square" if n_q == n_k else "more queries than keys" if n_q > n_k else \
-            "more keys than queries (tiles wholly above the diagonal)"
+        what = "non-square tiles" if bm != bn else "square" if n_q == n_k else "more queries than keys" \
+            if n_q > n_k else "more keys than queries (tiles wholly above the diagonal)"
         out.append((f"S of shape ({n_q}, {n_k}) ({what}), BLOCK_M={bm}, BLOCK_N={bn}", _randn(g, n_q, n_k),
                     0.25 + 0.5 * seed, bm, bn))
     return out
@@ -456,11 +469,11 @@ def _check_causal(ns):
                 ["stride", "out", 0], ["val", scale]]
         traffic = _launch(ns, "causal_mask_kernel", label, buffers, (cdiv(n_q, bm), cdiv(n_k, bn)), args,
                           {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.causal_scores(s, scale)},
-                          _CAUSAL_MISTAKES, (s, scale))
+                          _CAUSAL_MISTAKES, (s, scale, bm, bn))
         budget = 4 * specs.tiles_touching_causal(n_q, n_k, bm, bn)
         checked = check_traffic("causal_mask_kernel", label, traffic, {"s": (budget, None), "out": (None, 4 * n_q * n_k)},
                                 [_MASKED_READ])
-    return (f"{len(cases)} launches (square, n_q > n_k, n_q < n_k) match the spec"
+    return (f"{len(cases)} launches (square, n_q > n_k, n_q < n_k, BLOCK_M != BLOCK_N) match the spec"
             + _traffic_note(checked, "S read only in tiles that keep an entry, out written once"))
 
 

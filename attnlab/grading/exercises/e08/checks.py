@@ -320,10 +320,12 @@ def _sparse_cases():
 
 
 def _sparse_with(use_list=True, counter_as_index=False, head_zero=False, rescale=True, nan_empty=False,
-                 mask_tail=True, drop_last=False):
+                 mask_tail=True, drop_last=False, scale_ignored=False):
     """A wrong block-skipping loop, in PyTorch: q, k, v (BH, N, D), visit (BH, n_qb, n_kb)."""
     def impl(q, k, v, scale, visit, bm, bn):
         bh, n, d = q.shape
+        if scale_ignored:
+            scale = d ** -0.5
         vis = visit.clone()
         if not use_list:
             vis[:] = True
@@ -389,17 +391,24 @@ _SPARSE_MISTAKES = [
             "(tl.where(offs_n[None, :] < n_ctx, s, float('-inf')))", _sparse_with(mask_tail=False)),
     Mistake("count-off-by-one", "the last listed block is skipped: visit i = 0 ... kv_num_blocks[row] - 1, "
             "range(0, num)", _sparse_with(drop_last=True)),
+    Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) written in "
+            "instead?): the caller chooses the scale, so multiply the scores by `scale`",
+            _sparse_with(scale_ignored=True)),
 ]
+
+
+_SPARSE_SCALES = (0.25, 0.6, 0.4, 0.15)
 
 
 @CHECKS("block-sparse-loop")
 def _check_sparse(ns):
     cases = _sparse_cases()
     traced = False
-    for label, q, k, v, visit, bm, bn in cases:
+    for i, (label, q, k, v, visit, bm, bn) in enumerate(cases):
         bh, n, d = q.shape
         nqb, nkb = visit.shape[-2:]
-        scale = d ** -0.5
+        scale = _SPARSE_SCALES[i % len(_SPARSE_SCALES)]  # not only 1/sqrt(D): the kernel must use its argument
+        label = f"{label}, scale={scale}"
         num, idx = specs.block_lists(visit)
         args = _ATTENTION_ARGS + [["dev", num], ["dev", idx], ["stride", "o", 0], ["stride", "o", 1], ["val", n],
                                   ["val", nqb], ["val", nkb], ["val", scale]]
