@@ -116,6 +116,14 @@ WRONG.add("tile-transpose", "off-by-one-block-edge", transpose_kernel=_transpose
 WRONG.add("tile-transpose", "never-written", transpose_kernel=_transpose(SWAP_PIDS=True))
 
 
+def test_a_missing_column_mask_is_not_called_off_by_one():
+    # the grader's tiles overshoot the columns by 2: a missing mask strays twice as far as an off-by-one mask
+    result = run_check("tile-transpose", LocalLearner({"transpose_kernel": _transpose(MASK_ROWS_ONLY=True)},
+                                                     forbidden=[]))
+    assert "out-of-bounds-load" in result.diagnosis and "off-by-one-block-edge" not in result.diagnosis, \
+        result.message
+
+
 # --------------------------------------------------------------------------------------------------------------
 # outer-product
 # --------------------------------------------------------------------------------------------------------------
@@ -615,3 +623,103 @@ def _calls_torch_softmax(output_ptr, input_ptr, input_row_stride, output_row_str
 def test_a_forbidden_call_is_refused_as_a_shortcut(part, names):
     result = run_check(part, LocalLearner(dict(names)))
     assert not result.passed and "shortcut" in result.diagnosis, result.message
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the demo cells' guarded launch, and feedback that names what happened
+# --------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _unmasked_scale(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    x = tl.load(x_ptr + offsets)  # the most natural first mistake: no mask
+    tl.store(y_ptr + offsets, alpha * x)
+
+
+def test_a_guarded_demo_launch_names_the_missing_mask_and_touches_nothing(capsys):
+    from attnlab.grading.guard import guarded
+
+    x = torch.randn(1000)
+    memory = torch.full((1024 + 2048,), 7.0)  # y sits inside: a stray store would change what lies after it
+    y = memory[:1000]
+    assert guarded(_unmasked_scale)[(8,)](x, y, 1000, 3.0, BLOCK_SIZE=128) is False
+    out = capsys.readouterr().out
+    assert "out-of-bounds load" in out and "past the end of `x_ptr`" in out and "mask=offs < n" in out, out
+    assert (memory[1000:] == 7.0).all()  # stopped before any access outside the tensors
+    assert guarded(_scale())[(8,)](x, y, 1000, 3.0, BLOCK_SIZE=128) is True  # a right kernel: silent
+    assert capsys.readouterr().out == "" and torch.allclose(y, 3.0 * x)
+
+
+def test_a_guarded_launch_keeps_the_tracer_s_counts():
+    from attnlab.grading.guard import guarded
+    from attnlab.memory import trace
+
+    x, y = torch.randn(1000), torch.empty(1000)
+    t = trace(lambda: guarded(_scale())[(8,)](x, y, 1000, 3.0, BLOCK_SIZE=128))
+    assert t.by_tensor["x_ptr"]["read"] == 4000 and t.by_tensor["y_ptr"]["written"] == 4000
+
+
+@triton.jit
+def _indexes_a_pointer(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.arange(0, BLOCK_SIZE)
+    x = tl.load(x_ptr[offsets])
+    tl.store(y_ptr + offsets, x)
+
+
+@triton.jit
+def _torch_in_kernel(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.arange(0, BLOCK_SIZE)
+    x = tl.load(x_ptr + offsets)
+    tl.store(y_ptr + offsets, torch.exp(x))
+
+
+@triton.jit
+def _runtime_arange(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.arange(0, n_elements)
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets))
+
+
+@pytest.mark.parametrize("kernel, words", [(_indexes_a_pointer, "a pointer is not an array"),
+                                           (_torch_in_kernel, "a torch function was called inside the kernel"),
+                                           (_runtime_arange, "tl.arange needs bounds known")])
+def test_interpreter_errors_show_the_learner_s_line_and_one_plain_sentence(kernel, words):
+    from attnlab._interp_hooks import interpreted, interpreter_session
+    from attnlab.grading.feedback import describe_exception
+
+    with pytest.raises(Exception) as info, interpreter_session():  # as in a notebook with TRITON_INTERPRET=1
+        interpreted(kernel.fn)[(1,)](torch.randn(16), torch.empty(16), 16, 1.0, BLOCK_SIZE=16)
+    text = describe_exception(info.value)
+    first = text.splitlines()[0]
+    assert f"of `{kernel.fn.__name__}` (your code)" in first and "interpreter.py" not in text, text
+    assert words in text, text
+    assert len(text.splitlines()) == 2  # the learner's line and the sentence: no 40-line traceback
+
+
+def test_the_check_reports_a_kernel_error_in_plain_words():
+    result = run_check("masked-scale", LocalLearner({"scale_kernel": _indexes_a_pointer}, forbidden=[]))
+    assert not result.passed and "a pointer is not an array" in result.message, result.message
+
+
+def test_counterexamples_label_arguments_and_count_as_the_learner_does():
+    from attnlab.grading.feedback import counterexample, first_difference
+
+    got, want = torch.tensor([1.0, 2.0, 5.0]), torch.tensor([1.0, 2.0, 3.0])
+    assert first_difference(got, want).startswith("first mismatch at index 2:")  # a 1-D output's own index
+    pair = first_difference((want, got), (want, want), names=("O", "L"))
+    assert pair.startswith("output 2 of 2 (L), first mismatch at index 2"), pair
+    lines = counterexample("n=3", got, want, (want, 0.5), {}, names=("x", "alpha"))
+    assert "x: tensor of shape (3,)" in lines[0] and "alpha: 0.5" in lines[0], lines
+    result = run_check("row-sum", LocalLearner({"row_sum_kernel": _row_sum(DROP_TAIL=True)}, forbidden=[]))
+    assert "x: tensor of shape" in result.message and "BLOCK_N: 16" in result.message, result.message
+    assert "at index (0," not in result.message, result.message  # out is (M,), not the grader's (1, M) buffer
+
+
+def test_check_output_wraps_at_word_boundaries():
+    from attnlab.grading.feedback import WIDTH
+
+    result = run_check("row-sum", LocalLearner({"row_sum_kernel": _row_sum(DROP_TAIL=True)}, forbidden=[]))
+    text = result.report()
+    words = set(result.message.split())
+    for line in text.splitlines():
+        assert len(line) <= WIDTH or " " not in line.strip(), line
+        assert all(w in words or w.startswith("[") or w.endswith(":") for w in line.split()), line

@@ -252,6 +252,9 @@ def _flex_body(Q, K, V, O, MASK, kv_num_blocks, kv_indices, full_kv_num_blocks, 
             if TRANSPOSED:
                 keep = tl.load(MASK + pid_h * stride_mh + offs_n[None, :] * stride_mq + offs_m[:, None],
                                mask=inside, other=0)
+            elif ROWS_BY_N:  # MASK's rows taken to be n_ctx apart
+                keep = tl.load(MASK + pid_h * stride_mh + offs_m[:, None] * n_ctx + offs_n[None, :],
+                               mask=inside, other=0)
             else:
                 keep = tl.load(MASK + pid_h * stride_mh + offs_m[:, None] * stride_mq + offs_n[None, :],
                                mask=inside, other=0)
@@ -275,7 +278,7 @@ def _flex_body(Q, K, V, O, MASK, kv_num_blocks, kv_indices, full_kv_num_blocks, 
 
 
 _FLEX_OK = dict(VISIT_PARTIAL=True, VISIT_FULL=True, LOAD_TWICE=False, MASK_FULL=False, APPLY_MASK=True,
-                TRANSPOSED=False, AFTER=False, GUARD=True)
+                TRANSPOSED=False, AFTER=False, GUARD=True, ROWS_BY_N=False)
 
 
 def _flex(**flags):
@@ -286,7 +289,8 @@ for _key, _flags in [("partial-treated-as-full", {"APPLY_MASK": False}),
                      ("full-treated-as-empty", {"VISIT_FULL": False}),
                      ("partial-treated-as-empty", {"VISIT_PARTIAL": False}), ("mask-after-softmax", {"AFTER": True}),
                      ("transposed-mask-tile", {"TRANSPOSED": True}), ("fully-masked-rows-nan", {"GUARD": False}),
-                     ("mask-loaded-for-full-blocks", {"MASK_FULL": True}), ("extra-traffic", {"LOAD_TWICE": True})]:
+                     ("mask-loaded-for-full-blocks", {"MASK_FULL": True}), ("extra-traffic", {"LOAD_TWICE": True}),
+                     ("mask-stride-ignored", {"ROWS_BY_N": True})]:
     WRONG.add("partial-blocks", _key, flex_fwd_kernel=_flex(**_flags))
 
 

@@ -263,13 +263,13 @@ def _check_memory(learner, name, seed, grad=None):
     value_of((reply.get("results") or [{"raised": "no result"}])[0], name, f"B=1, N={PEAK_N}, d=16")
     peak = cost["peak_bytes"]
     if peak is None:
-        return "the N x N test of memory is not made where your code runs in another process"
+        return "memory not measured (this process cannot read the peak memory of the one your code runs in)"
     if peak > PEAK_LIMIT:
         raise Fail(f"`{name}` on B=1, N={PEAK_N}, d=16, block_m=block_n=64: the process's peak memory grew by "
                    f"{peak / 2**20:.1f} MiB during the call, where one N x N float32 matrix is "
                    f"{4 * PEAK_N ** 2 / 2**20:.0f} MiB and a tiled function needs well under half of it",
                    [FULL_MATRIX])
-    return f"at N={PEAK_N} it never held an N x N matrix (peak growth under {PEAK_LIMIT // 2**20} MiB)"
+    return f"no N x N matrix held at N={PEAK_N} (peak memory growth under {PEAK_LIMIT // 2**20} MiB)"
 
 
 def _causal_work(bq, bk, n, d):
@@ -643,7 +643,7 @@ def _check_backward(ns):
                              inputs=[0, 1, 2], mistakes=_BACKWARD_MISTAKES, rtol=GRAD_RTOL, atol=GRAD_ATOL,
                              labels=["dQ", "dK", "dV"])
     memory = _check_memory(ns, "flash_attention_pytorch", 1890, grad={"inputs": [0, 1, 2], "output": None})
-    return f"{n} cases match O, dQ, dK and dV (causal, Nq != Nk, partial blocks); forward and backward {memory}"
+    return f"{n} cases match O, dQ, dK and dV (causal, Nq != Nk, partial blocks); forward and backward: {memory}"
 
 
 # ---------------------------------------------------------------------------------------------

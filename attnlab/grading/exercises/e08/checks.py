@@ -14,6 +14,7 @@ from attnlab.attention import block_sparse_reference, scaled_dot_product_attenti
 from attnlab.grading.core import (Fail, Mistake, Registry, clone, counterexample, diagnose, gen as _gen, learner_of,
                                   mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e08 import spec as specs
+from attnlab.grading.feedback import labelled
 from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, run_guarded
 from attnlab.mask_mods import MASK_MODS
 
@@ -200,6 +201,9 @@ _BLOCK_MASK_MISTAKES = [
 ]
 
 
+_BLOCK_MASK_FOR = ("kind", "arg", "B", "H", "Nq", "Nk", "block_size")  # block_mask_for's parameters
+
+
 @CHECKS("flex-block-mask")
 def _check_block_mask(ns):
     learner = learner_of(ns)
@@ -222,7 +226,7 @@ def _check_block_mask(ns):
                            f"block's key blocks in increasing order, as FlexAttention does")
             names = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"]
             which = next(n for n, g, w in zip(names, got, want) if mismatch(g, w))
-            lines = counterexample(label, got, want, args, {})
+            lines = counterexample(label, got, want, args, {}, names=_BLOCK_MASK_FOR)
             raise Fail("\n    ".join([f"`create_block_mask` on {label}: {why} ({which}; entries past each count "
                                       f"are shown as -1 and not compared)", *lines]),
                        diagnose(got, _BLOCK_MASK_MISTAKES, args, {}))
@@ -416,8 +420,9 @@ def _check_sparse(ns):
         got = run_guarded(ns, "block_sparse_fwd_kernel", label, _attention_buffers(q, k, v), (nqb, bh), args,
                           {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"], loads=loads, traffic=traffic)["o"]
         want = block_sparse_reference(q[None], k[None], v[None], visit[None], (bm, bn), scale=scale)[0]
-        kernel_failure(label, "block_sparse_fwd_kernel", got, want, _SPARSE_MISTAKES, (q, k, v, scale, visit, bm, bn),
-                       {}, uses_dot=True)
+        named, mistakes = labelled(("Q", "K", "V", "scale", "visited blocks", "BLOCK_M", "BLOCK_N"),
+                                   (q, k, v, scale, visit, bm, bn), _SPARSE_MISTAKES)
+        kernel_failure(label, "block_sparse_fwd_kernel", got, want, mistakes, (), named, uses_dot=True)
         if loads["k"] is not None:  # the interpreter recorded every load (no such record on a GPU)
             for name in ("k", "v"):
                 why = _stray_loads(loads[name], _kv_allowed(visit, bn, n, d), name.upper())
@@ -514,12 +519,14 @@ def _mask_allowed(partial, bm, bn, n):
     return allowed
 
 
-def _launch_flex(ns, label, q, k, v, e, lists, bm, bn, loads=None, traffic=None):
-    """Launch the learner's flex_fwd_kernel on (BH, N, D) inputs and the (BH, N, N) element mask."""
+def _launch_flex(ns, label, q, k, v, e, lists, bm, bn, loads=None, traffic=None, mask_pad=(3, 5)):
+    """Launch the learner's flex_fwd_kernel on (BH, N, D) inputs and the (BH, N, N) element mask (its rows
+    ``mask_pad`` rows and columns further apart than they are long)."""
     bh, n, d = q.shape
     kn, ki, fn, fi = (t.reshape(bh, *t.shape[2:]).to(torch.int32).contiguous() for t in lists)
     nqb, nkb = ki.shape[-2:]
-    buffers = {**_attention_buffers(q, k, v), "mask": {"data": e.to(torch.int8), "pad_rows": 3, "pad_cols": 5}}
+    buffers = {**_attention_buffers(q, k, v), "mask": {"data": e.to(torch.int8), "pad_rows": mask_pad[0],
+                                                       "pad_cols": mask_pad[1]}}
     args = _ATTENTION_ARGS + [["buf", "mask", None], ["dev", kn], ["dev", ki], ["dev", fn], ["dev", fi],
                               ["stride", "o", 0], ["stride", "o", 1], ["stride", "mask", 0], ["stride", "mask", 1],
                               ["val", n], ["val", nqb], ["val", nkb], ["val", d ** -0.5]]
@@ -539,6 +546,20 @@ def _dense_lists(lists, bh):
     return dense(kn, ki), dense(fn, fi)
 
 
+MASK_STRIDE_IGNORED = Mistake("mask-stride-ignored", "MASK's rows are addressed with n_ctx instead of their stride: "
+                              "row q of MASK starts at MASK + pid_h * stride_mh + q * stride_mq (the grader's MASK "
+                              "rows are further apart than n_ctx), so the kernel read the wrong rows", None)
+
+
+def _right_on_a_contiguous_mask(ns, label, q, k, v, e, lists, bm, bn, want):
+    """Whether the kernel is right when MASK's rows are n_ctx apart: then it ignores stride_mq."""
+    try:
+        got = _launch_flex(ns, label, q, k, v, e, lists, bm, bn, mask_pad=(0, 0))
+    except Fail:
+        return False
+    return mismatch(got, want, 5e-3, 5e-3) is None
+
+
 @CHECKS("partial-blocks")
 def _check_flex(ns):
     cases = _flex_cases()
@@ -550,15 +571,22 @@ def _check_flex(ns):
         e = _element_mask(kind, arg, B, H, n, n).reshape(B * H, n, n)
         q3, k3, v3 = (t.reshape(B * H, n, d) for t in (q, k, v))
         loads, traffic = {"k": None, "v": None, "mask": None}, {}
-        got = _launch_flex(ns, label, q3, k3, v3, e, lists, bm, bn, loads=loads, traffic=traffic)
         want = _flex_reference(q, k, v, kind, arg, bm, scale).reshape(B * H, n, d)
+        try:
+            got = _launch_flex(ns, label, q3, k3, v3, e, lists, bm, bn, loads=loads, traffic=traffic)
+        except Fail as exc:
+            if any(m.key == "out-of-bounds-load" for m in exc.mistakes) and \
+                    _right_on_a_contiguous_mask(ns, label, q3, k3, v3, e, lists, bm, bn, want):
+                exc.mistakes = [MASK_STRIDE_IGNORED]  # its "stray" loads are MASK's own padding, read as rows
+            raise
         if torch.isnan(got).any() and not torch.isnan(want).any():
             row = tuple(int(i) for i in torch.isnan(got).nonzero()[0][:2])
             raise Fail(f"`flex_fwd_kernel` on {label}: NaN in row {row[1]} of head {row[0]}, where "
                        f"flex_attention's output is finite", [NAN_ROWS])
         partial, full = _dense_lists(lists, B * H)
-        kernel_failure(label, "flex_fwd_kernel", got, want, _FLEX_MISTAKES,
-                       (q3, k3, v3, scale, e, partial, full, bm, bn), {}, uses_dot=True)
+        named, mistakes = labelled(("Q", "K", "V", "scale", "MASK", "partial blocks", "full blocks", "BLOCK_M",
+                                    "BLOCK_N"), (q3, k3, v3, scale, e, partial, full, bm, bn), _FLEX_MISTAKES)
+        kernel_failure(label, "flex_fwd_kernel", got, want, mistakes, (), named, uses_dot=True)
         if loads["k"] is not None:
             for name in ("k", "v"):
                 why = _stray_loads(loads[name], _kv_allowed(partial | full, bn, n, d), name.upper())
@@ -666,7 +694,8 @@ def _check_experiment(ns):
     want = (torch.tensor(dens, dtype=torch.float64), torch.tensor(kv, dtype=torch.float64))
     why = mismatch(got, want, rtol=1e-9, atol=1e-9)
     if why:
-        lines = counterexample(label, got, want, (windows, n, d, bs, seed), {})
+        lines = counterexample(label, got, want, (windows, n, d, bs, seed), {},
+                               names=("windows", "n", "d", "block_size", "seed"))
         raise Fail("\n    ".join([f"`bytes_against_density` on {label}: {why} (the densities must match within 1e-9, "
                                   f"the bytes exactly)", *lines]),
                    diagnose(got, _EXPERIMENT_MISTAKES, (windows, n, d, bs, seed), {}, rtol=1e-9, atol=1e-9))
