@@ -6,6 +6,7 @@ Each wrong kernel is one kernel source with mistake switches (globals set by ``v
 way a learner would write it."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -723,3 +724,40 @@ def test_check_output_wraps_at_word_boundaries():
     for line in text.splitlines():
         assert len(line) <= WIDTH or " " not in line.strip(), line
         assert all(w in words or w.startswith("[") or w.endswith(":") for w in line.split()), line
+
+
+def test_exercise_06_with_an_unmasked_part_1_runs_to_the_end_with_the_mask_named(tmp_path):
+    """The most natural first mistake, in the notebook itself: the locked demo cell below the answer launches the
+    kernel guarded, so a fresh kernel runs every cell (the other parts answered), stays alive, and part 1's check
+    names the missing mask."""
+    import pathlib
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    nb = nbformat.read(root / "solutions" / "06_triton_primer.ipynb", as_version=4)
+    answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "masked-scale-answer")
+    head, rest = answer.source.split("    ### BEGIN SOLUTION\n")
+    answer.source = head + (
+        "    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)\n"
+        "    x = tl.load(x_ptr + offsets)\n"
+        "    tl.store(y_ptr + offsets, alpha * x)\n")
+    assert "tl.load(x_ptr + offsets)" in answer.source
+    for cell in nb.cells:  # what the learner's notebook holds: no hidden tests (nbgrader's autograder runs those)
+        if "### BEGIN HIDDEN TESTS" in cell.source:
+            cell.source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", cell.source, flags=re.S)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()  # raises CellExecutionError if any cell fails, DeadKernelError if the kernel dies
+
+    def text(cell):
+        return "".join(o.get("text", "") for o in cell.get("outputs", []))
+
+    index = nb.cells.index(answer)
+    demo, graded = nb.cells[index + 1], nb.cells[index + 2]
+    assert "an out-of-bounds load" in text(demo) and "past the end of `x_ptr`" in text(demo), text(demo)
+    assert "[FAIL] masked-scale" in text(graded) and "out-of-bounds" in text(graded), text(graded)
+    assert "no common mistake matches" not in text(graded), text(graded)
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    assert last.get("execution_count"), "the notebook did not run to its end"
+    assert "[PASS] causal-tile" in text(next(c for c in nb.cells if 'check("causal-tile")' in c.source))

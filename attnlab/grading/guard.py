@@ -141,10 +141,12 @@ def guarded(kernel):
     return _Guarded(kernel)
 
 
-def _interpreted():
+def _interpreted(kernel):
+    """Whether ``kernel`` runs in Triton's interpreter: no GPU, or defined under TRITON_INTERPRET=1."""
     import torch
+    from triton.runtime.interpreter import InterpretedFunction
 
-    return not torch.cuda.is_available()
+    return not torch.cuda.is_available() or isinstance(kernel, InterpretedFunction)
 
 
 def _launch(kernel, grid, args, meta):
@@ -152,7 +154,7 @@ def _launch(kernel, grid, args, meta):
 
     name = _name_of(kernel)
     try:
-        if _interpreted():  # in Triton's interpreter, whatever TRITON_INTERPRET was when the kernel was defined
+        if _interpreted(kernel):  # in Triton's interpreter, whatever TRITON_INTERPRET was when the kernel was defined
             from attnlab._interp_hooks import interpreted, interpreter_session, jit_helpers_interpreted, \
                 kernel_function
 
