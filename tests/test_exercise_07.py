@@ -54,7 +54,8 @@ def _dense_forward(q, k, v, causal=False, block_m=16, block_n=16):
     return p @ v / l[..., None], m + torch.log(l)
 
 
-def _tiled(rescale=True, scaled=True, tail=True, strict=False, diagonal=True, lse="ok", normalise=True, skip=True):
+def _tiled(rescale=True, scaled=True, tail=True, strict=False, diagonal=True, lse="ok", normalise=True, skip=True,
+           in_tile=False):
     def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
         B, n_q, d = q.shape
         n_k = k.shape[1]
@@ -71,7 +72,11 @@ def _tiled(rescale=True, scaled=True, tail=True, strict=False, diagonal=True, ls
                 s = qi @ k[:, k0:k0 + block_n].transpose(1, 2) * scale
                 if causal and diagonal:
                     cols = torch.arange(k0, k0 + s.shape[-1])[None, :]
+                    if in_tile:  # positions inside the tile
+                        cols, rows = cols - k0, rows - q0
                     s = s.masked_fill(cols >= rows if strict else cols > rows, -float("inf"))
+                    if in_tile:
+                        rows = rows + q0
                 m_new = torch.maximum(m, s.amax(-1))
                 alpha = torch.exp(m - m_new)
                 p = torch.exp(s - m_new[..., None])
@@ -93,6 +98,7 @@ WRONG.add("tiled-forward", "lse-missing-max", tiled_attention_forward=_tiled(lse
 WRONG.add("tiled-forward", "lse-is-max", tiled_attention_forward=_tiled(lse="max"))
 WRONG.add("tiled-forward", "not-normalised", tiled_attention_forward=_tiled(normalise=False))
 WRONG.add("tiled-forward", "holds-n-by-n", tiled_attention_forward=_dense_forward)
+WRONG.add("tiled-forward", "causal-positions-in-tile", tiled_attention_forward=_tiled(in_tile=True))
 WRONG.add("tiled-forward", "causal-blocks-not-skipped", tiled_attention_forward=_tiled(skip=False))
 
 
@@ -141,6 +147,8 @@ def _fwd_body(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_
         if CAUSAL:
             if STRICT:
                 s = tl.where(offs_n[None, :] < offs_m[:, None], s, float("-inf"))
+            elif IN_TILE:  # positions inside the tile: 0 ... BLOCK - 1
+                s = tl.where(tl.arange(0, BLOCK_N)[None, :] <= tl.arange(0, BLOCK_M)[:, None], s, float("-inf"))
             elif DIAG_MASK:
                 s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -165,7 +173,7 @@ def _fwd_body(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_
 
 
 _FWD_OK = dict(SKIP=True, STRIDES=True, MASK_LOADS=True, TWICE=False, SCALE=True, MASK_TAIL=True, STRICT=False,
-               DIAG_MASK=True, EXP2=False, RESCALE=True, LSE_MAX=True, SCALE_ARG=True)
+               DIAG_MASK=True, EXP2=False, RESCALE=True, LSE_MAX=True, SCALE_ARG=True, IN_TILE=False)
 
 
 def _interpreted(make):
@@ -193,7 +201,8 @@ for _key, _flags in [("acc-not-rescaled", dict(RESCALE=False)), ("scale-forgotte
                      ("causal-diagonal-unmasked", dict(DIAG_MASK=False)), ("lse-missing-max", dict(LSE_MAX=False)),
                      ("exp2-without-log2e", dict(EXP2=True)), ("causal-blocks-not-skipped", dict(SKIP=False)),
                      ("extra-traffic", dict(TWICE=True)), ("ignores-strides", dict(STRIDES=False)),
-                     ("out-of-bounds-load", dict(MASK_LOADS=False)), ("scale-argument-ignored", dict(SCALE_ARG=False))]:
+                     ("out-of-bounds-load", dict(MASK_LOADS=False)), ("scale-argument-ignored", dict(SCALE_ARG=False)),
+                     ("causal-positions-in-tile", dict(IN_TILE=True))]:
     WRONG.add("flash-kernel-loop", _key, flash_fwd_kernel=_fwd_kernel(**_flags))
 
 
@@ -253,7 +262,7 @@ def _dense_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
 
 
 def _backward(subtract_d=True, flip=False, scale_grads=True, recompute_scaled=True, causal_mask=True, d_tile=False,
-              dense=False):
+              dense=False, save_causal=True):
     def tiled_attention_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
         if dense:
             return _dense_backward(q, k, v, o, L, do, causal)
@@ -288,7 +297,9 @@ def _backward(subtract_d=True, flip=False, scale_grads=True, recompute_scaled=Tr
         def forward(ctx, q, k, v, causal=False, block_m=16, block_n=16):
             o, L = _tiled()(q, k, v, causal, block_m, block_n)
             ctx.save_for_backward(q, k, v, o, L)
-            ctx.causal, ctx.block_m, ctx.block_n = causal, block_m, block_n
+            ctx.block_m, ctx.block_n = block_m, block_n
+            if save_causal:
+                ctx.causal = causal
             return o
 
         @staticmethod
@@ -310,6 +321,7 @@ WRONG.add("tiled-backward", "recompute-scale-forgotten", flash_attention_pytorch
 WRONG.add("tiled-backward", "causal-mask-missing-in-backward", flash_attention_pytorch=_backward(causal_mask=False))
 WRONG.add("tiled-backward", "d-from-one-tile", flash_attention_pytorch=_backward(d_tile=True))
 WRONG.add("tiled-backward", "holds-n-by-n", flash_attention_pytorch=_backward(dense=True))
+WRONG.add("tiled-backward", "ctx-attribute-not-saved", flash_attention_pytorch=_backward(save_causal=False))
 
 
 # ---------------------------------------------------------------------------------------------

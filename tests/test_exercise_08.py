@@ -27,7 +27,7 @@ WRONG = Wrong()
 # Part 1: create_block_mask
 # ---------------------------------------------------------------------------------------
 
-def _create(transposed=False, edge=False, rule="right", pad=False, floor=False, unsorted=False):
+def _create(transposed=False, edge=False, rule="right", pad=False, floor=False, unsorted=False, sliced=False):
     def create_block_mask(mask_mod, B, H, Nq, Nk, block_size):
         bq, bk = (block_size, block_size) if isinstance(block_size, int) else block_size
         nqb, nkb = (Nq // bq, Nk // bk) if floor else (-(-Nq // bq), -(-Nk // bk))
@@ -45,6 +45,8 @@ def _create(transposed=False, edge=False, rule="right", pad=False, floor=False, 
         for i in range(nqb):
             for j in range(nkb):
                 tile = allowed[..., i * bq:(i + 1) * bq + edge, j * bk:(j + 1) * bk + edge]
+                if sliced:  # the ragged last tile sliced to the sequence: all of what is left allowed -> "full"
+                    tile = m[..., i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
                 count[..., i, j] = tile.sum((-2, -1))
                 full[..., i, j] = tile.all(-1).all(-1)
         anything = count > 0
@@ -83,7 +85,8 @@ for _key, _kw in [("transposed-block-mask", {"transposed": True}), ("off-by-one-
                   ("full-treated-as-partial", {"rule": "all-partial"}),
                   ("full-treated-as-empty", {"rule": "full-dropped"}),
                   ("partial-lists-include-full", {"rule": "partial-includes-full"}),
-                  ("ragged-tail-full", {"pad": True}), ("ragged-tail-dropped", {"floor": True})]:
+                  ("ragged-tail-full", {"pad": True}), ("ragged-tail-dropped", {"floor": True}),
+                  ("ragged-tail-full", {"sliced": True})]:
     WRONG.add("flex-block-mask", _key, **_with(_create(**_kw)))
 
 

@@ -120,7 +120,10 @@ def value_of(outcome, name, label):
     if outcome.get("not_implemented"):
         raise NotDone(f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code")
     if "raised" in outcome:
-        raise Raised(f"`{name}` raised {outcome['raised']} (input: {label})")
+        from attnlab.grading.feedback import plain_mistake
+
+        text, key, sentence = plain_mistake(outcome["raised"])
+        raise Raised(f"`{name}` raised {text} (input: {label})", [Mistake(key, sentence, None)] if key else [])
     return outcome["ok"]
 
 

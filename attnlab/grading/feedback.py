@@ -161,6 +161,14 @@ ARANGE_NOT_CONSTEXPR = ("tl.arange needs bounds known when the kernel is compile
                         "such as n_elements; mask the lanes past n instead")
 
 
+CTX_NOT_SET = ("the backward reads ctx.{0}, which your forward never set: in the Function's forward keep it on "
+               "ctx (ctx.{0} = {0}) beside ctx.save_for_backward(...)")
+
+# the key a check reports for each plain sentence (its diagnosis)
+PLAIN_KEYS = {POINTER_INDEXED: "pointer-indexed", TORCH_IN_KERNEL: "torch-op-in-kernel",
+              ARANGE_NOT_CONSTEXPR: "arange-not-constexpr", CTX_NOT_SET: "ctx-attribute-not-saved"}
+
+
 def plain_sentence(text, line=""):
     """The translation of a common error (from its text and the learner's line), or ""."""
     if re.search(r"\btl\.(load|store)\(\s*\w+\s*\[", line) or re.search(r"\w*_ptr\s*\[", line) or \
@@ -170,7 +178,22 @@ def plain_sentence(text, line=""):
         return TORCH_IN_KERNEL
     if "arange's arguments must be of type tl.constexpr" in text:
         return ARANGE_NOT_CONSTEXPR
+    found = re.search(r"'\w*Backward\w*' object has no attribute '(\w+)'", text)
+    if found:
+        return CTX_NOT_SET.format(found.group(1))
     return ""
+
+
+def plain_mistake(text):
+    """(the error's text without its plain sentence, key, sentence) for an error ``describe_exception`` wrote;
+    key and sentence are None when it is not a common one."""
+    head, _, sentence = text.partition("\n    in plain words: ")
+    if not sentence:
+        return text, None, None
+    for template, key in PLAIN_KEYS.items():
+        if sentence == template or ("{0}" in template and sentence.startswith(template.split("{0}")[0])):
+            return head, key, sentence
+    return head, "error", sentence
 
 
 def describe_exception(exc):

@@ -88,7 +88,7 @@ def _check_online(ns):
 
 def _forward_emulation(q, k, v, causal=False, scale=None, block_m=16, block_n=16, rescale_acc=True, use_scale=True,
                        drop_tail=False, mask_tail=True, causal_strict=False, diagonal_unmasked=False, skip=True,
-                       lse="ok", exp2=False, normalise=True):
+                       lse="ok", exp2=False, normalise=True, causal_in_tile=False):
     """FlashAttention-2's forward as the learner writes it: q (B, Nq, d), k, v (B, Nk, d) -> (O, L).
 
     The switches are the known mistakes: ``mask_tail=False`` lets keys past Nk (loaded as 0) into the
@@ -121,6 +121,8 @@ def _forward_emulation(q, k, v, causal=False, scale=None, block_m=16, block_n=16
             s = q[:, q0:q1] @ kb.transpose(1, 2) * sc                      # (B, bq, bk)
             if causal and not diagonal_unmasked:
                 keep = cols < rows if causal_strict else cols <= rows
+                if causal_in_tile:  # positions inside the tile compared, not absolute ones
+                    keep = (cols - k0) <= (rows - q0)
                 s = s.masked_fill(~keep, float("-inf"))
             m_new = torch.maximum(m, s.amax(-1))
             alpha = ex(m - m_new)
@@ -156,6 +158,9 @@ _OUT_MISTAKES = [   # mistakes visible in O (and in L): compared on O
     Mistake("causal-diagonal-unmasked", "the blocks above the diagonal are skipped, but inside the block that "
             "crosses it keys j > i are not masked: set their scores to -inf", _fwd(diagonal_unmasked=True)),
     Mistake("not-normalised", "the output is not divided by the running sum l at the end", _fwd(normalise=False)),
+    Mistake("causal-positions-in-tile", "the causal mask compares positions inside the tile (0 ... block - 1) instead "
+            "of absolute ones: query q0 + i sees key k0 + j when k0 + j <= q0 + i, so build the two position "
+            "vectors from q0 and k0", _fwd(causal_in_tile=True)),
 ]
 _LSE_MISTAKES = [   # O right, L wrong: compared on L
     Mistake("lse-missing-max", "L is log(l) only: l is a sum of exp(S - m), so L = m + log(l)", _fwd(lse="no-max")),
@@ -414,7 +419,8 @@ def _flash_one(ns, label, q, k, v, causal, scale, bm, bn):
     out_keys = {m.key: m for m in _OUT_MISTAKES}
     flags = {"acc-not-rescaled": dict(rescale_acc=False), "scale-forgotten": dict(use_scale=False),
              "off-by-one-block-edge": dict(drop_tail=True), "causal-off-by-one": dict(causal_strict=True),
-             "causal-diagonal-unmasked": dict(diagonal_unmasked=True), "not-normalised": dict(normalise=False)}
+             "causal-diagonal-unmasked": dict(diagonal_unmasked=True), "not-normalised": dict(normalise=False),
+             "causal-positions-in-tile": dict(causal_in_tile=True)}
     out = [Mistake(key, out_keys[key].message, _kernel_fwd(**f)) for key, f in flags.items()]
     out += [SCALE_IGNORED,
             Mistake("masked-keys-not-masked", "keys past N are loaded as 0 and join the softmax with score 0: set "

@@ -146,7 +146,7 @@ def _padded_mask(kind, arg, B, H, Nq, Nk, bq, bk, pad=False, transposed=False):
     return out
 
 
-def _lists_with(pad=False, transposed=False, rule="right", floor=False, edge=False):
+def _lists_with(pad=False, transposed=False, rule="right", floor=False, edge=False, ragged_full=False):
     """A wrong create_block_mask (normalised lists), from the element mask."""
     def impl(kind, arg, B, H, Nq, Nk, block_size):
         bq, bk = specs.block_sizes(block_size)
@@ -166,6 +166,10 @@ def _lists_with(pad=False, transposed=False, rule="right", floor=False, edge=Fal
         else:
             count = m.view(B, H, nqb, bq, nkb, bk).sum((3, 5))
             full_size = bq * bk
+        if ragged_full:  # a tile is "full" when all of its positions inside the sequence are allowed
+            rows = torch.clamp(Nq - torch.arange(nqb) * bq, max=bq)
+            cols = torch.clamp(Nk - torch.arange(nkb) * bk, max=bk)
+            full_size = rows[:, None] * cols[None, :]
         if floor:
             count = count[..., :Nq // bq, :Nk // bk]
         anything = count > 0
@@ -196,6 +200,9 @@ _BLOCK_MASK_MISTAKES = [
             "belongs to the full lists alone", _lists_with(rule="partial-includes-full")),
     Mistake("ragged-tail-full", "positions past Nq or Nk count as masked out: pad with False, so a ragged last "
             "block is partial (the kernel must bound-check it), never full", _lists_with(pad=True)),
+    Mistake("ragged-tail-full", "a ragged last tile whose positions inside the sequence are all allowed is counted "
+            "as full: the positions past Nq or Nk count as masked out, so that tile is partial (a full tile is "
+            "visited with no mask at all, not even the bound on the sequence's end)", _lists_with(ragged_full=True)),
     Mistake("ragged-tail-dropped", "the number of blocks rounds up: n_qb = ceil(Nq / BQ), n_kb = ceil(Nk / BK); "
             "the last, ragged block counts", _lists_with(floor=True)),
 ]
