@@ -699,6 +699,7 @@ def test_interpreter_errors_show_the_learner_s_line_and_one_plain_sentence(kerne
 def test_the_check_reports_a_kernel_error_in_plain_words():
     result = run_check("masked-scale", LocalLearner({"scale_kernel": _indexes_a_pointer}, forbidden=[]))
     assert not result.passed and "a pointer is not an array" in result.message, result.message
+    assert result.diagnosis == ["pointer-indexed"], result.message
 
 
 def test_counterexamples_label_arguments_and_count_as_the_learner_does():
