@@ -762,3 +762,11 @@ def test_exercise_06_with_an_unmasked_part_1_runs_to_the_end_with_the_mask_named
     last = [c for c in nb.cells if c.cell_type == "code"][-1]
     assert last.get("execution_count"), "the notebook did not run to its end"
     assert "[PASS] causal-tile" in text(next(c for c in nb.cells if 'check("causal-tile")' in c.source))
+
+
+def test_extra_traffic_is_told_in_the_part_s_own_budget():
+    # the online softmax may read each row twice: "load each input element once" would contradict the part
+    result = run_check("online-softmax-kernel", LocalLearner({"online_softmax_kernel": _online(THREE_PASSES=True)},
+                                                             forbidden=[]))
+    assert "extra-traffic" in result.diagnosis and "at most twice" in result.message, result.message
+    assert "load each input element once" not in result.message, result.message

@@ -19,11 +19,18 @@ from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry,
                                   counterexample, diagnose, gen as _gen, learner_of, mismatch, present, randn as _randn,
                                   value_of)
 from attnlab.grading.exercises.e07 import spec as specs
+from attnlab.grading.feedback import within_budget
 from attnlab.grading.footprint import measured_call
 from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
 from attnlab.tiled import tiled_attention
 
 CHECKS = Registry()
+
+# what each kernel's byte budget allows, in the words of its part (the diagnosis of extra traffic)
+_BUDGET_FLASH_FWD = ('Q read once, K and V once per query block (with CAUSAL only the blocks on or below the '
+                     'diagonal), O and L written once')
+_BUDGET_FLASH_BWD_DKDV = ('K and V read once, Q, dO, L and D once per key block (with CAUSAL only from the first '
+                          'query block that sees it), dK and dV written once')
 
 RTOL, ATOL = 1e-4, 1e-5          # float32: the order of additions differs from the reference's, nothing else
 GRAD_RTOL, GRAD_ATOL = 1e-4, 5e-5
@@ -443,7 +450,7 @@ def _flash_one(ns, label, q, k, v, causal, scale, bm, bn):
     budget = _forward_budget(b, n, d, causal, bm, bn)
     full_kv = _forward_budget(b, n, d, False, bm, bn)["k"][0]
     extra = [NOT_SKIPPED] if causal and traffic.get("k", {}).get("load_bytes", 0) >= full_kv > budget["k"][0] else []
-    return check_traffic("flash_fwd_kernel", label, traffic, budget, extra)
+    return within_budget(_BUDGET_FLASH_FWD, "flash_fwd_kernel", label, traffic, budget, extra)
 
 
 _EXP2 = Mistake("exp2-without-log2e", "exp2 is used without folding log2(e) into the scale: exp(x) = exp2(x * "
@@ -748,7 +755,7 @@ def _dkdv_one(ns, label, q, k, v, do, causal, scale, bm, bn):
     budget = _dkdv_budget(b, n, d, causal, bm, bn)
     full = _dkdv_budget(b, n, d, False, bm, bn)["q"][0]
     extra = [NOT_SKIPPED_BWD] if causal and traffic.get("q", {}).get("load_bytes", 0) >= full > budget["q"][0] else []
-    return check_traffic("flash_bwd_dkdv_kernel", label, traffic, budget, extra)
+    return within_budget(_BUDGET_FLASH_BWD_DKDV, "flash_bwd_dkdv_kernel", label, traffic, budget, extra)
 
 
 PADDED_ROWS = Mistake("padded-rows-not-zeroed", "NaN or inf in dK or dV with a partial last query block: the rows "
