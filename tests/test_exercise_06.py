@@ -6,6 +6,7 @@ Each wrong kernel is one kernel source with mistake switches (globals set by ``v
 way a learner would write it."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -116,6 +117,14 @@ WRONG.add("tile-transpose", "off-by-one-block-edge", transpose_kernel=_transpose
 WRONG.add("tile-transpose", "never-written", transpose_kernel=_transpose(SWAP_PIDS=True))
 
 
+def test_a_missing_column_mask_is_not_called_off_by_one():
+    # the grader's tiles overshoot the columns by 2: a missing mask strays twice as far as an off-by-one mask
+    result = run_check("tile-transpose", LocalLearner({"transpose_kernel": _transpose(MASK_ROWS_ONLY=True)},
+                                                     forbidden=[]))
+    assert "out-of-bounds-load" in result.diagnosis and "off-by-one-block-edge" not in result.diagnosis, \
+        result.message
+
+
 # --------------------------------------------------------------------------------------------------------------
 # outer-product
 # --------------------------------------------------------------------------------------------------------------
@@ -202,6 +211,8 @@ def _row_sum_body(x_ptr, out_ptr, n_cols, stride_xm, BLOCK_N: tl.constexpr):
             if MASK:
                 if OFF_BY_ONE:
                     acc += tl.load(x_row + cols, mask=cols <= n_cols, other=0.0)
+                elif NO_OTHER:
+                    acc += tl.load(x_row + cols, mask=cols < n_cols)  # the interpreter's zeros hide it
                 else:
                     acc += tl.load(x_row + cols, mask=cols < n_cols, other=0.0)
             else:
@@ -212,7 +223,7 @@ def _row_sum_body(x_ptr, out_ptr, n_cols, stride_xm, BLOCK_N: tl.constexpr):
     tl.store(out_ptr + row, tl.sum(acc, axis=0))
 
 
-_ROW_SUM = dict(ROW_STRIDE_IS_N=False, LOOP=True, DROP_TAIL=False, MASK=True, OFF_BY_ONE=False)
+_ROW_SUM = dict(ROW_STRIDE_IS_N=False, LOOP=True, DROP_TAIL=False, MASK=True, OFF_BY_ONE=False, NO_OTHER=False)
 
 
 def _row_sum(**flags):
@@ -224,6 +235,7 @@ WRONG.add("row-sum", "tail-dropped", row_sum_kernel=_row_sum(DROP_TAIL=True))
 WRONG.add("row-sum", "out-of-bounds-load", row_sum_kernel=_row_sum(MASK=False))
 WRONG.add("row-sum", "off-by-one-block-edge", row_sum_kernel=_row_sum(OFF_BY_ONE=True))
 WRONG.add("row-sum", "stride-ignored", row_sum_kernel=_row_sum(ROW_STRIDE_IS_N=True))
+WRONG.add("row-sum", "other-missing", row_sum_kernel=_row_sum(NO_OTHER=True))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -428,6 +440,9 @@ def _causal_body(s_ptr, out_ptr, n_q, n_k, stride_s, stride_o, scale, BLOCK_M: t
     if SCALE:
         s = s * scale
     out = tl.where(keep, s, FILL)
+    if PID_SKIP:  # "tiles above the diagonal": right only when BLOCK_M == BLOCK_N
+        if tl.program_id(1) > tl.program_id(0):
+            out = tl.full((BLOCK_M, BLOCK_N), FILL, tl.float32)
     if MASK_STORE:
         tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], out, mask=inside)
     else:
@@ -435,7 +450,7 @@ def _causal_body(s_ptr, out_ptr, n_q, n_k, stride_s, stride_o, scale, BLOCK_M: t
 
 
 _CAUSAL = dict(DIAGONAL=0, ROW_STRIDE_IS_N=False, LOAD_WHOLE_TILE=False, SCALE=True, FILL=-float("inf"),
-               MASK_STORE=True)
+               MASK_STORE=True, PID_SKIP=False)
 
 
 def _causal(**flags):
@@ -450,6 +465,7 @@ WRONG.add("causal-tile", "extra-traffic", causal_mask_kernel=_causal(LOAD_WHOLE_
 WRONG.add("causal-tile", "masked-entries-read", causal_mask_kernel=_causal(LOAD_WHOLE_TILE=True))
 WRONG.add("causal-tile", "out-of-bounds-store", causal_mask_kernel=_causal(MASK_STORE=False))
 WRONG.add("causal-tile", "stride-ignored", causal_mask_kernel=_causal(ROW_STRIDE_IS_N=True))
+WRONG.add("causal-tile", "tile-skip-by-program-id", causal_mask_kernel=_causal(PID_SKIP=True))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -608,3 +624,149 @@ def _calls_torch_softmax(output_ptr, input_ptr, input_row_stride, output_row_str
 def test_a_forbidden_call_is_refused_as_a_shortcut(part, names):
     result = run_check(part, LocalLearner(dict(names)))
     assert not result.passed and "shortcut" in result.diagnosis, result.message
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the demo cells' guarded launch, and feedback that names what happened
+# --------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _unmasked_scale(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    x = tl.load(x_ptr + offsets)  # the most natural first mistake: no mask
+    tl.store(y_ptr + offsets, alpha * x)
+
+
+def test_a_guarded_demo_launch_names_the_missing_mask_and_touches_nothing(capsys):
+    from attnlab.grading.guard import guarded
+
+    x = torch.randn(1000)
+    memory = torch.full((1024 + 2048,), 7.0)  # y sits inside: a stray store would change what lies after it
+    y = memory[:1000]
+    assert guarded(_unmasked_scale)[(8,)](x, y, 1000, 3.0, BLOCK_SIZE=128) is False
+    out = capsys.readouterr().out
+    assert "out-of-bounds load" in out and "past the end of `x_ptr`" in out and "mask=offs < n" in out, out
+    assert (memory[1000:] == 7.0).all()  # stopped before any access outside the tensors
+    assert guarded(_scale())[(8,)](x, y, 1000, 3.0, BLOCK_SIZE=128) is True  # a right kernel: silent
+    assert capsys.readouterr().out == "" and torch.allclose(y, 3.0 * x)
+
+
+def test_a_guarded_launch_keeps_the_tracer_s_counts():
+    from attnlab.grading.guard import guarded
+    from attnlab.memory import trace
+
+    x, y = torch.randn(1000), torch.empty(1000)
+    t = trace(lambda: guarded(_scale())[(8,)](x, y, 1000, 3.0, BLOCK_SIZE=128))
+    assert t.by_tensor["x_ptr"]["read"] == 4000 and t.by_tensor["y_ptr"]["written"] == 4000
+
+
+@triton.jit
+def _indexes_a_pointer(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.arange(0, BLOCK_SIZE)
+    x = tl.load(x_ptr[offsets])
+    tl.store(y_ptr + offsets, x)
+
+
+@triton.jit
+def _torch_in_kernel(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.arange(0, BLOCK_SIZE)
+    x = tl.load(x_ptr + offsets)
+    tl.store(y_ptr + offsets, torch.exp(x))
+
+
+@triton.jit
+def _runtime_arange(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.arange(0, n_elements)
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets))
+
+
+@pytest.mark.parametrize("kernel, words", [(_indexes_a_pointer, "a pointer is not an array"),
+                                           (_torch_in_kernel, "a torch function was called inside the kernel"),
+                                           (_runtime_arange, "tl.arange needs bounds known")])
+def test_interpreter_errors_show_the_learner_s_line_and_one_plain_sentence(kernel, words):
+    from attnlab._interp_hooks import interpreted, interpreter_session
+    from attnlab.grading.feedback import describe_exception
+
+    with pytest.raises(Exception) as info, interpreter_session():  # as in a notebook with TRITON_INTERPRET=1
+        interpreted(kernel.fn)[(1,)](torch.randn(16), torch.empty(16), 16, 1.0, BLOCK_SIZE=16)
+    text = describe_exception(info.value)
+    first = text.splitlines()[0]
+    assert f"of `{kernel.fn.__name__}` (your code)" in first and "interpreter.py" not in text, text
+    assert words in text, text
+    assert len(text.splitlines()) == 2  # the learner's line and the sentence: no 40-line traceback
+
+
+def test_the_check_reports_a_kernel_error_in_plain_words():
+    result = run_check("masked-scale", LocalLearner({"scale_kernel": _indexes_a_pointer}, forbidden=[]))
+    assert not result.passed and "a pointer is not an array" in result.message, result.message
+    assert result.diagnosis == ["pointer-indexed"], result.message
+
+
+def test_counterexamples_label_arguments_and_count_as_the_learner_does():
+    from attnlab.grading.feedback import counterexample, first_difference
+
+    got, want = torch.tensor([1.0, 2.0, 5.0]), torch.tensor([1.0, 2.0, 3.0])
+    assert first_difference(got, want).startswith("first mismatch at index 2:")  # a 1-D output's own index
+    pair = first_difference((want, got), (want, want), names=("O", "L"))
+    assert pair.startswith("output 2 of 2 (L), first mismatch at index 2"), pair
+    lines = counterexample("n=3", got, want, (want, 0.5), {}, names=("x", "alpha"))
+    assert "x: tensor of shape (3,)" in lines[0] and "alpha: 0.5" in lines[0], lines
+    result = run_check("row-sum", LocalLearner({"row_sum_kernel": _row_sum(DROP_TAIL=True)}, forbidden=[]))
+    assert "x: tensor of shape" in result.message and "BLOCK_N: 16" in result.message, result.message
+    assert "at index (0," not in result.message, result.message  # out is (M,), not the grader's (1, M) buffer
+
+
+def test_check_output_wraps_at_word_boundaries():
+    from attnlab.grading.feedback import WIDTH
+
+    result = run_check("row-sum", LocalLearner({"row_sum_kernel": _row_sum(DROP_TAIL=True)}, forbidden=[]))
+    text = result.report()
+    words = set(result.message.split())
+    for line in text.splitlines():
+        assert len(line) <= WIDTH or " " not in line.strip(), line
+        assert all(w in words or w.startswith("[") or w.endswith(":") for w in line.split()), line
+
+
+def test_exercise_06_with_an_unmasked_part_1_runs_to_the_end_with_the_mask_named(tmp_path):
+    """The most natural first mistake, in the notebook itself: the locked demo cell below the answer launches the
+    kernel guarded, so a fresh kernel runs every cell (the other parts answered), stays alive, and part 1's check
+    names the missing mask."""
+    import pathlib
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    nb = nbformat.read(root / "solutions" / "06_triton_primer.ipynb", as_version=4)
+    answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "masked-scale-answer")
+    head, rest = answer.source.split("    ### BEGIN SOLUTION\n")
+    answer.source = head + (
+        "    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)\n"
+        "    x = tl.load(x_ptr + offsets)\n"
+        "    tl.store(y_ptr + offsets, alpha * x)\n")
+    assert "tl.load(x_ptr + offsets)" in answer.source
+    for cell in nb.cells:  # what the learner's notebook holds: no hidden tests (nbgrader's autograder runs those)
+        if "### BEGIN HIDDEN TESTS" in cell.source:
+            cell.source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", cell.source, flags=re.S)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()  # raises CellExecutionError if any cell fails, DeadKernelError if the kernel dies
+
+    def text(cell):
+        return "".join(o.get("text", "") for o in cell.get("outputs", []))
+
+    index = nb.cells.index(answer)
+    demo, graded = nb.cells[index + 1], nb.cells[index + 2]
+    assert "an out-of-bounds load" in text(demo) and "past the end of `x_ptr`" in text(demo), text(demo)
+    assert "[FAIL] masked-scale" in text(graded) and "out-of-bounds" in text(graded), text(graded)
+    assert "no common mistake matches" not in text(graded), text(graded)
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    assert last.get("execution_count"), "the notebook did not run to its end"
+    assert "[PASS] causal-tile" in text(next(c for c in nb.cells if 'check("causal-tile")' in c.source))
+
+
+def test_extra_traffic_is_told_in_the_part_s_own_budget():
+    # the online softmax may read each row twice: "load each input element once" would contradict the part
+    result = run_check("online-softmax-kernel", LocalLearner({"online_softmax_kernel": _online(THREE_PASSES=True)},
+                                                             forbidden=[]))
+    assert "extra-traffic" in result.diagnosis and "at most twice" in result.message, result.message
+    assert "load each input element once" not in result.message, result.message

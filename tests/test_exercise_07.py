@@ -43,7 +43,19 @@ WRONG.add("online-softmax-update", "p-uses-old-max", online_softmax_update=_onli
 # tiled-forward: a learner's tiled forward, with one switch per mistake
 # ---------------------------------------------------------------------------------------------
 
-def _tiled(rescale=True, scaled=True, tail=True, strict=False, diagonal=True, lse="ok", normalise=True):
+def _dense_forward(q, k, v, causal=False, block_m=16, block_n=16):
+    """No tiles at all: the whole score matrix, and the softmax by hand."""
+    s = q @ k.transpose(1, 2) * q.shape[-1] ** -0.5                      # (B, Nq, Nk): N x N
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[1:], dtype=torch.bool).triu(1), -float("inf"))
+    m = s.amax(-1)
+    p = torch.exp(s - m[..., None])
+    l = p.sum(-1)
+    return p @ v / l[..., None], m + torch.log(l)
+
+
+def _tiled(rescale=True, scaled=True, tail=True, strict=False, diagonal=True, lse="ok", normalise=True, skip=True,
+           in_tile=False):
     def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
         B, n_q, d = q.shape
         n_k = k.shape[1]
@@ -54,13 +66,17 @@ def _tiled(rescale=True, scaled=True, tail=True, strict=False, diagonal=True, ls
             rows = torch.arange(q0, q0 + qi.shape[1])[:, None]
             m = torch.full(qi.shape[:2], -float("inf"))
             l, acc = torch.zeros(qi.shape[:2]), torch.zeros(*qi.shape[:2], v.shape[-1])
-            stop = min(q0 + qi.shape[1], n_k) if causal else n_k
+            stop = min(q0 + qi.shape[1], n_k) if causal and skip else n_k
             last = stop if tail else stop - block_n + 1        # the partial last block never starts
             for k0 in range(0, last, block_n):
                 s = qi @ k[:, k0:k0 + block_n].transpose(1, 2) * scale
                 if causal and diagonal:
                     cols = torch.arange(k0, k0 + s.shape[-1])[None, :]
+                    if in_tile:  # positions inside the tile
+                        cols, rows = cols - k0, rows - q0
                     s = s.masked_fill(cols >= rows if strict else cols > rows, -float("inf"))
+                    if in_tile:
+                        rows = rows + q0
                 m_new = torch.maximum(m, s.amax(-1))
                 alpha = torch.exp(m - m_new)
                 p = torch.exp(s - m_new[..., None])
@@ -81,6 +97,9 @@ WRONG.add("tiled-forward", "causal-diagonal-unmasked", tiled_attention_forward=_
 WRONG.add("tiled-forward", "lse-missing-max", tiled_attention_forward=_tiled(lse="no-max"))
 WRONG.add("tiled-forward", "lse-is-max", tiled_attention_forward=_tiled(lse="max"))
 WRONG.add("tiled-forward", "not-normalised", tiled_attention_forward=_tiled(normalise=False))
+WRONG.add("tiled-forward", "holds-n-by-n", tiled_attention_forward=_dense_forward)
+WRONG.add("tiled-forward", "causal-positions-in-tile", tiled_attention_forward=_tiled(in_tile=True))
+WRONG.add("tiled-forward", "causal-blocks-not-skipped", tiled_attention_forward=_tiled(skip=False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,12 +138,17 @@ def _fwd_body(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_
             k = tl.load(K + pid_b * stride_kb + offs_n[:, None] * sk + offs_d[None, :], mask=cols[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
         if SCALE:
-            s = s * scale
+            if SCALE_ARG:
+                s = s * scale
+            else:
+                s = s * (1.0 / HEAD_DIM ** 0.5)  # 1/sqrt(d) written in: the caller's scale is ignored
         if MASK_TAIL:
             s = tl.where(cols[None, :], s, float("-inf"))
         if CAUSAL:
             if STRICT:
                 s = tl.where(offs_n[None, :] < offs_m[:, None], s, float("-inf"))
+            elif IN_TILE:  # positions inside the tile: 0 ... BLOCK - 1
+                s = tl.where(tl.arange(0, BLOCK_N)[None, :] <= tl.arange(0, BLOCK_M)[:, None], s, float("-inf"))
             elif DIAG_MASK:
                 s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -149,7 +173,7 @@ def _fwd_body(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_
 
 
 _FWD_OK = dict(SKIP=True, STRIDES=True, MASK_LOADS=True, TWICE=False, SCALE=True, MASK_TAIL=True, STRICT=False,
-               DIAG_MASK=True, EXP2=False, RESCALE=True, LSE_MAX=True)
+               DIAG_MASK=True, EXP2=False, RESCALE=True, LSE_MAX=True, SCALE_ARG=True, IN_TILE=False)
 
 
 def _interpreted(make):
@@ -177,7 +201,8 @@ for _key, _flags in [("acc-not-rescaled", dict(RESCALE=False)), ("scale-forgotte
                      ("causal-diagonal-unmasked", dict(DIAG_MASK=False)), ("lse-missing-max", dict(LSE_MAX=False)),
                      ("exp2-without-log2e", dict(EXP2=True)), ("causal-blocks-not-skipped", dict(SKIP=False)),
                      ("extra-traffic", dict(TWICE=True)), ("ignores-strides", dict(STRIDES=False)),
-                     ("out-of-bounds-load", dict(MASK_LOADS=False))]:
+                     ("out-of-bounds-load", dict(MASK_LOADS=False)), ("scale-argument-ignored", dict(SCALE_ARG=False)),
+                     ("causal-positions-in-tile", dict(IN_TILE=True))]:
     WRONG.add("flash-kernel-loop", _key, flash_fwd_kernel=_fwd_kernel(**_flags))
 
 
@@ -215,6 +240,9 @@ WRONG.add("traffic-experiment", "unique-bytes",
 WRONG.add("traffic-experiment", "elements-not-bytes", forward_traffic=_measure(lambda t: t.total_bytes // 4))
 WRONG.add("traffic-experiment", "causal-ignored", forward_traffic=_measure(lambda t: t.total_bytes,
                                                                            honour_causal=False))
+WRONG.add("traffic-experiment", "blocks-ignored",
+          forward_traffic=lambda n, causal=False, block_m=16, block_n=16, seed=0: _measure(lambda t: t.total_bytes)(
+              n, causal, seed=seed))  # the blocks asked for never reach the kernel
 WRONG.add("traffic-experiment", "kv-only",
           forward_traffic=_measure(lambda t: t.by_tensor["K"]["read"] + t.by_tensor["V"]["read"]))
 
@@ -223,8 +251,21 @@ WRONG.add("traffic-experiment", "kv-only",
 # tiled-backward: the learner's Function with a wrong backward
 # ---------------------------------------------------------------------------------------------
 
-def _backward(subtract_d=True, flip=False, scale_grads=True, recompute_scaled=True, causal_mask=True, d_tile=False):
+def _dense_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
+    """The whole P recomputed at once from L: right gradients, an N x N matrix held."""
+    scale = q.shape[-1] ** -0.5
+    p = torch.exp(q @ k.transpose(1, 2) * scale - L[..., None])           # (B, Nq, Nk): N x N
+    if causal:
+        p = p.masked_fill(torch.ones(p.shape[1:], dtype=torch.bool).triu(1), 0.0)
+    ds = p * (do @ v.transpose(1, 2) - (do * o).sum(-1, keepdim=True))
+    return ds @ k * scale, ds.transpose(1, 2) @ q * scale, p.transpose(1, 2) @ do
+
+
+def _backward(subtract_d=True, flip=False, scale_grads=True, recompute_scaled=True, causal_mask=True, d_tile=False,
+              dense=False, save_causal=True):
     def tiled_attention_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
+        if dense:
+            return _dense_backward(q, k, v, o, L, do, causal)
         n_q, n_k, d = q.shape[1], k.shape[1], q.shape[-1]
         scale = d ** -0.5
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -256,7 +297,9 @@ def _backward(subtract_d=True, flip=False, scale_grads=True, recompute_scaled=Tr
         def forward(ctx, q, k, v, causal=False, block_m=16, block_n=16):
             o, L = _tiled()(q, k, v, causal, block_m, block_n)
             ctx.save_for_backward(q, k, v, o, L)
-            ctx.causal, ctx.block_m, ctx.block_n = causal, block_m, block_n
+            ctx.block_m, ctx.block_n = block_m, block_n
+            if save_causal:
+                ctx.causal = causal
             return o
 
         @staticmethod
@@ -277,6 +320,8 @@ WRONG.add("tiled-backward", "grad-scale-forgotten", flash_attention_pytorch=_bac
 WRONG.add("tiled-backward", "recompute-scale-forgotten", flash_attention_pytorch=_backward(recompute_scaled=False))
 WRONG.add("tiled-backward", "causal-mask-missing-in-backward", flash_attention_pytorch=_backward(causal_mask=False))
 WRONG.add("tiled-backward", "d-from-one-tile", flash_attention_pytorch=_backward(d_tile=True))
+WRONG.add("tiled-backward", "holds-n-by-n", flash_attention_pytorch=_backward(dense=True))
+WRONG.add("tiled-backward", "ctx-attribute-not-saved", flash_attention_pytorch=_backward(save_causal=False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +364,7 @@ def _dkdv_body(Q, K, V, DO, L, D, DK, DV, stride_qb, stride_qn, stride_kb, strid
         delta = tl.load(D + pid_b * stride_lb + offs_m, mask=rows, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
         if RECOMP_SCALE:
-            s = s * scale
+            s = s * (scale if SCALE_ARG else 1.0 / HEAD_DIM ** 0.5)
         p = tl.exp(s - lse[:, None])
         if ROW_MASK:
             p = tl.where(rows[:, None] & cols[None, :], p, 0.0)
@@ -339,13 +384,13 @@ def _dkdv_body(Q, K, V, DO, L, D, DK, DV, stride_qb, stride_qn, stride_kb, strid
             ds = p * dp
         dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
     if SCALE_DK:
-        dk = dk * scale
+        dk = dk * (scale if SCALE_ARG else 1.0 / HEAD_DIM ** 0.5)
     tl.store(DK + pid_b * stride_kb + offs_n[:, None] * stride_kn + offs_d[None, :], dk, mask=cols[:, None])
     tl.store(DV + pid_b * stride_vb + offs_n[:, None] * stride_vn + offs_d[None, :], dv, mask=cols[:, None])
 
 
 _DKDV_OK = dict(SKIP=True, KV_IN_LOOP=False, RECOMP_SCALE=True, CAUSAL_MASK=True, SUB_D=True, FLIP=False,
-                SCALE_DK=True, ROW_MASK=True)
+                SCALE_DK=True, ROW_MASK=True, SCALE_ARG=True)
 
 
 def _dkdv_kernel(**wrong):
@@ -357,7 +402,7 @@ for _key, _flags in [("d-not-subtracted", dict(SUB_D=False)), ("ds-sign-flipped"
                                                                       dict(RECOMP_SCALE=False)),
                      ("causal-mask-missing-in-backward", dict(CAUSAL_MASK=False)),
                      ("causal-blocks-not-skipped", dict(SKIP=False)), ("extra-traffic", dict(KV_IN_LOOP=True)),
-                     ("padded-rows-not-zeroed", dict(ROW_MASK=False))]:
+                     ("padded-rows-not-zeroed", dict(ROW_MASK=False)), ("scale-argument-ignored", dict(SCALE_ARG=False))]:
     WRONG.add("dkdv-kernel", _key, flash_bwd_dkdv_kernel=_dkdv_kernel(**_flags))
 
 

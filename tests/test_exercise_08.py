@@ -27,7 +27,7 @@ WRONG = Wrong()
 # Part 1: create_block_mask
 # ---------------------------------------------------------------------------------------
 
-def _create(transposed=False, edge=False, rule="right", pad=False, floor=False, unsorted=False):
+def _create(transposed=False, edge=False, rule="right", pad=False, floor=False, unsorted=False, sliced=False):
     def create_block_mask(mask_mod, B, H, Nq, Nk, block_size):
         bq, bk = (block_size, block_size) if isinstance(block_size, int) else block_size
         nqb, nkb = (Nq // bq, Nk // bk) if floor else (-(-Nq // bq), -(-Nk // bk))
@@ -45,6 +45,8 @@ def _create(transposed=False, edge=False, rule="right", pad=False, floor=False, 
         for i in range(nqb):
             for j in range(nkb):
                 tile = allowed[..., i * bq:(i + 1) * bq + edge, j * bk:(j + 1) * bk + edge]
+                if sliced:  # the ragged last tile sliced to the sequence: all of what is left allowed -> "full"
+                    tile = m[..., i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
                 count[..., i, j] = tile.sum((-2, -1))
                 full[..., i, j] = tile.all(-1).all(-1)
         anything = count > 0
@@ -83,7 +85,8 @@ for _key, _kw in [("transposed-block-mask", {"transposed": True}), ("off-by-one-
                   ("full-treated-as-partial", {"rule": "all-partial"}),
                   ("full-treated-as-empty", {"rule": "full-dropped"}),
                   ("partial-lists-include-full", {"rule": "partial-includes-full"}),
-                  ("ragged-tail-full", {"pad": True}), ("ragged-tail-dropped", {"floor": True})]:
+                  ("ragged-tail-full", {"pad": True}), ("ragged-tail-dropped", {"floor": True}),
+                  ("ragged-tail-full", {"sliced": True})]:
     WRONG.add("flex-block-mask", _key, **_with(_create(**_kw)))
 
 
@@ -154,7 +157,10 @@ def _loop_body(Q, K, V, O, kv_num_blocks, kv_indices, stride_h, stride_n, n_ctx,
             k = tl.load(K + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx,
                         other=0.0)
         v = tl.load(V + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=offs_n[:, None] < n_ctx, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
+        if SCALE_ARG:
+            s = tl.dot(q, tl.trans(k)) * scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * (1.0 / HEAD_DIM ** 0.5)  # 1/sqrt(d) written in
         if MASK_TAIL:
             s = tl.where(offs_n[None, :] < n_ctx, s, float("-inf"))
         if LOAD_ALL:  # every block loaded, the unlisted ones masked to -inf afterwards
@@ -178,7 +184,7 @@ def _loop_body(Q, K, V, O, kv_num_blocks, kv_indices, stride_h, stride_n, n_ctx,
 
 
 _LOOP_OK = dict(HEAD_ZERO=False, DROP_LAST=False, USE_LIST=True, LOAD_ALL=False, COUNTER_AS_INDEX=False,
-                LOAD_TWICE=False, MASK_TAIL=True, RESCALE=True, GUARD_EMPTY=True)
+                LOAD_TWICE=False, MASK_TAIL=True, RESCALE=True, GUARD_EMPTY=True, SCALE_ARG=True)
 
 
 def _loop(**flags):
@@ -189,7 +195,7 @@ for _key, _flags in [("list-ignored", {"USE_LIST": False}), ("counter-as-block-i
                      ("head-offset-forgotten", {"HEAD_ZERO": True}), ("acc-not-rescaled", {"RESCALE": False}),
                      ("fully-masked-row", {"GUARD_EMPTY": False}), ("tail-not-masked", {"MASK_TAIL": False}),
                      ("count-off-by-one", {"DROP_LAST": True}), ("loads-skipped-blocks", {"LOAD_ALL": True}),
-                     ("extra-traffic", {"LOAD_TWICE": True})]:
+                     ("extra-traffic", {"LOAD_TWICE": True}), ("scale-argument-ignored", {"SCALE_ARG": False})]:
     WRONG.add("block-sparse-loop", _key, block_sparse_fwd_kernel=_loop(**_flags))
 
 
@@ -249,6 +255,9 @@ def _flex_body(Q, K, V, O, MASK, kv_num_blocks, kv_indices, full_kv_num_blocks, 
             if TRANSPOSED:
                 keep = tl.load(MASK + pid_h * stride_mh + offs_n[None, :] * stride_mq + offs_m[:, None],
                                mask=inside, other=0)
+            elif ROWS_BY_N:  # MASK's rows taken to be n_ctx apart
+                keep = tl.load(MASK + pid_h * stride_mh + offs_m[:, None] * n_ctx + offs_n[None, :],
+                               mask=inside, other=0)
             else:
                 keep = tl.load(MASK + pid_h * stride_mh + offs_m[:, None] * stride_mq + offs_n[None, :],
                                mask=inside, other=0)
@@ -272,7 +281,7 @@ def _flex_body(Q, K, V, O, MASK, kv_num_blocks, kv_indices, full_kv_num_blocks, 
 
 
 _FLEX_OK = dict(VISIT_PARTIAL=True, VISIT_FULL=True, LOAD_TWICE=False, MASK_FULL=False, APPLY_MASK=True,
-                TRANSPOSED=False, AFTER=False, GUARD=True)
+                TRANSPOSED=False, AFTER=False, GUARD=True, ROWS_BY_N=False)
 
 
 def _flex(**flags):
@@ -283,7 +292,8 @@ for _key, _flags in [("partial-treated-as-full", {"APPLY_MASK": False}),
                      ("full-treated-as-empty", {"VISIT_FULL": False}),
                      ("partial-treated-as-empty", {"VISIT_PARTIAL": False}), ("mask-after-softmax", {"AFTER": True}),
                      ("transposed-mask-tile", {"TRANSPOSED": True}), ("fully-masked-rows-nan", {"GUARD": False}),
-                     ("mask-loaded-for-full-blocks", {"MASK_FULL": True}), ("extra-traffic", {"LOAD_TWICE": True})]:
+                     ("mask-loaded-for-full-blocks", {"MASK_FULL": True}), ("extra-traffic", {"LOAD_TWICE": True}),
+                     ("mask-stride-ignored", {"ROWS_BY_N": True})]:
     WRONG.add("partial-blocks", _key, flex_fwd_kernel=_flex(**_flags))
 
 

@@ -294,8 +294,9 @@ def build_args(spec, buffers):
 
 
 def describe_error(exc):
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1][:300] if text else ''}".rstrip(": ")
+    from attnlab.grading.feedback import describe_exception  # the learner's line first, in plain words
+
+    return describe_exception(exc)
 
 
 def _filled(shape, value):

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnlab.grading.feedback import counterexample, describe_inputs, first_difference, wrap  # noqa: F401 (their home)
+
 
 @dataclass
 class Mistake:
@@ -39,7 +41,7 @@ class CheckResult:
 
     def report(self):
         mark = "PASS" if self.passed else "FAIL"
-        return f"[{mark}] {self.part}: {self.message}"
+        return wrap(f"[{mark}] {self.part}: {self.message}")
 
 
 class Fail(Exception):
@@ -53,6 +55,10 @@ class Fail(Exception):
 
 class NotDone(Fail):
     """The learner has not written this part yet."""
+
+
+class Raised(Fail):
+    """The learner's code raised: the error (in plain words where it is a common one) is the diagnosis."""
 
 
 class NotAccepted(Fail):
@@ -114,7 +120,10 @@ def value_of(outcome, name, label):
     if outcome.get("not_implemented"):
         raise NotDone(f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code")
     if "raised" in outcome:
-        raise Fail(f"`{name}` raised {outcome['raised']} (input: {label})")
+        from attnlab.grading.feedback import plain_mistake
+
+        text, key, sentence = plain_mistake(outcome["raised"])
+        raise Raised(f"`{name}` raised {text} (input: {label})", [Mistake(key, sentence, None)] if key else [])
     return outcome["ok"]
 
 
@@ -138,7 +147,7 @@ def mismatch(got, want, rtol=1e-4, atol=1e-5, equal_nan=False):
         for i, (g, w) in enumerate(zip(got, want)):
             why = mismatch(g, w, rtol, atol, equal_nan)
             if why:
-                return f"value {i} of the returned tuple: {why}"
+                return f"output {i + 1} of {len(want)}: {why}"
         return None
     if torch.is_tensor(want):
         if isinstance(got, (tuple, list)) and want.dim() == 1 and len(got) == want.numel():
@@ -207,77 +216,6 @@ def diagnose(got, mistakes, args, kwargs, rtol=1e-4, atol=1e-5):
         except TypeError:
             continue
     return found
-
-
-def first_difference(got, want, rtol=1e-4, atol=1e-5):
-    """Where two results first differ: "at index (i, j): expected x, got y", or "" when it cannot tell."""
-    if isinstance(want, (tuple, list)) and isinstance(got, (tuple, list)) and len(got) == len(want):
-        for i, (g, w) in enumerate(zip(got, want)):
-            if mismatch(g, w, rtol, atol) is not None:
-                where = first_difference(g, w, rtol, atol)
-                return f"value {i} of the tuple, {where}" if where else ""
-        return ""
-    if not (torch.is_tensor(want) and torch.is_tensor(got)) or tuple(got.shape) != tuple(want.shape):
-        return ""
-    if want.dtype == torch.bool or got.dtype == torch.bool:
-        bad = got.cpu() != want.cpu()
-    else:
-        g, w = got.detach().double().cpu(), want.detach().double().cpu()
-        close = torch.isclose(g, w, rtol=rtol, atol=atol) | (torch.isnan(g) & torch.isnan(w))
-        bad = ~close
-    if not bad.any():
-        return ""
-    index = tuple(int(i) for i in torch.nonzero(bad)[0]) if bad.dim() else ()
-    return (f"first mismatch at index {index}: expected {_scalar(want[index])}, got {_scalar(got[index])} "
-            f"({int(bad.sum())} of {bad.numel()} entries differ)")
-
-
-def _scalar(x):
-    x = x.item() if torch.is_tensor(x) else x
-    return f"{x:.6g}" if isinstance(x, float) else repr(x)
-
-
-def describe_inputs(args, kwargs, names=None, small=12):
-    """The inputs of a case, for a counterexample: shapes and dtypes, and the values of small ones."""
-    def one(x):
-        if torch.is_tensor(x):
-            text = f"tensor of shape {tuple(x.shape)}, {str(x.dtype).replace('torch.', '')}"
-            if 0 < x.numel() <= small:
-                values = x.detach().cpu().tolist()
-                text += f" = {values}" if x.dtype == torch.bool else f" = {_rounded(values)}"
-            return text
-        if isinstance(x, (tuple, list)) and len(x) <= 8:
-            return "(" + ", ".join(one(v) for v in x) + ")"
-        return repr(x) if len(repr(x)) <= 60 else type(x).__name__
-
-    names = list(names or [])
-    parts = [f"{names[i] if i < len(names) else f'arg {i}'}: {one(a)}" for i, a in enumerate(args)]
-    parts += [f"{k}: {one(v)}" for k, v in kwargs.items()]
-    return "; ".join(parts)
-
-
-def _rounded(values):
-    if isinstance(values, list):
-        return [_rounded(v) for v in values]
-    return round(values, 4) if isinstance(values, float) else values
-
-
-def _parameter_names(fn):
-    import inspect
-
-    try:
-        return [p for p in inspect.signature(fn).parameters]
-    except (TypeError, ValueError):
-        return []
-
-
-def counterexample(label, got, want, args, kwargs, spec=None, rtol=1e-4, atol=1e-5):
-    """The lines a failure shows: the inputs, and where expected and got first differ."""
-    lines = [f"counterexample ({label}): {describe_inputs(args, kwargs, _parameter_names(spec) if spec else None)}"]
-    where = first_difference(got, want, rtol, atol)
-    if where:
-        lines.append(where)
-    return lines
 
 
 class Registry(dict):
@@ -454,6 +392,6 @@ def run_part(part_id, body, learner):
         exc.mistakes = list(unique.values())
         for m in exc.mistakes:
             lines.append(f"likely mistake ({m.key}): {m.message}")
-        if exc.mistakes == [] and not isinstance(exc, (NotDone, NotAccepted)):
+        if exc.mistakes == [] and not isinstance(exc, (NotDone, NotAccepted, Raised)):
             lines.append("no common mistake matches this output; compare your code with the spec line by line")
         return CheckResult(part_id, False, "\n    ".join(lines), [m.key for m in exc.mistakes])

@@ -91,8 +91,10 @@ HINTS = {
         "Program (pid_m, pid_n) owns a tile of query rows i and key columns j; the kept entries are j <= i.",
         "Build the keep mask from the two offset vectors (cols[None, :] <= rows[:, None], and inside the tensor). "
         "Use it as the load mask too: an entry that will be -inf need not be read.",
-        "s = tl.load(..., mask=keep, other=0.0); out = tl.where(keep, s * scale, -float('inf')); store out "
-        "with the inside-the-tensor mask (every entry of out is written, -inf included).",
+        "Two masks, two jobs: the load's mask decides what is read (nothing of a tile wholly above the diagonal), "
+        "the store's mask decides what is written (every entry inside the tensor, the -inf ones included). "
+        "tl.where turns the loaded tile into the output. Which program ids own a tile that keeps nothing depends "
+        "on BLOCK_M and BLOCK_N: reason with positions, not ids.",
     ],
     "matmul-traffic-experiment": [
         "Write a small wrapper that launches your matmul_kernel with BLOCK_M = BLOCK_N = block on random A, B "

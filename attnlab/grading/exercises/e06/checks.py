@@ -14,9 +14,21 @@ from attnlab.grading.agent import device as _device
 from attnlab.grading.core import Fail, Mistake, NotAccepted, NotDone, Registry, check_function, gen as _gen, \
     randn as _randn
 from attnlab.grading.exercises.e06 import spec as specs
+from attnlab.grading.feedback import labelled, within_budget
+from attnlab.grading.footprint import undefined_other
 from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, next_power_of_2, run_guarded
 
 CHECKS = Registry()
+
+# what each kernel's byte budget allows, in the words of its part (the diagnosis of extra traffic)
+_BUDGET_OUTER = ('x read once per column of tiles and y once per row of tiles (1-D blocks, broadcast on the chip), '
+                 'out written once')
+_BUDGET_ONLINE_SOFTMAX = ('each row read at most twice (pass 1 for the running max and sum, pass 2 for the output) '
+                          'and each output element written once')
+_BUDGET_MATMUL = ('A read cdiv(N, BLOCK_N) times and B cdiv(M, BLOCK_M) times (once per tile of C that needs them), '
+                  'each element of C written once')
+_BUDGET_CAUSAL_MASK = ('S read only inside tiles that keep an entry (none of a tile wholly above the diagonal), out '
+                       'written once')
 
 NEVER_WRITTEN = Mistake("never-written", "part of the output was never stored: the grid has one program per block "
                         "(axis 0 of the grid walks the first dimension, axis 1 the second); each program must "
@@ -33,17 +45,27 @@ def _contiguous(buffers):
     return {k: {kk: vv for kk, vv in b.items() if kk not in ("pad_rows", "pad_cols")} for k, b in buffers.items()}
 
 
-def _launch(ns, name, label, buffers, grid, args, kwargs, outputs, want, mistakes, margs, uses_dot=False):
+def _launch(ns, name, label, buffers, grid, args, kwargs, outputs, want, mistakes, margs, uses_dot=False, names=()):
     """Launch, compare with ``want`` ({output: tensor}) and return the traced traffic ({} on a GPU).
 
-    On a failure, the kernel is launched once more on contiguous tensors: right there means the
-    kernel ignores a stride."""
+    ``margs``: the inputs the mistakes take, labelled ``names`` in a counterexample. A (1, n) output buffer
+    of a 1-D output is compared as 1-D, so that a counterexample's index is the output's own. On a
+    failure, the kernel is launched once more on contiguous tensors: right there means the kernel
+    ignores a stride."""
     traffic = {}
+    named, named_mistakes = labelled(names or [f"argument {i + 1}" for i in range(len(margs))], margs, mistakes)
+
+    def flat(impl):  # a (1, n) result compared as the (n,) output it is
+        return None if impl is None else (lambda **kw: _as_1d(impl(**kw)))
 
     def run(bufs, tr):
         got = run_guarded(ns, name, label, bufs, grid, args, kwargs, outputs, traffic=tr)
         for k in outputs:
-            kernel_failure(label, name, got[k], want[k], mistakes, margs, {}, uses_dot=uses_dot)
+            g, w, ms = got[k], want[k], named_mistakes
+            if w.dim() == 2 and w.shape[0] == 1:
+                g, w = g.reshape(-1), w.reshape(-1)
+                ms = [Mistake(m.key, m.message, flat(m.impl)) for m in ms]
+            kernel_failure(label, name, g, w, ms, (), named, uses_dot=uses_dot)
 
     try:
         run(buffers, traffic)
@@ -61,6 +83,10 @@ def _launch(ns, name, label, buffers, grid, args, kwargs, outputs, want, mistake
                 exc.mistakes.insert(0, STRIDE_IGNORED)
         raise
     return traffic
+
+
+def _as_1d(x):
+    return x.reshape(-1) if torch.is_tensor(x) and x.dim() == 2 and x.shape[0] == 1 else x
 
 
 def _traffic_note(checked, budget_text):
@@ -97,7 +123,7 @@ def _check_scale(ns):
         args = [["buf", "x", 0], ["buf", "y", 0], ["val", n], ["val", alpha]]
         want = {"y": specs.scale(x, alpha)[None, :]}
         traffic = _launch(ns, "scale_kernel", label, buffers, (cdiv(n, block),), args, {"BLOCK_SIZE": block}, ["y"],
-                          want, _SCALE_MISTAKES, (x[None, :], alpha))
+                          want, _SCALE_MISTAKES, (x, alpha), names=("x", "alpha"))
         checked = check_traffic("scale_kernel", label, traffic, {"x": (4 * n, None), "y": (None, 4 * n)})
     return (f"{len(cases)} launches match the spec, with no access outside the tensors"
             + _traffic_note(checked, "x read once, y written once"))
@@ -115,7 +141,7 @@ _TRANSPOSE_MISTAKES = [
 
 def _transpose_cases():
     out = []
-    for seed, (m, n, bm, bn) in enumerate([(8, 8, 4, 4), (10, 7, 4, 4), (5, 12, 8, 4)]):
+    for seed, (m, n, bm, bn) in enumerate([(8, 8, 4, 4), (10, 6, 4, 4), (5, 12, 8, 4)]):
         g = _gen(1150 + seed)
         out.append((f"x of shape ({m}, {n}), BLOCK_M={bm}, BLOCK_N={bn}, grid=({cdiv(m, bm)}, {cdiv(n, bn)})",
                     _randn(g, m, n), bm, bn))
@@ -132,7 +158,8 @@ def _check_transpose(ns):
         args = [["buf", "x", None], ["buf", "y", None], ["val", m], ["val", n], ["stride", "x", 0], ["stride", "x", 1],
                 ["stride", "y", 0], ["stride", "y", 1]]
         traffic = _launch(ns, "transpose_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
-                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["y"], {"y": specs.transpose(x)}, _TRANSPOSE_MISTAKES, (x,))
+                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["y"], {"y": specs.transpose(x)},
+                          _TRANSPOSE_MISTAKES, (x,), names=("x",))
         checked = check_traffic("transpose_kernel", label, traffic, {"x": (4 * m * n, None), "y": (None, 4 * m * n)})
     return (f"{len(cases)} launches (square, ragged, wide; rows padded) match the spec, with no stray access"
             + _traffic_note(checked, "x read once, y written once"))
@@ -179,8 +206,10 @@ def _check_outer(ns):
                    "out": {"shape": [m, n], "output": True, "pad_cols": 3}}
         args = [["buf", "x", 0], ["buf", "y", 0], ["buf", "out", None], ["val", m], ["val", n], ["stride", "out", 0]]
         traffic = _launch(ns, "outer_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
-                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.outer(x, y)}, _OUTER_MISTAKES, (x, y))
-        checked = check_traffic("outer_kernel", label, traffic, outer_budget(m, n, bm, bn), [_TILE_LOADED])
+                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.outer(x, y)},
+                          _OUTER_MISTAKES, (x, y), names=("x", "y"))
+        checked = within_budget(_BUDGET_OUTER, "outer_kernel", label, traffic,
+                                outer_budget(m, n, bm, bn), [_TILE_LOADED])
     return (f"{len(cases)} launches match the spec, with no stray access"
             + _traffic_note(checked, "x read once per column of tiles, y once per row of tiles, out written once"))
 
@@ -195,6 +224,11 @@ _ROW_SUM_MISTAKES = [
     Mistake("tail-dropped", "the last, partial block is left out: the loop must run up to n_cols (range(0, n_cols, "
             "BLOCK_N)), with the lanes past n_cols masked",
             lambda x, bn: x[:, :(x.shape[1] // bn) * bn].sum(-1)[None, :]),
+    Mistake("other-missing", "the masked load has no other=0.0: the lanes past n_cols are undefined (Triton's "
+            "interpreter happens to give 0, a GPU gives whatever is there), so the last, partial block adds "
+            "garbage; pass other=0.0 so that masked lanes add nothing",
+            lambda x, bn: torch.full((1, x.shape[0]), float("nan") if x.shape[1] % bn else 0.0) +
+            (0.0 if x.shape[1] % bn else x.sum(-1)[None, :])),
 ]
 
 
@@ -215,8 +249,9 @@ def _check_row_sum(ns):
         m, n = x.shape
         buffers = {"x": {"data": x, "pad_cols": 3}, "out": {"shape": [1, m], "output": True}}
         args = [["buf", "x", None], ["buf", "out", 0], ["val", n], ["stride", "x", 0]]
-        traffic = _launch(ns, "row_sum_kernel", label, buffers, (m,), args, {"BLOCK_N": bn}, ["out"],
-                          {"out": specs.row_sum(x)[None, :]}, _ROW_SUM_MISTAKES, (x, bn))
+        # masked lanes of a load without other= read NaN here, as undefined as on a GPU
+        traffic = _launch(undefined_other(ns), "row_sum_kernel", label, buffers, (m,), args, {"BLOCK_N": bn}, ["out"],
+                          {"out": specs.row_sum(x)[None, :]}, _ROW_SUM_MISTAKES, (x, bn), names=("x", "BLOCK_N"))
         checked = check_traffic("row_sum_kernel", label, traffic, {"x": (4 * m * n, None), "out": (None, 4 * m)})
     return (f"{len(cases)} launches (partial last blocks, a row shorter than the block) match the spec"
             + _traffic_note(checked, "x read once, one value stored per row"))
@@ -277,7 +312,8 @@ def _check_softmax_kernel(ns):
         rows, cols = x.shape
         block = next_power_of_2(cols)
         traffic = _launch(ns, "softmax_kernel", label, _softmax_buffers(x), (rows,), _SOFTMAX_ARGS + [["val", cols]],
-                          {"BLOCK_SIZE": block}, ["y"], {"y": specs.row_softmax(x)}, _SOFTMAX_KERNEL_MISTAKES, (x,))
+                          {"BLOCK_SIZE": block}, ["y"], {"y": specs.row_softmax(x)},
+                          _SOFTMAX_KERNEL_MISTAKES, (x,), names=("x",))
         checked = check_traffic("softmax_kernel", label, traffic,
                                 {"x": (4 * rows * cols, None), "y": (None, 4 * rows * cols)})
     return (f"{len(cases)} inputs (odd widths, one column, large logits) match the spec, with no stray access"
@@ -339,8 +375,8 @@ def _check_online(ns):
         rows, cols = x.shape
         traffic = _launch(ns, "online_softmax_kernel", label, _softmax_buffers(x), (rows,),
                           _SOFTMAX_ARGS + [["val", cols]], {"BLOCK_SIZE": block}, ["y"], {"y": specs.row_softmax(x)},
-                          _ONLINE_MISTAKES, (x, block))
-        checked = check_traffic("online_softmax_kernel", label, traffic,
+                          _ONLINE_MISTAKES, (x, block), names=("x", "BLOCK_SIZE"))
+        checked = within_budget(_BUDGET_ONLINE_SOFTMAX, "online_softmax_kernel", label, traffic,
                                 {"x": (2 * 4 * rows * cols, None), "y": (None, 4 * rows * cols)}, [_THIRD_PASS])
     return (f"{len(cases)} inputs (rows of several blocks, a partial last block, large logits) match the spec"
             + _traffic_note(checked, "each row read at most twice, written once"))
@@ -401,8 +437,8 @@ def _check_matmul(ns):
                 ["stride", "a", 0], ["stride", "a", 1], *b_strides, ["stride", "c", 0], ["stride", "c", 1]]
         traffic = _launch(ns, "matmul_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
                           {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, ["c"], {"c": specs.matmul(a, b)},
-                          _MATMUL_MISTAKES, (a, b, bk), uses_dot=True)
-        checked = check_traffic("matmul_kernel", label, traffic, matmul_budget(m, n, k, bm, bn))
+                          _MATMUL_MISTAKES, (a, b, bk), uses_dot=True, names=("A", "B", "BLOCK_K"))
+        checked = within_budget(_BUDGET_MATMUL, "matmul_kernel", label, traffic, matmul_budget(m, n, k, bm, bn))
     return (f"{len(cases)} launches (ragged M, N and K, a column-major B) match the spec, with no stray access"
             + _traffic_note(checked, "A read cdiv(N, BLOCK_N) times, B cdiv(M, BLOCK_M) times, C written once"))
 
@@ -411,11 +447,13 @@ def _check_matmul(ns):
 # causal-tile: scale and causally mask a tile of scores, reading no tile that is wholly masked
 # ---------------------------------------------------------------------------------------------------------------
 
-def _causal_with(offset=0, fill=float("-inf"), transposed=False, use_scale=True):
-    def impl(s, scale):
+def _causal_with(offset=0, fill=float("-inf"), transposed=False, use_scale=True, pid_skip=False):
+    def impl(s, scale, bm, bn):
         n_q, n_k = s.shape
         i, j = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
         keep = (j >= i) if transposed else (j <= i + offset)
+        if pid_skip:  # tiles with pid_n > pid_m written as -inf without a look
+            keep = keep & (j // bn <= i // bm)
         return (s * (scale if use_scale else 1.0)).masked_fill(~keep, fill)
     return impl
 
@@ -427,6 +465,9 @@ _CAUSAL_MISTAKES = [
     Mistake("filled-with-zero", "masked scores are 0, which softmax still weighs (exp(0) = 1): fill them with -inf",
             _causal_with(fill=0.0)),
     Mistake("scale-forgotten", "the kept scores are not multiplied by scale", _causal_with(use_scale=False)),
+    Mistake("tile-skip-by-program-id", "tiles are skipped by comparing program ids (pid_n <= pid_m), which is the "
+            "diagonal only when BLOCK_M == BLOCK_N: a tile keeps an entry when its first key column is at most its "
+            "last query row, pid_n * BLOCK_N <= pid_m * BLOCK_M + BLOCK_M - 1", _causal_with(pid_skip=True)),
 ]
 
 
@@ -436,10 +477,11 @@ _MASKED_READ = Mistake("masked-entries-read", "entries that end as -inf are read
 
 def _causal_cases():
     out = []
-    for seed, (n_q, n_k, bm, bn) in enumerate([(16, 16, 8, 8), (20, 13, 8, 8), (9, 24, 8, 8)]):
+    for seed, (n_q, n_k, bm, bn) in enumerate([(16, 16, 8, 8), (20, 13, 8, 8), (9, 24, 8, 8), (16, 20, 16, 8),
+                                                (12, 24, 4, 8)]):
         g = _gen(1400 + seed)
-        what = "square" if n_q == n_k else "more queries than keys" if n_q > n_k else \
-            "more keys than queries (tiles wholly above the diagonal)"
+        what = "non-square tiles" if bm != bn else "square" if n_q == n_k else "more queries than keys" \
+            if n_q > n_k else "more keys than queries (tiles wholly above the diagonal)"
         out.append((f"S of shape ({n_q}, {n_k}) ({what}), BLOCK_M={bm}, BLOCK_N={bn}", _randn(g, n_q, n_k),
                     0.25 + 0.5 * seed, bm, bn))
     return out
@@ -456,11 +498,12 @@ def _check_causal(ns):
                 ["stride", "out", 0], ["val", scale]]
         traffic = _launch(ns, "causal_mask_kernel", label, buffers, (cdiv(n_q, bm), cdiv(n_k, bn)), args,
                           {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.causal_scores(s, scale)},
-                          _CAUSAL_MISTAKES, (s, scale))
+                          _CAUSAL_MISTAKES, (s, scale, bm, bn), names=("S", "scale", "BLOCK_M", "BLOCK_N"))
         budget = 4 * specs.tiles_touching_causal(n_q, n_k, bm, bn)
-        checked = check_traffic("causal_mask_kernel", label, traffic, {"s": (budget, None), "out": (None, 4 * n_q * n_k)},
+        checked = within_budget(_BUDGET_CAUSAL_MASK, "causal_mask_kernel", label, traffic,
+                                {"s": (budget, None), "out": (None, 4 * n_q * n_k)},
                                 [_MASKED_READ])
-    return (f"{len(cases)} launches (square, n_q > n_k, n_q < n_k) match the spec"
+    return (f"{len(cases)} launches (square, n_q > n_k, n_q < n_k, BLOCK_M != BLOCK_N) match the spec"
             + _traffic_note(checked, "S read only in tiles that keep an entry, out written once"))
 
 

@@ -46,8 +46,10 @@ HINTS = {
         "Two loops: the outer one over blocks of block_m query rows, the inner one over blocks of block_n keys "
         "(range(0, N, block) with slicing, so the last block may be shorter). Each query block starts with "
         "m = -inf, l = 0, acc = 0 and is finished (O and L written) before the next one starts.",
-        "Inside the inner loop it is your online_softmax_update on the tile S = Q_i K_j^T * scale, with the batch "
-        "dim in front. With causal, set S to -inf where key j > query i (compare absolute positions, not "
+        "Inside the inner loop it is part 1's update on the tile S = Q_i K_j^T * scale, of shape (B, bq, bk). Part "
+        "1's function is unbatched (m of shape (M,)): call it once per batch entry, or write its lines here with "
+        "the batch dim in front (m and l of shape (B, bq), acc (B, bq, dv), [..., None] where part 1 has "
+        "[:, None]). With causal, set S to -inf where key j > query i (compare absolute positions, not "
         "positions inside the tile), and stop the inner loop once the key block starts after the query block's "
         "last row.",
         "At the end of a query block: O_i = acc / l[..., None] and L_i = m + log(l). In the Function's forward, "

@@ -19,9 +19,18 @@ from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry,
                                   counterexample, diagnose, gen as _gen, learner_of, mismatch, present, randn as _randn,
                                   value_of)
 from attnlab.grading.exercises.e07 import spec as specs
+from attnlab.grading.feedback import within_budget
+from attnlab.grading.footprint import measured_call
 from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
+from attnlab.tiled import tiled_attention
 
 CHECKS = Registry()
+
+# what each kernel's byte budget allows, in the words of its part (the diagnosis of extra traffic)
+_BUDGET_FLASH_FWD = ('Q read once, K and V once per query block (with CAUSAL only the blocks on or below the '
+                     'diagonal), O and L written once')
+_BUDGET_FLASH_BWD_DKDV = ('K and V read once, Q, dO, L and D once per key block (with CAUSAL only from the first '
+                          'query block that sees it), dK and dV written once')
 
 RTOL, ATOL = 1e-4, 1e-5          # float32: the order of additions differs from the reference's, nothing else
 GRAD_RTOL, GRAD_ATOL = 1e-4, 5e-5
@@ -86,7 +95,7 @@ def _check_online(ns):
 
 def _forward_emulation(q, k, v, causal=False, scale=None, block_m=16, block_n=16, rescale_acc=True, use_scale=True,
                        drop_tail=False, mask_tail=True, causal_strict=False, diagonal_unmasked=False, skip=True,
-                       lse="ok", exp2=False, normalise=True):
+                       lse="ok", exp2=False, normalise=True, causal_in_tile=False):
     """FlashAttention-2's forward as the learner writes it: q (B, Nq, d), k, v (B, Nk, d) -> (O, L).
 
     The switches are the known mistakes: ``mask_tail=False`` lets keys past Nk (loaded as 0) into the
@@ -119,6 +128,8 @@ def _forward_emulation(q, k, v, causal=False, scale=None, block_m=16, block_n=16
             s = q[:, q0:q1] @ kb.transpose(1, 2) * sc                      # (B, bq, bk)
             if causal and not diagonal_unmasked:
                 keep = cols < rows if causal_strict else cols <= rows
+                if causal_in_tile:  # positions inside the tile compared, not absolute ones
+                    keep = (cols - k0) <= (rows - q0)
                 s = s.masked_fill(~keep, float("-inf"))
             m_new = torch.maximum(m, s.amax(-1))
             alpha = ex(m - m_new)
@@ -154,6 +165,9 @@ _OUT_MISTAKES = [   # mistakes visible in O (and in L): compared on O
     Mistake("causal-diagonal-unmasked", "the blocks above the diagonal are skipped, but inside the block that "
             "crosses it keys j > i are not masked: set their scores to -inf", _fwd(diagonal_unmasked=True)),
     Mistake("not-normalised", "the output is not divided by the running sum l at the end", _fwd(normalise=False)),
+    Mistake("causal-positions-in-tile", "the causal mask compares positions inside the tile (0 ... block - 1) instead "
+            "of absolute ones: query q0 + i sees key k0 + j when k0 + j <= q0 + i, so build the two position "
+            "vectors from q0 and k0", _fwd(causal_in_tile=True)),
 ]
 _LSE_MISTAKES = [   # O right, L wrong: compared on L
     Mistake("lse-missing-max", "L is log(l) only: l is a sum of exp(S - m), so L = m + log(l)", _fwd(lse="no-max")),
@@ -230,8 +244,79 @@ def _check_tiled(ns):
     fn_cases = [cases[1], cases[2]]
     n = check_function(learner, "flash_attention_pytorch", specs.flash_attention_pytorch, fn_cases,
                        [Mistake(m.key, m.message, _first(m.impl, 0)) for m in _OUT_MISTAKES])
+    technique = _check_technique(learner, name)
     return (f"{len(cases)} cases match O and L (causal, Nq != Nk, partial blocks, large scores), and "
-            f"FlashAttentionFunction's forward on {n}")
+            f"FlashAttentionFunction's forward on {n}; {technique}")
+
+
+# the technique, measured from outside the learner's code (attnlab/grading/footprint.py)
+
+PEAK_N = 2048                      # an N x N float32 matrix is 16 MiB here; q, k, v are 128 KiB each
+PEAK_LIMIT = 4 * PEAK_N ** 2 // 2  # a tiled function holds (block_m, block_n) tiles: far below half of it
+FULL_MATRIX = Mistake("holds-n-by-n", "the function holds an N x N matrix (the whole score matrix S or P at once): "
+                      "walk K and V in tiles of block_n keys with the online softmax (forward) or recompute P tile "
+                      "by tile from L (backward), so that nothing larger than (block_m, block_n) is ever held", None)
+NOT_SKIPPED_PT = Mistake("causal-blocks-not-skipped", "with causal=True the loop still computes the key blocks "
+                         "above the diagonal (masked to -inf, so the numbers look right): a query block ending at "
+                         "row r needs keys < min(r + 1, Nk) only, so stop the key loop there", None)
+
+
+def _peak_case(seed, n=PEAK_N, grad=False):
+    g = _gen(seed)
+    q, k, v = (_randn(g, 1, n, 16) for _ in range(3))
+    case = [(q, k, v, False, 64, 64), {}]
+    return case + [_randn(g, 1, n, 16)] if grad else case
+
+
+def _check_memory(learner, name, seed, grad=None):
+    """Fail when the peak memory of a call at N = PEAK_N grows by more than PEAK_LIMIT; a note when not measured."""
+    reply, cost = measured_call(learner, name, _peak_case(seed, grad=grad is not None), grad=grad)
+    present(reply, name)
+    value_of((reply.get("results") or [{"raised": "no result"}])[0], name, f"B=1, N={PEAK_N}, d=16")
+    peak = cost["peak_bytes"]
+    if peak is None:
+        return "memory not measured (this process cannot read the peak memory of the one your code runs in)"
+    if peak > PEAK_LIMIT:
+        raise Fail(f"`{name}` on B=1, N={PEAK_N}, d=16, block_m=block_n=64: the process's peak memory grew by "
+                   f"{peak / 2**20:.1f} MiB during the call, where one N x N float32 matrix is "
+                   f"{4 * PEAK_N ** 2 / 2**20:.0f} MiB and a tiled function needs well under half of it",
+                   [FULL_MATRIX])
+    return f"no N x N matrix held at N={PEAK_N} (peak memory growth under {PEAK_LIMIT // 2**20} MiB)"
+
+
+def _causal_work(bq, bk, n, d):
+    """Matmul FLOPs of a causal forward that skips the tiles above the diagonal: QK^T and PV on each tile it keeps."""
+    tiles = sum(min(q0 + bq, n) > k0 for q0 in range(0, n, bq) for k0 in range(0, n, bk))
+    return tiles * 2 * 2 * bq * bk * d
+
+
+def _check_technique(learner, name):
+    """tiled-forward's technique: no N x N matrix, and causal tiles skipped (a poisoned tail, counted FLOPs)."""
+    notes = [_check_memory(learner, name, 1491)]
+    # keys past the last query block's tiles are seen by no query: NaN there reaches O only through a
+    # block that is computed (0 * NaN = NaN in P V), never through one that is skipped
+    g = _gen(1490)
+    q, k, v = _randn(g, 1, 32, 16), _randn(g, 1, 64, 16), _randn(g, 1, 64, 16)
+    v[:, 32:] = float("nan")
+    label = "B=1, Nq=32, Nk=64, d=16, causal=True, block_m=block_n=16, V = NaN in the keys no query sees"
+    reply = learner.call(name, [[(q, k, v, True, 16, 16), {}]])
+    present(reply, name)
+    got = value_of((reply.get("results") or [{"raised": "no result"}])[0], name, label)
+    if isinstance(got, (tuple, list)) and got and torch.is_tensor(got[0]) and torch.isnan(got[0]).any():
+        raise Fail(f"`{name}` on {label}: O holds NaN, so the NaN values of V reached it through key blocks that no "
+                   f"query may see", [NOT_SKIPPED_PT])
+    n, bq = 256, 32
+    reply, cost = measured_call(learner, name, [(*(_randn(g, 1, n, 16) for _ in range(3)), True, bq, bq), {}])
+    present(reply, name)
+    value_of((reply.get("results") or [{"raised": "no result"}])[0], name, f"B=1, N={n}, causal=True")
+    if cost["flops"] is not None:
+        budget = _causal_work(bq, bq, n, 16)
+        if cost["flops"] > 1.3 * budget:
+            raise Fail(f"`{name}` on B=1, N={n}, d=16, causal=True, block_m=block_n={bq}: {cost['flops']:,} matmul "
+                       f"FLOPs, where skipping the tiles above the diagonal needs {budget:,} "
+                       f"({cost['flops'] / budget:.2f}x)", [NOT_SKIPPED_PT])
+        notes.append("causal tiles skipped (counted matmul FLOPs)")
+    return ", ".join(notes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,15 +331,16 @@ _FLASH_PADS = {"q": (16, 0), "k": (8, 16), "v": (4, 0), "o": (8, 8), "l": (0, 8)
 
 def _flash_cases():
     cases = []
-    for seed, (b, n, causal, bm, bn, amp) in enumerate([(2, 32, False, 16, 16, 1.0), (2, 40, True, 16, 16, 1.0),
-                                                        (2, 37, False, 32, 16, 3.0), (2, 48, True, 32, 16, 1.0),
-                                                        (1, 7, True, 16, 16, 1.0)]):
+    # scale is never only 1/sqrt(HEAD_DIM) = 0.25: a kernel must use its scale argument
+    for seed, (b, n, causal, bm, bn, amp, sc) in enumerate([
+            (2, 32, False, 16, 16, 1.0, 0.25), (2, 40, True, 16, 16, 1.0, 0.6), (2, 37, False, 32, 16, 3.0, 0.25),
+            (2, 48, True, 32, 16, 1.0, 0.4), (1, 7, True, 16, 16, 1.0, 0.25), (2, 40, True, 16, 32, 1.0, 0.15)]):
         g = _gen(1500 + seed)
         q, k, v = _randn(g, b, n, 16, scale=amp), _randn(g, b, n, 16, scale=amp), _randn(g, b, n, 16)
-        label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, BLOCK_M={bm}, BLOCK_N={bn}"
+        label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, scale={sc}, BLOCK_M={bm}, BLOCK_N={bn}"
                  + (" with large scores" if amp > 1 else "") + (", N < BLOCK" if n < bm else
                                                                  ", a partial last block" if n % bn or n % bm else ""))
-        cases.append((label, q, k, v, causal, bm, bn))
+        cases.append((label, q, k, v, causal, sc, bm, bn))
     return cases
 
 
@@ -273,14 +359,14 @@ def _forward_budget(b, n, d, causal, bm, bn, es=4):
     return {"q": (b * n * d * es, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, b * n * d * es), "l": (0, b * n * es)}
 
 
-def _flash_launch(ns, label, q, k, v, causal, bm, bn, pads=_FLASH_PADS, traffic=None):
+def _flash_launch(ns, label, q, k, v, causal, scale, bm, bn, pads=_FLASH_PADS, traffic=None):
     b, n, d = q.shape
     buffers = {"q": {"data": q}, "k": {"data": k}, "v": {"data": v}, "o": {"shape": [b, n, d], "output": True},
                "l": {"shape": [b, n], "output": True}}
     for key, (rows, cols) in pads.items():
         buffers[key].update(pad_rows=rows, pad_cols=cols)
     args = [["buf", x, None] for x in "qkvol"] + [["stride", x, dim] for x in "qkvo" for dim in (0, 1)] + \
-        [["stride", "l", 0], ["val", n], ["val", d ** -0.5]]
+        [["stride", "l", 0], ["val", n], ["val", scale]]
     out = run_guarded(ns, "flash_fwd_kernel", label, buffers, (cdiv(n, bm), b), args,
                       {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal}, ["o", "l"], traffic=traffic)
     return out["o"], out["l"]
@@ -314,27 +400,48 @@ def _fwd_case(Q, K, V, CAUSAL, scale, BLOCK_M, BLOCK_N):
     """What a forward kernel case is (its parameter names label a counterexample's inputs)."""
 
 
-def _dkdv_case(Q, K, V, DO, CAUSAL, BLOCK_M, BLOCK_N):
+def _dkdv_case(Q, K, V, DO, CAUSAL, scale, BLOCK_M, BLOCK_N):
     """What a dK/dV kernel case is (L and D are the reference's, from Q, K, V and DO)."""
 
 
-def _flash_one(ns, label, q, k, v, causal, bm, bn):
-    scale = q.shape[-1] ** -0.5
-    want = specs.tiled_attention_forward(q, k, v, causal, 64, 64)
-    mistakes = (_OUT_MISTAKES + [Mistake("masked-keys-not-masked", "keys past N are loaded as 0 and join the "
-                                         "softmax with score 0: set their scores to -inf (offs_n < N)",
-                                         _fwd(mask_tail=False))] + [_EXP2],
-                _LSE_MISTAKES)
+def _with_scale(q, k, v, causal, scale):
+    """O (B, N, d) and L (B, N) of attention with this ``scale``: attnlab.tiled's FlashAttention."""
+    o, lse = tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, scale=scale, block_m=64, block_n=64,
+                             return_lse=True)
+    return o[:, 0], lse[:, 0]
+
+
+def _kernel_fwd(**flags):
+    """A forward kernel's mistake (``_forward_emulation``'s switches) with the kernel's own scale argument."""
+    return lambda q, k, v, causal, scale, bm, bn: _forward_emulation(q, k, v, causal, scale, bm, bn, **flags)
+
+
+SCALE_IGNORED = Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) "
+                        "written in instead?): the caller chooses the scale, so multiply the scores by `scale`",
+                        lambda q, k, v, causal, scale, bm, bn: _forward_emulation(q, k, v, causal, None, bm, bn))
+
+
+def _flash_one(ns, label, q, k, v, causal, scale, bm, bn):
+    want = _with_scale(q, k, v, causal, scale)
+    out_keys = {m.key: m for m in _OUT_MISTAKES}
+    flags = {"acc-not-rescaled": dict(rescale_acc=False), "scale-forgotten": dict(use_scale=False),
+             "off-by-one-block-edge": dict(drop_tail=True), "causal-off-by-one": dict(causal_strict=True),
+             "causal-diagonal-unmasked": dict(diagonal_unmasked=True), "not-normalised": dict(normalise=False),
+             "causal-positions-in-tile": dict(causal_in_tile=True)}
+    out = [Mistake(key, out_keys[key].message, _kernel_fwd(**f)) for key, f in flags.items()]
+    out += [SCALE_IGNORED,
+            Mistake("masked-keys-not-masked", "keys past N are loaded as 0 and join the softmax with score 0: set "
+                    "their scores to -inf (offs_n < N)", _kernel_fwd(mask_tail=False)),
+            Mistake(_EXP2.key, _EXP2.message, _kernel_fwd(exp2=True))]
+    lse_keys = {m.key: m for m in _LSE_MISTAKES}
+    lse = [Mistake(key, lse_keys[key].message, _kernel_fwd(lse=how)) for key, how in
+           (("lse-missing-max", "no-max"), ("lse-is-max", "max"), ("lse-in-base-2", "base2"))]
+    mistakes = (out, lse)
     args = (q, k, v, causal, scale, bm, bn)
-
-    def emulated(impl):
-        return lambda q, k, v, causal, scale, bm, bn: impl(q, k, v, causal, bm, bn)
-
-    mistakes = tuple([Mistake(m.key, m.message, emulated(m.impl)) for m in ms] for ms in mistakes)
     traffic = {}
 
     def run(pads, traffic=None):
-        got = _flash_launch(ns, label, q, k, v, causal, bm, bn, pads, traffic)
+        got = _flash_launch(ns, label, q, k, v, causal, scale, bm, bn, pads, traffic)
         _compare_outputs("flash_fwd_kernel", label, got, want, ("O", "L"), (mistakes[0], mistakes[0] + mistakes[1]),
                          args, {}, kernel=True, spec=_fwd_case)
 
@@ -343,7 +450,7 @@ def _flash_one(ns, label, q, k, v, causal, bm, bn):
     budget = _forward_budget(b, n, d, causal, bm, bn)
     full_kv = _forward_budget(b, n, d, False, bm, bn)["k"][0]
     extra = [NOT_SKIPPED] if causal and traffic.get("k", {}).get("load_bytes", 0) >= full_kv > budget["k"][0] else []
-    return check_traffic("flash_fwd_kernel", label, traffic, budget, extra)
+    return within_budget(_BUDGET_FLASH_FWD, "flash_fwd_kernel", label, traffic, budget, extra)
 
 
 _EXP2 = Mistake("exp2-without-log2e", "exp2 is used without folding log2(e) into the scale: exp(x) = exp2(x * "
@@ -354,7 +461,7 @@ _EXP2 = Mistake("exp2-without-log2e", "exp2 is used without folding log2(e) into
 @CHECKS("flash-kernel-loop")
 def _check_flash(ns):
     cases = _flash_cases()
-    traced = [_flash_one(ns, label, q, k, v, causal, bm, bn) for label, q, k, v, causal, bm, bn in cases]
+    traced = [_flash_one(ns, *case) for case in cases]
     tail = ("; each within its byte budget (Q read once, K and V once per query block, causal blocks skipped, "
             "O and L written once)" if all(traced) else
             "; traffic not checked: on a GPU the kernel is not traced (it is in Triton's interpreter)")
@@ -371,10 +478,12 @@ TRAFFIC_RTOL = 0.01   # the part's stated tolerance: bytes are exact for a kerne
 def _traffic_cases():
     g = _gen(1700)
     cases = []
-    for causal, low in ((False, 24), (True, 48)):
+    # block sizes that differ from the default and from each other: a measurement must pass them on
+    for causal, low, bm, bn in ((False, 24, 16, 16), (True, 48, 16, 16), (True, 48, 32, 16), (False, 32, 16, 32)):
         n = low + 8 * int(torch.randint(0, 3, (1,), generator=g))         # 24 ... 40, then 48 ... 64
         seed = int(torch.randint(0, 10_000, (1,), generator=g))
-        cases.append((f"n={n}, causal={causal}, blocks 16 x 16, seed={seed}", (n, causal, 16, 16, seed), {}))
+        cases.append((f"n={n}, causal={causal}, block_m={bm}, block_n={bn}, seed={seed}", (n, causal, bm, bn, seed),
+                      {}))
     return cases
 
 
@@ -402,6 +511,10 @@ _TRAFFIC_MISTAKES = [
     Mistake("causal-ignored", "the causal flag is not passed on: the measurement is of the non-causal kernel",
             _traffic_of({"value": lambda t: t.total_bytes,
                          "kwargs": lambda c, bm, bn: dict(causal=False, block_m=bm, block_n=bn)})),
+    Mistake("blocks-ignored", "block_m and block_n are not passed on: the measurement is of the kernel with 16 x 16 "
+            "blocks whatever the blocks asked for", _traffic_of({"value": lambda t: t.total_bytes,
+                                                                "kwargs": lambda c, bm, bn: dict(causal=c, block_m=16,
+                                                                                  block_n=16)})),
     Mistake("kv-only", "only K and V are counted: Q, O and L are traffic too",
             _traffic_of({"value": lambda t: t.by_tensor["K"]["read"] + t.by_tensor["V"]["read"]})),
 ]
@@ -433,7 +546,7 @@ def _check_traffic_experiment(ns):
                              "flash-kernel-loop's traffic check?)")
             raise Fail(f"`{name}` on {label}: measured {got:,.0f} bytes; reproduced with the reference kernel: "
                        f"{want:,} bytes (tolerance {TRAFFIC_RTOL:.0%}){hint_text}", found)
-        lines.append(f"{want:,} B at n={args[0]}{' causal' if args[1] else ''}")
+        lines.append(f"{want:,} B at n={args[0]}{' causal' if args[1] else ''}, blocks {args[2]} x {args[3]}")
     return f"your measurements reproduce ({', '.join(lines)}) within {TRAFFIC_RTOL:.0%}"
 
 
@@ -542,7 +655,8 @@ def _check_backward(ns):
     n = check_with_gradients(ns, "flash_attention_pytorch", specs.flash_attention_pytorch, _backward_cases(),
                              inputs=[0, 1, 2], mistakes=_BACKWARD_MISTAKES, rtol=GRAD_RTOL, atol=GRAD_ATOL,
                              labels=["dQ", "dK", "dV"])
-    return f"{n} cases match O, dQ, dK and dV (causal, Nq != Nk, partial blocks)"
+    memory = _check_memory(ns, "flash_attention_pytorch", 1890, grad={"inputs": [0, 1, 2], "output": None})
+    return f"{n} cases match O, dQ, dK and dV (causal, Nq != Nk, partial blocks); forward and backward: {memory}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,13 +673,13 @@ _DKDV_PADS = {"q": (16, 0), "k": (8, 16), "v": (4, 0), "do": (8, 8), "l": (0, 8)
 
 def _dkdv_cases():
     cases = []
-    for seed, (b, n, causal, bm, bn) in enumerate([(2, 32, False, 16, 16), (2, 40, True, 16, 16),
-                                                   (1, 37, False, 32, 16), (2, 48, True, 16, 32)]):
+    for seed, (b, n, causal, bm, bn, sc) in enumerate([(2, 32, False, 16, 16, 0.25), (2, 40, True, 16, 16, 0.6),
+                                                       (1, 37, False, 32, 16, 0.4), (2, 48, True, 16, 32, 0.25)]):
         g = _gen(1900 + seed)
         q, k, v, do = _randn(g, b, n, 16), _randn(g, b, n, 16), _randn(g, b, n, 16), _randn(g, b, n, 16)
-        label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, BLOCK_M={bm}, BLOCK_N={bn}"
+        label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, scale={sc}, BLOCK_M={bm}, BLOCK_N={bn}"
                  + (", a partial last block" if n % bm or n % bn else ""))
-        cases.append((label, q, k, v, do, causal, bm, bn))
+        cases.append((label, q, k, v, do, causal, sc, bm, bn))
     return cases
 
 
@@ -580,7 +694,7 @@ def _dkdv_budget(b, n, d, causal, bm, bn, es=4):
             "v": (kv, 0), "dk": (0, kv), "dv": (0, kv)}
 
 
-def _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, bm, bn, pads, traffic=None):
+def _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, scale, bm, bn, pads, traffic=None):
     b, n, d = q.shape
     buffers = {"q": {"data": q}, "k": {"data": k}, "v": {"data": v}, "do": {"data": do}, "l": {"data": lse},
                "d": {"data": delta}, "dk": {"shape": [b, n, d], "output": True},
@@ -589,23 +703,24 @@ def _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, bm, bn, pads, traff
         buffers[key].update(pad_rows=rows, pad_cols=cols)
     args = [["buf", x, None] for x in ("q", "k", "v", "do", "l", "d", "dk", "dv")] + \
         [["stride", x, dim] for x in ("q", "k", "v", "do") for dim in (0, 1)] + \
-        [["stride", "l", 0], ["val", n], ["val", d ** -0.5]]
+        [["stride", "l", 0], ["val", n], ["val", scale]]
     out = run_guarded(ns, "flash_bwd_dkdv_kernel", label, buffers, (cdiv(n, bn), b), args,
                       {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal}, ["dk", "dv"], traffic=traffic)
     return out["dk"], out["dv"]
 
 
-def _dkdv_one(ns, label, q, k, v, do, causal, bm, bn):
-    o, lse = specs.tiled_attention_forward(q, k, v, causal, 64, 64)
+def _dkdv_one(ns, label, q, k, v, do, causal, scale, bm, bn):
+    o, lse = _with_scale(q, k, v, causal, scale)
     delta = (do * o).sum(-1)                                                  # (B, N)
     qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
-    specs.flash_attention_pytorch(qq, kk, vv, causal, 64, 64).backward(do)
+    _with_scale(qq, kk, vv, causal, scale)[0].backward(do)
     want = (kk.grad, vv.grad)
-    args = (q, k, v, do, causal, bm, bn)
+    args = (q, k, v, do, causal, scale, bm, bn)
 
-    def wrong(**flags):
-        def impl(q, k, v, do, causal, bm, bn):
-            _dq, dk, dv = _backward_emulation(q, k, v, o, lse, do, causal, None, bm, bn, **flags)
+    def wrong(use_scale=True, **flags):
+        def impl(q, k, v, do, causal, scale, bm, bn):
+            _dq, dk, dv = _backward_emulation(q, k, v, o, lse, do, causal, scale if use_scale else None, bm, bn,
+                                              **flags)
             return dk, dv
         return impl
 
@@ -619,11 +734,14 @@ def _dkdv_one(ns, label, q, k, v, do, causal, bm, bn):
                   wrong(mask="none")),
           Mistake("causal-mask-missing-in-backward", "with CAUSAL the query blocks that see none of this key block "
                   "are skipped, but inside the tile that crosses the diagonal P is not zeroed where j > i",
-                  wrong(mask="kblocks"))]
+                  wrong(mask="kblocks")),
+          Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) written in "
+                  "instead?): recompute P = exp(Q K^T * scale - L) and scale dK with the `scale` it is given",
+                  wrong(use_scale=False))]
     traffic = {}
 
     def run(pads, traffic=None):
-        got = _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, bm, bn, pads, traffic)
+        got = _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, scale, bm, bn, pads, traffic)
         try:
             _compare_outputs("flash_bwd_dkdv_kernel", label, got, want, ("dK", "dV"), (ms, ms), args, {},
                              rtol=GRAD_RTOL, atol=GRAD_ATOL, kernel=True, spec=_dkdv_case)
@@ -637,7 +755,7 @@ def _dkdv_one(ns, label, q, k, v, do, causal, bm, bn):
     budget = _dkdv_budget(b, n, d, causal, bm, bn)
     full = _dkdv_budget(b, n, d, False, bm, bn)["q"][0]
     extra = [NOT_SKIPPED_BWD] if causal and traffic.get("q", {}).get("load_bytes", 0) >= full > budget["q"][0] else []
-    return check_traffic("flash_bwd_dkdv_kernel", label, traffic, budget, extra)
+    return within_budget(_BUDGET_FLASH_BWD_DKDV, "flash_bwd_dkdv_kernel", label, traffic, budget, extra)
 
 
 PADDED_ROWS = Mistake("padded-rows-not-zeroed", "NaN or inf in dK or dV with a partial last query block: the rows "

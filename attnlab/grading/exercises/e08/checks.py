@@ -14,10 +14,15 @@ from attnlab.attention import block_sparse_reference, scaled_dot_product_attenti
 from attnlab.grading.core import (Fail, Mistake, Registry, clone, counterexample, diagnose, gen as _gen, learner_of,
                                   mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e08 import spec as specs
+from attnlab.grading.feedback import labelled, within_budget
 from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, run_guarded
 from attnlab.mask_mods import MASK_MODS
 
 CHECKS = Registry()
+
+# what each kernel's byte budget allows, in the words of its part (the diagnosis of extra traffic)
+_BUDGET_BLOCK_SPARSE_FWD = ('Q read once, each listed K/V block once per query block that lists it, O written once')
+_BUDGET_FLEX_FWD = ('Q read once, each listed K/V block and each MASK tile of a partial block once, O written once')
 
 
 # ---------------------------------------------------------------------------------------
@@ -145,7 +150,7 @@ def _padded_mask(kind, arg, B, H, Nq, Nk, bq, bk, pad=False, transposed=False):
     return out
 
 
-def _lists_with(pad=False, transposed=False, rule="right", floor=False, edge=False):
+def _lists_with(pad=False, transposed=False, rule="right", floor=False, edge=False, ragged_full=False):
     """A wrong create_block_mask (normalised lists), from the element mask."""
     def impl(kind, arg, B, H, Nq, Nk, block_size):
         bq, bk = specs.block_sizes(block_size)
@@ -165,6 +170,10 @@ def _lists_with(pad=False, transposed=False, rule="right", floor=False, edge=Fal
         else:
             count = m.view(B, H, nqb, bq, nkb, bk).sum((3, 5))
             full_size = bq * bk
+        if ragged_full:  # a tile is "full" when all of its positions inside the sequence are allowed
+            rows = torch.clamp(Nq - torch.arange(nqb) * bq, max=bq)
+            cols = torch.clamp(Nk - torch.arange(nkb) * bk, max=bk)
+            full_size = rows[:, None] * cols[None, :]
         if floor:
             count = count[..., :Nq // bq, :Nk // bk]
         anything = count > 0
@@ -195,9 +204,15 @@ _BLOCK_MASK_MISTAKES = [
             "belongs to the full lists alone", _lists_with(rule="partial-includes-full")),
     Mistake("ragged-tail-full", "positions past Nq or Nk count as masked out: pad with False, so a ragged last "
             "block is partial (the kernel must bound-check it), never full", _lists_with(pad=True)),
+    Mistake("ragged-tail-full", "a ragged last tile whose positions inside the sequence are all allowed is counted "
+            "as full: the positions past Nq or Nk count as masked out, so that tile is partial (a full tile is "
+            "visited with no mask at all, not even the bound on the sequence's end)", _lists_with(ragged_full=True)),
     Mistake("ragged-tail-dropped", "the number of blocks rounds up: n_qb = ceil(Nq / BQ), n_kb = ceil(Nk / BK); "
             "the last, ragged block counts", _lists_with(floor=True)),
 ]
+
+
+_BLOCK_MASK_FOR = ("kind", "arg", "B", "H", "Nq", "Nk", "block_size")  # block_mask_for's parameters
 
 
 @CHECKS("flex-block-mask")
@@ -222,7 +237,7 @@ def _check_block_mask(ns):
                            f"block's key blocks in increasing order, as FlexAttention does")
             names = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"]
             which = next(n for n, g, w in zip(names, got, want) if mismatch(g, w))
-            lines = counterexample(label, got, want, args, {})
+            lines = counterexample(label, got, want, args, {}, names=_BLOCK_MASK_FOR)
             raise Fail("\n    ".join([f"`create_block_mask` on {label}: {why} ({which}; entries past each count "
                                       f"are shown as -1 and not compared)", *lines]),
                        diagnose(got, _BLOCK_MASK_MISTAKES, args, {}))
@@ -320,10 +335,12 @@ def _sparse_cases():
 
 
 def _sparse_with(use_list=True, counter_as_index=False, head_zero=False, rescale=True, nan_empty=False,
-                 mask_tail=True, drop_last=False):
+                 mask_tail=True, drop_last=False, scale_ignored=False):
     """A wrong block-skipping loop, in PyTorch: q, k, v (BH, N, D), visit (BH, n_qb, n_kb)."""
     def impl(q, k, v, scale, visit, bm, bn):
         bh, n, d = q.shape
+        if scale_ignored:
+            scale = d ** -0.5
         vis = visit.clone()
         if not use_list:
             vis[:] = True
@@ -389,17 +406,24 @@ _SPARSE_MISTAKES = [
             "(tl.where(offs_n[None, :] < n_ctx, s, float('-inf')))", _sparse_with(mask_tail=False)),
     Mistake("count-off-by-one", "the last listed block is skipped: visit i = 0 ... kv_num_blocks[row] - 1, "
             "range(0, num)", _sparse_with(drop_last=True)),
+    Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) written in "
+            "instead?): the caller chooses the scale, so multiply the scores by `scale`",
+            _sparse_with(scale_ignored=True)),
 ]
+
+
+_SPARSE_SCALES = (0.25, 0.6, 0.4, 0.15)
 
 
 @CHECKS("block-sparse-loop")
 def _check_sparse(ns):
     cases = _sparse_cases()
     traced = False
-    for label, q, k, v, visit, bm, bn in cases:
+    for i, (label, q, k, v, visit, bm, bn) in enumerate(cases):
         bh, n, d = q.shape
         nqb, nkb = visit.shape[-2:]
-        scale = d ** -0.5
+        scale = _SPARSE_SCALES[i % len(_SPARSE_SCALES)]  # not only 1/sqrt(D): the kernel must use its argument
+        label = f"{label}, scale={scale}"
         num, idx = specs.block_lists(visit)
         args = _ATTENTION_ARGS + [["dev", num], ["dev", idx], ["stride", "o", 0], ["stride", "o", 1], ["val", n],
                                   ["val", nqb], ["val", nkb], ["val", scale]]
@@ -407,14 +431,16 @@ def _check_sparse(ns):
         got = run_guarded(ns, "block_sparse_fwd_kernel", label, _attention_buffers(q, k, v), (nqb, bh), args,
                           {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"], loads=loads, traffic=traffic)["o"]
         want = block_sparse_reference(q[None], k[None], v[None], visit[None], (bm, bn), scale=scale)[0]
-        kernel_failure(label, "block_sparse_fwd_kernel", got, want, _SPARSE_MISTAKES, (q, k, v, scale, visit, bm, bn),
-                       {}, uses_dot=True)
+        named, mistakes = labelled(("Q", "K", "V", "scale", "visited blocks", "BLOCK_M", "BLOCK_N"),
+                                   (q, k, v, scale, visit, bm, bn), _SPARSE_MISTAKES)
+        kernel_failure(label, "block_sparse_fwd_kernel", got, want, mistakes, (), named, uses_dot=True)
         if loads["k"] is not None:  # the interpreter recorded every load (no such record on a GPU)
             for name in ("k", "v"):
                 why = _stray_loads(loads[name], _kv_allowed(visit, bn, n, d), name.upper())
                 if why:
                     raise Fail(f"`block_sparse_fwd_kernel` on {label}: {why}", [LOADS_SKIPPED])
-        traced = check_traffic("block_sparse_fwd_kernel", label, traffic, _kv_budget(visit, bm, bn, n, d, bh)) or traced
+        traced = within_budget(_BUDGET_BLOCK_SPARSE_FWD, "block_sparse_fwd_kernel", label, traffic,
+                               _kv_budget(visit, bm, bn, n, d, bh)) or traced
     done = f"{len(cases)} launches match block_sparse_reference (random, windowed and empty lists, ragged N)"
     if not traced:
         return done + "; that skipped blocks are never loaded, and the byte budget, are checked only in Triton's " \
@@ -505,12 +531,14 @@ def _mask_allowed(partial, bm, bn, n):
     return allowed
 
 
-def _launch_flex(ns, label, q, k, v, e, lists, bm, bn, loads=None, traffic=None):
-    """Launch the learner's flex_fwd_kernel on (BH, N, D) inputs and the (BH, N, N) element mask."""
+def _launch_flex(ns, label, q, k, v, e, lists, bm, bn, loads=None, traffic=None, mask_pad=(3, 5)):
+    """Launch the learner's flex_fwd_kernel on (BH, N, D) inputs and the (BH, N, N) element mask (its rows
+    ``mask_pad`` rows and columns further apart than they are long)."""
     bh, n, d = q.shape
     kn, ki, fn, fi = (t.reshape(bh, *t.shape[2:]).to(torch.int32).contiguous() for t in lists)
     nqb, nkb = ki.shape[-2:]
-    buffers = {**_attention_buffers(q, k, v), "mask": {"data": e.to(torch.int8), "pad_rows": 3, "pad_cols": 5}}
+    buffers = {**_attention_buffers(q, k, v), "mask": {"data": e.to(torch.int8), "pad_rows": mask_pad[0],
+                                                       "pad_cols": mask_pad[1]}}
     args = _ATTENTION_ARGS + [["buf", "mask", None], ["dev", kn], ["dev", ki], ["dev", fn], ["dev", fi],
                               ["stride", "o", 0], ["stride", "o", 1], ["stride", "mask", 0], ["stride", "mask", 1],
                               ["val", n], ["val", nqb], ["val", nkb], ["val", d ** -0.5]]
@@ -530,6 +558,20 @@ def _dense_lists(lists, bh):
     return dense(kn, ki), dense(fn, fi)
 
 
+MASK_STRIDE_IGNORED = Mistake("mask-stride-ignored", "MASK's rows are addressed with n_ctx instead of their stride: "
+                              "row q of MASK starts at MASK + pid_h * stride_mh + q * stride_mq (the grader's MASK "
+                              "rows are further apart than n_ctx), so the kernel read the wrong rows", None)
+
+
+def _right_on_a_contiguous_mask(ns, label, q, k, v, e, lists, bm, bn, want):
+    """Whether the kernel is right when MASK's rows are n_ctx apart: then it ignores stride_mq."""
+    try:
+        got = _launch_flex(ns, label, q, k, v, e, lists, bm, bn, mask_pad=(0, 0))
+    except Fail:
+        return False
+    return mismatch(got, want, 5e-3, 5e-3) is None
+
+
 @CHECKS("partial-blocks")
 def _check_flex(ns):
     cases = _flex_cases()
@@ -541,15 +583,22 @@ def _check_flex(ns):
         e = _element_mask(kind, arg, B, H, n, n).reshape(B * H, n, n)
         q3, k3, v3 = (t.reshape(B * H, n, d) for t in (q, k, v))
         loads, traffic = {"k": None, "v": None, "mask": None}, {}
-        got = _launch_flex(ns, label, q3, k3, v3, e, lists, bm, bn, loads=loads, traffic=traffic)
         want = _flex_reference(q, k, v, kind, arg, bm, scale).reshape(B * H, n, d)
+        try:
+            got = _launch_flex(ns, label, q3, k3, v3, e, lists, bm, bn, loads=loads, traffic=traffic)
+        except Fail as exc:
+            if any(m.key == "out-of-bounds-load" for m in exc.mistakes) and \
+                    _right_on_a_contiguous_mask(ns, label, q3, k3, v3, e, lists, bm, bn, want):
+                exc.mistakes = [MASK_STRIDE_IGNORED]  # its "stray" loads are MASK's own padding, read as rows
+            raise
         if torch.isnan(got).any() and not torch.isnan(want).any():
             row = tuple(int(i) for i in torch.isnan(got).nonzero()[0][:2])
             raise Fail(f"`flex_fwd_kernel` on {label}: NaN in row {row[1]} of head {row[0]}, where "
                        f"flex_attention's output is finite", [NAN_ROWS])
         partial, full = _dense_lists(lists, B * H)
-        kernel_failure(label, "flex_fwd_kernel", got, want, _FLEX_MISTAKES,
-                       (q3, k3, v3, scale, e, partial, full, bm, bn), {}, uses_dot=True)
+        named, mistakes = labelled(("Q", "K", "V", "scale", "MASK", "partial blocks", "full blocks", "BLOCK_M",
+                                    "BLOCK_N"), (q3, k3, v3, scale, e, partial, full, bm, bn), _FLEX_MISTAKES)
+        kernel_failure(label, "flex_fwd_kernel", got, want, mistakes, (), named, uses_dot=True)
         if loads["k"] is not None:
             for name in ("k", "v"):
                 why = _stray_loads(loads[name], _kv_allowed(partial | full, bn, n, d), name.upper())
@@ -560,7 +609,7 @@ def _check_flex(ns):
                 raise Fail(f"`flex_fwd_kernel` on {label}: {why}", [MASK_FOR_FULL])
         budget = _kv_budget(partial | full, bm, bn, n, d, B * H)
         budget["mask"] = (int(_tiles(partial, bm, bn, n, n).sum()), 0)  # int8: one byte per element of a partial tile
-        traced = check_traffic("flex_fwd_kernel", label, traffic, budget) or traced
+        traced = within_budget(_BUDGET_FLEX_FWD, "flex_fwd_kernel", label, traffic, budget) or traced
     done = (f"{len(cases)} launches match torch's flex_attention (sliding window, prefix-LM, documents, padding rows "
             f"that see nothing; ragged N)")
     if not traced:
@@ -657,7 +706,8 @@ def _check_experiment(ns):
     want = (torch.tensor(dens, dtype=torch.float64), torch.tensor(kv, dtype=torch.float64))
     why = mismatch(got, want, rtol=1e-9, atol=1e-9)
     if why:
-        lines = counterexample(label, got, want, (windows, n, d, bs, seed), {})
+        lines = counterexample(label, got, want, (windows, n, d, bs, seed), {},
+                               names=("windows", "n", "d", "block_size", "seed"))
         raise Fail("\n    ".join([f"`bytes_against_density` on {label}: {why} (the densities must match within 1e-9, "
                                   f"the bytes exactly)", *lines]),
                    diagnose(got, _EXPERIMENT_MISTAKES, (windows, n, d, bs, seed), {}, rtol=1e-9, atol=1e-9))
