@@ -146,3 +146,82 @@ def test_extension_allows_root_unless_configured_and_registers_the_hook():
     strict = _FakeServer({"ServerApp": {"allow_root": False}})  # the learner's own config wins
     lab._load_jupyter_server_extension(strict)
     assert strict.allow_root is False
+
+
+# --- the README's routes start as root and not as root ---------------------------------------------------
+
+def _start(route, user, tmp_path):
+    """Start ``jupyter notebook`` or ``jupyter lab`` of this environment as the README types them (no
+    --allow-root), as ``user`` ("me" or "nobody"); returns (process, url, log path)."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if user == "nobody":  # pytest's tmp_path sits in a folder only root may enter
+        import tempfile
+
+        tmp_path = Path(tempfile.mkdtemp(prefix="attnlab-route-"))
+    home = tmp_path / f"{route}-{user}"
+    (home / "lessons").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "IPYTHON"))}
+    env.update(HOME=str(home), JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_CONFIG_DIR=str(home / "config"))
+    cmd = [str(Path(sys.executable).with_name("jupyter")), route, "lessons/", "--no-browser", f"--port={port}",
+           "--ip=127.0.0.1"]
+    if user == "nobody":
+        os.chmod(tmp_path, 0o777)
+        for p in [home, *home.rglob("*")]:
+            os.chmod(p, 0o777)
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    log = home / "log"
+    proc = subprocess.Popen(cmd, cwd=home, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+def test_jupyter_notebook_and_lab_start_as_root_and_not_as_root(tmp_path):
+    import os
+    import shutil
+    import time
+    import urllib.error
+    import urllib.request
+
+    if not lab.server_config_path().is_file():
+        pytest.fail(f"attnlab's server config is not installed at {lab.server_config_path()}: run `make env`")
+    import subprocess
+
+    users = ["me"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("setpriv"):
+        # root here: also start them as an ordinary user, where that user can run this environment's
+        # Python (not where it lives in root's home, as pyenv's does)
+        probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                str(Path(sys.executable).with_name("jupyter")), "notebook", "--version"],
+                               capture_output=True, cwd="/")
+        if probe.returncode == 0:
+            users.append("nobody")
+    started = {(route, user): _start(route, user, tmp_path) for route in ("notebook", "lab") for user in users}
+    try:
+        for (route, user), (proc, url, log) in started.items():
+            deadline = time.time() + 120
+            while True:
+                try:
+                    urllib.request.urlopen(f"{url}/api/status", timeout=2)
+                    break
+                except urllib.error.HTTPError:  # 403 without the token: the server is up
+                    break
+                except OSError:
+                    assert proc.poll() is None and time.time() < deadline, \
+                        f"jupyter {route} as {user} did not start:\n{log.read_text()[-3000:]}"
+                    time.sleep(0.5)
+            text = log.read_text()
+            assert "Running as root is not recommended" not in text
+            assert "attnlab.lab | extension was successfully loaded" in text, text[-3000:]
+    finally:
+        for proc, _, _ in started.values():
+            proc.terminate()
+        for proc, _, _ in started.values():
+            try:
+                proc.wait(timeout=20)
+            except Exception:
+                proc.kill()
