@@ -101,7 +101,7 @@ def diagnose():
         warnings.append("TRITON_INTERPRET is set in your shell, so GPU tensors would be interpreted too: "
                         "fix: unset TRITON_INTERPRET (attnlab chooses the mode per tensor by itself)")
     saving, why = widget_state_saving()
-    rows.append(("widget state", "saved in notebooks" if saving else "not saved"))
+    rows.append(("widgets", "state saved in notebooks" if saving else "state not saved in notebooks"))
     if not saving:
         warnings.append(f"{why}: a saved lesson reopened without its kernel shows \"model not found\" "
                         "instead of its widgets: fix: attnlab lab --install-settings")

@@ -118,7 +118,7 @@ def test_doctor_warns_with_the_fix_when_widget_state_is_not_saved(monkeypatch, t
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     doctor.run()
     out = capsys.readouterr().out
-    assert "widget state  not saved" in out
+    assert "widgets      state not saved in notebooks" in out
     assert any(x.startswith("warning: attnlab's Lab settings are not installed") and
                x.endswith("fix: attnlab lab --install-settings") for x in out.splitlines()), out
 
