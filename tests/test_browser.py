@@ -225,8 +225,12 @@ def _widget_report(page, cls):
             return cells.slice(0, -1).filter(c => c.textContent.trim() && parseFloat(getComputedStyle(c).paddingRight) < 4)
                 .map(c => c.textContent);
         });
+        // tables that do not fit their panel scroll sideways inside it: their last columns are cut
+        const cut = [...node.querySelectorAll('table')].filter(t => t.offsetParent !== null)
+            .filter(t => t.parentElement.scrollWidth > t.parentElement.clientWidth + 1)
+            .map(t => t.rows[0].textContent);
         return {x: r.x, y: r.y, width: r.width, height: r.height, area_width: area.getBoundingClientRect().width,
-                scroll_overflow: node.scrollWidth - node.clientWidth, imgs, tracks, overflowing, tight};
+                scroll_overflow: node.scrollWidth - node.clientWidth, imgs, tracks, overflowing, tight, cut};
     }""", cls)
 
 
@@ -299,6 +303,7 @@ def test_widgets_fit_the_screen_render_and_respond_in_jupyterlab(jupyterlab, bro
         assert rep["width"] <= rep["area_width"] + 1 and rep["scroll_overflow"] <= 4, (cls, rep)
         for img in rep["imgs"]:
             assert img["shown"] >= 0.7 * img["css"], (cls, img)  # shrunk at most to 70%: text stays readable
+        assert not rep["cut"], (cls, rep["cut"])  # every table column in view (MemoryTraffic's counters)
     (ARTIFACTS / "widget-boxes.json").write_text(json.dumps(boxes, indent=1))
     page.set_viewport_size({"width": 1280, "height": 800})
 
