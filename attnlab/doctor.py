@@ -7,6 +7,7 @@ when they are missing or broken.
 
 import os
 import platform
+import re
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -99,7 +100,40 @@ def diagnose():
     if os.environ.get("TRITON_INTERPRET") not in (None, "", "0") and gpu not in ("none", "unknown"):
         warnings.append("TRITON_INTERPRET is set in your shell, so GPU tensors would be interpreted too: "
                         "fix: unset TRITON_INTERPRET (attnlab chooses the mode per tensor by itself)")
+    saving, why = widget_state_saving()
+    rows.append(("widgets", "state saved in notebooks" if saving else "state not saved in notebooks"))
+    if not saving:
+        warnings.append(f"{why}: a saved lesson reopened without its kernel shows \"model not found\" "
+                        "instead of its widgets: fix: attnlab lab --install-settings")
     return rows, problems, warnings
+
+
+def _says_false(path, key):
+    """Whether the JSON (with comments) settings file at ``path`` sets ``key`` to false."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return re.search(rf'"{key}"\s*:\s*false', text) is not None
+
+
+def widget_state_saving(prefix=None):
+    """``(on, why_not)``: whether JupyterLab and Notebook 7 of this environment save widget state in
+    notebooks (attnlab's settings override and server hook installed, and no settings file of the
+    learner's turning ``saveState`` off)."""
+    from attnlab.lab import server_config_path, settings_path
+
+    if not settings_path(prefix).is_file():
+        return False, f"attnlab's Lab settings are not installed at {settings_path(prefix)}"
+    if not server_config_path(prefix).is_file():
+        return False, f"attnlab's Jupyter server config is not installed at {server_config_path(prefix)}"
+    config = Path(os.environ.get("JUPYTER_CONFIG_DIR") or Path.home() / ".jupyter")
+    user = Path(os.environ.get("JUPYTERLAB_SETTINGS_DIR") or config / "lab" / "user-settings")
+    for path in (user / "@jupyter-widgets" / "jupyterlab-manager" / "plugin.jupyterlab-settings",
+                 settings_path(prefix).parent.parent / "overrides.json"):
+        if _says_false(path, "saveState"):
+            return False, f"{path} turns saveState off"
+    return True, None
 
 
 def add_arguments(parser):

@@ -97,6 +97,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _data_dir(work):
+    return work.parent / "data"
+
+
 def _notebook(path):
     cells = [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [], "source": src}
              for i, src in enumerate(NOTEBOOK_CELLS)]
@@ -114,11 +118,12 @@ def jupyterlab(tmp_path):
         if os.environ.get("CI"):
             pytest.fail(f"browser test cannot run in CI: {reason}")
         pytest.skip(reason)
-    from attnlab.lab import settings_path
+    from attnlab.lab import server_config_path, settings_path
 
-    if not settings_path().is_file():
-        pytest.fail(f"attnlab's Lab settings are not installed at {settings_path()}: run `make env` "
-                    "(or `attnlab lab --install-settings`)")
+    for path in (settings_path(), server_config_path()):
+        if not path.is_file():
+            pytest.fail(f"attnlab's Lab settings are not installed at {path}: run `make env` "
+                        "(or `attnlab lab --install-settings`)")
     work = tmp_path / "lab"
     work.mkdir()
     port = _free_port()
@@ -129,18 +134,17 @@ def jupyterlab(tmp_path):
                      ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"), ("JUPYTER_RUNTIME_DIR", "runtime"),
                      ("IPYTHONDIR", "ipython")):
         env[var] = str(tmp_path / sub)
-    # no "get notified about Jupyter news?" toast over the widgets, no update check (and no network)
-    notification = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    notification.parent.mkdir(parents=True)
-    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    # the notebook trust database (a lesson executed by the test is signed into it); the "get notified
+    # about Jupyter news?" pop-up is off through attnlab's own settings override, as in a learner's Lab
+    env["JUPYTER_DATA_DIR"] = str(_data_dir(work))
     log = open(tmp_path / "jupyterlab.log", "w")
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
            "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
            "--LabApp.extension_manager=readonly",
-           f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+           f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",
+           "--JupyterNotebookApp.expose_app_in_browser=True", "--LabApp.news_url=None",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and CI runners often run as root
-        cmd.append("--allow-root")
+    # no --allow-root: attnlab's server extension allows root (containers and CI runners often run as root)
     proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -221,8 +225,12 @@ def _widget_report(page, cls):
             return cells.slice(0, -1).filter(c => c.textContent.trim() && parseFloat(getComputedStyle(c).paddingRight) < 4)
                 .map(c => c.textContent);
         });
+        // tables that do not fit their panel scroll sideways inside it: their last columns are cut
+        const cut = [...node.querySelectorAll('table')].filter(t => t.offsetParent !== null)
+            .filter(t => t.parentElement.scrollWidth > t.parentElement.clientWidth + 1)
+            .map(t => t.rows[0].textContent);
         return {x: r.x, y: r.y, width: r.width, height: r.height, area_width: area.getBoundingClientRect().width,
-                scroll_overflow: node.scrollWidth - node.clientWidth, imgs, tracks, overflowing, tight};
+                scroll_overflow: node.scrollWidth - node.clientWidth, imgs, tracks, overflowing, tight, cut};
     }""", cls)
 
 
@@ -295,6 +303,7 @@ def test_widgets_fit_the_screen_render_and_respond_in_jupyterlab(jupyterlab, bro
         assert rep["width"] <= rep["area_width"] + 1 and rep["scroll_overflow"] <= 4, (cls, rep)
         for img in rep["imgs"]:
             assert img["shown"] >= 0.7 * img["css"], (cls, img)  # shrunk at most to 70%: text stays readable
+        assert not rep["cut"], (cls, rep["cut"])  # every table column in view (MemoryTraffic's counters)
     (ARTIFACTS / "widget-boxes.json").write_text(json.dumps(boxes, indent=1))
     page.set_viewport_size({"width": 1280, "height": 800})
 
@@ -331,33 +340,117 @@ def test_widgets_fit_the_screen_render_and_respond_in_jupyterlab(jupyterlab, bro
         assert "error:" not in page.locator(f".{cls}").first.inner_text(), cls
 
 
+def _saved_state(path):
+    nb = json.loads(path.read_text())
+    return nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+
+
+def _shown_models(path):
+    """The model ids of the widget views in a notebook's stored outputs."""
+    nb = json.loads(path.read_text())
+    return [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"] for c in nb["cells"]
+            for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+
+
+def _broken_link_icons(page):
+    """Controls inside attnlab's widgets that show ipywidgets' broken-link icon (a view without a kernel)."""
+    return page.evaluate("""() => [...document.querySelectorAll('.attnlab-widget .jupyter-widgets-disconnected')]
+        .filter(e => getComputedStyle(e, '::before').display !== 'none').length""")
+
+
+def _open_saved(page, url, where, path, n_widgets):
+    """Open a saved notebook in JupyterLab or Notebook 7 and wait until its ``n_widgets`` widgets show a picture."""
+    page.goto(f"{url}/{'lab/tree' if where == 'jupyterlab' else 'notebooks'}/{path}", timeout=90_000)
+    page.wait_for_function("(n) => [...document.querySelectorAll('.attnlab-widget img')]"
+                           ".filter(i => i.getAttribute('src')).length >= n", arg=n_widgets, timeout=120_000)
+
+
+def _reopen_save_reopen(browser, url, work, name, n_widgets, shot):
+    """Open a saved notebook (kernel gone), wait until the widget manager marks it modified, save it, then
+    reopen it in Notebook 7 (save again) and in JupyterLab: every widget each time, no "model not found"."""
+    path = work / name
+    shown = set(_shown_models(path))
+    assert shown and shown <= set(_saved_state(path)), "the notebook's outputs show widgets its state lacks"
+    for i, where in enumerate(("jupyterlab", "notebook7", "jupyterlab")):
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        _open_saved(page, url, where, name, n_widgets)
+        if i < 2:
+            # the widget manager marks the notebook modified as it restores each saved model (its
+            # setDirty); the next save, the learner's or the autosave, then writes only live models
+            page.wait_for_function(f"() => {CURRENT} && {CURRENT}.context && {CURRENT}.context.model.dirty",
+                                   timeout=60_000)
+            page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
+            before = path.stat().st_mtime_ns
+            page.keyboard.press("Control+s")
+            deadline = time.time() + 60
+            while path.stat().st_mtime_ns == before and time.time() < deadline:
+                time.sleep(0.5)
+            assert path.stat().st_mtime_ns != before, f"{where}: Ctrl+S did not save {name}"
+            assert shown <= set(_saved_state(path)), f"{where}: the save dropped the widget state of {name}"
+        text = page.locator(".jp-Notebook").first.inner_text()
+        page.screenshot(path=str(ARTIFACTS / f"{shot}-open{i}-{where}.png"), full_page=True)
+        _assert_no_widget_errors(text)
+        assert _broken_link_icons(page) == 0, f"{where}: broken-link icons on the controls of {name}"
+        page.close()
+
+
 def test_saved_lesson_keeps_its_widgets_in_jupyterlab_and_notebook_7(jupyterlab, browser):
-    """Run, save, close, shut the kernel down, reopen: the widgets come back from the saved widget state."""
+    """Run, save, close, shut the kernel down; reopen, let it turn modified, save, reopen twice (Notebook 7
+    and JupyterLab): the widgets come back from the saved widget state every time."""
     url, work = jupyterlab
     _notebook(work / "widgets.ipynb")
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     _open_in_lab(page, url, "widgets.ipynb")
     _run_all(page)
     _lab_command(page, f"{CURRENT}.context.save()")
-    saved = json.loads((work / "widgets.ipynb").read_text())
-    state = saved["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
-    assert len(state) > 10, "JupyterLab saved no widget state: is attnlab's overrides.d/attnlab.json installed?"
+    assert len(_saved_state(work / "widgets.ipynb")) > 10, \
+        "JupyterLab saved no widget state: is attnlab's overrides.d/attnlab.json installed?"
     _lab_command(page, f"{CURRENT}.sessionContext.shutdown()")
     _lab_command(page, "window.jupyterapp.commands.execute('application:close-all')")
     page.close()
+    _reopen_save_reopen(browser, url, work, "widgets.ipynb", len(WIDGETS), "reopened")
+    # BlockMaskEditor's 8 x 8 tiles stay 8 rows (a broken-link icon on each tile wrapped them onto a ninth)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    _open_saved(page, url, "jupyterlab", "widgets.ipynb", len(WIDGETS))
+    rows = page.evaluate("""() => new Set([...document.querySelectorAll('.attnlab-blockmaskeditor .widget-toggle-button')]
+        .map(b => Math.round(b.getBoundingClientRect().top))).size""")
+    assert rows == 8, f"BlockMaskEditor's tiles wrap onto {rows} rows"
+    for cls in WIDGETS:
+        assert _image_src(page, cls), f"{cls} shows no picture after reopening"
+    page.close()
 
-    for where, path in (("jupyterlab", "lab/tree/widgets.ipynb"), ("notebook7", "notebooks/widgets.ipynb")):
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.goto(f"{url}/{path}", timeout=90_000)
-        for cls in WIDGETS:
-            page.locator(f".{cls} img").first.wait_for(state="visible", timeout=90_000)
-        page.wait_for_timeout(1000)
-        text = page.locator(".jp-Notebook").first.inner_text()
-        page.screenshot(path=str(ARTIFACTS / f"reopened-{where}.png"), full_page=True)
-        _assert_no_widget_errors(text)
-        for cls in WIDGETS:
-            assert _image_src(page, cls), f"{where}: {cls} shows no picture after reopening"
-        page.close()
+
+# two lessons with widgets, short to execute (their widget cells: AttentionMap and ScalingExplorer)
+SAVED_LESSONS = ["00_start_here.ipynb", "03_scaled_dot_product.ipynb"]
+
+
+@pytest.mark.parametrize("name", SAVED_LESSONS)
+def test_a_saved_lesson_keeps_its_widgets_through_every_save(jupyterlab, browser, name):
+    """A lesson executed with its widget state stored (as a learner's Run All and save leaves it) and trusted:
+    open, turn modified, save, reopen twice, in JupyterLab and Notebook 7: every widget, every time."""
+    import nbclient
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    url, work = jupyterlab
+    (work / "lessons").mkdir()
+    nb = nbformat.read(REPO / "lessons" / name, as_version=4)
+    env_path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = env_path
+    try:
+        nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", store_widget_state=True,
+                                resources={"metadata": {"path": str(REPO / "lessons")}}).execute()
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = old
+    NotebookNotary(data_dir=str(_data_dir(work))).sign(nb)
+    nbformat.write(nb, work / "lessons" / name)
+    n_widgets = len(_shown_models(work / "lessons" / name))
+    assert n_widgets >= 1, f"{name} shows no widget"
+    _reopen_save_reopen(browser, url, work, f"lessons/{name}", n_widgets, name.removesuffix(".ipynb"))
 
 
 def test_opening_and_saving_an_unrun_lesson_changes_nothing(jupyterlab, browser):

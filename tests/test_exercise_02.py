@@ -82,6 +82,16 @@ def _attention(scale=True, fill=float("-inf"), mask_mode="fill", dim=-1, causal_
     return masked_attention
 
 
+def _mask_ignored(q, k, v, mask=None, causal=False):
+    """What a learner writes first: scaled scores, the causal triangle, softmax; `mask` is never read."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        n_q, n_k = scores.shape[-2:]
+        scores = scores.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+WRONG.add("attention-masks", "mask-ignored", masked_attention=_mask_ignored)
 WRONG.add("attention-masks", "mask-after-softmax", masked_attention=_attention(mask_mode="after"))
 WRONG.add("attention-masks", "inverted-mask", masked_attention=_attention(mask_mode="inverted"))
 WRONG.add("attention-masks", "scale-forgotten", masked_attention=_attention(scale=False))

@@ -409,3 +409,41 @@ def test_top_keys_name_query_and_key_positions():
     assert [label for label, _ in w.query.options][4] == "3: 13"
     fig = w.to_figure()
     assert any(ax.get_title() == "top keys of query 3 '13'" for ax in fig.axes)
+
+
+def test_block_mask_editor_greys_out_the_parameters_its_preset_ignores():
+    e = BlockMaskEditor(8, 8, preset="local")
+    assert not e.param.disabled and e.density_target.disabled and e.seed.disabled
+    assert "random" in e.density_target.tooltip
+    before = e.mask.copy()
+    e.density_target.value = 0.9  # the local preset has no density: the mask stays, and the slider said so
+    assert (e.mask == before).all()
+    e.preset.value = "random"
+    assert e.param.disabled and not e.density_target.disabled and not e.seed.disabled
+    e.density_target.value = 0.2
+    sparse = e.density
+    e.density_target.value = 0.9
+    assert e.density > sparse
+    e.buttons[0][0].value = not e.buttons[0][0].value  # a click: "custom", where no parameter applies
+    assert e.preset.value == "custom" and e.param.disabled and e.density_target.disabled
+
+
+def test_memory_traffic_says_its_sram_slider_is_in_the_folded_panel(traces):
+    t = MemoryTraffic(traces["standard"], labels=["standard"])
+    assert t.sram_panel.selected_index is None  # folded away: the replay alone fits a laptop screen
+    title = t.sram_panel.get_title(0)
+    assert "slider" in title and "click to open" in title
+    assert t.sram_kib in t.sram_study.box.children or any(
+        t.sram_kib in getattr(c, "children", ()) for c in t.sram_study.box.children)
+
+
+def test_every_widget_hides_the_broken_link_icons_of_a_saved_view(traces):
+    from attnlab.widgets._base import DISCONNECTED_STYLE
+
+    editor = BlockMaskEditor(8, 8)
+    for w in (editor, MemoryTraffic(traces["standard"], labels=["standard"], sram_study=False), ScalingExplorer(d_k=16),
+              AttentionMap(torch.softmax(torch.randn(4, 4), -1))):
+        style = w.children[0]
+        assert style.value == DISCONNECTED_STYLE and style.layout.display == "none"
+        assert "attnlab-widget" in w._dom_classes
+    assert ".attnlab-widget .jupyter-widgets-disconnected::before{display:none" in DISCONNECTED_STYLE

@@ -142,6 +142,23 @@ def show_png(image, png):
     image.value = png
 
 
+# A widget reopened from the state saved in a notebook has no kernel behind it until its cell runs
+# again: ipywidgets marks every view of it "disconnected" and draws a broken-link icon before each
+# control (64 on BlockMaskEditor's tiles, whose grid then wraps onto a ninth row). This style (in
+# a hidden HTML child, so it travels with the saved state) replaces those icons by one line above
+# the widget that says what to do. A live widget never has the class: the line never shows there.
+DISCONNECTED_STYLE = (
+    "<style>"
+    ".attnlab-widget .jupyter-widgets-disconnected::before{display:none !important}"
+    ".attnlab-widget.jupyter-widgets-disconnected::before{display:block !important;"
+    "content:'A saved view: run this cell again to use its controls.' !important;"
+    "font:inherit !important;font-size:90% !important;font-style:italic !important;"
+    "color:var(--jp-ui-font-color2, #666) !important;margin:0 0 4px 0 !important;"
+    "position:static !important;width:auto !important;height:auto !important}"
+    "</style>"
+)
+
+
 class FigureWidget(widgets.VBox):
     """Base: controls above, the picture (an ``ipywidgets.Image``) below, a status line.
 
@@ -157,9 +174,10 @@ class FigureWidget(widgets.VBox):
                                                 object_fit="contain")
         )
         self._status = widgets.HTML()
+        self._style = widgets.HTML(DISCONNECTED_STYLE, layout=widgets.Layout(display="none"))
         self.last_redraw_ms = None
         self.redraw_ms = []  # every redraw's time, for benchmarks/widgets_redraw.py
-        super().__init__(children=[*children_above, self._image, *children_below, self._status])
+        super().__init__(children=[self._style, *children_above, self._image, *children_below, self._status])
         # CSS classes: the browser test (and a curious learner's devtools) find each widget by them
         self.add_class("attnlab-widget")
         self.add_class("attnlab-" + type(self).__name__.lower())

@@ -95,6 +95,7 @@ class BlockMaskEditor(FigureWidget):
                                            layout=widgets.Layout(width="140px"))
         for c in (self.preset, self.param, self.density_target, self.seed):
             c.observe(self._on_preset, names="value")
+        self.preset.observe(self._enable_parameters, names="value")
         self.stats_html = text_panel()
         controls = widgets.VBox([self.preset, self.param, self.density_target, self.seed, self.stats_html],
                                 layout=widgets.Layout(min_width="300px", flex="1 1 360px"))
@@ -102,8 +103,20 @@ class BlockMaskEditor(FigureWidget):
         # side by side on a wide screen, the controls below the tiles on a narrow one
         self._build([widgets.HBox([widgets.VBox([head, grid], layout=widgets.Layout(flex="0 0 auto")), controls],
                                   layout=widgets.Layout(flex_flow="row wrap", grid_gap="4px 16px"))])
+        self._enable_parameters()
         if preset != "custom":
             self.preset.value = preset
+
+    # which preset each parameter control shapes; the others grey it out (a slider that did nothing, silently,
+    # was the alternative): clicking tiles leaves "custom", where none applies
+    PARAMETERS = {"param": ("local", "strided", "global"), "density_target": ("random",), "seed": ("random",)}
+
+    def _enable_parameters(self, *_):
+        for name, presets in self.PARAMETERS.items():
+            control = getattr(self, name)
+            control.disabled = self.preset.value not in presets
+            control.tooltip = (None if not control.disabled else
+                               f"used by the preset{'s' if len(presets) > 1 else ''} {', '.join(presets)}: pick one above")
 
     # ---------------------------------------------------------------- state
     @property

@@ -209,7 +209,8 @@ class MemoryTraffic(FigureWidget):
             # a secondary panel: folded away, so the replay alone fits a laptop screen (open it with a click,
             # or from code: traffic.sram_panel.selected_index = 0)
             self.sram_panel = widgets.Accordion(children=[self.sram_study.box], selected_index=None)
-            self.sram_panel.set_title(0, "SRAM size and HBM traffic (FlashAttention forward)")
+            self.sram_panel.set_title(0, "\u25b8 SRAM size and HBM traffic (FlashAttention forward): "
+                                         "an SRAM-size slider, click to open")
             below += [self.sram_panel]
         self._build([widgets.HBox(top, layout=widgets.Layout(flex_flow="row wrap"))], below)  # wraps when narrow
 
@@ -241,7 +242,9 @@ class MemoryTraffic(FigureWidget):
                  f"{format_bytes(c['bytes_written'])} / {format_bytes(c['total_written'])}",
                  format_bytes(c["bytes_read"] + c["bytes_written"])] for c in self.counters]
         self.counters_html.value = html_table(
-            ["trace", "events", "HBM read (so far / total)", "HBM written (so far / total)", "traffic so far"], rows,
+            # two-line headers: the table fits a notebook at 1024 px with the file browser open
+            ["trace", "events", "HBM read<br><small>so far / total</small>",
+             "HBM written<br><small>so far / total</small>", "traffic<br><small>so far</small>"], rows,
             numeric=(1, 2, 3, 4))
 
     # ---------------------------------------------------------------- drawing

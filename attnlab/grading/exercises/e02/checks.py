@@ -150,6 +150,8 @@ def _attn_with(*, scale=None, dim=-1, mask_mode="fill", causal_mode="and", softm
         sc = 1.0 / math.sqrt(d) if scale is None else scale(d)
         s = q @ k.transpose(-2, -1) * sc  # (B, H, Nq, Nk)
         nq, nk = q.shape[-2], k.shape[-2]
+        if mask_mode == "ignored":  # the mask argument never read: causal alone, if asked for
+            mask = None
         if causal and causal_mode != "ignored":
             tri = _tril(nq, nk, nk - nq if causal_mode == "bottom-right" else 0)
             if causal_mode == "replaces" or mask is None:
@@ -179,6 +181,10 @@ def _both(key, message, **kwargs):
 
 
 _MASKED_ATTENTION_MISTAKES = [
+    # the most natural one: the scores and the causal mask done, the mask argument never used
+    Mistake("mask-ignored", "the mask argument is ignored, so padded keys still get weight: where mask is False "
+            "set the scores to -inf before the softmax (mask broadcasts to (B, H, Nq, Nk)), and AND it with the "
+            "causal mask when causal=True", _attn_with(mask_mode="ignored")),
     *_both("mask-after-softmax", "the mask is applied after the softmax, so the kept weights no longer sum to 1: "
            "set masked scores to -inf before the softmax", mask_mode="after"),
     *_both("inverted-mask", "the mask is inverted: True means attend, so fill the scores where mask is False",
