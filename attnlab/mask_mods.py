@@ -71,3 +71,23 @@ def document(doc_ids):
 
 # name -> factory
 MASK_MODS = {"sliding_window": sliding_window, "prefix_lm": prefix_lm, "document": document}
+
+
+def sink_window(sinks, window):
+    """mask_mod: StreamingLLM's attention (Xiao et al. 2023): causal, each query sees the first
+    ``sinks`` keys (the attention sinks) and the last ``window`` keys up to itself
+    (``0 <= q_idx - kv_idx < window``). ``attnlab.kvcache.RollingCache`` keeps exactly these keys.
+
+    Example: ``sink_window(4, 8)(0, 0, torch.tensor(100), torch.tensor(2))  # tensor(True): a sink``
+    """
+    validate.integer(sinks, "sinks", minimum=0)
+    validate.integer(window, "window")
+
+    def sink_window_mask(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & ((kv_idx < sinks) | (q_idx - kv_idx < window))
+
+    return sink_window_mask
+
+
+MASK_MODS["sink_window"] = sink_window
+__all__ += ["sink_window"]

@@ -11,6 +11,7 @@ memory traffic counted, the kernel with its traffic counted, the launching wrapp
   block skipping, and a minimal backward (dK/dV and dQ kernels).
 * ``flash_attention.py``: FlashAttention-2 forward and backward, as shipped.
 * ``block_mask.py`` and ``block_sparse_attention.py``: block-sparse FlashAttention.
+* ``flash_decode.py``: decoding against a KV cache, split over the keys (Flash-Decoding), GQA, paged.
 
 On CUDA tensors the kernels run compiled; on CPU tensors they run in Triton's interpreter
 from the same source, with nothing to set (see ``_runtime.py``).
@@ -34,12 +35,13 @@ from .block_mask import (
 )
 from .block_sparse_attention import block_sparse_attention
 from .flash_attention import flash_attention
+from .flash_decode import flash_decode
 from .softmax import softmax
 from .standard_attention import standard_attention
 from .vector_add import vector_add
 
 __all__ = [
-    "softmax", "standard_attention", "flash_attention", "block_sparse_attention", "BlockMask",
+    "softmax", "standard_attention", "flash_attention", "flash_decode", "block_sparse_attention", "BlockMask",
     "local_mask", "strided_mask", "global_mask", "causal_block_mask", "random_mask", "full_mask",
     "union", "intersection", "vector_add",
 ]
