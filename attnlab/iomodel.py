@@ -50,6 +50,10 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
 * ``roofline(flops, bytes_moved, machine="A100")`` -> :class:`Roofline`: arithmetic
   intensity, the machine's ridge point, whether the work is memory- or compute-bound, and
   the lower bound on time. ``roofline(io, machine=...)`` takes an :class:`IO` directly.
+* ``decode_io(batch, heads, seqlens, d=64, bytes_per_element=2, *, kv_heads=None, n_q=1,
+  num_splits=1, page_size=None)``: one decoding step of ``kernels/flash_decode.py`` (split-K
+  Flash-Decoding, GQA/MQA through ``kv_heads``, paged through ``page_size``), and
+  ``kv_cache_bytes(tokens, layers, kv_heads, d, bytes_per_element)``: the cache's size.
 
 Element sizes: Q, K, V, O, dO, dQ, dK, dV, S, P, dP, dS use ``bytes_per_element`` (2 for
 fp16/bf16, 4 for fp32); the per-row statistics L (log-sum-exp) and D = rowsum(dO * O) are
@@ -610,6 +614,68 @@ def ulysses_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2,
         raise ValueError(f"heads: expected a multiple of world_size = {world_size} (a head shard per rank), got {heads}")
     per_link = batch * (heads // world_size) * (n // world_size) * d   # elements one rank sends one other rank
     return 4 * (world_size - 1) * per_link * bytes_per_element
+
+
+# ---------------------------------------------------------------------------------------
+# Decoding: one step of generation against a KV cache (kernels/flash_decode.py)
+# ---------------------------------------------------------------------------------------
+__all__ += ["decode_io", "kv_cache_bytes"]
+
+
+def kv_cache_bytes(tokens, layers=1, kv_heads=1, d=64, bytes_per_element=2) -> int:
+    """Bytes of the KV cache holding ``tokens`` tokens: 2 (K and V) x layers x kv_heads x d x bytes.
+
+    Multi-head attention has ``kv_heads = heads``; grouped-query fewer; multi-query 1.
+    Example: ``kv_cache_bytes(1, layers=32, kv_heads=32, d=128)  # 524,288: 0.5 MiB per token``
+    """
+    for name, val in (("layers", layers), ("kv_heads", kv_heads), ("d", d), ("bytes_per_element", bytes_per_element)):
+        validate.integer(val, name)
+    validate.integer(tokens, "tokens", minimum=0)
+    return 2 * layers * kv_heads * d * bytes_per_element * tokens
+
+
+def decode_io(batch, heads, seqlens, d=64, bytes_per_element=2, *, kv_heads=None, n_q=1, num_splits=1,
+              page_size=None, lse_bytes=4) -> IO:
+    """One decoding step of ``kernels/flash_decode.py``: ``n_q`` new queries per sequence against
+    caches of lengths ``seqlens`` (an int for every sequence, or one per sequence), exactly.
+
+    Per (batch b, KV head), with G = heads / kv_heads query heads per KV head and S = num_splits:
+
+    * split kernel (``decode_split``), S programs: read 4 B (the length) and the G n_q d Q rows
+      each; read the L_b d keys and L_b d values once in all (a split reads only its own chunk);
+      paged (``page_size``): one int32 per page, ceil(L_b / page_size); write G n_q (d + 1) fp32
+      each (the partial output and its log-sum-exp);
+    * merge kernel (``decode_merge``), per query head: read S n_q (d + 1) fp32, write n_q d.
+
+    FLOPs: 4 n_q L_b d per query head (Q K^T and P V over every cached key). With one query
+    and fp16 K and V that is 4 L d FLOPs against 4 L d bytes per KV head: intensity G, about 1
+    FLOP per byte for multi-head attention (``kv_heads=heads``), ``heads`` for multi-query.
+    Per generated token: divide by ``batch * n_q``.
+
+    Example: ``decode_io(1, 32, 4096, d=128, kv_heads=8).total_bytes``
+    """
+    kv_heads = heads if kv_heads is None else kv_heads
+    for name, val in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("d", d),
+                      ("bytes_per_element", bytes_per_element), ("n_q", n_q), ("num_splits", num_splits)):
+        validate.integer(val, name)
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads: expected a divisor of heads={heads}, got {kv_heads}")
+    validate.integer(page_size, "page_size", allow_none=True)
+    lens = [seqlens] * batch if isinstance(seqlens, int) and not isinstance(seqlens, bool) else [int(s) for s in seqlens]
+    if len(lens) != batch:
+        raise ValueError(f"seqlens: expected an int or {batch} lengths (one per sequence), got {len(lens)}")
+    if any(s < n_q for s in lens):
+        raise ValueError(f"seqlens: expected every length >= n_q={n_q}, got {min(lens)}")
+    e, g, s_ = bytes_per_element, heads // kv_heads, num_splits
+    programs = batch * kv_heads * s_
+    keys = sum(lens) * kv_heads                                     # (b, KV head, key) triples
+    pages = sum(-(-L // page_size) for L in lens) * kv_heads if page_size else 0
+    split = _part("decode_split",
+                  programs * (4 + g * n_q * d * e) + 2 * keys * d * e + 4 * pages,
+                  programs * g * n_q * (d + 1) * lse_bytes,
+                  4 * n_q * d * g * keys)
+    merge = _part("decode_merge", batch * heads * s_ * n_q * (d + 1) * lse_bytes, batch * heads * n_q * d * e)
+    return split + merge
 
 
 # ---------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from attnlab import validate
 
 __all__ = [
     "causal", "full", "sliding_window", "local", "prefix_lm", "document", "strided", "global_tokens",
-    "padding", "tiles", "and_masks", "or_masks", "not_mask", "create_mask", "MASK_MODS",
+    "padding", "sink_window", "tiles", "and_masks", "or_masks", "not_mask", "create_mask", "MASK_MODS",
 ]
 
 
@@ -163,6 +163,22 @@ def padding(lengths):
     return padding_mask
 
 
+def sink_window(sinks, window):
+    """mask_mod: StreamingLLM's attention (Xiao et al. 2023): causal, each query sees the first
+    ``sinks`` keys (the attention sinks) and the last ``window`` keys up to itself
+    (``0 <= q_idx - kv_idx < window``). ``attnlab.kvcache.RollingCache`` keeps exactly these keys.
+
+    Example: ``sink_window(4, 8)(0, 0, torch.tensor(100), torch.tensor(2))  # tensor(True): a sink``
+    """
+    validate.integer(sinks, "sinks", minimum=0)
+    validate.integer(window, "window")
+
+    def sink_window_mask(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & ((kv_idx < sinks) | (q_idx - kv_idx < window))
+
+    return sink_window_mask
+
+
 def tiles(table, block_size):
     """mask_mod of a tile pattern: element (q, kv) kept when tile ``(q // block_m, kv // block_n)`` is.
 
@@ -255,4 +271,5 @@ def create_mask(mask_mod, B, H, Nq, Nk, device="cpu"):
 
 # name -> factory (the grader sends a mask by its name and argument)
 MASK_MODS = {"sliding_window": sliding_window, "prefix_lm": prefix_lm, "document": document,
-             "local": local, "strided": strided, "global_tokens": global_tokens}
+             "local": local, "strided": strided, "global_tokens": global_tokens,
+             "sink_window": sink_window}

@@ -12,6 +12,7 @@ memory traffic counted, the kernel with its traffic counted, the launching wrapp
 * ``flash_attention.py``: FlashAttention-2 forward and backward, as shipped.
 * ``block_mask.py`` (``create_block_mask`` from ``attnlab.mask_mods``) and ``block_sparse_attention.py``:
   block-sparse FlashAttention with full and partial blocks, as FlexAttention.
+* ``flash_decode.py``: decoding against a KV cache, split over the keys (Flash-Decoding), GQA, paged.
 
 On CUDA tensors the kernels run compiled; on CPU tensors they run in Triton's interpreter
 from the same source, with nothing to set (see ``_runtime.py``).
@@ -36,12 +37,14 @@ from .block_mask import (
 )
 from .block_sparse_attention import block_sparse_attention
 from .flash_attention import flash_attention
+from .flash_decode import flash_decode
 from .softmax import softmax
 from .standard_attention import standard_attention
 from .vector_add import vector_add
 
 __all__ = [
-    "softmax", "standard_attention", "flash_attention", "block_sparse_attention", "BlockMask", "create_block_mask",
+    "softmax", "standard_attention", "flash_attention", "flash_decode", "block_sparse_attention", "BlockMask",
+    "create_block_mask",
     "local_mask", "strided_mask", "global_mask", "causal_block_mask", "random_mask", "full_mask",
     "union", "intersection", "vector_add",
 ]

@@ -11,11 +11,16 @@ Read top to bottom:
    SDPA's signature, ``fn(q, k, v, is_causal=True) -> o`` on ``(B, nh, T, hs)`` tensors, plugs in
    the same way (a learner's own kernel). All of them are causal and have a backward pass.
 2. ``CausalSelfAttention``: attnlab's ``MultiHeadAttention`` (its projections and head
-   split/merge) with the attention call swapped for the backend.
+   split/merge) with the attention call swapped for the backend; ``n_kv_heads`` fewer key/value
+   heads than query heads (grouped-query attention; 1 is multi-query), rotary positions applied
+   to q and k (``positions="rope"``), and a KV cache for decoding (lesson 10).
 3. ``Block``: pre-LayerNorm, ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``.
-4. ``GPT``: token embedding plus positions (learned, or Vaswani et al.'s sinusoids), the blocks,
-   a final LayerNorm and a read-out that shares its weights with the token embedding (weight
-   tying, Press and Wolf 2017), cross-entropy on the next token.
+4. ``GPT``: token embedding plus positions (learned, or Vaswani et al.'s sinusoids; or rotary,
+   inside attention), the blocks, a final LayerNorm and a read-out that shares its weights with
+   the token embedding (weight tying, Press and Wolf 2017), cross-entropy on the next token.
+   ``generate`` decodes with a KV cache per layer by default (``prefill`` then ``decode_step``):
+   each token's K and V are computed and written once, and only the newest query attends;
+   with ``attention="flash"`` that step runs ``attnlab.kernels.flash_decode``.
 
 Shapes: B batch, T positions, C = d_model, nh heads, hs = C // nh head size, V vocabulary.
 
@@ -35,12 +40,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention, scaled_dot_product_attention
+from attnlab.kvcache import KVCache, RollingCache, decode_reference
+from attnlab.positions import Rotary, sinusoidal_positions
 
 __all__ = ["BACKENDS", "POSITIONS", "attention_backend", "sinusoidal_positions", "CausalSelfAttention", "Block",
            "GPT"]
 
 BACKENDS = ("sdpa", "reference", "flash", "standard", "block_sparse")
-POSITIONS = ("learned", "sinusoidal")
+POSITIONS = ("learned", "sinusoidal", "rope")
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)   # head sizes attnlab's Triton kernels support
 
 
@@ -105,42 +112,93 @@ def attention_backend(attention="sdpa", block_mask=None):
                                                   causal=True)                            # (B, nh, T, hs)
 
 
-def sinusoidal_positions(n, d_model):
-    """Vaswani et al. (2017), Section 3.5: ``PE[p, 2i] = sin(p / 10000^(2i/d))``, ``PE[p, 2i+1] = cos(...)``.
-
-    Returns (n, d_model) float32. Example: ``sinusoidal_positions(128, 64).shape  # (128, 64)``
-    """
-    p = torch.arange(n, dtype=torch.float32)[:, None]                     # (n, 1) positions
-    i = torch.arange(0, d_model, 2, dtype=torch.float32)[None, :]         # (1, ceil(d/2)) even dims
-    angle = p / 10000.0 ** (i / d_model)                                  # (n, ceil(d/2))
-    pe = torch.zeros(n, d_model)                                          # (n, d_model)
-    pe[:, 0::2] = torch.sin(angle)                                        # even dims
-    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])                     # odd dims
-    return pe
+# sinusoidal_positions lives in attnlab.positions (imported above), with the learned and rotary ones
 
 
 # ---------------------------------------------------------------------------------------------
 # 2. causal self-attention: attnlab's MultiHeadAttention with a pluggable attention call
 # ---------------------------------------------------------------------------------------------
 
+def _decode_attend(attention):
+    """The attention of a decoding step: q (B, nh, Tn, hs), the first ``n`` positions of a cache
+    k, v (B, nkv, capacity, hs) -> (B, nh, Tn, hs); query i sits at position n - Tn + i.
+    ``"flash"`` runs ``flash_decode`` on the cache in place; ``"reference"`` attnlab's
+    reference; every other backend torch's SDPA (a learner's callable is for whole sequences)."""
+    def attend(q, k, v, n):
+        Tn = q.shape[2]
+        if attention == "flash":
+            from attnlab.kernels import flash_decode
+
+            lens = torch.full((q.shape[0],), n, dtype=torch.int32, device=q.device)
+            return flash_decode(q, k, v, lens)                            # (B, nh, Tn, hs)
+        if attention == "reference":
+            lens = torch.full((q.shape[0],), n, dtype=torch.int32)
+            return decode_reference(q, k, v, lens)                        # (B, nh, Tn, hs)
+        k, v = k[:, :, :n], v[:, :, :n]                                   # (B, nkv, n, hs)
+        mask = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - Tn, n, device=q.device)[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+    return attend
+
+
 class CausalSelfAttention(MultiHeadAttention):
     """Multi-head causal self-attention whose ``q k^T -> softmax -> v`` step is a backend.
 
     forward(x (B, T, C)) -> (B, T, C). ``forward(x, return_weights=True)`` returns also the
     weights (B, nh, T, T), computed by the reference (the fused backends never form them).
+    ``n_kv_heads`` (a divisor of ``n_heads``; default ``n_heads``) key/value heads, each shared
+    by ``n_heads // n_kv_heads`` query heads. ``rotary``: an ``attnlab.positions.Rotary`` that
+    rotates q and k by their positions before attention. ``forward(x, cache=c)`` appends the K
+    and V of the new positions of x to the ``KVCache`` c (written once) and attends the new
+    queries to everything cached.
 
     Example: ``CausalSelfAttention(64, 4, attention="flash")(torch.randn(2, 16, 64))``
     """
 
-    def __init__(self, d_model, n_heads, attention="sdpa", block_mask=None):
+    def __init__(self, d_model, n_heads, attention="sdpa", block_mask=None, n_kv_heads=None, rotary=None):
         super().__init__(d_model, n_heads, bias=True)
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if self.n_kv_heads != n_heads:   # grouped-query: narrower K and V projections
+            self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head)
+            self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head)
         self.attend = attention_backend(attention, block_mask)
+        self.decode_attend = _decode_attend(attention)
         self.block_mask = block_mask
+        self.rotary = rotary
 
-    def forward(self, x, return_weights=False):
+    def split_kv(self, x):
+        """(B, T, nkv * hs) -> (B, nkv, T, hs)."""
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)
+
+    def qkv(self, x, start=0):
+        """The new positions' q (B, nh, T, hs), k and v (B, nkv, T, hs), rotated when rotary."""
         q = self.split_heads(self.q_proj(x))                              # (B, nh, T, hs)
-        k = self.split_heads(self.k_proj(x))                              # (B, nh, T, hs)
-        v = self.split_heads(self.v_proj(x))                              # (B, nh, T, hs)
+        k = self.split_kv(self.k_proj(x))                                 # (B, nkv, T, hs)
+        v = self.split_kv(self.v_proj(x))                                 # (B, nkv, T, hs)
+        if self.rotary is not None:   # rotate once, here: a cached key is never rotated again
+            pos = torch.arange(start, start + x.shape[1], device=x.device)   # (T,)
+            q, k = self.rotary(q, pos), self.rotary(k, pos)
+        return q, k, v
+
+    def expand_kv(self, k):
+        """(B, nkv, T, hs) -> (B, nh, T, hs): each KV head repeated for its group (for backends that
+        take equal head counts; the decoding kernel reads the unexpanded cache)."""
+        g = self.num_heads // self.n_kv_heads
+        return k if g == 1 else k.repeat_interleave(g, dim=1)
+
+    def forward(self, x, return_weights=False, cache=None):
+        if cache is not None:
+            start = cache.seen if isinstance(cache, RollingCache) else cache.length   # the new tokens' position
+            q, k, v = self.qkv(x, start)                                  # (B, nh|nkv, Tn, hs)
+            if start == 0 and not isinstance(cache, RollingCache):        # prefill: the usual causal kernel
+                cache.append(k, v)
+                y = self.attend(q, self.expand_kv(k), self.expand_kv(v))  # (B, nh, Tn, hs)
+            else:
+                cache.append(k, v)                                        # K and V written once
+                y = self.decode_attend(q, cache.k, cache.v, cache.length)   # (B, nh, Tn, hs)
+            return self.out_proj(self.merge_heads(y))                     # (B, Tn, C)
+        q, k, v = self.qkv(x)                                             # (B, nh|nkv, T, hs)
+        k, v = self.expand_kv(k), self.expand_kv(v)                       # (B, nh, T, hs)
         if not return_weights:
             y = self.attend(q, k, v)                                      # (B, nh, T, hs)
             return self.out_proj(self.merge_heads(y))                     # (B, T, C)
@@ -162,14 +220,17 @@ class Block(nn.Module):
     forward(x (B, T, C)) -> (B, T, C); with ``return_weights`` also (B, nh, T, T).
     """
 
-    def __init__(self, d_model, n_heads, d_mlp, attention="sdpa", block_mask=None):
+    def __init__(self, d_model, n_heads, d_mlp, attention="sdpa", block_mask=None, n_kv_heads=None, rotary=None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, attention, block_mask)
+        self.attn = CausalSelfAttention(d_model, n_heads, attention, block_mask, n_kv_heads, rotary)
         self.ln_2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_mlp), nn.GELU(), nn.Linear(d_mlp, d_model))
 
-    def forward(self, x, return_weights=False):
+    def forward(self, x, return_weights=False, cache=None):
+        if cache is not None:
+            x = x + self.attn(self.ln_1(x), cache=cache)                  # (B, Tn, C)
+            return x + self.mlp(self.ln_2(x))
         if return_weights:
             a, w = self.attn(self.ln_1(x), return_weights=True)           # (B, T, C), (B, nh, T, T)
         else:
@@ -195,20 +256,23 @@ class GPT(nn.Module):
 
     ``vocab_size`` tokens; at most ``block_size`` positions; ``d_model`` split over ``n_heads``
     heads; ``n_layers`` blocks with MLPs of width ``d_mlp`` (default ``4 * d_model``);
-    ``positions`` "learned" or "sinusoidal"; ``attention`` one of ``BACKENDS`` or a callable
+    ``positions`` "learned", "sinusoidal" or "rope" (rotary, applied to q and k in every layer);
+    ``n_kv_heads`` key/value heads (default ``n_heads``; fewer is grouped-query attention, 1 is
+    multi-query); ``attention`` one of ``BACKENDS`` or a callable
     ``fn(q, k, v, is_causal=True)``; ``block_mask`` for "block_sparse" (built for
     ``block_size`` positions); ``seed`` (optional) makes the initial weights the same every run.
     The Triton backends need a head size ``d_model // n_heads`` in 16, 32, 64 or 128.
 
     forward(idx (B, T) long, targets=None (B, T) long) -> (logits (B, T, V), loss or None).
-    ``attention_maps(idx)`` -> (n_layers, B, nh, T, T); ``generate(idx, n)`` samples ``n`` more.
+    ``attention_maps(idx)`` -> (n_layers, B, nh, T, T); ``generate(idx, n)`` samples ``n`` more
+    (with a KV cache: ``prefill(idx)`` then ``decode_step(token, caches)``).
     ``config`` holds the constructor's arguments (without the backend), to rebuild the model.
 
     Example: ``logits, loss = GPT(96, 64, seed=0)(x, y)``
     """
 
     def __init__(self, vocab_size, block_size=128, d_model=64, n_heads=4, n_layers=2, d_mlp=None,
-                 positions="learned", attention="sdpa", block_mask=None, seed=None):
+                 positions="learned", attention="sdpa", block_mask=None, seed=None, n_kv_heads=None):
         super().__init__()
         d_mlp = 4 * d_model if d_mlp is None else d_mlp
         for name, value, least in (("vocab_size", vocab_size, 1), ("block_size", block_size, 1),
@@ -219,7 +283,13 @@ class GPT(nn.Module):
             raise ValueError(f"n_heads: expected a divisor of d_model={d_model}, got {n_heads}")
         if positions not in POSITIONS:
             raise ValueError(f"positions: expected one of {POSITIONS}, got {positions!r}")
+        if n_kv_heads is not None:
+            _check_int("n_kv_heads", n_kv_heads, 1)
+            if n_heads % n_kv_heads:
+                raise ValueError(f"n_kv_heads: expected a divisor of n_heads={n_heads}, got {n_kv_heads}")
         hs = d_model // n_heads
+        if positions == "rope" and hs % 2:
+            raise ValueError(f"positions: 'rope' rotates pairs of dims and needs an even head size, got {hs}")
         if attention in ("flash", "standard", "block_sparse") and hs not in KERNEL_HEAD_DIMS:
             raise ValueError(f"n_heads: the {attention!r} kernel needs a head size d_model // n_heads in "
                              f"{KERNEL_HEAD_DIMS}, got {d_model} // {n_heads} = {hs}")
@@ -229,14 +299,19 @@ class GPT(nn.Module):
             torch.manual_seed(seed)
         self.config = dict(vocab_size=vocab_size, block_size=block_size, d_model=d_model, n_heads=n_heads,
                            n_layers=n_layers, d_mlp=d_mlp, positions=positions)
+        if n_kv_heads is not None and n_kv_heads != n_heads:   # absent by default: lesson 09's config unchanged
+            self.config["n_kv_heads"] = n_kv_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.vocab_size, self.block_size, self.n_layers, self.n_heads = vocab_size, block_size, n_layers, n_heads
         self.attention = attention
         self.tok_emb = nn.Embedding(vocab_size, d_model)                  # (V, C)
         if positions == "learned":
             self.pos_emb = nn.Embedding(block_size, d_model)              # (block_size, C)
-        else:
+        elif positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_positions(block_size, d_model), persistent=False)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp, attention, block_mask) for _ in range(n_layers))
+        rotary = Rotary(hs, block_size) if positions == "rope" else None   # one rotation table, shared by the layers
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp, attention, block_mask, n_kv_heads, rotary)
+                                    for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)         # (V, C) weight
         self.lm_head.weight = self.tok_emb.weight                         # weight tying: one (V, C) matrix
@@ -266,6 +341,7 @@ class GPT(nn.Module):
             raise ValueError(f"attention: the {attention!r} kernel needs a head size in {KERNEL_HEAD_DIMS}, got {hs}")
         for block in self.blocks:
             block.attn.attend = attention_backend(attention, block_mask)
+            block.attn.decode_attend = _decode_attend(attention)
             block.attn.block_mask = block_mask
         self.attention = attention
         return self
@@ -282,14 +358,17 @@ class GPT(nn.Module):
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.vocab_size):
             raise ValueError(f"{name}: expected ids in [0, {self.vocab_size}), got [{int(idx.min())}, {int(idx.max())}]")
 
-    def embed(self, idx):
-        """Token embedding plus position: idx (B, T) long -> x (B, T, C)."""
+    def embed(self, idx, start=0):
+        """Token embedding plus position: idx (B, T) long at positions start.. -> x (B, T, C).
+        Rotary positions are not added here: every attention layer rotates q and k."""
         T = idx.shape[1]
-        pos = torch.arange(T, device=idx.device)                          # (T,)
+        pos = torch.arange(start, start + T, device=idx.device)           # (T,)
         tok = self.tok_emb(idx)                                           # (B, T, C)
         if self.config["positions"] == "learned":
             return tok + self.pos_emb(pos)                                # (B, T, C)
-        return tok + self.pos_table[:T]                                   # (B, T, C)
+        if self.config["positions"] == "rope":
+            return tok                                                    # (B, T, C)
+        return tok + self.pos_table[start:start + T]                      # (B, T, C)
 
     def forward(self, idx, targets=None):
         self._check_idx(idx)
@@ -319,11 +398,58 @@ class GPT(nn.Module):
             maps.append(w)
         return torch.stack(maps)                                          # (L, B, nh, T, T)
 
+    def new_caches(self, batch, *, sinks=None, window=None):
+        """One empty KV cache per layer, room for ``block_size`` positions: ``KVCache`` of
+        (batch, n_kv_heads, block_size, hs); with ``window``, StreamingLLM's ``RollingCache``
+        that keeps the first ``sinks`` (default 0) tokens and the last ``window``.
+
+        Example: ``caches = model.new_caches(1)``
+        """
+        p = self.tok_emb.weight
+        hs = self.config["d_model"] // self.n_heads
+        if window is not None:
+            return [RollingCache(batch, self.n_kv_heads, hs, sinks=sinks or 0, window=window, dtype=p.dtype,
+                                 device=p.device) for _ in self.blocks]
+        return [KVCache(batch, self.n_kv_heads, self.block_size, hs, dtype=p.dtype, device=p.device)
+                for _ in self.blocks]
+
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    def decode_step(self, idx, caches):
+        """The logits of the new tokens ``idx`` (B, Tn) after what ``caches`` hold: each layer writes
+        the new tokens' K and V to its cache (once) and attends their queries to the whole cache.
+        An empty cache makes this the prefill. Returns logits (B, Tn, V).
+
+        Example: ``caches = model.new_caches(1); model.decode_step(prompt, caches); model.decode_step(nxt, caches)``
+        """
+        start = caches[0].seen if isinstance(caches[0], RollingCache) else caches[0].length
+        if self.config["positions"] != "rope" and start + idx.shape[1] > self.block_size:
+            raise ValueError(f"idx: {self.config['positions']} positions stop at block_size={self.block_size}; "
+                             f"{start} cached + {idx.shape[1]} new do not fit")
+        if isinstance(caches[0], RollingCache) and idx.shape[1] > 1:    # a rolling cache evicts as it goes:
+            for t in range(idx.shape[1]):                                 # feed it one token at a time
+                logits = self.decode_step(idx[:, t:t + 1], caches)
+            return logits                                                 # (B, 1, V): the last token's
+        x = self.embed(idx, start)                                        # (B, Tn, C)
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, cache=cache)                                     # (B, Tn, C)
+        return self.lm_head(self.ln_f(x))                                 # (B, Tn, V)
+
+    def prefill(self, idx):
+        """New caches filled with the prompt ``idx`` (B, T0): returns (logits (B, T0, V), caches)."""
+        self._check_idx(idx)
+        caches = self.new_caches(idx.shape[0])
+        return self.decode_step(idx, caches), caches
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, kv_cache=True):
         """Sample ``max_new_tokens`` tokens after ``idx`` (B, T0), one at a time; returns (B, T0 + n).
 
         ``temperature`` scales the logits; ``top_k`` keeps the k likeliest; ``generator`` seeds the draws.
+        ``kv_cache=True`` (default): the prompt is run once (``prefill``), then every step feeds only
+        the newest token (``decode_step``), whose K and V are written once per layer; the tokens are
+        those of ``kv_cache=False``, which recomputes the whole context at every step. Past
+        ``block_size`` positions the context is a sliding window whose positions shift every step,
+        so both paths recompute the window there.
         Example: ``model.generate(encode("def ")[None], 200, generator=torch.Generator().manual_seed(0))``
         """
         self._check_idx(idx)
@@ -332,9 +458,18 @@ class GPT(nn.Module):
             raise ValueError(f"temperature: expected a positive number, got {temperature!r}")
         if top_k is not None:
             _check_int("top_k", top_k, 1)
+        if not isinstance(kv_cache, bool):
+            raise TypeError(f"kv_cache: expected a bool, got {type(kv_cache).__name__}")
+        caches = None
         for _ in range(max_new_tokens):
-            context = idx[:, -self.block_size:]                           # (B, <= block_size)
-            logits, _ = self(context)                                     # (B, T, V)
+            if kv_cache and idx.shape[1] <= self.block_size:
+                if caches is None:
+                    logits, caches = self.prefill(idx)                    # (B, T0, V): the prompt, once
+                else:
+                    logits = self.decode_step(idx[:, -1:], caches)        # (B, 1, V): the newest token only
+            else:
+                context = idx[:, -self.block_size:]                       # (B, <= block_size)
+                logits, _ = self(context)                                 # (B, T, V)
             logits = logits[:, -1, :] / temperature                       # (B, V) the next token's
             if top_k is not None:
                 kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]   # (B, 1)
