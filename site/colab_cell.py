@@ -43,7 +43,7 @@ def cell_source(repo_url=None):
         if not zips:
             from google.colab import files
             print("Choose the course's zip (attnlab.zip: the course folder, zipped) to upload.")
-            zips = [os.path.join("/content", name) for name in files.upload()]
+            zips = [os.path.abspath(name) for name in files.upload()]   # saved in the working folder
         zipfile.ZipFile(zips[0]).extractall("/content/attnlab-upload")
         top = [os.path.dirname(p) for p in glob.glob("/content/attnlab-upload/**/pyproject.toml", recursive=True)]
         if not top:

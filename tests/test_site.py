@@ -111,7 +111,7 @@ def test_colab_cell_without_a_repository_installs_the_uploaded_zip(tmp_path):
     (fake / "__init__.py").write_text("")
     (fake / "colab.py").write_text(
         "import shutil\nclass files:\n    @staticmethod\n    def upload():\n"
-        f"        shutil.copy({str(tmp_path / 'attnlab.zip')!r}, {str(content)!r})\n"
+        f"        shutil.copy({str(tmp_path / 'attnlab.zip')!r}, '.')\n"   # Colab saves into the working folder
         "        return {'attnlab.zip': b''}\n")
     code = colab_cell.cell_source()
     assert "files.upload()" in code and "git" not in code.split("pip install")[0].replace("git archive", "")
@@ -119,7 +119,7 @@ def test_colab_cell_without_a_repository_installs_the_uploaded_zip(tmp_path):
             .replace("os.kill(os.getpid(), 9)", "pass"))
     code = "import google.colab\n" + code + "\nprint(os.getcwd())\n"
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run([sys.executable, "-c", code], cwd=content, capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == str(content / "attnlab" / "lessons")
     assert (content / "attnlab" / "pyproject.toml").is_file()
