@@ -5,11 +5,14 @@ import inspect
 import textwrap
 
 
-def show_source(obj, *, lines=None, constexprs=None):
+def show_source(obj, *, lines=None, constexprs=None, checks=False):
     """Display the source of a function, class or module of attnlab.
 
     In a notebook the code is shown highlighted; elsewhere it is printed.
-    ``lines=(start, stop)`` keeps only that slice of the source's lines.
+    ``checks=False`` (the default) folds the input checks a learner skips (calls of
+    ``attnlab.validate`` or of a ``_check...`` helper, and ``if ...: raise`` blocks) into one
+    comment line; ``checks=True`` shows every line.
+    ``lines=(start, stop)`` keeps only that slice of the source's lines (after the folding).
     ``constexprs={"CAUSAL": False}`` shows a kernel as Triton compiles it for those values: each
     ``if NAME:`` (or ``if not NAME:``) keeps only the branch that runs, dedented; comments inside
     it stay. This cuts by the code's structure, never by a comment's wording.
@@ -23,6 +26,8 @@ def show_source(obj, *, lines=None, constexprs=None):
     except TypeError as exc:
         raise TypeError(f"obj: expected a function, class or module, got {type(obj).__name__}") from exc
     source = textwrap.dedent(source)
+    if not checks:
+        source = fold_checks(source)
     if constexprs:
         source = specialize(source, constexprs)
     if lines is not None:
@@ -78,6 +83,65 @@ def _repo_relative(path):
     if not tops:
         return path
     return "/".join(parts[tops[-1]:])  # the innermost: attnlab/kernels/x.py in a wheel -> kernels/x.py
+
+
+CHECKS_FOLDED = "# (the input checks are folded away: show_source(..., checks=True) shows them)"
+
+
+def _is_check(stmt):
+    """True for a statement that only checks its inputs: ``validate.x(...)``, ``_check_x(...)``,
+    ``self._check_x(...)``, ``raise``, an ``if`` (with no ``else``) whose body ends in a raise and
+    returns nothing, or a ``for`` loop made of checks."""
+    if isinstance(stmt, ast.Raise):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        func = stmt.value.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "validate":
+            return True
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name.startswith("_check")
+    if isinstance(stmt, ast.If) and not stmt.orelse:
+        returns = any(isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom)) for n in ast.walk(stmt))
+        return not returns and (all(_is_check(s) for s in stmt.body) or isinstance(stmt.body[-1], ast.Raise))
+    if isinstance(stmt, ast.For) and not stmt.orelse:
+        return all(_is_check(s) for s in stmt.body)
+    return False
+
+
+def fold_checks(source):
+    """``source`` without the input-check statements (see ``_is_check``) of its functions' bodies:
+    the first run of them in each function becomes one comment line, ``CHECKS_FOLDED``, later
+    runs go without one. Everything else is kept as written.
+
+    Example: ``fold_checks("def f(x):\n    validate.tensor(x, 'x')\n    return x")`` keeps ``return x``
+    """
+    text = source.splitlines()
+    tree = ast.parse(source)
+    drop = {}  # first line of a run -> (its last line, its indent), 0-based
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        run, first = [], True
+        for stmt in node.body + [None]:
+            if stmt is not None and _is_check(stmt):
+                run.append(stmt)
+                continue
+            if run:
+                drop[run[0].lineno - 1] = (run[-1].end_lineno - 1, run[0].col_offset, first)
+                run, first = [], False
+    if not drop:
+        return source
+    out, i = [], 0
+    while i < len(text):
+        if i in drop:
+            last, col, comment = drop[i]
+            if comment:
+                out.append(" " * col + CHECKS_FOLDED)
+            i = last + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "\n".join(out)
 
 
 def specialize(source, constexprs):

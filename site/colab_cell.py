@@ -4,11 +4,12 @@
     python site/colab_cell.py --check    # exit 1 (and say which) if a lesson lacks it or has an old one
     python site/colab_cell.py PATH...    # other notebooks
 
-The cell runs the README's Colab cell (clone this repository, pip install the tested
-versions, cd into lessons/) when ``google.colab`` is imported, i.e. only in Colab; anywhere
-else it returns at once, prints nothing and touches nothing. The repository URL is the one
-setting ATTNLAB_REPO_URL (see site/course_site.py), the same the site's "open in Colab"
-links use. Idempotent: the cell is found by its id (``colab-install``) and rewritten only
+The cell installs the course when ``google.colab`` is imported, i.e. only in Colab (get the
+course's folder, pip install the tested versions, cd into lessons/); anywhere else it returns
+at once, prints nothing and touches nothing. How it gets the folder depends on the one setting
+ATTNLAB_REPO_URL (see site/course_site.py), the same the site's "open in Colab" links use: set
+at build time, the cell clones that repository; unset, there is no public address to clone,
+and the cell unzips a zip of the course folder that the learner uploads (it asks for one). Idempotent: the cell is found by its id (``colab-install``) and rewritten only
 when its text differs; the rest of the notebook is written back byte for byte as read.
 """
 
@@ -27,10 +28,32 @@ MARKER = "# Colab only:"
 
 
 def cell_source(repo_url=None):
-    """The install cell's code for repository ``repo_url`` (default: ATTNLAB_REPO_URL)."""
+    """The install cell's code. With a repository URL (``repo_url``, else ATTNLAB_REPO_URL set at
+    build time) it clones that repository; without one (the placeholder) it installs the course
+    from a zip of its folder that the learner uploads, since there is no public address to clone."""
     url = repo_url or course_site.REPO_URL
+    if url == course_site.PLACEHOLDER_URL:
+        fetch = f'''\
+        # No public address yet: upload the course folder as a zip (attnlab.zip; in a clone of it,
+        # `git archive -o attnlab.zip HEAD` makes one) to Colab's Files panel, or pick it when asked.
+        import glob
+        import zipfile
+
+        zips = sorted(glob.glob("/content/attnlab*.zip"))
+        if not zips:
+            from google.colab import files
+            print("Choose the course's zip (attnlab.zip: the course folder, zipped) to upload.")
+            zips = [os.path.abspath(name) for name in files.upload()]   # saved in the working folder
+        zipfile.ZipFile(zips[0]).extractall("/content/attnlab-upload")
+        top = [os.path.dirname(p) for p in glob.glob("/content/attnlab-upload/**/pyproject.toml", recursive=True)]
+        if not top:
+            raise FileNotFoundError(f"{{zips[0]}} holds no course folder (no pyproject.toml in it)")
+        os.rename(min(top, key=len), "/content/attnlab")'''
+    else:
+        fetch = f'''\
+        subprocess.run(["git", "clone", "--depth", "1", "{url}", "attnlab"], check=True, cwd="/content")'''
     return f'''\
-{MARKER} install the course as the README's Colab cell does. Elsewhere this cell does nothing.
+{MARKER} install the course. Elsewhere this cell does nothing.
 import sys
 
 if "google.colab" in sys.modules:
@@ -38,8 +61,8 @@ if "google.colab" in sys.modules:
     import subprocess
 
     if not os.path.isdir("/content/attnlab"):
-        subprocess.run("git clone --depth 1 {url} attnlab"
-                       " && pip install -q -c attnlab/attnlab/constraints.txt -e './attnlab[lab]'",
+{fetch}
+        subprocess.run("pip install -q -c attnlab/attnlab/constraints.txt -e './attnlab[lab]'",
                        shell=True, check=True, cwd="/content")
         # Colab's preinstalled torch was replaced by the tested one: restart the runtime once
         print("attnlab is installed; the runtime restarts now. Then run the notebook again (Runtime > Run all).")

@@ -37,3 +37,25 @@ def test_notebook_listing_scrolls_instead_of_wrapping_mid_word():
     assert "white-space:pre;" in html and "word-break:normal" in html and "overflow-x:auto" in html
     assert "attnlab/attention.py" in html and "return" in html
     assert bundle["text/markdown"].startswith("`attnlab/attention.py`\n```python\ndef f(x):")
+
+
+def test_folds_the_input_checks_a_learner_skips(capsys):
+    show_source(scaled_dot_product_attention)
+    folded = capsys.readouterr().out
+    assert "validate.qkv(" not in folded and "raise ValueError" not in folded
+    assert folded.count("checks=True") == 1                      # one comment says where they went
+    assert "scores = (q @ k.transpose(-2, -1)) * scale" in folded and "masked_softmax(" in folded
+    show_source(scaled_dot_product_attention, checks=True)
+    full = capsys.readouterr().out
+    assert "validate.qkv(q, k, v)" in full and "raise ValueError" in full and "checks=True" not in full
+
+
+def test_fold_checks_keeps_what_computes():
+    from attnlab.show import CHECKS_FOLDED, fold_checks
+
+    source = ("def f(x, n):\n    validate.tensor(x, 'x')\n    if n < 0:\n        raise ValueError('n')\n"
+              "    y = x * n\n    if y.sum() > 0:\n        return y\n    _check_out(y)\n    return -y")
+    assert fold_checks(source).splitlines() == [
+        "def f(x, n):", "    " + CHECKS_FOLDED, "    y = x * n", "    if y.sum() > 0:", "        return y",
+        "    return -y"]
+    assert fold_checks("def g(x):\n    return x") == "def g(x):\n    return x"

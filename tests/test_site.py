@@ -76,10 +76,13 @@ def test_every_lesson_starts_with_the_colab_install_cell(path):
     assert first.get("id") == colab_cell.CELL_ID, f"{path.name}: run python site/colab_cell.py"
     assert 'if "google.colab" in sys.modules:' in source
     assert sum(colab_cell._is_install_cell(c) for c in nb["cells"]) == 1
-    url = re.search(r"git clone --depth 1 (\S+) attnlab", source).group(1)
+    # a repository to clone only when ATTNLAB_REPO_URL was set at build time; else the learner's upload
+    cloned = re.search(r'"git", "clone", "--depth", "1", "(\S+)", "attnlab"', source)
+    url = cloned.group(1) if cloned else None
+    assert url != course_site.PLACEHOLDER_URL and (cloned or "files.upload()" in source)
     # current with the script (for the URL it was written with): the script would change nothing
     assert not colab_cell.process(path, repo_url=url, check=True), f"{path.name}: run python site/colab_cell.py"
-    # and it is the README's Colab cell
+    # and it installs as the README's Colab cell does
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert 'pip install -q -c attnlab/attnlab/constraints.txt -e "./attnlab[lab]"' in readme
     assert "pip install -q -c attnlab/attnlab/constraints.txt -e './attnlab[lab]'" in source
@@ -92,6 +95,34 @@ def test_colab_cell_does_nothing_outside_colab(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(tmp_path)  # printed nothing of its own, stayed where it was
     assert list(tmp_path.iterdir()) == []       # cloned nothing
+
+
+def test_colab_cell_without_a_repository_installs_the_uploaded_zip(tmp_path):
+    # Colab faked: google.colab.files.upload() "uploads" a zip of a course folder (GitHub's layout:
+    # one top folder); /content is a temporary folder, and pip and the restart are stubbed
+    course = tmp_path / "src" / "attnlab-main"
+    (course / "lessons").mkdir(parents=True)
+    (course / "pyproject.toml").write_text("[project]\nname = 'attnlab'\n")
+    content = tmp_path / "content"
+    content.mkdir()
+    shutil.make_archive(str(tmp_path / "attnlab"), "zip", tmp_path / "src")
+    fake = tmp_path / "fake" / "google"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "colab.py").write_text(
+        "import shutil\nclass files:\n    @staticmethod\n    def upload():\n"
+        f"        shutil.copy({str(tmp_path / 'attnlab.zip')!r}, '.')\n"   # Colab saves into the working folder
+        "        return {'attnlab.zip': b''}\n")
+    code = colab_cell.cell_source()
+    assert "files.upload()" in code and "git" not in code.split("pip install")[0].replace("git archive", "")
+    code = (code.replace("/content", str(content)).replace("pip install -q", "true pip install -q")
+            .replace("os.kill(os.getpid(), 9)", "pass"))
+    code = "import google.colab\n" + code + "\nprint(os.getcwd())\n"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=content, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == str(content / "attnlab" / "lessons")
+    assert (content / "attnlab" / "pyproject.toml").is_file()
 
 
 def test_colab_cell_script_inserts_updates_and_is_idempotent(tmp_path):
