@@ -7,8 +7,13 @@ Debian's Chromium through Python Playwright and checks what a learner meets:
   at 1280 x 800 each fits the screen (bounding boxes asserted), at 1024 px wide with the file
   browser open each is still readable; sliders show their track, table columns stay apart,
   ``show_source`` listings scroll instead of wrapping mid-word;
-- run, save, close, shut the kernel down and reopen (in JupyterLab and in Notebook 7): every
-  widget still shows its picture, from the widget state the install makes Lab save;
+- run, save, close, shut the kernel down and reopen; wait until the widget manager marks the
+  reopened notebook modified, save (what the autosave would do), reopen in Notebook 7, save,
+  reopen in JupyterLab: every widget still shows its picture each time, from the widget state
+  the install makes Lab save and attnlab's server extension keeps (a notebook with all four
+  widgets, and lessons 00 and 03 executed with their widget state); no broken-link icon on the
+  controls, BlockMaskEditor's tiles in their 8 rows;
+- at 1024 px wide every table column of a widget is in view;
 - opening and saving an unrun lesson leaves the file byte for byte as it was
   (``attnlab.notebook_format``).
 
