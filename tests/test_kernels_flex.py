@@ -268,3 +268,12 @@ def test_offsets_past_2_to_the_31_on_a_view_with_huge_strides(tmp_path):
             torch.testing.assert_close(o, ref, atol=2e-6, rtol=1e-5)
             dq, = torch.autograd.grad(o.sum(), q)
             torch.testing.assert_close(dq, dq_ref, atol=5e-6, rtol=1e-5)
+
+
+def test_a_mask_for_other_lengths():
+    m = create_block_mask(mm.sliding_window(5), None, None, 64, 64, 16)
+    short = m.for_lengths(37, 37)
+    assert short is m.for_lengths(37, 37) and short.seq_lengths == (37, 37)
+    assert torch.equal(short.to_element_mask(), m.to_element_mask()[..., :37, :37])
+    t = BlockMask(torch.ones(1, 1, 4, 4, dtype=torch.bool), (16, 16)).for_lengths(20, 40)
+    assert t.num_blocks == (2, 3) and t.seq_lengths is None
