@@ -2,6 +2,9 @@
 #   make lab    create .venv with the tested versions, install attnlab, open JupyterLab on lessons/
 #               (Notebook 7 is installed too: .venv/bin/jupyter notebook lessons/)
 #   make test   create .venv if missing, run the whole test suite (CI runs exactly this)
+#   make test-fast  the daily tier: tests/ without the notebooks (nbval), the browser, the site
+#               and the tests marked slow (nbgrader, hostile notebooks, ...), 5 examples per
+#               property test
 # and the course as a website:
 #   make site   build it from the stored outputs into build/site/html (warnings are errors)
 #
@@ -18,13 +21,18 @@ CONSTRAINTS := attnlab/constraints.txt
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: lab test env docs-env site clean-env exercises
+.PHONY: lab test test-fast env docs-env nbgrader-env site clean-env exercises
 
 lab: env
 	$(BIN)/attnlab lab
 
-test: env docs-env
+test: env docs-env nbgrader-env
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# addopts is emptied because it turns on nbval, which this tier leaves out
+test-fast: env
+	ATTNLAB_HYPOTHESIS_EXAMPLES=5 $(BIN)/python -m pytest tests -o addopts=-ra -p no:nbval -m "not slow and not browser" \
+		--ignore=tests/test_site.py $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
 
@@ -42,6 +50,13 @@ docs-env: $(VENV)/.docs-installed
 
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml $(CONSTRAINTS)
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[docs]'
+	touch $@
+
+# the nbgrader extra (tests/test_grading_nbgrader.py's round trip), added to .venv for make test
+nbgrader-env: $(VENV)/.nbgrader-installed
+
+$(VENV)/.nbgrader-installed: $(VENV)/.installed pyproject.toml $(CONSTRAINTS)
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[nbgrader]'
 	touch $@
 
 site: docs-env

@@ -5,9 +5,10 @@ Three families, each small enough to read in one sitting, all on tensors shaped
 
 * **local window** (Vaswani et al. 2017, section 4, "restricted" self-attention;
   Longformer, BigBird): each query sees only keys within ``window`` positions.
-  Here it is an element mask (or the block mask that covers it) handed to the
-  exact reference attention, so the only thing that changes is *which* scores
-  exist. :func:`path_length` measures how many layers information needs to
+  The pattern is :func:`attnlab.mask_mods.local` (or ``sliding_window``, its
+  causal half): an element mask handed to the exact reference attention, or a
+  ``BlockMask`` for the block-sparse kernel, exact (partial tiles masked element
+  by element), so the only thing that changes is *which* scores exist. :func:`path_length` measures how many layers information needs to
   cross the sequence (Vaswani et al. 2017, Table 1: O(n/r)).
 * **low rank** (Linformer, Wang et al. 2020): keys and values are projected
   along the sequence from ``n`` rows to ``rank`` rows, ``K' = E K``,
@@ -42,7 +43,7 @@ import math
 
 import torch
 
-from attnlab import validate
+from attnlab import mask_mods, validate
 
 __all__ = [
     "local_window_mask",
@@ -88,40 +89,33 @@ def local_window_mask(n_q, n_k, window, causal=False, device=None):
     """
     validate.integer(n_q, "n_q")
     validate.integer(n_k, "n_k")
-    validate.integer(window, "window", minimum=0)
-    i = torch.arange(n_q, device=device)[:, None]  # (n_q, 1)
-    j = torch.arange(n_k, device=device)[None, :]  # (1, n_k)
-    mask = (i - j).abs() <= window  # (n_q, n_k)
-    if causal:
-        mask &= j <= i
-    return mask
+    validate.flag(causal, "causal")
+    return mask_mods.create_mask(_local_mod(window, causal), None, None, n_q, n_k, device=device or "cpu")[0, 0]
+
+
+def _local_mod(window, causal):
+    """The mask_mod of the window: attnlab.mask_mods' ``local`` (both sides) or ``sliding_window`` (causal)."""
+    return mask_mods.sliding_window(window) if causal else mask_mods.local(window)
 
 
 def local_window_block_mask(n_q, n_k, window, block_size=(64, 64), causal=False, device=None):
-    """The block mask that covers :func:`local_window_mask`: a block is kept if any pair in it is.
+    """The ``BlockMask`` of :func:`local_window_mask` for the block-sparse kernel, exact.
 
-    Returns a bool tensor ``(1, 1, ceil(n_q / block_m), ceil(n_k / block_n))`` for
-    ``block_size=(block_m, block_n)``, the layout ``block_sparse_reference`` and the
-    block-sparse kernel take. Kept blocks still need the element mask inside
-    them to give exactly local-window attention; on its own the block mask
-    gives a slightly wider (block-aligned) window.
+    ``attnlab.kernels.create_block_mask`` of the same mask_mod: tiles wholly inside the window are
+    full (computed with no element mask), tiles it crosses partial (masked element by element),
+    the rest empty (never loaded). Its ``.mask`` is the bool ``(1, 1, ceil(n_q / block_m),
+    ceil(n_k / block_n))`` table of the tiles computed, for ``block_size=(block_m, block_n)``.
 
     Example: ``local_window_block_mask(256, 256, window=32, block_size=(64, 64))``
     """
+    from attnlab.kernels import create_block_mask
+
     bq, bk = validate.block_pair(block_size, single_int=False)
     validate.integer(n_q, "n_q")
     validate.integer(n_k, "n_k")
-    validate.integer(window, "window", minimum=0)
-    nqb, nkb = -(-n_q // bq), -(-n_k // bk)
-    a = torch.arange(nqb, device=device)[:, None]  # query block index (nqb, 1)
-    b = torch.arange(nkb, device=device)[None, :]  # key block index (1, nkb)
-    q_lo, q_hi = a * bq, torch.clamp((a + 1) * bq, max=n_q) - 1  # first and last query of each block
-    k_lo, k_hi = b * bk, torch.clamp((b + 1) * bk, max=n_k) - 1  # first and last key of each block
-    # some pair (i, j) in the tile has |i - j| <= window: the key range meets [q_lo - window, q_hi + window]
-    blocks = (k_lo <= q_hi + window) & (k_hi >= q_lo - window)  # (nqb, nkb)
-    if causal:  # and some pair has j <= i
-        blocks &= k_lo <= q_hi
-    return blocks[None, None]
+    validate.flag(causal, "causal")
+    return create_block_mask(_local_mod(window, causal), None, None, n_q, n_k, block_size=(bq, bk),
+                             device=device or "cpu")
 
 
 def local_window_attention(q, k, v, window, causal=False, scale=None):
@@ -131,7 +125,7 @@ def local_window_attention(q, k, v, window, causal=False, scale=None):
     -> ``(B, H, Nq, Dv)``. Runs the reference
     :func:`attnlab.attention.scaled_dot_product_attention` under
     :func:`local_window_mask`; on a GPU the same pattern runs through the
-    block-sparse kernel with :func:`local_window_block_mask`.
+    block-sparse kernel with :func:`local_window_block_mask` (the same mask, exactly).
 
     Example: ``out = local_window_attention(q, k, v, window=16)``
     """
@@ -366,7 +360,8 @@ def local_window_io(batch, heads, n, d=64, window=64, block_size=(64, 64), bytes
 
     The kernel visits only the blocks :func:`local_window_block_mask` keeps, so this is
     :func:`attnlab.iomodel.block_sparse_forward_io` under that mask: per kept block one K and
-    one V tile read and ``4 block_m block_n d`` FLOPs; Q read and O written once. No n x n matrix
+    one V tile read (and per partial block its element-mask tile) and ``4 block_m block_n d``
+    FLOPs; Q read and O written once. No n x n matrix
     reaches HBM, and the cost grows as ``n * window`` instead of ``n^2``.
     Returns an :class:`attnlab.iomodel.IO`.
 

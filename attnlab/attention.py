@@ -26,7 +26,7 @@ Conventions (the whole course uses them):
 import torch
 from torch import nn
 
-from attnlab import validate
+from attnlab import mask_mods, validate
 
 __all__ = [
     "softmax",
@@ -163,8 +163,9 @@ def padding_mask(lengths, max_len=None):
         raise ValueError(f"max_len: expected a non-negative int, got {max_len}")
     if lengths.numel() and int(lengths.max()) > max_len:
         raise ValueError(f"max_len: expected at least max(lengths) = {int(lengths.max())}, got {max_len}")
-    positions = torch.arange(max_len, device=lengths.device)   # (N,)
-    return positions[None, :] < lengths[:, None]               # (B, N)
+    b = torch.arange(lengths.numel(), device=lengths.device)[:, None]    # (B, 1) row of the batch
+    positions = torch.arange(max_len, device=lengths.device)[None, :]    # (1, N) key positions
+    return mask_mods.padding(lengths)(b, 0, 0, positions)                # (B, N): the one home's pattern
 
 
 def causal_mask(n_q, n_k=None, device=None):
@@ -184,7 +185,7 @@ def causal_mask(n_q, n_k=None, device=None):
             raise ValueError(f"{name}: expected a non-negative int, got {n}")
     i = torch.arange(n_q, device=device)[:, None]   # (n_q, 1) query positions
     j = torch.arange(n_k, device=device)[None, :]   # (1, n_k) key positions
-    return j <= i                                   # (n_q, n_k)
+    return mask_mods.causal(0, 0, i, j)             # (n_q, n_k): j <= i, attnlab.mask_mods' causal
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,19 +369,24 @@ def block_sparse_reference(q, k, v, block_mask, block_size=None, causal=False, s
     """Dense attention under the element mask that a block mask implies.
 
     The (Nq, Nk) score matrix is cut into tiles of ``block_size = (block_m, block_n)`` (query rows,
-    key columns); tile (i, j) is computed iff ``block_mask[..., i, j]`` is True. This is the spec a
-    block-sparse kernel must match: it skips the tiles that are False and computes the rest exactly.
+    key columns). With a bool tile table, every element of tile (i, j) is kept iff
+    ``block_mask[..., i, j]`` (:func:`attnlab.mask_mods.tiles`). With an ``attnlab.kernels.BlockMask``
+    the element mask is its ``mask_mod`` evaluated (``to_element_mask``): full tiles whole, partial
+    tiles element by element, empty tiles not at all. This is the spec a block-sparse kernel must
+    match: it skips the empty tiles and computes the rest exactly.
 
     block_mask: bool ``(B or 1, H or 1, ceil(Nq/block_m), ceil(Nk/block_n))``, or an object with
-    ``.mask`` (that tensor) and ``.block_size`` (block_m, block_n), such as
-    ``attnlab.kernels.BlockMask``. block_size: int or (block_m, block_n); optional when
+    ``.mask`` (that tensor), ``.block_size`` (block_m, block_n) and ``.to_element_mask(n_q, n_k)``,
+    such as ``attnlab.kernels.BlockMask``. block_size: int or (block_m, block_n); optional when
     ``block_mask`` carries it. causal: top-left, ANDed with the block mask. Rows with no visible key output zeros.
     q: (B, H, Nq, D), k: (B, H, Nk, D), v: (B, H, Nk, Dv) -> out (B, H, Nq, Dv).
 
     Example: ``out = block_sparse_reference(q, k, v, torch.eye(4, dtype=torch.bool)[None, None], 16)``
     """
     validate.qkv(q, k, v)
+    carrier = None
     if not isinstance(block_mask, torch.Tensor) and hasattr(block_mask, "mask"):
+        carrier = block_mask if hasattr(block_mask, "to_element_mask") else None
         carried = getattr(block_mask, "block_size", None)
         if carried is not None:
             carried = validate.block_pair(tuple(carried) if not isinstance(carried, int) else carried)
@@ -404,6 +410,9 @@ def block_sparse_reference(q, k, v, block_mask, block_size=None, causal=False, s
                          f"Nq={Nq}, Nk={Nk}, block_size=({block_m}, {block_n}), got {tuple(block_mask.shape)}")
     if block_mask.device != q.device:
         raise ValueError(f"block_mask: expected device {q.device} (the device of q), got {block_mask.device}")
-    element_mask = block_mask.repeat_interleave(block_m, dim=2).repeat_interleave(block_n, dim=3)
-    element_mask = element_mask[:, :, :Nq, :Nk]       # (b, h, n_qb*block_m, n_kb*block_n) -> (b, h, Nq, Nk)
+    if carrier is not None:      # the BlockMask's own mask_mod, at the lengths it was made for
+        element_mask = carrier.to_element_mask(Nq, Nk).to(q.device)                    # (b, h, Nq, Nk)
+    else:                        # every element of a kept tile
+        element_mask = mask_mods.create_mask(mask_mods.tiles(block_mask, (block_m, block_n)),
+                                             block_mask.shape[0], block_mask.shape[1], Nq, Nk, device=q.device)
     return scaled_dot_product_attention(q, k, v, mask=element_mask, causal=causal, scale=scale)

@@ -49,19 +49,19 @@ def test_local_window_mask_small():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("n_q,n_k,window,bs", [(256, 256, 32, (64, 64)), (100, 70, 5, (16, 32)), (33, 33, 0, (8, 8)),
+@pytest.mark.parametrize("n_q,n_k,window,bs", [(256, 256, 32, (64, 64)), (100, 70, 5, (16, 32)), (33, 33, 0, (16, 16)),
                                                (70, 100, 40, (32, 16))])
-def test_block_mask_covers_element_mask(n_q, n_k, window, bs, causal):
+def test_block_mask_is_the_element_mask_exactly(n_q, n_k, window, bs, causal):
     elem = local_window_mask(n_q, n_k, window, causal=causal)
     blocks = local_window_block_mask(n_q, n_k, window, block_size=bs, causal=causal)
     assert blocks.shape == (1, 1, math.ceil(n_q / bs[0]), math.ceil(n_k / bs[1]))
-    expanded = blocks[0, 0].repeat_interleave(bs[0], 0).repeat_interleave(bs[1], 1)[:n_q, :n_k]
-    assert bool((elem & ~expanded).sum() == 0)  # every kept element lies in a kept block
-    # and every kept block holds at least one kept element (nothing wider than needed)
+    assert torch.equal(blocks.to_element_mask()[0, 0], elem)     # exact: not a block-aligned window
+    # the tiles computed are those holding a kept element; full ones hold nothing else
     padded = torch.zeros(blocks.shape[2] * bs[0], blocks.shape[3] * bs[1], dtype=torch.bool)
     padded[:n_q, :n_k] = elem
-    per_block = padded.view(blocks.shape[2], bs[0], blocks.shape[3], bs[1]).any(3).any(1)
-    assert torch.equal(per_block, blocks[0, 0])
+    tiles = padded.view(blocks.shape[2], bs[0], blocks.shape[3], bs[1]).permute(0, 2, 1, 3)
+    assert torch.equal(tiles.any(-1).any(-1), blocks.mask[0, 0])
+    assert torch.equal(tiles.all(-1).all(-1), blocks.full_blocks[0, 0])
 
 
 def test_local_window_attention_matches_masked_sdpa():

@@ -8,7 +8,8 @@ local-plus-global element mask and the experiment.
 
 import torch
 
-from attnlab.attention import causal_mask, scaled_dot_product_attention
+from attnlab import mask_mods
+from attnlab.attention import scaled_dot_product_attention
 from attnlab.grading.hiding import hide
 from attnlab.models.gpt import GPT
 
@@ -69,10 +70,13 @@ def _train(corpus, seed, steps, attention):
 
 
 def local_global_mask(n, window, n_global):
-    """(n, n) bool: query i sees key j when j <= i and (i - j < window or j < n_global)."""
-    i = torch.arange(n)[:, None]                                            # (n, 1) queries
-    j = torch.arange(n)[None, :]                                            # (1, n) keys
-    return causal_mask(n) & ((i - j < window) | (j < n_global))            # (n, n)
+    """(n, n) bool: query i sees key j when j <= i and (i - j < window or j < n_global).
+
+    From attnlab.mask_mods: causal AND (a sliding window of ``window - 1`` keys before the query, OR
+    global tokens); under causal, global queries add nothing, so the global tokens are the keys."""
+    near = [mask_mods.sliding_window(window - 1)] if window > 0 else []
+    mod = mask_mods.and_masks(mask_mods.causal, mask_mods.or_masks(*near, mask_mods.global_tokens(n_global)))
+    return mask_mods.create_mask(mod, None, None, n, n)[0, 0]              # (n, n)
 
 
 def local_vs_dense(seed, steps, window, n_global):
