@@ -1,0 +1,82 @@
+"""Exercise 10_inference: its parts, what each may not call, and its hints.
+
+Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
+attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
+"""
+
+from attnlab.grading.exercises import ATTENTION, SOFTMAX, Part
+
+EXERCISE = "10_inference"
+
+# in notebook order: Part(id, title, points, names of the learner's functions the check calls, kind)
+PARTS = [
+    Part("decode-attention", "decoding attention over a cache: ragged lengths, new queries, shared KV heads", 3,
+         ("decode_attention",)),
+    Part("split-partials", "split-K: one chunk of keys, its partial output and log-sum-exp", 2, ("split_partials",)),
+    Part("split-merge", "merging the splits: lesson 07's rescaling", 2, ("merge_splits",)),
+    Part("paged-gather", "a sequence out of a paged cache through its block table", 2, ("gather_sequence",)),
+    Part("decode-bytes", "experiment: traced bytes per token against context length for MHA, GQA, MQA", 1,
+         ("decode_bytes",), "experiment"),
+    Part("decode-explain", "explain: why decoding is bound by bandwidth, and what GQA changes", 1, (), "manual"),
+]
+
+_REFERENCES = ["attnlab.kvcache.*", "attnlab.kernels.*", "torch.Tensor.repeat_interleave"]
+
+# part id -> patterns of what its answer may not call (besides the library and the references)
+FORBIDDEN = {
+    "decode-attention": SOFTMAX + ATTENTION + _REFERENCES,
+    "split-partials": SOFTMAX + ATTENTION + ["torch.logsumexp", "torch.Tensor.logsumexp"],
+    "split-merge": SOFTMAX + ATTENTION + ["torch.logsumexp", "torch.Tensor.logsumexp"],
+    "paged-gather": ["attnlab.kvcache.*"],
+    "decode-bytes": ["attnlab.iomodel.*"],
+}
+
+# part id -> library patterns it may use after all: the experiment traces the course's own decode kernel
+ALLOWED = {
+    "decode-bytes": ["attnlab.memory.*", "attnlab.kernels.*"],
+}
+
+# part id -> up to three hints, revealed one per call of hint("part id")
+HINTS = {
+    "decode-attention": [
+        "Work one sequence b at a time: L = int(cache_seqlens[b]); its keys are k_cache[b, :, :L] (H_kv, L, D). "
+        "Positions past L are padding: never let a query see them.",
+        "Query head h reads KV head h // G with G = H_q // H_kv (consecutive query heads share one KV head); "
+        "index it, e.g. k_cache[b, h // G, :L], instead of copying the cache.",
+        "Query i of the Nq new ones sits at position L - Nq + i and sees keys 0 .. L - Nq + i: the mask is "
+        "torch.arange(L)[None, :] <= (L - Nq + torch.arange(Nq))[:, None]; masked scores become -inf before "
+        "your own stable softmax (subtract each row's max, exp, divide by the sum).",
+    ],
+    "split-partials": [
+        "chunk = ceil(N / num_splits) keys per split: split s covers keys [s * chunk, min((s + 1) * chunk, N)); "
+        "the last splits may be shorter, or empty when num_splits * chunk - N >= chunk.",
+        "For one split: s = q @ k_s^T * scale (B, H, 1, n_s); m = the row max; p = exp(s - m); the partial "
+        "output is (p @ v_s) / p.sum(-1, keepdim=True), normalised over its own keys only.",
+        "Its log-sum-exp is m + log(p.sum(-1)), computed from the shifted sum so that it never overflows. An "
+        "empty split has output 0 and log-sum-exp -inf. Stack along a new dim 2: (B, H, S, Nq, D) and (B, H, S, Nq).",
+    ],
+    "split-merge": [
+        "A split's softmax mass is exp(lse_s): the full output weighs each partial o_s by its share of the total "
+        "mass, o = sum_s exp(lse_s) o_s / sum_s exp(lse_s).",
+        "Never take exp(lse) directly (lse can be in the hundreds): subtract M = max over the splits (dim 2, "
+        "keepdim=True) first; the factor exp(-M) cancels between the numerator and the denominator.",
+        "An empty split has lse = -inf: exp(-inf - M) = 0, so it drops out by itself, as long as M is finite "
+        "(at least one split is not empty). Sum over dim 2 and keep o's dtype.",
+    ],
+    "paged-gather": [
+        "Key n of sequence b lives in page block_table[b, n // page_size], at row n % page_size of that page, "
+        "with page_size = pool.shape[2].",
+        "The sequence uses ceil(length / page_size) pages: pages = block_table[b, :n_pages].long(); pool[pages] "
+        "has shape (n_pages, H_kv, page_size, D).",
+        "Put the heads first before flattening the pages: pool[pages].transpose(0, 1) is (H_kv, n_pages, "
+        "page_size, D); reshape to (H_kv, n_pages * page_size, D), then keep the first `length` positions.",
+    ],
+    "decode-bytes": [
+        "For each kv_heads and each L, build one step: q (1, heads, 1, d), k and v caches (1, kv_heads, L, d), "
+        "float16, cache_seqlens = torch.tensor([L], dtype=torch.int32).",
+        "Trace the kernel: t = trace(flash_decode, q, k, v, lens, num_splits=1) (attnlab.memory.trace, "
+        "attnlab.kernels.flash_decode); num_splits=1 fixes the launch, so the count does not depend on the machine.",
+        "Record t.bytes_read + t.bytes_written (everything the step moves, reads and writes), one row per "
+        "kv_heads, one column per L: an int64 tensor of shape (len(kv_heads_list), len(contexts)).",
+    ],
+}

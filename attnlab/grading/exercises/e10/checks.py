@@ -1,0 +1,337 @@
+"""The checks of exercise 10_inference (one ``@CHECKS(part id)`` per graded part).
+
+- ``decode-attention``: the learner's decoding attention against the library's reference over the cache,
+  on ragged lengths with garbage past them, several new queries, grouped- and multi-query heads, a scale;
+- ``split-partials`` and ``split-merge``: the two halves of split-K decoding, on uneven and empty chunks
+  and on log-sum-exps in the hundreds;
+- ``paged-gather``: one sequence gathered from a shuffled pool of pages;
+- ``decode-bytes``: the experiment's traced bytes, reproduced here by ``attnlab.iomodel.decode_io`` (which
+  equals the trace to the byte).
+"""
+
+import math
+
+import torch
+
+from attnlab import iomodel
+from attnlab.grading.core import Mistake, Registry, check_function, gen as _gen, randn as _randn
+from attnlab.grading.exercises.e10 import spec as specs
+from attnlab.kvcache import to_paged
+
+CHECKS = Registry()
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. decoding attention over a cache
+# ---------------------------------------------------------------------------------------------
+
+def _decode_cases():
+    cases = []
+    for seed, (label, (B, hq, hkv, nq, D, lens), scale) in enumerate([
+            ("one sequence, 2 heads, one new query, L = 7 (a full cache)", (1, 2, 2, 1, 8, [7]), None),
+            ("ragged lengths [9, 4, 1] in a cache of 9 (positions past L hold garbage)", (3, 2, 2, 1, 8, [9, 4, 1]),
+             None),
+            ("3 new queries, lengths [10, 5]: query i at position L - 3 + i", (2, 1, 1, 3, 8, [10, 5]), None),
+            ("grouped-query: 4 query heads, 2 KV heads, lengths [6, 8]", (2, 4, 2, 1, 16, [6, 8]), None),
+            ("multi-query: 4 query heads, 1 KV head, 2 new queries, lengths [7, 3]", (2, 4, 1, 2, 8, [7, 3]), None),
+            ("grouped-query, 2 new queries, scale=0.3 (not 1/sqrt(D))", (1, 6, 3, 2, 4, [5]), 0.3)]):
+        g = _gen(10_000 + seed)
+        S = max(lens)
+        q = _randn(g, B, hq, nq, D)
+        k, v = _randn(g, B, hkv, S, D), _randn(g, B, hkv, S, D)
+        for b, L in enumerate(lens):       # garbage past each length: a query that sees it is wrong, clearly
+            k[b, :, L:] = 50.0
+            v[b, :, L:] = 100.0
+        kwargs = {} if scale is None else {"scale": scale}
+        cases.append((label, (q, k, v, torch.tensor(lens, dtype=torch.int32)), kwargs))
+    return cases
+
+
+def _decode_with(lengths=True, causal="bottom-right", diagonal=0, head_map="div", scale_rule="sqrt",
+                 ignore_scale=False):
+    """A wrong decode_attention."""
+    def impl(q, k_cache, v_cache, cache_seqlens, scale=None):
+        B, hq, nq, D = q.shape
+        hkv = k_cache.shape[1]
+        default = 1.0 / D if scale_rule == "d" else D ** -0.5
+        sc = default if (scale is None or ignore_scale) else scale
+        out = torch.empty_like(q)
+        for b in range(B):
+            L = int(cache_seqlens[b]) if lengths else k_cache.shape[2]
+            for h in range(hq):
+                kv = h // (hq // hkv) if head_map == "div" else h % hkv
+                s = q[b, h] @ k_cache[b, kv, :L].T * sc                     # (Nq, L)
+                j = torch.arange(L)[None, :]
+                i = torch.arange(nq)[:, None]
+                if causal == "bottom-right":
+                    keep = j <= L - nq + i + diagonal
+                elif causal == "top-left":
+                    keep = j <= i
+                else:
+                    keep = torch.ones(nq, L, dtype=torch.bool)
+                s = s.masked_fill(~keep, float("-inf"))
+                w = torch.exp(s - s.amax(-1, keepdim=True))
+                out[b, h] = (w / w.sum(-1, keepdim=True)) @ v_cache[b, kv, :L]
+        return out
+    return impl
+
+
+_DECODE_MISTAKES = [
+    Mistake("lengths-ignored", "every query attends to the whole cache: positions past cache_seqlens[b] are not "
+            "tokens (keep only k_cache[b, :, :L])", _decode_with(lengths=False)),
+    Mistake("new-queries-see-the-future", "all the new queries see every key up to L: query i sits at position "
+            "L - Nq + i and must not see the new keys after it", _decode_with(causal="none")),
+    Mistake("causal-top-left", "the causal mask is aligned top-left (query i sees keys 0..i): in decoding the "
+            "queries are the last Nq positions, so query i sees keys 0..L - Nq + i", _decode_with(causal="top-left")),
+    Mistake("causal-diagonal-excluded", "a query does not see its own key: keep keys j <= L - Nq + i",
+            _decode_with(diagonal=-1)),
+    Mistake("kv-head-modulo", "query head h reads KV head h % H_kv; consecutive query heads share a KV head: "
+            "h // (H_q // H_kv)", _decode_with(head_map="mod")),
+    Mistake("scale-1-over-d", "the default scale is 1/sqrt(D), not 1/D", _decode_with(scale_rule="d")),
+    Mistake("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(D)",
+            _decode_with(ignore_scale=True)),
+]
+
+
+@CHECKS("decode-attention")
+def _check_decode(ns):
+    n = check_function(ns, "decode_attention", specs.decode_attention, _decode_cases(), _DECODE_MISTAKES)
+    return f"{n} cases match the reference over the cache (ragged lengths, new queries, GQA and MQA, a scale)"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. split-K: the partials
+# ---------------------------------------------------------------------------------------------
+
+def _split_cases():
+    cases = []
+    for seed, (label, (B, H, nq, D, N, S), amp, scale) in enumerate([
+            ("B=1, H=2, one query, D=8, N=12 keys, 3 splits of 4", (1, 2, 1, 8, 12, 3), 1.0, None),
+            ("B=2, H=1, one query, N=10, 3 splits: chunks of 4, 4 and 2", (2, 1, 1, 8, 10, 3), 1.0, None),
+            ("B=1, H=1, 2 queries, D=4, N=5, 4 splits: chunks of 2, 2, 1 and an empty one", (1, 1, 2, 4, 5, 4), 1.0,
+             None),
+            ("large logits (q, k x 12: scores in the hundreds), N=9, 2 splits", (1, 2, 1, 16, 9, 2), 12.0, None),
+            ("N=7, 2 splits, scale=0.3", (2, 2, 1, 4, 7, 2), 1.0, 0.3)]):
+        g = _gen(10_100 + seed)
+        q, k, v = _randn(g, B, H, nq, D, scale=amp), _randn(g, B, H, N, D, scale=amp), _randn(g, B, H, N, D)
+        cases.append((label, (q, k, v, S), {} if scale is None else {"scale": scale}))
+    return cases
+
+
+def _partials_with(stable=True, stable_o=True, normalise=True, chunk_rule="ceil", lse_units="e", lse_scaled=True,
+                   empty_lse=float("-inf"), strided=False):
+    """A wrong split_partials."""
+    def impl(q, k, v, num_splits, scale=None):
+        B, H, nq, D = q.shape
+        N = k.shape[2]
+        sc = D ** -0.5 if scale is None else scale
+        chunk = -(-N // num_splits) if chunk_rule == "ceil" else max(1, N // num_splits)
+        o = q.new_zeros(B, H, num_splits, nq, D)
+        lse = q.new_full((B, H, num_splits, nq), empty_lse)
+        for s in range(num_splits):
+            lo, hi = s * chunk, min((s + 1) * chunk, N)
+            idx = torch.arange(s, N, num_splits) if strided else torch.arange(lo, max(lo, hi))
+            if idx.numel() == 0:
+                continue
+            raw = q @ k[:, :, idx].transpose(-1, -2)
+            sco = raw * sc
+            m = sco.amax(-1, keepdim=True) if stable_o else torch.zeros_like(sco[..., :1])
+            p = torch.exp(sco - m)
+            o[:, :, s] = (p @ v[:, :, idx]) / (p.sum(-1, keepdim=True) if normalise else 1.0)
+            base = sco if lse_scaled else raw
+            mb = base.amax(-1, keepdim=True) if stable else torch.zeros_like(base[..., :1])
+            l_ = mb[..., 0] + torch.log(torch.exp(base - mb).sum(-1))
+            lse[:, :, s] = l_ / math.log(2) if lse_units == "2" else l_
+        return o, lse
+    return impl
+
+
+_PARTIAL_MISTAKES = [
+    Mistake("lse-overflows", "exp(scores) is summed without subtracting the max: with scores in the hundreds it "
+            "overflows to inf; compute lse = m + log(sum(exp(s - m)))", _partials_with(stable=False)),
+    Mistake("lse-overflows", "exp(scores) is taken without subtracting the max, in the output and the log-sum-exp: "
+            "with scores in the hundreds it overflows to inf; subtract each row's max m first",
+            _partials_with(stable=False, stable_o=False)),
+    Mistake("partial-not-normalised", "each split's output must be normalised over its own keys: "
+            "(p @ v_s) / p.sum(-1, keepdim=True)", _partials_with(normalise=False)),
+    Mistake("chunk-rounded-down", "the chunk size is N // num_splits: it must round up, ceil(N / num_splits), so "
+            "that the splits cover every key", _partials_with(chunk_rule="floor")),
+    Mistake("lse-base-2", "the log-sum-exp is in base 2: use the natural log (torch.log), as exp in the merge",
+            _partials_with(lse_units="2")),
+    Mistake("lse-unscaled", "the log-sum-exp is taken over the unscaled scores q k^T: use the scaled ones, the "
+            "same scores whose softmax weighs the values", _partials_with(lse_scaled=False)),
+    Mistake("empty-split-lse-zero", "an empty split's log-sum-exp is -inf (no softmax mass), not 0",
+            _partials_with(empty_lse=0.0)),
+    Mistake("splits-strided", "split s takes every num_splits-th key (s, s + S, ...): it takes one contiguous "
+            "chunk [s * chunk, (s + 1) * chunk)", _partials_with(strided=True)),
+]
+
+
+@CHECKS("split-partials")
+def _check_partials(ns):
+    n = check_function(ns, "split_partials", specs.split_partials, _split_cases(), _PARTIAL_MISTAKES)
+    return f"{n} cases match: uneven and empty chunks, scores in the hundreds, a scale"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the merge
+# ---------------------------------------------------------------------------------------------
+
+def _merge_cases():
+    cases = []
+    for seed, (label, case, shift) in enumerate([
+            ("partials of 3 splits of N=12 keys (B=1, H=2, one query)", _split_cases()[0], 0.0),
+            ("partials with an empty split (lse = -inf) and 2 queries", _split_cases()[2], 0.0),
+            ("partials from scores in the hundreds (lse ~ 300)", _split_cases()[3], 0.0),
+            ("3 splits, every lse shifted by +700 (exp(lse) overflows float32)", _split_cases()[1], 700.0)]):
+        o, lse = specs.split_partials(*case[1], **case[2])
+        cases.append((label, (o, lse + shift), {}))
+    g = _gen(10_200)
+    cases.append(("one split only (S = 1): the merge returns it", (_randn(g, 2, 2, 1, 2, 8), _randn(g, 2, 2, 1, 2)),
+                  {}))
+    return cases
+
+
+def _merged(o, lse, weights):
+    return (weights[..., None] * o).sum(dim=2)
+
+
+def _merge_exp_unshifted(o, lse):
+    w = torch.exp(lse)
+    return _merged(o, lse, w / w.sum(2, keepdim=True))
+
+
+def _merge_unnormalised(o, lse):
+    m = lse.amax(2, keepdim=True)
+    return _merged(o, lse, torch.exp(lse - m))
+
+
+def _merge_linear(o, lse):
+    return _merged(o, lse, lse / lse.sum(2, keepdim=True))
+
+
+def _merge_max_only(o, lse):
+    best = lse.argmax(2, keepdim=True)                                     # (B, H, 1, Nq)
+    return torch.gather(o, 2, best[..., None].expand(*best.shape, o.shape[-1])).squeeze(2)
+
+
+def _merge_wrong_axis(o, lse):
+    m = lse.amax(-1, keepdim=True)
+    w = torch.exp(lse - m)
+    return _merged(o, lse, w / w.sum(-1, keepdim=True))
+
+
+_MERGE_MISTAKES = [
+    Mistake("mean-of-partials", "the partials are averaged: each must weigh by its split's softmax mass, "
+            "exp(lse_s) over the sum", lambda o, lse: o.mean(dim=2)),
+    Mistake("exp-overflows", "exp(lse) is taken without subtracting the max over the splits: large lse overflow "
+            "to inf and the weights become NaN", _merge_exp_unshifted),
+    Mistake("not-normalised", "the weights exp(lse_s - M) are not divided by their sum", _merge_unnormalised),
+    Mistake("linear-weights", "the weights are lse_s / sum(lse): the mass of a split is exp(lse_s)", _merge_linear),
+    Mistake("max-only", "only the split with the largest lse is kept: every split contributes its share",
+            _merge_max_only),
+    Mistake("wrong-axis", "the weights are normalised over the queries (dim -1); they are over the splits (dim 2)",
+            _merge_wrong_axis),
+]
+
+
+@CHECKS("split-merge")
+def _check_merge(ns):
+    n = check_function(ns, "merge_splits", specs.merge_splits, _merge_cases(), _MERGE_MISTAKES)
+    return f"{n} cases match: empty splits, lse in the hundreds, one split"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. the paged gather
+# ---------------------------------------------------------------------------------------------
+
+def _paged_cases():
+    g = _gen(10_300)
+    k = _randn(g, 3, 2, 12, 3)                                              # (B, H_kv, 12, D)
+    lens = torch.tensor([12, 6, 3], dtype=torch.int32)
+    pool, _, table = to_paged(k, k, lens, 4, generator=g)                   # pages of 4, shuffled in the pool
+    table = torch.cat([table, torch.zeros(3, 1, dtype=torch.int32)], dim=1)  # an unused column
+    return [(f"sequence {b}, length {L} (pages of 4 in a shuffled pool of {pool.shape[0]})", (pool, table, b, L), {})
+            for b, L in ((0, 12), (1, 6), (2, 3), (0, 9), (1, 1))]
+
+
+def _gather_with(pages="table", heads_first=True, n_pages="ceil", trim=True):
+    def impl(pool, block_table, b, length):
+        ps = pool.shape[2]
+        n = -(-length // ps) if n_pages == "ceil" else max(1, length // ps)
+        if pages == "table":
+            idx = block_table[b, :n].long()
+        elif pages == "first-row":
+            idx = block_table[0, :n].long()
+        else:
+            idx = torch.arange(n)
+        kv = pool[idx]
+        kv = kv.transpose(0, 1).reshape(pool.shape[1], n * ps, pool.shape[3]) if heads_first else \
+            kv.reshape(pool.shape[1], n * ps, pool.shape[3])
+        return kv[:, :length] if trim else kv
+    return impl
+
+
+_GATHER_MISTAKES = [
+    Mistake("table-ignored", "the pages are taken in order 0, 1, 2, ... of the pool: they are where the block table "
+            "says, block_table[b, n // page_size]", _gather_with(pages="order")),
+    Mistake("wrong-row", "every sequence reads row 0 of the block table: sequence b reads row b",
+            _gather_with(pages="first-row")),
+    Mistake("heads-not-first", "the pages were reshaped with the heads still inside them: transpose to "
+            "(H_kv, n_pages, page_size, D) before flattening the pages", _gather_with(heads_first=False)),
+    Mistake("pages-rounded-down", "length // page_size pages miss a last, partly filled page: use "
+            "ceil(length / page_size)", _gather_with(n_pages="floor")),
+    Mistake("not-trimmed", "the last page's unused positions are returned too: keep the first `length`",
+            _gather_with(trim=False)),
+]
+
+
+@CHECKS("paged-gather")
+def _check_gather(ns):
+    n = check_function(ns, "gather_sequence", specs.gather_sequence, _paged_cases(), _GATHER_MISTAKES)
+    return f"{n} sequences gathered exactly through a shuffled block table"
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. the experiment: bytes per token
+# ---------------------------------------------------------------------------------------------
+
+CONTEXTS, KV_HEADS, HEADS, D = [48, 130], [8, 2, 1], 8, 16
+
+
+def _bytes_with(what="total", e=2):
+    def impl(contexts, kv_heads_list, heads=8, d=16):
+        rows = []
+        for h in kv_heads_list:
+            row = []
+            for L in contexts:
+                io = iomodel.decode_io(1, heads, L, d, e, kv_heads=h, num_splits=1)
+                row.append({"total": io.total_bytes, "read": io.bytes_read,
+                            "k-only": io.total_bytes - L * h * d * e,
+                            "cache": iomodel.kv_cache_bytes(L, 1, h, d, e)}[what])
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.int64)
+    return impl
+
+
+_BYTES_MISTAKES = [
+    Mistake("reads-only", "only the bytes read are counted: a step also writes its partial outputs and the "
+            "output (t.bytes_read + t.bytes_written)", _bytes_with("read")),
+    Mistake("values-not-counted", "the values' reads are missing: the kernel reads K and V", _bytes_with("k-only")),
+    Mistake("float32-cache", "the caches are float32: the experiment's are float16 (2 bytes per element)",
+            _bytes_with(e=4)),
+    Mistake("cache-size-not-traffic", "this is the size of the cache, 2 L kv_heads d bytes of K and V: the "
+            "traffic of a step also reads Q and writes and re-reads the partial results", _bytes_with("cache")),
+    Mistake("transposed", "rows are context lengths: one row per kv_heads, one column per context length",
+            lambda contexts, kv_heads_list, heads=8, d=16: _bytes_with()(contexts, kv_heads_list, heads, d).T),
+]
+
+
+@CHECKS("decode-bytes")
+def _check_bytes(ns):
+    cases = [(f"contexts {CONTEXTS}, kv_heads {KV_HEADS}, {HEADS} query heads, d={D}",
+              (CONTEXTS, KV_HEADS), {"heads": HEADS, "d": D})]
+    check_function(ns, "decode_bytes", specs.decode_bytes, cases, _BYTES_MISTAKES)
+    table = specs.decode_bytes(CONTEXTS, KV_HEADS, HEADS, D)
+    return (f"your traced bytes equal the IO model's to the byte; at L={CONTEXTS[-1]} MQA moves "
+            f"{table[0, -1] / table[-1, -1]:.1f}x fewer bytes than MHA")

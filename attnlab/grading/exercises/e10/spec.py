@@ -1,0 +1,65 @@
+"""The references of exercise 10_inference: what the grader compares the learner's answers with.
+
+Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+The maths has one home, the library: decoding attention is ``attnlab.kvcache.decode_reference``, a paged
+gather ``attnlab.kvcache.gather_cache``, the bytes of a decoding step ``attnlab.iomodel.decode_io`` (equal to
+the traced kernel, tests/test_kernels_decode.py). What is specific to the exercise: the split of the keys into
+chunks written in PyTorch, and the merge.
+"""
+
+import math
+
+import torch
+
+from attnlab import iomodel
+from attnlab.grading.hiding import hide
+from attnlab.kvcache import decode_reference, gather_cache
+
+
+def decode_attention(q, k_cache, v_cache, cache_seqlens, scale=None):
+    """Nq new queries against a cache: q (B, H_q, Nq, D), caches (B, H_kv, S, D), lengths (B,) ints.
+    Query i of sequence b sits at position L_b - Nq + i and sees keys 0 .. L_b - Nq + i; query head h reads
+    KV head h // (H_q // H_kv). Returns (B, H_q, Nq, D)."""
+    return decode_reference(q, k_cache, v_cache, cache_seqlens, scale=scale)
+
+
+def split_partials(q, k, v, num_splits, scale=None):
+    """q (B, H, Nq, D), k, v (B, H, N, D), no mask: the keys cut into ``num_splits`` chunks of ceil(N / S);
+    returns (o_parts (B, H, S, Nq, D), lse (B, H, S, Nq)): each chunk's softmax-normalised output and its
+    log-sum-exp (natural log); an empty chunk gives 0 and -inf."""
+    B, H, n_q, D = q.shape
+    N = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    chunk = -(-N // num_splits)
+    o = q.new_zeros(B, H, num_splits, n_q, D)
+    lse = q.new_full((B, H, num_splits, n_q), float("-inf"))
+    for s in range(num_splits):
+        lo, hi = s * chunk, min((s + 1) * chunk, N)
+        if hi <= lo:
+            continue
+        scores = q @ k[:, :, lo:hi].transpose(-1, -2) * scale               # (B, H, Nq, n_s)
+        lse[:, :, s] = torch.logsumexp(scores, dim=-1)
+        o[:, :, s] = torch.softmax(scores, dim=-1) @ v[:, :, lo:hi]
+    return o, lse
+
+
+def merge_splits(o_parts, lse):
+    """o_parts (B, H, S, Nq, D), lse (B, H, S, Nq) -> o (B, H, Nq, D): each split weighed by its softmax mass."""
+    w = torch.softmax(lse, dim=2)                                           # exp(lse_s - M) / sum, stable
+    return (w[..., None] * o_parts).sum(dim=2).to(o_parts.dtype)
+
+
+def gather_sequence(pool, block_table, b, length):
+    """pool (num_pages, H_kv, page_size, D), block_table (B, max_pages) ints -> sequence b's first ``length``
+    entries, (H_kv, length, D)."""
+    return gather_cache(pool, b, length, block_table)
+
+
+def decode_bytes(contexts, kv_heads_list, heads=8, d=16):
+    """The experiment: bytes one decoding step moves (read + written; batch 1, one query, fp16, num_splits=1)
+    for each kv_heads (rows) and context length (columns); int64 (len(kv_heads_list), len(contexts))."""
+    return torch.tensor([[iomodel.decode_io(1, heads, L, d, 2, kv_heads=h, num_splits=1).total_bytes
+                          for L in contexts] for h in kv_heads_list], dtype=torch.int64)
+
+
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

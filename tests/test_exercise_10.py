@@ -1,0 +1,224 @@
+"""Exercise 10 (attention at inference): wrong implementations fail their check with the matching diagnosis,
+shortcuts are refused, a right answer written another way passes, and the experiment is measured, not computed."""
+
+import math
+
+import torch
+
+from attnlab.grading.checks import run_check
+from attnlab.grading.core import LocalLearner
+from attnlab.grading.exercises.e10 import spec
+from mistakes import Wrong
+
+WRONG = Wrong()
+
+
+def _softmax_rows(s):
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# decode-attention: a learner's loop, with one flaw each
+# ---------------------------------------------------------------------------------------------
+
+def _decode(flaw=None):
+    def decode_attention(q, k_cache, v_cache, cache_seqlens, scale=None):
+        B, hq, nq, D = q.shape
+        G = hq // k_cache.shape[1]
+        if scale is None or flaw == "scale-ignored":
+            scale = 1 / D if flaw == "scale-1-over-d" else 1 / math.sqrt(D)
+        out = torch.zeros_like(q)
+        for b in range(B):
+            L = k_cache.shape[2] if flaw == "lengths-ignored" else int(cache_seqlens[b])
+            for h in range(hq):
+                kv = h % k_cache.shape[1] if flaw == "kv-head-modulo" else h // G
+                s = q[b, h] @ k_cache[b, kv, :L].T * scale
+                for i in range(nq):
+                    last = {"new-queries-see-the-future": L - 1, "causal-top-left": i,
+                            "causal-diagonal-excluded": L - nq + i - 1}.get(flaw, L - nq + i)
+                    s[i, last + 1:] = float("-inf")
+                out[b, h] = _softmax_rows(s) @ v_cache[b, kv, :L]
+        return out
+    return decode_attention
+
+
+for _key in ("lengths-ignored", "new-queries-see-the-future", "causal-top-left", "causal-diagonal-excluded",
+             "kv-head-modulo", "scale-1-over-d", "scale-ignored"):
+    WRONG.add("decode-attention", _key, decode_attention=_decode(_key))
+
+
+# ---------------------------------------------------------------------------------------------
+# split-partials
+# ---------------------------------------------------------------------------------------------
+
+def _partials(flaw=None):
+    def split_partials(q, k, v, num_splits, scale=None):
+        B, H, nq, D = q.shape
+        N = k.shape[2]
+        scale = D ** -0.5 if scale is None else scale
+        chunk = N // num_splits if flaw == "chunk-rounded-down" else math.ceil(N / num_splits)
+        outs, lses = [], []
+        for s in range(num_splits):
+            keys = list(range(s, N, num_splits)) if flaw == "splits-strided" else \
+                list(range(s * chunk, min((s + 1) * chunk, N)))
+            if not keys:
+                outs.append(q.new_zeros(B, H, nq, D))
+                lses.append(q.new_zeros(B, H, nq) if flaw == "empty-split-lse-zero" else
+                            q.new_full((B, H, nq), -math.inf))
+                continue
+            raw = q @ k[:, :, keys].transpose(-1, -2)
+            sc = raw * scale
+            if flaw == "lse-overflows":
+                lse = torch.log(torch.exp(sc).sum(-1))
+            else:
+                base = raw if flaw == "lse-unscaled" else sc
+                m = base.max(-1).values
+                lse = m + torch.log(torch.exp(base - m[..., None]).sum(-1))
+                if flaw == "lse-base-2":
+                    lse = lse * math.log2(math.e)
+            p = torch.exp(sc - sc.max(-1, keepdim=True).values)
+            o = p @ v[:, :, keys]
+            outs.append(o if flaw == "partial-not-normalised" else o / p.sum(-1, keepdim=True))
+            lses.append(lse)
+        return torch.stack(outs, 2), torch.stack(lses, 2)
+    return split_partials
+
+
+for _key in ("lse-overflows", "partial-not-normalised", "chunk-rounded-down", "lse-base-2", "lse-unscaled",
+             "empty-split-lse-zero", "splits-strided"):
+    WRONG.add("split-partials", _key, split_partials=_partials(_key))
+
+
+# ---------------------------------------------------------------------------------------------
+# split-merge
+# ---------------------------------------------------------------------------------------------
+
+def _merge(flaw=None):
+    def merge_splits(o_parts, lse):
+        if flaw == "mean-of-partials":
+            return o_parts.sum(2) / o_parts.shape[2]
+        if flaw == "max-only":
+            best = lse.argmax(2)                                          # (B, H, Nq)
+            out = torch.empty_like(o_parts[:, :, 0])
+            for b in range(o_parts.shape[0]):
+                for h in range(o_parts.shape[1]):
+                    for i in range(o_parts.shape[3]):
+                        out[b, h, i] = o_parts[b, h, best[b, h, i], i]
+            return out
+        if flaw == "linear-weights":
+            w = lse / lse.sum(2, keepdim=True)
+        else:
+            dim = -1 if flaw == "wrong-axis" else 2
+            w = torch.exp(lse) if flaw == "exp-overflows" else torch.exp(lse - lse.max(dim, keepdim=True).values)
+            if flaw != "not-normalised":
+                w = w / w.sum(dim, keepdim=True)
+        return torch.einsum("bhsq,bhsqd->bhqd", w, o_parts)
+    return merge_splits
+
+
+for _key in ("mean-of-partials", "exp-overflows", "not-normalised", "linear-weights", "max-only", "wrong-axis"):
+    WRONG.add("split-merge", _key, merge_splits=_merge(_key))
+
+
+# ---------------------------------------------------------------------------------------------
+# paged-gather
+# ---------------------------------------------------------------------------------------------
+
+def _gather(flaw=None):
+    def gather_sequence(pool, block_table, b, length):
+        ps = pool.shape[2]
+        n = length // ps if flaw == "pages-rounded-down" else -(-length // ps)
+        n = max(n, 1)
+        row = block_table[0] if flaw == "wrong-row" else block_table[b]
+        pieces = []
+        for p in range(n):
+            page = p if flaw == "table-ignored" else int(row[p])
+            pieces.append(pool[page])                                     # (H_kv, ps, D)
+        if flaw == "heads-not-first":
+            kv = torch.stack(pieces).reshape(pool.shape[1], n * ps, pool.shape[3])
+        else:
+            kv = torch.cat(pieces, dim=1)                                 # (H_kv, n * ps, D)
+        return kv if flaw == "not-trimmed" else kv[:, :length]
+    return gather_sequence
+
+
+for _key in ("table-ignored", "wrong-row", "heads-not-first", "pages-rounded-down", "not-trimmed"):
+    WRONG.add("paged-gather", _key, gather_sequence=_gather(_key))
+
+
+# ---------------------------------------------------------------------------------------------
+# decode-bytes: the experiment, traced, with one flaw each
+# ---------------------------------------------------------------------------------------------
+
+def _measured(flaw=None):
+    def decode_bytes(contexts, kv_heads_list, heads=8, d=16):
+        from attnlab.kernels import flash_decode
+        from attnlab.memory import trace
+
+        dtype = torch.float32 if flaw == "float32-cache" else torch.float16
+        table = torch.zeros(len(kv_heads_list), len(contexts), dtype=torch.int64)
+        for r, h in enumerate(kv_heads_list):
+            for c, L in enumerate(contexts):
+                q = torch.ones(1, heads, 1, d, dtype=dtype)
+                k = torch.ones(1, h, L, d, dtype=dtype)
+                if flaw == "cache-size-not-traffic":
+                    table[r, c] = 2 * k.numel() * k.element_size()
+                    continue
+                t = trace(flash_decode, q, k, k.clone(), torch.tensor([L], dtype=torch.int32), num_splits=1)
+                table[r, c] = {"reads-only": t.bytes_read,
+                               "values-not-counted": t.total_bytes - t.by_tensor["V"]["read"]}.get(flaw, t.total_bytes)
+        return table.T if flaw == "transposed" else table
+    return decode_bytes
+
+
+for _key in ("reads-only", "values-not-counted", "float32-cache", "cache-size-not-traffic", "transposed"):
+    WRONG.add("decode-bytes", _key, decode_bytes=_measured(_key))
+
+test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
+
+
+# ---------------------------------------------------------------------------------------------
+# right answers written another way, and shortcuts
+# ---------------------------------------------------------------------------------------------
+
+def test_right_answers_written_another_way_pass():
+    for part, names in (("decode-attention", {"decode_attention": _decode()}),
+                        ("split-partials", {"split_partials": _partials()}),
+                        ("split-merge", {"merge_splits": _merge()}),
+                        ("paged-gather", {"gather_sequence": _gather()}),
+                        ("decode-bytes", {"decode_bytes": _measured()})):
+        result = run_check(part, LocalLearner(names, forbidden=[]))
+        assert result.passed, result.message
+
+
+def _refused(part, ns, name):
+    result = run_check(part, ns)
+    assert not result.passed and "shortcut" in result.diagnosis, result.message
+    assert name in result.message, result.message
+
+
+def test_the_library_s_reference_and_torch_s_softmax_are_refused():
+    from attnlab import kvcache   # through the module, as a notebook's imports see it once the grader is wired up
+
+    _refused("decode-attention", {"decode_attention": lambda q, k, v, lens, scale=None:
+                                  kvcache.decode_reference(q, k, v, lens, scale=scale)}, "attnlab.kvcache.")
+    _refused("paged-gather", {"gather_sequence": lambda pool, table, b, n: kvcache.gather_cache(pool, b, n, table)},
+             "attnlab.kvcache.gather_cache")
+    _refused("split-merge", {"merge_splits": lambda o, lse: (torch.softmax(lse, 2)[..., None] * o).sum(2)},
+             "torch.softmax")
+
+
+def test_the_io_model_is_refused_as_the_experiment():
+    from attnlab import iomodel
+
+    def by_formula(contexts, kv_heads_list, heads=8, d=16):
+        return torch.tensor([[iomodel.decode_io(1, heads, L, d, 2, kv_heads=h).total_bytes for L in contexts]
+                             for h in kv_heads_list])
+
+    _refused("decode-bytes", {"decode_bytes": by_formula}, "attnlab.iomodel.decode_io")
+
+
+def test_the_grader_s_own_answers_are_refused():
+    _refused("split-partials", {"split_partials": spec.split_partials},
+             "attnlab.grading.exercises.e10.spec.split_partials")
