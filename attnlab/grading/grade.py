@@ -1,4 +1,4 @@
-"""``attnlab grade PATH... [--json FILE] [--csv FILE] [--gradescope FILE] [-j N]``: grade exercise notebooks.
+"""``attnlab grade PATH... [--json FILE] [--csv FILE] [--gradescope FILE] [--nbgrader-db URL] [-j N]``: grade.
 
 The command; the work is done by :mod:`attnlab.grading.runner` (the kernel and the worker),
 :mod:`attnlab.grading.layout` (which exercise, which part owns a cell), :mod:`attnlab.grading.scoring`
@@ -6,19 +6,21 @@ The command; the work is done by :mod:`attnlab.grading.runner` (the kernel and t
 
 Scores are computed by a process that never runs the learner's code. For each notebook a
 worker process (trusted) starts a Jupyter kernel in a sandbox (:mod:`attnlab.grading.sandbox`:
-a temporary copy of the notebook's folder, limits, bubblewrap where installed) and runs the
+an unprivileged user, a private copy of the one notebook, limits; see docs/grading.md) and runs the
 notebook in it, one cell at a time, with a per-cell and a total time limit. It then grades each
 part itself:
 
 - it draws the part's inputs from a secret seed it keeps, and sends them to the kernel, as the
   source of a cell it executes; :mod:`attnlab.grading.agent` in the kernel calls the learner's
-  function (or launches the learner's ``@triton.jit`` kernel) and answers with the outputs only,
-  as one display message of the cell's reply (``torch.save`` bytes read with ``weights_only=True``);
+  function and answers with the outputs only, as one display message of the cell's reply
+  (``torch.save`` bytes read with ``weights_only=True``);
+- a Triton part's ``@triton.jit`` functions are taken from the notebook as text, checked by Triton's
+  frontend and launched and traced in a fresh sandboxed process (:mod:`attnlab.grading.isolated`);
 - it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`) in its
   own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
 - the part's answer cells must not use what the part forbids (:func:`attnlab.grading.parts.forbidden`):
-  the worker reads their syntax tree (:mod:`attnlab.grading.shortcuts`), and the agent's
-  tripwires make such calls fail while the learner's function runs.
+  the worker reads their syntax tree (:mod:`attnlab.grading.shortcuts`); the agent's tripwires
+  in the kernel make the plain routes fail as feedback (they are no defence).
 
 What the notebook prints, writes or returns from its own ``check(...)`` cells is never read:
 those are feedback for the learner. A part scores its points only when its check passes, no

@@ -2,13 +2,15 @@
 
 - it draws the part's inputs from a secret seed it keeps, and sends them to the kernel, as the
   source of a cell it executes; :mod:`attnlab.grading.agent` in the kernel calls the learner's
-  function (or launches the learner's ``@triton.jit`` kernel) and answers with the outputs only,
-  as one display message of the cell's reply (``torch.save`` bytes read with ``weights_only=True``);
+  function and answers with the outputs only, as one display message of the cell's reply
+  (``torch.save`` bytes read with ``weights_only=True``);
+- a Triton part's ``@triton.jit`` functions are taken from the notebook as text, checked by Triton's
+  frontend and launched and traced in a fresh sandboxed process (:mod:`attnlab.grading.isolated`);
 - it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`) in its
   own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
 - the part's answer cells must not use what the part forbids (:func:`attnlab.grading.parts.forbidden`):
-  the worker reads their syntax tree (:mod:`attnlab.grading.shortcuts`), and the agent's
-  tripwires make such calls fail while the learner's function runs.
+  the worker reads their syntax tree (:mod:`attnlab.grading.shortcuts`); the agent's tripwires
+  in the kernel make the plain routes fail as feedback (they are no defence).
 
 What the notebook prints, writes or returns from its own ``check(...)`` cells is never read:
 those are feedback for the learner. A part scores its points only when its check passes, no
