@@ -103,10 +103,10 @@ def measured_call(learner, name, case, grad=None, flops=True):
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False)
-    before = _status(pid, "VmRSS") if pid is not None and reset_peak(pid) else None
-    with counter if counter is not None else contextlib.nullcontext():
+    with counter if counter is not None else contextlib.nullcontext():  # entered first: its own setup is not counted
+        before = _status(pid, "VmRSS") if pid is not None and reset_peak(pid) else None
         reply = learner.call(name, [case], grad=grad)
-    peak = _status(pid, "VmHWM") if before is not None else None
+        peak = _status(pid, "VmHWM") if before is not None else None
     return reply, {"peak_bytes": None if peak is None else max(0, peak - before),
                    "flops": counter.get_total_flops() if counter is not None else None}
 
