@@ -231,9 +231,13 @@ def _widget_report(page, cls):
                 .map(c => c.textContent);
         });
         // tables that do not fit their panel scroll sideways inside it: their last columns are cut
-        const cut = [...node.querySelectorAll('table')].filter(t => t.offsetParent !== null)
-            .filter(t => t.parentElement.scrollWidth > t.parentElement.clientWidth + 1)
-            .map(t => t.rows[0].textContent);
+        const cut = [...node.querySelectorAll('table')].filter(t => t.offsetParent !== null).filter(t => {
+            const right = t.getBoundingClientRect().right;
+            for (let el = t.parentElement; el && el !== node.parentElement; el = el.parentElement) {
+                if (getComputedStyle(el).overflowX !== 'visible' && right > el.getBoundingClientRect().right + 1) return true;
+            }
+            return right > node.getBoundingClientRect().right + 1;
+        }).map(t => t.rows[0].textContent);
         return {x: r.x, y: r.y, width: r.width, height: r.height, area_width: area.getBoundingClientRect().width,
                 scroll_overflow: node.scrollWidth - node.clientWidth, imgs, tracks, overflowing, tight, cut};
     }""", cls)

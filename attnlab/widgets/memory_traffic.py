@@ -209,7 +209,7 @@ class MemoryTraffic(FigureWidget):
             # a secondary panel: folded away, so the replay alone fits a laptop screen (open it with a click,
             # or from code: traffic.sram_panel.selected_index = 0)
             self.sram_panel = widgets.Accordion(children=[self.sram_study.box], selected_index=None)
-            self.sram_panel.set_title(0, "\u25b8 SRAM size and HBM traffic (FlashAttention forward): "
+            self.sram_panel.set_title(0, "SRAM size and HBM traffic (FlashAttention forward): "
                                          "an SRAM-size slider, click to open")
             below += [self.sram_panel]
         self._build([widgets.HBox(top, layout=widgets.Layout(flex_flow="row wrap"))], below)  # wraps when narrow

@@ -140,8 +140,10 @@ class ScalingExplorer(FigureWidget):
         rows = [[name, f"{v['score_std']:.2f}", f"{v['weights'].max():.3f}", f"{v['mean_entropy']:.3f}",
                  f"{v['mean_jacobian_norm']:.4f}"] for name, v in s.items()]
         self.stats_html.value = html_table(
-            ["", "std of logits", "max weight (row 0)", f"mean entropy (max {np.log(self.n_keys):.2f})",
-             "mean ||softmax Jacobian||"], rows, numeric=(1, 2, 3, 4))
+            # two-line headers: the table fits a notebook at 1024 px with the file browser open
+            ["", "std of<br>logits", "max weight<br><small>(row 0)</small>",
+             f"mean entropy<br><small>(max {np.log(self.n_keys):.2f})</small>",
+             "mean ||softmax<br>Jacobian||"], rows, numeric=(1, 2, 3, 4))
 
     # ---------------------------------------------------------------- drawing
     # A live redraw updates the artists of one persistent figure (set_data, set_text):
