@@ -592,6 +592,8 @@ def ring_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *,
     _check_comm(batch, heads, n, d, world_size, bytes_per_element)
     validate.integer(grad_bytes_per_element, "grad_bytes_per_element")
     shard = batch * heads * (n // world_size) * d                    # elements of one K (or V) shard
+    if world_size == 1:
+        return 0                                                     # one rank: nothing leaves it
     if not backward:
         return 2 * (world_size - 1) * shard * bytes_per_element
     return (2 * (world_size - 1) * shard * bytes_per_element

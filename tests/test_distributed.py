@@ -80,7 +80,7 @@ def group_info():
 # exactness and bytes, on real process groups
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_exact_against_sdpa_and_bytes_equal_the_formulas(world, no_orphans):
     n, heads, d = 24, 12, 8            # 24 positions: 2P equal chunks for P = 2, 3, 4; 12 heads divide by each
     results = launch(experiments.exactness, world, n, heads, d)
@@ -199,6 +199,7 @@ def test_communication_formulas():
         2 * 3 * 8 * 1024 * 64 * 2 + 2 * 4 * 8 * 1024 * 64 * 4
     assert iomodel.ulysses_attention_bytes(1, 8, 4096, 64, 4, 2) == 4 * 3 * 2 * 1024 * 64 * 2
     assert iomodel.ring_attention_bytes(1, 8, 4096, 64, 1, 2) == 0     # one rank sends nothing
+    assert iomodel.ring_attention_bytes(1, 8, 4096, 64, 1, 2, backward=True) == 0
     # weak scaling (n grows with P): Ulysses' bytes per rank stay (P - 1) / P of a constant, the ring's grow as P
     uly = [iomodel.ulysses_attention_bytes(1, 8, 1024 * p, 64, p) * p / (p - 1) for p in (2, 4, 8)]
     ring = [iomodel.ring_attention_bytes(1, 8, 1024 * p, 64, p) for p in (2, 4, 8)]

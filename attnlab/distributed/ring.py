@@ -281,6 +281,8 @@ class _RingAttention(torch.autograd.Function):
                 dk_in, dv_in = incoming.wait()
                 dk_blk += dk_in
                 dv_blk += dv_in
+            if world == 1:                                       # alone: the shard never leaves, nor do its grads
+                return dq.to(q.dtype), dk_blk.to(k.dtype), dv_blk.to(v.dtype), None, None, None, None, None
             incoming = _Transfer([dk_blk, dv_blk], group, trace, "backward", 2)    # one step behind K, V
             if transfer is not None:
                 k_cur, v_cur = transfer.wait()
