@@ -251,8 +251,9 @@ def _check_tiled(ns):
 
 # the technique, measured from outside the learner's code (attnlab/grading/footprint.py)
 
-PEAK_N = 2048                      # an N x N float32 matrix is 16 MiB here; q, k, v are 128 KiB each
+PEAK_N = 4096                      # an N x N float32 matrix is 64 MiB here; q, k, v are 256 KiB each
 PEAK_LIMIT = 4 * PEAK_N ** 2 // 2  # a tiled function holds (block_m, block_n) tiles: far below half of it
+PEAK_BLOCK = 128                   # tiles of 128 x 128 (64 KiB): 1024 of them, quick to run
 FULL_MATRIX = Mistake("holds-n-by-n", "the function holds an N x N matrix (the whole score matrix S or P at once): "
                       "walk K and V in tiles of block_n keys with the online softmax (forward) or recompute P tile "
                       "by tile from L (backward), so that nothing larger than (block_m, block_n) is ever held", None)
@@ -264,7 +265,7 @@ NOT_SKIPPED_PT = Mistake("causal-blocks-not-skipped", "with causal=True the loop
 def _peak_case(seed, n=PEAK_N, grad=False):
     g = _gen(seed)
     q, k, v = (_randn(g, 1, n, 16) for _ in range(3))
-    case = [(q, k, v, False, 64, 64), {}]
+    case = [(q, k, v, False, PEAK_BLOCK, PEAK_BLOCK), {}]
     return case + [_randn(g, 1, n, 16)] if grad else case
 
 
@@ -279,8 +280,8 @@ def _check_memory(learner, name, seed, grad=None):
     if peak is None:
         return "memory not measured (this process cannot read the peak memory of the one your code runs in)"
     if peak > PEAK_LIMIT:
-        raise Fail(f"`{name}` on B=1, N={PEAK_N}, d=16, block_m=block_n=64: the process's peak memory grew by "
-                   f"{peak / 2**20:.1f} MiB during the call, where one N x N float32 matrix is "
+        raise Fail(f"`{name}` on B=1, N={PEAK_N}, d=16, block_m=block_n={PEAK_BLOCK}: the process's peak memory "
+                   f"grew by {peak / 2**20:.1f} MiB during the call, where one N x N float32 matrix is "
                    f"{4 * PEAK_N ** 2 / 2**20:.0f} MiB and a tiled function needs well under half of it",
                    [FULL_MATRIX])
     return f"no N x N matrix held at N={PEAK_N} (peak memory growth under {PEAK_LIMIT // 2**20} MiB)"
