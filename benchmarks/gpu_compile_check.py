@@ -5,7 +5,7 @@ Usage: python benchmarks/gpu_compile_check.py [--arch 90] [--quick]
 Triton can lower a kernel to PTX and a cubin with its bundled ptxas on a machine with no
 GPU. This script does that for the launch configurations the wrappers actually use on a
 GPU (block sizes, warps, stages from ``gpu_config`` and ``standard_block_sizes``; fp16, bf16 and
-fp32; head dims 16 to 128; causal, sparse), and prints each kernel's shared memory next to
+fp32; head dims 16 to 128; causal; the block-sparse kernels), and prints each kernel's shared memory next to
 the target's limit, with the registers per thread and any spills that ptxas reports. It
 catches compile errors, shared-memory overflows and register spills of the native path on a
 CPU-only machine; it does not run anything and says nothing else about speed.
@@ -24,17 +24,20 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 fa = importlib.import_module("attnlab.kernels.flash_attention")
+bsa = importlib.import_module("attnlab.kernels.block_sparse_attention")
 sm = importlib.import_module("attnlab.kernels.softmax")
 st = importlib.import_module("attnlab.kernels.standard_attention")
 tune = importlib.import_module("attnlab.kernels._tuning")
 
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 75: 64 * 1024}
 TL_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-INDEX_PTRS = {"KV_NUM", "KV_IDX", "Q_NUM", "Q_IDX"}
-STAT_PTRS = {"L", "DELTA"}
+INDEX_PTRS = {"KV_NUM", "KV_IDX", "FULL_KV_NUM", "FULL_KV_IDX", "Q_NUM", "Q_IDX", "FULL_Q_NUM", "FULL_Q_IDX", "TILE_IDS"}
+INT8_PTRS = {"TILES"}
+STAT_PTRS = {"L", "DELTA", "DLSE"}
+HEAD_COUNTS = ("H", "H_KV", "GROUP")   # small ints (often 1): not divisible by 16
 
 
-def signature(kernel, dtype, consts, ints=("H", "N_Q", "N_K"), floats=("sm_scale", "alpha"), none=()):
+def signature(kernel, dtype, consts, ints=("H", "H_KV", "GROUP", "N_Q", "N_K"), floats=("sm_scale", "alpha"), none=()):
     """(signature, constexprs, attrs) of one specialisation of ``kernel``.
 
     ``attrs`` marks every pointer, stride and length as divisible by 16, as Triton's JIT does at
@@ -45,7 +48,7 @@ def signature(kernel, dtype, consts, ints=("H", "N_Q", "N_K"), floats=("sm_scale
     params = list(inspect.signature(kernel.fn).parameters)
     sig, constexprs, attrs = {}, {}, {}
     for i, n in enumerate(params):
-        if n not in consts and n not in none and n not in floats and n not in ("H",):
+        if n not in consts and n not in none and n not in floats and n not in HEAD_COUNTS:
             attrs[(i,)] = [["tt.divisibility", 16]]
         if n in consts:
             sig[n], constexprs[(i,)] = "constexpr", consts[n]
@@ -57,6 +60,8 @@ def signature(kernel, dtype, consts, ints=("H", "N_Q", "N_K"), floats=("sm_scale
             sig[n] = "i32"
         elif n in INDEX_PTRS:
             sig[n] = "*i32"
+        elif n in INT8_PTRS:
+            sig[n] = "*i8"
         elif n in STAT_PTRS:
             sig[n] = "*fp32"
         else:
@@ -115,17 +120,25 @@ def main():
             bm, bn, w_f, s_f = f["block_m"], f["block_n"], f["num_warps"], f["num_stages"]
             bbm, bbn, w_b, s_b = bw["block_m"], bw["block_n"], bw["num_warps"], bw["num_stages"]
             for causal in (False, True):
-                for sparse in (False, True):
-                    none = () if sparse else tuple(INDEX_PTRS)
-                    # EVEN (lengths that are multiples of the blocks) is the fast path the
-                    # benchmarks take; ragged lengths compile the masked variant
-                    even = not sparse
-                    c = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, SPARSE=sparse, DOT_PRECISION=prec)
-                    jobs.append((fa._attn_fwd_kernel, dtype, dict(c, EVEN_N=even), none, w_f, s_f))
+                # EVEN (lengths that are multiples of the blocks) is the fast path the
+                # benchmarks take; ragged lengths compile the masked variant
+                for even in (True, False):
+                    c = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, DOT_PRECISION=prec)
+                    jobs.append((fa._attn_fwd_kernel, dtype, dict(c, EVEN_N=even), (), w_f, s_f))
                     cb = dict(c, BLOCK_M=bbm, BLOCK_N=bbn)
-                    jobs.append((fa._attn_bwd_dkdv_kernel, dtype, dict(cb, EVEN_M=even, EVEN_N=even), none, w_b, s_b))
-                    jobs.append((fa._attn_bwd_dq_kernel, dtype, dict(cb, EVEN_N=even), none, w_b, s_b))
-            jobs.append((fa._attn_bwd_preprocess_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=bbm), (), 4, 3))
+                    jobs.append((fa._attn_bwd_dkdv_kernel, dtype, dict(cb, EVEN_M=even, EVEN_N=even, GROUP=1), (), w_b, s_b))
+                    jobs.append((fa._attn_bwd_dq_kernel, dtype, dict(cb, EVEN_N=even), (), w_b, s_b))
+            # the block-sparse kernels at the default tiles, ragged lengths (a mask's usual case)
+            c = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, DOT_PRECISION=prec, EVEN_N=False)
+            jobs.append((bsa._bsa_fwd_kernel, dtype, c, (), w_f, s_f))
+            cb = dict(c, BLOCK_M=bbm, BLOCK_N=bbn)
+            jobs.append((bsa._bsa_bwd_dkdv_kernel, dtype, dict(cb, EVEN_M=False, GROUP=1), (), w_b, s_b))
+            # grouped-query attention: the dK/dV kernels unroll their loop over the group's query heads
+            jobs.append((fa._attn_bwd_dkdv_kernel, dtype, dict(cb, CAUSAL=True, EVEN_M=True, EVEN_N=True, GROUP=4), (), w_b, s_b))
+            jobs.append((bsa._bsa_bwd_dkdv_kernel, dtype, dict(cb, EVEN_M=True, EVEN_N=True, GROUP=4), (), w_b, s_b))
+            jobs.append((bsa._bsa_bwd_dq_kernel, dtype, cb, (), w_b, s_b))
+            jobs.append((fa._attn_bwd_preprocess_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=bbm, HAS_DLSE=False), ("DLSE",), 4, 3))
+            jobs.append((fa._attn_bwd_preprocess_kernel, dtype, dict(HEAD_DIM=d, BLOCK_M=bbm, HAS_DLSE=True), (), 4, 3))
             # the autotuner's other candidates (dense, even lengths: what it times); one that
             # does not fit is skipped on a GPU, so here it is reported, not counted as a failure
             for kind, kernel in (("fwd", fa._attn_fwd_kernel), ("dkdv", fa._attn_bwd_dkdv_kernel),
@@ -133,22 +146,21 @@ def main():
                 for cand in tune.gpu_candidates(d, dtype, cap, kind)[1:]:
                     for causal in (False, True):
                         c = dict(HEAD_DIM=d, BLOCK_M=cand["block_m"], BLOCK_N=cand["block_n"], CAUSAL=causal,
-                                 SPARSE=False, DOT_PRECISION=prec, EVEN_N=True)
+                                 DOT_PRECISION=prec, EVEN_N=True)
                         if kind == "dkdv":
-                            c["EVEN_M"] = True
+                            c.update(EVEN_M=True, GROUP=1)
                         optional[len(jobs)] = "SKIPPED BY THE AUTOTUNER (too much shared memory)"
-                        jobs.append((kernel, dtype, c, tuple(INDEX_PTRS), cand["num_warps"], cand["num_stages"]))
+                        jobs.append((kernel, dtype, c, (), cand["num_warps"], cand["num_stages"]))
             # block-sparse with a block mask's block size: the tiles are fixed, warps and stages
             # come from fixed_block_candidates; 128 x 128 (and on sm_75 64 x 64 at head dim 128, or
             # 64 in fp32) may not fit (then the mask needs smaller blocks, and the launch says so)
             for bs in (64, 128):
-                for kind, kernel in (("fwd", fa._attn_fwd_kernel), ("dkdv", fa._attn_bwd_dkdv_kernel),
-                                     ("dq", fa._attn_bwd_dq_kernel)):
+                for kind, kernel in (("fwd", bsa._bsa_fwd_kernel), ("dkdv", bsa._bsa_bwd_dkdv_kernel),
+                                     ("dq", bsa._bsa_bwd_dq_kernel)):
                     fb = tune.fixed_block_candidates(bs, bs, d, dtype, cap, backward=kind != "fwd")[0]
-                    c = dict(HEAD_DIM=d, BLOCK_M=bs, BLOCK_N=bs, CAUSAL=False, SPARSE=True, DOT_PRECISION=prec,
-                             EVEN_N=True)
+                    c = dict(HEAD_DIM=d, BLOCK_M=bs, BLOCK_N=bs, DOT_PRECISION=prec, EVEN_N=True)
                     if kind == "dkdv":
-                        c["EVEN_M"] = True
+                        c.update(EVEN_M=True, GROUP=1)
                     small_gpu = args.arch < 80 and (d >= 128 or (dtype == torch.float32 and d >= 64))  # a T4: 64 KiB
                     if bs == 128 or small_gpu:
                         optional[len(jobs)] = f"TOO BIG FOR sm_{args.arch} (block masks need smaller blocks here)"
@@ -164,7 +176,7 @@ def main():
             jobs.append((st._softmax_bwd_kernel, dtype, dict(BLOCK=block, ROWS=1), (), sm.softmax_num_warps(block), 3))
     skipped = spilled = 0
     for n, (kernel, dtype, consts, none, warps, stages) in enumerate(jobs):
-        ints = ("H", "N_Q", "N_K", "M", "N", "K") if kernel is st._matmul_kernel else ("H", "N_Q", "N_K")
+        ints = ("H", "N_Q", "N_K", "M", "N", "K") if kernel is st._matmul_kernel else ("H", "H_KV", "GROUP", "N_Q", "N_K")
         sig, cx, attrs = signature(kernel, dtype, consts, ints=ints, none=none)
         label = f"{kernel.__name__:<28} {TL_NAME[dtype]:>4} " + " ".join(
             f"{k}={v}" for k, v in consts.items() if k not in ("DOT_PRECISION",)) + f" warps={warps} stages={stages}"

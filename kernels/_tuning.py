@@ -1,7 +1,7 @@
 """How the attention kernels are launched on a GPU: tile sizes, warps, stages, and the autotuner.
 
-The kernels in ``flash_attention.py`` (and, through it, ``block_sparse_attention.py`` and
-``standard_attention.py``) say *what* a program computes; this module says *how big* the
+The kernels in ``flash_attention.py``, ``block_sparse_attention.py`` and
+``standard_attention.py`` say *what* a program computes; this module says *how big* the
 programs are. Keeping the two apart lets the kernel files read like Triton's tutorials.
 
 * In Triton's interpreter (CPU tensors) the cost is per operation, not per element, so big

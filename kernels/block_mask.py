@@ -179,6 +179,28 @@ class BlockMask:
                                                    self.block_size, device=self.mask.device)
         return self._derived[key]
 
+    def for_lengths(self, n_q: int, n_k: int) -> "BlockMask":
+        """The same mask for other sequence lengths (made once per lengths and kept): the
+        mask_mod evaluated again, or for a tile pattern (no ``seq_lengths``) its top-left tiles.
+        Example: ``m.for_lengths(37, 37)`` (a model sampling a shorter sequence than it was built for)"""
+        _check_len(n_q, "n_q")
+        _check_len(n_k, "n_k")
+        if self.seq_lengths is not None and tuple(self.seq_lengths) == (n_q, n_k):
+            return self
+        key = ("lengths", n_q, n_k)
+        if key not in self._derived:
+            bq, bk = self.block_size
+            if self.seq_lengths is None:
+                nqb, nkb = math.ceil(n_q / bq), math.ceil(n_k / bk)
+                if nqb > self.num_blocks[0] or nkb > self.num_blocks[1]:
+                    raise ValueError(f"n_q, n_k: expected at most {self.num_blocks[0] * bq} and {self.num_blocks[1] * bk} "
+                                     f"for this tile pattern of {self.num_blocks} blocks, got {n_q} and {n_k}")
+                self._derived[key] = BlockMask(self.full_blocks[..., :nqb, :nkb], self.block_size)
+            else:
+                self._derived[key] = create_block_mask(self.mask_mod, *self.shape[:2], n_q, n_k, self.block_size,
+                                                       device=self.mask.device)
+        return self._derived[key]
+
     def _lengths(self, n_q, n_k):
         if n_q is None and n_k is None and self.seq_lengths is not None:
             return tuple(self.seq_lengths)

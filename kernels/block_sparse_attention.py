@@ -69,9 +69,11 @@ def _bsa_fwd_kernel(
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     h_kv = h // GROUP
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + rows
+    row0 = pid_m.to(tl.int64) * BLOCK_M  # 64-bit: the block's first row times a stride can pass 2**31 too
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
+    q_ptrs = Q + b * stride_qb + h * stride_qh + row0 * stride_qn + rows[:, None] * stride_qn + offs_d[None, :]
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
     # NEW: where this query block's lists start
@@ -97,9 +99,10 @@ def _bsa_fwd_kernel(
         else:
             kv_block = tl.load(KV_IDX + idx_off + (it - n_full))
         start_n = kv_block * BLOCK_N                                 # NEW
-        offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        offs_n = start_n + cols
+        col0 = tl.cast(start_n, tl.int64)   # 64-bit: block start times stride
+        k_ptrs = k_base + col0 * stride_kn + cols[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + col0 * stride_vn + cols[:, None] * stride_vn + offs_d[None, :]
         # read BLOCK_N * d elements of K
         if EVEN_N:
             k = tl.load(k_ptrs)
@@ -128,7 +131,7 @@ def _bsa_fwd_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)                          # NEW: a row that saw no key outputs 0
     o = acc / l_safe[:, None]
     # write BLOCK_M * d elements of O
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
+    o_ptrs = O + b * stride_ob + h * stride_oh + row0 * stride_on + rows[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
     # write BLOCK_M elements of L (NEW: -inf for a row that saw no key)
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
@@ -154,8 +157,9 @@ def _bsa_bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn,
     stride_numb, stride_numh, stride_idxb, stride_idxh, stride_idxk,   # NEW
     stride_tb, stride_th, stride_tq,     # NEW: TILE_IDS (its key-block stride is 1)
-    H_KV, GROUP, N_Q, N_K, sm_scale,
+    H_KV, N_Q, N_K, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr,                 # query heads per KV head: the loop over them is unrolled
     DOT_PRECISION: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
 ):
@@ -163,18 +167,20 @@ def _bsa_bwd_dkdv_kernel(
     pid_bh = tl.program_id(1)
     b = (pid_bh // H_KV).to(tl.int64)
     h_kv = (pid_bh % H_KV).to(tl.int64)
-    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + cols
+    col0 = pid_n.to(tl.int64) * BLOCK_N  # 64-bit, as row0 in the forward
     offs_d = tl.arange(0, HEAD_DIM)
     kv_rows = offs_n[:, None] < N_K
     # read 2 * BLOCK_N * d elements (K and V), once
-    k = tl.load(K + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
-    v = tl.load(V + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
+    k = tl.load(K + b * stride_kb + h_kv * stride_kh + col0 * stride_kn + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
+    v = tl.load(V + b * stride_vb + h_kv * stride_vh + col0 * stride_vn + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
     qk_scale = sm_scale * LOG2E
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     tile_offs_t = tl.arange(0, BLOCK_N)[:, None] + tl.arange(0, BLOCK_M)[None, :] * BLOCK_N   # NEW: a tile, transposed
 
-    for g in range(0, GROUP):
+    for g in tl.static_range(GROUP):   # unrolled: one simple loop per query head (a nested loop spills)
         h = h_kv * GROUP + g
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_dob + h * stride_doh
@@ -192,9 +198,10 @@ def _bsa_bwd_dkdv_kernel(
             else:
                 q_block = tl.load(Q_IDX + idx_off + (it - n_full))
             start_m = q_block * BLOCK_M                              # NEW
-            offs_m = start_m + tl.arange(0, BLOCK_M).to(tl.int64)
-            q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :]
-            do_ptrs = do_base + offs_m[:, None] * stride_don + offs_d[None, :]
+            offs_m = start_m + rows
+            row0 = tl.cast(start_m, tl.int64)
+            q_ptrs = q_base + row0 * stride_qn + rows[:, None] * stride_qn + offs_d[None, :]
+            do_ptrs = do_base + row0 * stride_don + rows[:, None] * stride_don + offs_d[None, :]
             # read 2 * BLOCK_M * d elements (Q and dO) and 2 * BLOCK_M (L and D)
             if EVEN_M:
                 q = tl.load(q_ptrs)
@@ -226,9 +233,9 @@ def _bsa_bwd_dkdv_kernel(
             dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
     dk = dk * sm_scale
     # write 2 * BLOCK_N * d elements (dK and dV)
-    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + col0 * stride_dkn + cols[:, None] * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_rows)
-    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + col0 * stride_dvn + cols[:, None] * stride_dvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=kv_rows)
 
 
@@ -255,12 +262,14 @@ def _bsa_bwd_dq_kernel(
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     h_kv = h // GROUP
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + rows
+    row0 = pid_m.to(tl.int64) * BLOCK_M  # 64-bit: the block's first row times a stride can pass 2**31 too
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = offs_m[:, None] < N_Q
     # read 2 * BLOCK_M * d elements (Q, dO) and 2 * BLOCK_M (L, D), once
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=q_rows, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + row0 * stride_qn + rows[:, None] * stride_qn + offs_d[None, :], mask=q_rows, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_don + rows[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
     lse = tl.load(L + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     lse2 = lse * LOG2E
@@ -284,9 +293,10 @@ def _bsa_bwd_dq_kernel(
         else:
             kv_block = tl.load(KV_IDX + idx_off + (it - n_full))
         start_n = kv_block * BLOCK_N
-        offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        offs_n = start_n + cols
+        col0 = tl.cast(start_n, tl.int64)   # 64-bit: block start times stride
+        k_ptrs = k_base + col0 * stride_kn + cols[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + col0 * stride_vn + cols[:, None] * stride_vn + offs_d[None, :]
         # read 2 * BLOCK_N * d elements (K and V)
         if EVEN_N:
             k = tl.load(k_ptrs)
@@ -308,7 +318,7 @@ def _bsa_bwd_dq_kernel(
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
     dq = dq * sm_scale
     # write BLOCK_M * d elements
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + row0 * stride_dqn + rows[:, None] * stride_dqn + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=q_rows)
 
 
@@ -402,8 +412,8 @@ def _bsa_backward(do, dlse, q, k, v, o, lse, bm, scale):
             q, k, v, do, lse, delta, dk, dv, *q_lists, *tiles,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do),
             lse.stride(0), lse.stride(1), *_strides(dk), *_strides(dv), *sq, *st,
-            H_kv, H // H_kv, n_q, n_k, scale,
-            HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype),
+            H_kv, n_q, n_k, scale,
+            HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, GROUP=H // H_kv, DOT_PRECISION=dot_precision(q.dtype),
             EVEN_M=n_q % block_m == 0, EVEN_N=n_k % block_n == 0,
             **native_options(config),
         )

@@ -16,8 +16,10 @@ What you learn here:
 * grouped-query attention (GQA, Ainslie et al. 2023; MQA, Shazeer 2019): k and v may have
   fewer heads than q; query head ``h`` reads KV head ``h // GROUP`` (``GROUP = H_q / H_kv``)
   through its pointer, so K and V are never copied, and the dK/dV kernel sums over the group;
-* offsets are 64-bit where a program id times a stride can pass 2**31 (``.to(tl.int64)``, as
-  Triton's fused-attention tutorial does).
+* offsets are 64-bit where a program id (or a block's first row) times a stride can pass 2**31
+  (``.to(tl.int64)`` on the batch, the head and the block start, as Triton's fused-attention
+  tutorial does for the batch and head); offsets inside a block stay 32-bit, so the masks'
+  index vectors cost no extra registers.
 
 This file is lesson 07's step (c) (``flash_steps.fwd_causal_kernel``) plus what a GPU and the
 course need: any strides, Nq != Nk, ``exp2``, masks only on the blocks that need them, the
@@ -80,9 +82,11 @@ def _attn_fwd_kernel(
     b = (pid_bh // H).to(tl.int64)       # 64-bit: b * stride_qb can pass 2**31
     h = (pid_bh % H).to(tl.int64)
     h_kv = h // GROUP                    # the KV head this query head reads (GQA), never a copy
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)   # 64-bit rows: offs_m * stride_qn too
+    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + rows
+    row0 = pid_m.to(tl.int64) * BLOCK_M  # 64-bit: the block's first row times a stride can pass 2**31 too
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
+    q_ptrs = Q + b * stride_qb + h * stride_qh + row0 * stride_qn + rows[:, None] * stride_qn + offs_d[None, :]
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
 
@@ -100,9 +104,10 @@ def _attn_fwd_kernel(
     else:
         hi = N_K
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        offs_n = start_n + cols
+        col0 = tl.cast(start_n, tl.int64)   # 64-bit: block start times stride
+        k_ptrs = k_base + col0 * stride_kn + cols[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + col0 * stride_vn + cols[:, None] * stride_vn + offs_d[None, :]
         # read BLOCK_N * d elements of K (keys past Nk masked off)
         if EVEN_N:
             k = tl.load(k_ptrs)
@@ -131,7 +136,7 @@ def _attn_fwd_kernel(
 
     o = acc / l_i[:, None]
     # write BLOCK_M * d elements of O
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
+    o_ptrs = O + b * stride_ob + h * stride_oh + row0 * stride_on + rows[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
     # write BLOCK_M elements of L: log-sum-exp in natural-log units
     lse = (m_i + tl.math.log2(l_i)) * LN2
@@ -161,12 +166,14 @@ def _attn_bwd_preprocess_kernel(
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + rows
+    row0 = pid_m.to(tl.int64) * BLOCK_M  # 64-bit: the block's first row times a stride can pass 2**31 too
     offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m[:, None] < N_Q
+    row_ok = offs_m[:, None] < N_Q
     # read 2 * BLOCK_M * d elements (O and dO)
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=rows, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=rows, other=0.0)
+    o = tl.load(O + b * stride_ob + h * stride_oh + row0 * stride_on + rows[:, None] * stride_on + offs_d[None, :], mask=row_ok, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_don + rows[:, None] * stride_don + offs_d[None, :], mask=row_ok, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij
     if HAS_DLSE:  # read BLOCK_M floats of dlse
         delta -= tl.load(DLSE + b * stride_deltab + h * stride_deltah + offs_m, mask=offs_m < N_Q, other=0.0)
@@ -184,8 +191,9 @@ def _attn_bwd_dkdv_kernel(
     stride_lb, stride_lh,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
-    H_KV, GROUP, N_Q, N_K, sm_scale,
+    H_KV, N_Q, N_K, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr,                 # query heads per KV head: the loop over them is unrolled
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,   # Nq % BLOCK_M == 0, Nk % BLOCK_N == 0
 ):
@@ -195,12 +203,14 @@ def _attn_bwd_dkdv_kernel(
     pid_bh = tl.program_id(1)
     b = (pid_bh // H_KV).to(tl.int64)
     h_kv = (pid_bh % H_KV).to(tl.int64)
-    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + cols
+    col0 = pid_n.to(tl.int64) * BLOCK_N  # 64-bit, as row0 in the forward
     offs_d = tl.arange(0, HEAD_DIM)
     kv_rows = offs_n[:, None] < N_K
     # read 2 * BLOCK_N * d elements (K and V), once
-    k = tl.load(K + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
-    v = tl.load(V + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
+    k = tl.load(K + b * stride_kb + h_kv * stride_kh + col0 * stride_kn + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
+    v = tl.load(V + b * stride_vb + h_kv * stride_vh + col0 * stride_vn + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
     qk_scale = sm_scale * LOG2E
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
@@ -212,7 +222,7 @@ def _attn_bwd_dkdv_kernel(
     else:
         first = 0
 
-    for g in range(0, GROUP):
+    for g in tl.static_range(GROUP):   # unrolled: one simple loop per query head (a nested loop spills)
         h = h_kv * GROUP + g                     # a query head of this KV head's group
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_dob + h * stride_doh
@@ -220,9 +230,10 @@ def _attn_bwd_dkdv_kernel(
         delta_base = DELTA + b * stride_lb + h * stride_lh   # DELTA has L's layout (asserted by the wrapper)
         for it in range(first, n_blocks):
             start_m = it * BLOCK_M
-            offs_m = start_m + tl.arange(0, BLOCK_M).to(tl.int64)
-            q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :]
-            do_ptrs = do_base + offs_m[:, None] * stride_don + offs_d[None, :]
+            offs_m = start_m + rows
+            row0 = tl.cast(start_m, tl.int64)
+            q_ptrs = q_base + row0 * stride_qn + rows[:, None] * stride_qn + offs_d[None, :]
+            do_ptrs = do_base + row0 * stride_don + rows[:, None] * stride_don + offs_d[None, :]
             # read 2 * BLOCK_M * d elements (Q and dO) and 2 * BLOCK_M (L and D); rows past Nq masked off
             if EVEN_M:
                 q = tl.load(q_ptrs)
@@ -252,9 +263,9 @@ def _attn_bwd_dkdv_kernel(
             dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)             # dK += dS^T Q
     dk = dk * sm_scale
     # write 2 * BLOCK_N * d elements (dK and dV)
-    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + col0 * stride_dkn + cols[:, None] * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_rows)
-    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + col0 * stride_dvn + cols[:, None] * stride_dvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=kv_rows)
 
 
@@ -278,12 +289,14 @@ def _attn_bwd_dq_kernel(
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     h_kv = h // GROUP
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + rows
+    row0 = pid_m.to(tl.int64) * BLOCK_M  # 64-bit: the block's first row times a stride can pass 2**31 too
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = offs_m[:, None] < N_Q
     # read 2 * BLOCK_M * d elements (Q, dO) and 2 * BLOCK_M (L, D), once
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=q_rows, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + row0 * stride_qn + rows[:, None] * stride_qn + offs_d[None, :], mask=q_rows, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_don + rows[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
     lse = tl.load(L + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     lse2 = lse * LOG2E
@@ -299,9 +312,10 @@ def _attn_bwd_dq_kernel(
     else:
         hi = N_K
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        offs_n = start_n + cols
+        col0 = tl.cast(start_n, tl.int64)   # 64-bit: block start times stride
+        k_ptrs = k_base + col0 * stride_kn + cols[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + col0 * stride_vn + cols[:, None] * stride_vn + offs_d[None, :]
         # read 2 * BLOCK_N * d elements (K and V); keys past Nk masked off
         if EVEN_N:
             k = tl.load(k_ptrs)
@@ -323,7 +337,7 @@ def _attn_bwd_dq_kernel(
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dQ += dS K
     dq = dq * sm_scale
     # write BLOCK_M * d elements
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + row0 * stride_dqn + rows[:, None] * stride_dqn + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=q_rows)
 
 
@@ -409,8 +423,8 @@ def _flash_backward(do, dlse, q, k, v, o, lse, causal, scale, block_m=None, bloc
             *_strides(q), *_strides(k), *_strides(v), *_strides(do),
             lse.stride(0), lse.stride(1),
             *_strides(dk), *_strides(dv),
-            H_kv, H // H_kv, n_q, n_k, scale,
-            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
+            H_kv, n_q, n_k, scale,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, GROUP=H // H_kv,
             CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
             EVEN_M=n_q % bm == 0, EVEN_N=n_k % bn == 0,
             **native_options(config),

@@ -22,7 +22,8 @@ dQ over all keys, so neither ever writes to a block another program writes.
 The shipped kernel, ``flash_attention.py``, is (c) plus what a GPU and the course need: any
 strides (these take contiguous (B, H, N, d) tensors), Nq != Nk, ``exp2`` with log2(e) folded
 into the scale, the masks only on the blocks that need them (``EVEN_N``, the diagonal test),
-the log-sum-exp output for the backward, and lesson 08's block-sparse lists (``SPARSE``).
+the log-sum-exp output for the backward, and grouped-query attention. Lesson 08's block-sparse
+kernels (``block_sparse_attention.py``) are a copy of those with their changes marked ``# NEW`` too.
 
 Memory traffic per (batch, head), in elements, for N queries and keys and head dim d (not
 causal): read Nd (Q) + (N / BLOCK_M) x 2Nd (K and V once per query block), write Nd (O).

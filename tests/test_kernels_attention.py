@@ -159,7 +159,7 @@ def test_kernels_run_in_interpreter_without_env(monkeypatch):
     assert math.isfinite(float(flash_attention(*_good()).sum()))
 
 
-def _compile_for_gpu(kernel, consts, dtype, arch, num_warps, num_stages):
+def _compile_for_gpu(kernel, consts, dtype, arch, num_warps, num_stages, none=()):
     """Lower ``kernel`` to a cubin for sm_``arch`` with Triton's bundled toolchain, no GPU needed,
     exactly as ``benchmarks/gpu_compile_check.py`` does (specialised like a real launch on
     contiguous tensors, so loads are pipelined and the reported shared memory is real)."""
@@ -173,7 +173,6 @@ def _compile_for_gpu(kernel, consts, dtype, arch, num_warps, num_stages):
         spec.loader.exec_module(check)
     except ImportError as e:  # pragma: no cover - a triton build without its GPU backend
         pytest.skip(f"no Triton GPU backend: {e}")
-    none = () if consts.get("SPARSE") else tuple(check.INDEX_PTRS)
     sig, cx, attrs = check.signature(kernel, dtype, consts, none=none)
     try:
         return check.compile_one(check.GPUTarget("cuda", arch, 32), kernel, sig, cx, num_warps, num_stages, attrs)
@@ -184,11 +183,15 @@ def _compile_for_gpu(kernel, consts, dtype, arch, num_warps, num_stages):
 
 
 def test_native_gpu_path_compiles_without_a_gpu():
-    """The forward kernel (fp16, causal, block-sparse, the GPU's block sizes) lowered for sm_90:
-    catches breakage of the compiled path on a CPU machine."""
+    """The block-sparse forward kernel (fp16, ragged lengths, the GPU's block sizes) lowered for
+    sm_90: catches breakage of the compiled path on a CPU machine."""
+    import importlib
+
+    bsa_mod = importlib.import_module("attnlab.kernels.block_sparse_attention")   # the module, not the function
+
     bm, bn = _tuning.default_block_sizes(64, torch.float16, "cuda")
-    consts = dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, SPARSE=True, DOT_PRECISION="tf32", EVEN_N=False)
-    compiled = _compile_for_gpu(fa_mod._attn_fwd_kernel, consts, torch.float16, 90, 4, 3)
+    consts = dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_N=bn, DOT_PRECISION="tf32", EVEN_N=False)
+    compiled = _compile_for_gpu(bsa_mod._bsa_fwd_kernel, consts, torch.float16, 90, 4, 3)
     assert "cubin" in compiled.asm and compiled.metadata.shared <= 227 * 1024
     assert "cp.async" in compiled.asm["ptx"] and "wgmma" in compiled.asm["ptx"]  # pipelined loads, Hopper MMA
 
@@ -202,9 +205,9 @@ def test_default_gpu_configs_fit_shared_memory(arch, dtype, kind):
     limit = {75: 64, 80: 163, 90: 227}[arch] * 1024
     cfg = _tuning.gpu_config(128, dtype, (arch // 10, arch % 10), backward=kind != "fwd")
     kernel = {"fwd": fa_mod._attn_fwd_kernel, "dkdv": fa_mod._attn_bwd_dkdv_kernel, "dq": fa_mod._attn_bwd_dq_kernel}[kind]
-    consts = dict(HEAD_DIM=128, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], CAUSAL=True, SPARSE=False,
+    consts = dict(HEAD_DIM=128, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], CAUSAL=True,
                   DOT_PRECISION=fa_mod.dot_precision(dtype), EVEN_N=True)
     if kind == "dkdv":
-        consts["EVEN_M"] = True
+        consts.update(EVEN_M=True, GROUP=1)
     compiled = _compile_for_gpu(kernel, consts, dtype, arch, cfg["num_warps"], cfg["num_stages"])
     assert compiled.metadata.shared <= limit, (cfg, compiled.metadata.shared)

@@ -229,17 +229,23 @@ def test_double_backward_raises(fn):
 # 64-bit offsets: a view whose batch stride times the batch index passes 2**31 elements
 # ---------------------------------------------------------------------------------------
 def test_offsets_past_2_to_the_31_on_a_view_with_huge_strides(tmp_path):
-    """q, k, v are views into one sparse file (about 11 GB of address space, a few pages
-    touched): batch b starts at b * 2**30 elements, so b = 2 is at 2**31. Every address a
-    kernel loads or stores is traced (before it is touched) and must lie in a tensor's storage:
-    with 32-bit offsets b * stride wraps around and the trace stops the launch."""
-    B, N, D, SB, SN = 3, 40, 16, 2**30, 2**24
-    span = (B - 1) * SB + (N - 1) * SN + 3 * 2**22 + D
-    path = tmp_path / "huge_strides.bin"
-    with open(path, "wb") as f:
-        f.truncate(span * 4)                       # a sparse file: no disk, no memory until touched
-    store = torch.from_file(str(path), shared=True, size=span, dtype=torch.float32)
-    q, k, v = (torch.as_strided(store, (B, 1, N, D), (SB, SB, SN, 1), off) for off in (0, 2**22, 2**23))
+    """q, k, v are views into sparse files (tens of GB of address space, a few pages touched):
+    q's batch b starts at b * 2**30 elements (b = 2 is at 2**31), and k's and v's row r at
+    r * 2**26 (row 32 is at 2**31). Every address a kernel loads or stores is traced before it
+    is touched and must lie in a tensor's storage: with 32-bit offsets a program id (or a
+    block's first row) times a stride wraps around, and the trace stops the launch."""
+    B, N, D = 3, 40, 16
+
+    def views(name, sb, sn, count):
+        span = (B - 1) * sb + (N - 1) * sn + count * 2**22 + D
+        path = tmp_path / name
+        with open(path, "wb") as f:
+            f.truncate(span * 4)                   # a sparse file: no disk, no memory until touched
+        store = torch.from_file(str(path), shared=True, size=span, dtype=torch.float32)
+        return [torch.as_strided(store, (B, 1, N, D), (sb, sb, sn, 1), i * 2**22) for i in range(count)]
+
+    (q,) = views("q.bin", 2**30, 2**24, 1)
+    k, v = views("kv.bin", 2**32, 2**26, 2)
     g = torch.Generator().manual_seed(0)
     for t in (q, k, v):
         t.copy_(torch.randn(t.shape, generator=g))
@@ -262,3 +268,12 @@ def test_offsets_past_2_to_the_31_on_a_view_with_huge_strides(tmp_path):
             torch.testing.assert_close(o, ref, atol=2e-6, rtol=1e-5)
             dq, = torch.autograd.grad(o.sum(), q)
             torch.testing.assert_close(dq, dq_ref, atol=5e-6, rtol=1e-5)
+
+
+def test_a_mask_for_other_lengths():
+    m = create_block_mask(mm.sliding_window(5), None, None, 64, 64, 16)
+    short = m.for_lengths(37, 37)
+    assert short is m.for_lengths(37, 37) and short.seq_lengths == (37, 37)
+    assert torch.equal(short.to_element_mask(), m.to_element_mask()[..., :37, :37])
+    t = BlockMask(torch.ones(1, 1, 4, 4, dtype=torch.bool), (16, 16)).for_lengths(20, 40)
+    assert t.num_blocks == (2, 3) and t.seq_lengths is None

@@ -21,12 +21,13 @@ import pytest
 import torch
 
 import attnlab.kernels
-from attnlab import approx, attention, iomodel, measure, memory, validate
+from attnlab import approx, attention, iomodel, mask_mods, measure, memory, validate
 from attnlab.attention import block_sparse_reference, naive_attention, scaled_dot_product_attention
 from attnlab.kernels import (BlockMask, block_sparse_attention, flash_attention, full_mask, intersection, softmax,
                              standard_attention, union, vector_add)
 from attnlab.kernels._runtime import Kernel
 from attnlab.kernels.block_sparse_attention import prepare_block_mask
+from attnlab.kernels.block_mask import create_block_mask
 from attnlab.kernels.flash_steps import (flash_backward_minimal, flash_forward_causal, flash_forward_loop,
                                          flash_forward_masked)
 from attnlab.kernels.softmax import naive_softmax
@@ -229,6 +230,9 @@ OTHER_ROWS = [
      lambda: flash_backward_minimal(_q16(), _q16(), _q16(), _q16(), _lse(), _q16(), 24, 16), ValueError, "block_m"),
     (prepare_block_mask, "not a mask", lambda: prepare_block_mask("x", None, 16, 16, 1, 1), TypeError, "block_mask"),
     (BlockMask, "non-tensor", lambda: BlockMask([[True]], (16, 16)), TypeError, "mask"),
+    (create_block_mask, "not a mask_mod", lambda: create_block_mask("x", None, None, 16, 16, 16), TypeError, "mask_mods"),
+    (create_block_mask, "bad block size", lambda: create_block_mask(mask_mods.causal, None, None, 16, 16, 24), ValueError,
+     "block_size"),
     (BlockMask, "float mask", lambda: BlockMask(torch.ones(1, 1, 2, 2), (16, 16)), TypeError, "mask"),
     (union, "not a BlockMask", lambda: union("x"), TypeError, "masks"),
     (intersection, "not a BlockMask", lambda: intersection(full_mask(16, 16, (16, 16)), "x"), TypeError, "masks"),
