@@ -144,7 +144,7 @@ def _hidden_files():
     from attnlab.grading import exercises
 
     root = Path(exercises.__file__).resolve().parent
-    return sorted(p for p in root.glob("*/*.py") if p.name != "__init__.py")
+    return sorted(p for p in root.glob("*/**/*.py") if not (p.name == "__init__.py" and p.parent.parent == root))
 
 
 def _command(path, cmd, work, runtime, notebook, limits, probe=False):
