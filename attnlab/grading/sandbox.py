@@ -132,10 +132,10 @@ def _readable_roots():
     for c in candidates:
         if not c:
             continue
-        p = Path(c).resolve()
-        if not p.exists() or p in (Path("/"), course) or p == Path.cwd().resolve():
-            continue  # never the course checkout itself (solutions/), nor a folder a notebook came from
-        found.add(p)
+        for p in {Path(c).resolve(), Path(os.path.abspath(c))}:  # a linked virtual environment: both paths
+            if not p.exists() or p in (Path("/"), course) or p == Path.cwd().resolve():
+                continue  # never the course checkout itself (solutions/), nor a folder a notebook came from
+            found.add(p)
     return [p for p in sorted(found) if not any(q != p and p.is_relative_to(q) for q in found)]
 
 
@@ -144,7 +144,7 @@ def _hidden_files():
     from attnlab.grading import exercises
 
     root = Path(exercises.__file__).resolve().parent
-    return sorted(p for p in root.glob("*/*.py") if p.name != "__init__.py")
+    return sorted(p for p in root.glob("*/**/*.py") if not (p.name == "__init__.py" and p.parent.parent == root))
 
 
 def _command(path, cmd, work, runtime, notebook, limits, probe=False):
