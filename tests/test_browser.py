@@ -370,8 +370,12 @@ def _broken_link_icons(page):
 def _open_saved(page, url, where, path, n_widgets):
     """Open a saved notebook in JupyterLab or Notebook 7 and wait until its ``n_widgets`` widgets show a picture."""
     page.goto(f"{url}/{'lab/tree' if where == 'jupyterlab' else 'notebooks'}/{path}", timeout=90_000)
-    page.wait_for_function("(n) => [...document.querySelectorAll('.attnlab-widget img')]"
-                           ".filter(i => i.getAttribute('src')).length >= n", arg=n_widgets, timeout=120_000)
+    try:
+        page.wait_for_function("(n) => [...document.querySelectorAll('.attnlab-widget img')]"
+                               ".filter(i => i.getAttribute('src')).length >= n", arg=n_widgets, timeout=180_000)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / f"timeout-{where}-{Path(path).stem}.png"))
+        raise
 
 
 def _reopen_save_reopen(browser, url, work, name, n_widgets, shot):
