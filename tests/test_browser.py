@@ -425,6 +425,8 @@ def test_saved_lesson_keeps_its_widgets_in_jupyterlab_and_notebook_7(jupyterlab,
     # BlockMaskEditor's 8 x 8 tiles stay 8 rows (a broken-link icon on each tile wrapped them onto a ninth)
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     _open_saved(page, url, "jupyterlab", "widgets.ipynb", len(WIDGETS))
+    page.wait_for_function("() => document.querySelectorAll('.attnlab-blockmaskeditor .widget-toggle-button').length"
+                           " >= 64", timeout=60_000)  # the tiles' views come after the pictures
     rows = page.evaluate("""() => new Set([...document.querySelectorAll('.attnlab-blockmaskeditor .widget-toggle-button')]
         .map(b => Math.round(b.getBoundingClientRect().top))).size""")
     assert rows == 8, f"BlockMaskEditor's tiles wrap onto {rows} rows"
