@@ -135,6 +135,26 @@ def test_block_sparse_with_every_tile_is_dense_attention_and_a_local_mask_is_the
     assert torch.all(maps[..., 16:, :16] == 0)
 
 
+def test_an_exact_mask_made_for_the_block_size_serves_shorter_sequences_exactly():
+    # a mask_mod's block mask knows the lengths it was made for; sampling a shorter sequence uses
+    # the same mask_mod at that length (partial tiles stay exact), never the cropped tile table
+    from attnlab.kernels import create_block_mask
+    from attnlab.mask_mods import create_mask, sliding_window
+
+    window = 5                                                 # not a multiple of the 16-row tiles
+    mask = create_block_mask(sliding_window(window), None, None, T, T, block_size=(16, 16))
+    model = tiny("block_sparse", mask)
+
+    def masked_sdpa(q, k, v, is_causal=True):                  # the element mask at the call's length
+        n = q.shape[-2]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=create_mask(sliding_window(window), None, None, n, n))
+
+    reference = tiny(masked_sdpa)
+    x = torch.randint(0, V, (1, 20))                           # shorter than T: a ragged last tile
+    got, want = model(x)[0], reference(x)[0]
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
 def test_a_callable_with_the_sdpa_signature_plugs_in():
     calls = []
 

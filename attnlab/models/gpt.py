@@ -56,15 +56,17 @@ KERNEL_HEAD_DIMS = (16, 32, 64, 128)   # head sizes attnlab's Triton kernels sup
 # ---------------------------------------------------------------------------------------------
 
 def _crop_block_mask(block_mask, n):
-    """The top-left corner of ``block_mask`` that covers ``n`` queries and keys (a shorter sequence
-    than the mask was built for: sampling grows the sequence one position at a time)."""
-    from attnlab.kernels import BlockMask
-
-    bq, bk = block_mask.block_size
-    nq, nk = math.ceil(n / bq), math.ceil(n / bk)
-    if block_mask.num_blocks == (nq, nk):
+    """``block_mask`` for ``n`` queries and keys (a shorter sequence than the mask was built for:
+    sampling grows the sequence one position at a time): the mask's own ``for_lengths``, which
+    evaluates its mask_mod again (partial tiles stay exact) or, for a tile pattern, keeps its
+    top-left tiles; made once per length and kept by the mask."""
+    if block_mask.seq_lengths is None:
+        bq, bk = block_mask.block_size
+        if block_mask.num_blocks == (math.ceil(n / bq), math.ceil(n / bk)):
+            return block_mask
+    elif tuple(block_mask.seq_lengths) == (n, n):
         return block_mask
-    return BlockMask(block_mask.mask[..., :nq, :nk], block_mask.block_size)
+    return block_mask.for_lengths(n, n)
 
 
 def attention_backend(attention="sdpa", block_mask=None):
