@@ -23,8 +23,10 @@ def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
     s = q @ k.transpose(1, 2) * q.shape[-1] ** -0.5  # (B, Nq, Nk)
     if causal:
         s = s.masked_fill(torch.ones(s.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
-    L = torch.logsumexp(s, dim=-1)
-    return torch.exp(s - L[..., None]) @ v, L
+    m = s.amax(dim=-1, keepdim=True)
+    p = torch.exp(s - m)  # (B, Nq, Nk): N x N
+    l = p.sum(dim=-1, keepdim=True)
+    return p / l @ v, (m + torch.log(l)).squeeze(-1)
 '''
 
 _DENSE_BACKWARD = '''

@@ -14,10 +14,13 @@ The checks of the tiled parts ask three things that the output alone cannot show
   that only works because of the interpreter's zeros is launched here with NaN in those lanes.
 
 Where the learner's code runs in this process (:class:`attnlab.grading.core.LocalLearner`: the inline
-``check()`` and the tests) all three are done here. A learner whose calls run in another process is
-measured through what it offers: ``pid`` (the process that runs the calls: its ``/proc`` is read from
-here), ``measured_call(name, case, grad)`` (the boundary measures FLOPs and peak memory itself) and a
-launch that honours ``"undefined_other": True``. Without them the measurement is reported as not made.
+``check()`` and the tests) all three are done here. Under ``attnlab grade`` (docs/grading.md) the grader
+measures from outside: the PyTorch functions run in the sandboxed notebook kernel, whose cgroup's peak
+memory the grader resets and reads (files the sandbox does not see; without a cgroup, the kernel's
+``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.isolated`'s process, which
+honours ``"undefined_other": True``. A memory measurement that cannot be made is a failed check, never a
+pass. FLOPs are not counted there (counting them in the learner's process would be the learner's word):
+the causal-skip check of exercise 07 rests on its NaN-poisoned tail instead.
 """
 
 import contextlib
@@ -161,24 +164,12 @@ def _peak_meter(learner):
     return growth
 
 
-def _cpu_ns(pid):
-    """CPU time (ns) used so far by every thread of ``pid`` (/proc/PID/task/*/schedstat), or None."""
-    total = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return total
-
-
 def measured_call(learner, name, case, grad=None, flops=True):
     """Call the learner's ``name`` on one case ([args, kwargs] or [args, kwargs, grad_output]) and measure it.
 
     Returns (reply, {"peak_bytes": growth of the peak memory during the call or None,
-    "flops": matmul FLOPs counted during the call or None (counted only where the call runs in this process),
-    "cpu_ns": CPU time the process that ran the call spent in it, or None}).
+    "flops": matmul FLOPs counted during the call, or None: they are counted only where the call runs in this
+    process, never by code in the learner's})
     """
     outer, learner = learner, _inner(learner)
     if hasattr(learner, "measured_call"):  # a boundary that measures in its own process
@@ -189,15 +180,11 @@ def measured_call(learner, name, case, grad=None, flops=True):
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False)
-    pid = pid_of(learner)
     with counter if counter is not None else contextlib.nullcontext():  # entered first: its own setup is not counted
         peak = _peak_meter(learner)
-        cpu = _cpu_ns(pid) if pid is not None else None
         reply = learner_of(outer).call(name, [case], grad=grad)
-        spent = _cpu_ns(pid) if cpu is not None else None
         peak_bytes = peak()
-    return reply, {"peak_bytes": peak_bytes, "flops": counter.get_total_flops() if counter is not None else None,
-                   "cpu_ns": None if spent is None else spent - cpu}
+    return reply, {"peak_bytes": peak_bytes, "flops": counter.get_total_flops() if counter is not None else None}
 
 
 @contextlib.contextmanager
