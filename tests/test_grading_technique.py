@@ -102,3 +102,84 @@ if __name__ == "__main__":  # write every mistaken notebook into a folder: pytho
     out.mkdir(parents=True, exist_ok=True)
     for key in MISTAKES:
         print(mistaken(key, out))
+
+
+@pytest.mark.slow
+def test_solution_07_scores_full_with_its_memory_measured(tmp_path):
+    report = _grade(ROOT / "solutions" / SOLUTIONS["07"])
+    assert report["score"] == report["max_score"] > 0, report
+    for part in ("tiled-forward", "tiled-backward"):
+        assert "no N x N matrix held" in _part(report, part)["feedback"], _part(report, part)
+
+
+# --- fast: what the grader's side measures, through the wrappers a check is given --------------------------
+
+def _opaque(ns):
+    """A learner in another process that offers no way to measure it (no pid, no runner)."""
+    from attnlab.grading.core import LocalLearner
+
+    inner = LocalLearner(ns, forbidden=[])
+
+    class Opaque:
+        def call(self, name, cases, grad=None):
+            return inner.call(name, cases, grad=grad)
+
+        def launch(self, request):
+            return inner.launch(request)
+    return Opaque()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_peak_memory_is_measured_through_the_checks_wrapper():
+    import torch
+
+    from attnlab.grading.core import LocalLearner, _Counted
+    from attnlab.grading.footprint import measured_call
+
+    counted = _Counted(LocalLearner({"dense": lambda n: torch.ones(n, n).sum()}, forbidden=[]))
+    counted.call("dense", [[(8,), {}]])
+    reply, cost = measured_call(counted, "dense", [(2048,), {}])
+    assert counted.calls == 2 and "results" in reply
+    assert cost["peak_bytes"] is not None and cost["peak_bytes"] > 8 * 2**20, cost  # a 16 MiB matrix held
+
+
+def test_unmeasurable_peak_memory_scores_zero_not_a_pass():
+    from attnlab.grading.core import Fail
+    from attnlab.grading.exercises.e07 import checks
+    from attnlab.grading.exercises.e07.spec import tiled_attention_forward
+
+    with pytest.raises(Fail, match="could not measure the peak memory"):
+        checks._check_memory(_opaque({"tiled_attention_forward": tiled_attention_forward}),
+                             "tiled_attention_forward", 1)
+
+
+def test_nan_lanes_reach_a_local_kernel_through_the_checks_wrapper():
+    from attnlab.grading.core import LocalLearner, _Counted
+    from attnlab.grading.footprint import _UndefinedOther, _inner
+
+    counted = _Counted(LocalLearner({}, forbidden=[]))
+    assert isinstance(_inner(_UndefinedOther(counted)), LocalLearner)
+
+
+def test_the_isolated_process_honours_undefined_other(monkeypatch):
+    import contextlib
+
+    from attnlab.grading import footprint, isolated
+
+    used = []
+
+    @contextlib.contextmanager
+    def spy():
+        used.append(True)
+        yield
+    monkeypatch.setattr(footprint, "_nan_for_missing_other", spy)
+
+    class Agent:
+        @staticmethod
+        def _outcome(run):
+            return "ran"
+    space = {"k": type("K", (), {"fn": None})()}
+    assert isolated._launch({"name": "k", "sentinels": []}, space, {"k"}, set(), Agent) == {"result": "ran"}
+    assert not used
+    isolated._launch({"name": "k", "sentinels": [], "undefined_other": True}, space, {"k"}, set(), Agent)
+    assert used == [True]
