@@ -77,7 +77,7 @@ def mistaken(key, folder):
 
 
 def _part(report, part):
-    return next(p for p in report["parts"] if p["part"] == part)
+    return next(p for p in report["parts"] if p["name"] == part)
 
 
 def _grade(path):
