@@ -46,7 +46,8 @@ MISTAKES = {
                               "mask=cols < n_cols, other=0.0)", "mask=cols < n_cols)"),
     "causal-tile-pid-skip": ("06", "causal-tile-answer", "causal-tile", "tile-skip-by-program-id",
                              "keep = inside & (cols[None, :] <= rows[:, None])",
-                             "keep = inside & (cols[None, :] <= rows[:, None]) & (tl.program_id(1) <= tl.program_id(0))"),
+                             "keep = inside & (cols[None, :] <= rows[:, None]) "
+                             "& (tl.program_id(1) <= tl.program_id(0))"),
     "whole-matrix-forward": ("07", "tiled-forward-answer", "tiled-forward", "holds-n-by-n", None, _DENSE_FORWARD),
     "whole-p-backward": ("07", "tiled-backward-answer", "tiled-backward", "holds-n-by-n", None, _DENSE_BACKWARD),
     "flash-kernel-ignores-scale": ("07", "flash-kernel-loop-answer", "flash-kernel-loop", "scale-argument-ignored",
@@ -55,7 +56,8 @@ MISTAKES = {
     "traffic-ignores-blocks": ("07", "traffic-experiment-answer", "traffic-experiment", "blocks-ignored",
                                "q, k, v, causal, block_m, block_n).total_bytes", "q, k, v, causal).total_bytes"),
     "block-sparse-ignores-scale": ("08", "block-sparse-loop-answer", "block-sparse-loop", "scale-argument-ignored",
-                                   "s = tl.dot(q, tl.trans(k)) * scale", "s = tl.dot(q, tl.trans(k)) * (1.0 / HEAD_DIM ** 0.5)"),
+                                   "s = tl.dot(q, tl.trans(k)) * scale",
+                                   "s = tl.dot(q, tl.trans(k)) * (1.0 / HEAD_DIM ** 0.5)"),
 }
 
 
