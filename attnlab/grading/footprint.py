@@ -171,7 +171,8 @@ def measured_call(learner, name, case, grad=None, flops=True):
     "flops": matmul FLOPs counted during the call, or None: they are counted only where the call runs in this
     process, never by code in the learner's})
     """
-    outer, learner = learner, _inner(learner)
+    outer = learner_of(learner)
+    learner = _inner(outer)
     if hasattr(learner, "measured_call"):  # a boundary that measures in its own process
         return learner.measured_call(name, case, grad)
     local = isinstance(learner, LocalLearner)
@@ -182,7 +183,7 @@ def measured_call(learner, name, case, grad=None, flops=True):
         counter = FlopCounterMode(display=False)
     with counter if counter is not None else contextlib.nullcontext():  # entered first: its own setup is not counted
         peak = _peak_meter(learner)
-        reply = learner_of(outer).call(name, [case], grad=grad)
+        reply = outer.call(name, [case], grad=grad)  # through the wrappers: the check counts it
         peak_bytes = peak()
     return reply, {"peak_bytes": peak_bytes, "flops": counter.get_total_flops() if counter is not None else None}
 
