@@ -14,10 +14,13 @@ The checks of the tiled parts ask three things that the output alone cannot show
   that only works because of the interpreter's zeros is launched here with NaN in those lanes.
 
 Where the learner's code runs in this process (:class:`attnlab.grading.core.LocalLearner`: the inline
-``check()`` and the tests) all three are done here. A learner whose calls run in another process is
-measured through what it offers: ``pid`` (the process that runs the calls: its ``/proc`` is read from
-here), ``measured_call(name, case, grad)`` (the boundary measures FLOPs and peak memory itself) and a
-launch that honours ``"undefined_other": True``. Without them the measurement is reported as not made.
+``check()`` and the tests) all three are done here. Under ``attnlab grade`` (docs/grading.md) the grader
+measures from outside: the PyTorch functions run in the sandboxed notebook kernel, whose cgroup's peak
+memory the grader resets and reads (files the sandbox does not see; without a cgroup, the kernel's
+``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.isolated`'s process, which
+honours ``"undefined_other": True``. A memory measurement that cannot be made is a failed check, never a
+pass. FLOPs are not counted there (counting them in the learner's process would be the learner's word):
+the causal-skip check of exercise 07 rests on its NaN-poisoned tail instead.
 """
 
 import contextlib
@@ -48,9 +51,20 @@ def reset_peak(pid):
         return False
 
 
+def _inner(learner):
+    """The learner below the wrappers a check is given (core._Counted, _UndefinedOther: they keep it as
+    ``.learner``); calls still go through the wrappers, only what kind of learner it is is read here."""
+    for _ in range(8):
+        if isinstance(learner, LocalLearner) or hasattr(learner, "runner") or not hasattr(learner, "learner"):
+            break
+        learner = learner.learner
+    return learner
+
+
 def pid_of(learner):
     """The process that runs ``learner``'s calls: this one for a LocalLearner, else its ``pid``, else (today's
     ``attnlab grade``) the ipykernel process below its kernel manager's; None when none is found."""
+    learner = _inner(learner)
     if isinstance(learner, LocalLearner):
         return os.getpid()
     pid = getattr(learner, "pid", None)
@@ -87,16 +101,80 @@ def _kernel_below(root):
     return found
 
 
+class _CgroupPeak:
+    """The peak memory of a whole cgroup (the sandboxed kernel and every process it starts, their tmpfs pages),
+    reset by the grader before a call and read after it: files the sandbox cannot see, so the learner's code
+    can neither reset nor fake them (v2's ``memory.peak``, reset per open file since Linux 6.12; v1's
+    ``memory.max_usage_in_bytes``, reset by writing 0)."""
+
+    def __init__(self, cgroup):
+        self.file, self.before = None, None
+        for folder in getattr(cgroup, "paths", ()):
+            try:
+                if (folder / "memory.max_usage_in_bytes").exists():  # v1
+                    (folder / "memory.max_usage_in_bytes").write_text("0")
+                    self.before = int((folder / "memory.usage_in_bytes").read_text())
+                    self.file = folder / "memory.max_usage_in_bytes"
+                    return
+                if (folder / "memory.peak").exists():  # v2: the peak seen by this open file
+                    f = open(folder / "memory.peak", "r+")
+                    try:
+                        f.write("reset\n")
+                        f.flush()
+                        self.before = int((folder / "memory.current").read_text())
+                    except OSError:
+                        f.close()
+                        continue
+                    self.file = f
+                    return
+            except (OSError, ValueError):
+                continue
+
+    def growth(self):
+        try:
+            if isinstance(self.file, os.PathLike):
+                return max(0, int(self.file.read_text()) - self.before)
+            if self.file is not None:
+                with self.file:
+                    self.file.seek(0)
+                    return max(0, int(self.file.read()) - self.before)
+        except (OSError, ValueError):
+            pass
+        return None
+
+
+def _peak_meter(learner):
+    """A function measuring the memory growth of what runs between its creation and its call (None when the
+    measurement cannot be made): the cgroup of the learner's sandbox where it has one, else the peak resident
+    memory (VmHWM) of the process that runs the learner's calls."""
+    inner = _inner(learner)
+    cgroup = getattr(getattr(inner, "runner", None), "cgroup", None)
+    if cgroup is not None:
+        meter = _CgroupPeak(cgroup)
+        if meter.file is not None:
+            return meter.growth
+    pid = pid_of(inner)
+    before = _status(pid, "VmRSS") if pid is not None and reset_peak(pid) else None
+    if before is None:
+        return lambda: None
+
+    def growth():
+        peak = _status(pid, "VmHWM")
+        return None if peak is None else max(0, peak - before)
+    return growth
+
+
 def measured_call(learner, name, case, grad=None, flops=True):
     """Call the learner's ``name`` on one case ([args, kwargs] or [args, kwargs, grad_output]) and measure it.
 
-    Returns (reply, {"peak_bytes": growth of the peak resident memory during the call or None,
-    "flops": matmul FLOPs counted during the call or None}).
+    Returns (reply, {"peak_bytes": growth of the peak memory during the call or None,
+    "flops": matmul FLOPs counted during the call, or None: they are counted only where the call runs in this
+    process, never by code in the learner's})
     """
-    learner = learner_of(learner)
+    outer = learner_of(learner)
+    learner = _inner(outer)
     if hasattr(learner, "measured_call"):  # a boundary that measures in its own process
         return learner.measured_call(name, case, grad)
-    pid = pid_of(learner)
     local = isinstance(learner, LocalLearner)
     counter = None
     if flops and local:
@@ -104,11 +182,10 @@ def measured_call(learner, name, case, grad=None, flops=True):
 
         counter = FlopCounterMode(display=False)
     with counter if counter is not None else contextlib.nullcontext():  # entered first: its own setup is not counted
-        before = _status(pid, "VmRSS") if pid is not None and reset_peak(pid) else None
-        reply = learner.call(name, [case], grad=grad)
-        peak = _status(pid, "VmHWM") if before is not None else None
-    return reply, {"peak_bytes": None if peak is None else max(0, peak - before),
-                   "flops": counter.get_total_flops() if counter is not None else None}
+        peak = _peak_meter(learner)
+        reply = outer.call(name, [case], grad=grad)  # through the wrappers: the check counts it
+        peak_bytes = peak()
+    return reply, {"peak_bytes": peak_bytes, "flops": counter.get_total_flops() if counter is not None else None}
 
 
 @contextlib.contextmanager
@@ -142,7 +219,7 @@ class _UndefinedOther:
         return self.learner.call(name, cases, grad=grad)
 
     def launch(self, request):
-        if isinstance(self.learner, LocalLearner):
+        if isinstance(_inner(self.learner), LocalLearner):
             with _nan_for_missing_other():
                 return self.learner.launch(request)
         return self.learner.launch({**request, "undefined_other": True})

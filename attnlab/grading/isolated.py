@@ -226,6 +226,11 @@ def _launch(req, space, names, verified, agent):
                                         buffers, loads=req.get("loads", []) if not results else ()))
         return results
 
+    if req.get("undefined_other"):  # the masked lanes of a load without other= read NaN, as on a GPU they may
+        from attnlab.grading.footprint import _nan_for_missing_other
+
+        with _nan_for_missing_other():
+            return {"result": agent._outcome(run)}
     return {"result": agent._outcome(run)}
 
 

@@ -270,15 +270,17 @@ def _peak_case(seed, n=PEAK_N, grad=False):
 
 
 def _check_memory(learner, name, seed, grad=None):
-    """Fail when the peak memory of a call at N = PEAK_N grows by more than PEAK_LIMIT; a note when not measured."""
+    """Fail when the peak memory of a call at N = PEAK_N grows by more than PEAK_LIMIT, or cannot be measured."""
     case = _peak_case(seed, grad=grad is not None)
     learner_of(learner).call(name, [case], grad=grad)  # once unmeasured: the allocator grows on a first call
     reply, cost = measured_call(learner, name, case, grad=grad, flops=False)
     present(reply, name)
     value_of((reply.get("results") or [{"raised": "no result"}])[0], name, f"B=1, N={PEAK_N}, d=16")
     peak = cost["peak_bytes"]
-    if peak is None:
-        return "memory not measured (this process cannot read the peak memory of the one your code runs in)"
+    if peak is None:  # never a pass: a part that asks for no N x N matrix is not credited unmeasured
+        raise Fail(f"`{name}`: the grader could not measure the peak memory of the process your code ran in "
+                   f"(no cgroup and no readable /proc/PID/status here), so it cannot tell that no N x N matrix "
+                   f"is held; the part scores 0 on this machine")
     if peak > PEAK_LIMIT:
         raise Fail(f"`{name}` on B=1, N={PEAK_N}, d=16, block_m=block_n={PEAK_BLOCK}: the process's peak memory "
                    f"grew by {peak / 2**20:.1f} MiB during the call, where one N x N float32 matrix is "

@@ -1,0 +1,187 @@
+"""The technique checks of exercises 06-08 under `attnlab grade`, not only in the inline check().
+
+Since the trust boundary (docs/grading.md) the learner's kernels launch in a fresh sandboxed process and
+their PyTorch functions run in the notebook's sandboxed kernel, so what footprint.py measures (peak
+memory, the work of a causal call, NaN in the masked lanes of a load without other=) must be measured by
+the grader about that process. Each known wrong answer below is the solution notebook with the mistake
+written into its answer cell, graded the way CI and learners grade: it scores less than full, with the
+part's diagnosis named.
+"""
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = {"06": "06_triton_primer.ipynb", "07": "07_flash_attention.ipynb", "08": "08_block_sparse.ipynb"}
+
+_DENSE_FORWARD = '''
+def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
+    """The whole score matrix at once: right numbers, an N x N matrix held."""
+    s = q @ k.transpose(1, 2) * q.shape[-1] ** -0.5  # (B, Nq, Nk)
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    p = torch.exp(s - m)  # (B, Nq, Nk): N x N
+    l = p.sum(dim=-1, keepdim=True)
+    return p / l @ v, (m + torch.log(l)).squeeze(-1)
+'''
+
+_DENSE_BACKWARD = '''
+def tiled_attention_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
+    """The whole P recomputed at once from L: right gradients, an N x N matrix held."""
+    scale = q.shape[-1] ** -0.5
+    p = torch.exp(q @ k.transpose(1, 2) * scale - L[..., None])  # (B, Nq, Nk)
+    if causal:
+        p = p.masked_fill(torch.ones(p.shape[1:], dtype=torch.bool).triu(1), 0.0)
+    ds = p * (do @ v.transpose(1, 2) - (do * o).sum(-1, keepdim=True))
+    return ds @ k * scale, ds.transpose(1, 2) @ q * scale, p.transpose(1, 2) @ do
+'''
+
+# (exercise, grade_id of the answer cell, part, diagnosis, text replaced, its replacement (None: append))
+MISTAKES = {
+    "row-sum-without-other": ("06", "row-sum-answer", "row-sum", "other-missing",
+                              "mask=cols < n_cols, other=0.0)", "mask=cols < n_cols)"),
+    "causal-tile-pid-skip": ("06", "causal-tile-answer", "causal-tile", "tile-skip-by-program-id",
+                             "keep = inside & (cols[None, :] <= rows[:, None])",
+                             "keep = inside & (cols[None, :] <= rows[:, None]) "
+                             "& (tl.program_id(1) <= tl.program_id(0))"),
+    "whole-matrix-forward": ("07", "tiled-forward-answer", "tiled-forward", "holds-n-by-n", None, _DENSE_FORWARD),
+    "whole-p-backward": ("07", "tiled-backward-answer", "tiled-backward", "holds-n-by-n", None, _DENSE_BACKWARD),
+    "flash-kernel-ignores-scale": ("07", "flash-kernel-loop-answer", "flash-kernel-loop", "scale-argument-ignored",
+                                   'tl.dot(q, tl.trans(k), input_precision="ieee") * scale',
+                                   'tl.dot(q, tl.trans(k), input_precision="ieee") * (1.0 / HEAD_DIM ** 0.5)'),
+    "traffic-ignores-blocks": ("07", "traffic-experiment-answer", "traffic-experiment", "blocks-ignored",
+                               "q, k, v, causal, block_m, block_n).total_bytes", "q, k, v, causal).total_bytes"),
+    "block-sparse-ignores-scale": ("08", "block-sparse-loop-answer", "block-sparse-loop", "scale-argument-ignored",
+                                   "s = tl.dot(q, tl.trans(k)) * scale",
+                                   "s = tl.dot(q, tl.trans(k)) * (1.0 / HEAD_DIM ** 0.5)"),
+}
+
+
+def mistaken(key, folder):
+    """The solution notebook with mistake ``key`` written into its answer cell, saved in ``folder``."""
+    ex, grade_id, _part, _diag, old, new = MISTAKES[key]
+    nb = nbformat.read(ROOT / "solutions" / SOLUTIONS[ex], as_version=4)
+    cells = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id]
+    assert len(cells) == 1, grade_id
+    cell = cells[0]
+    if old is None:
+        cell.source = cell.source.rstrip() + "\n" + new  # redefined at the end of the answer cell
+    else:
+        assert cell.source.count(old) == 1, (key, old)
+        cell.source = cell.source.replace(old, new)
+    path = Path(folder) / f"{key}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def _part(report, part):
+    return next(p for p in report["parts"] if p["name"] == part)
+
+
+def _grade(path):
+    from attnlab.grading.runner import grade_in_subprocess
+
+    return grade_in_subprocess(path, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(MISTAKES))
+def test_known_mistake_scores_less_under_attnlab_grade(key, tmp_path):
+    _ex, _gid, part, diagnosis, _old, _new = MISTAKES[key]
+    report = _grade(mistaken(key, tmp_path))
+    assert not report.get("error"), report.get("error")
+    got = _part(report, part)
+    assert got["points"] < got["max_points"], got
+    assert diagnosis in (got.get("diagnosis") or []), got
+
+
+if __name__ == "__main__":  # write every mistaken notebook into a folder: python tests/test_grading_technique.py DIR
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    for key in MISTAKES:
+        print(mistaken(key, out))
+
+
+@pytest.mark.slow
+def test_solution_07_scores_full_with_its_memory_measured(tmp_path):
+    report = _grade(ROOT / "solutions" / SOLUTIONS["07"])
+    assert report["score"] == report["max_score"] > 0, report
+    for part in ("tiled-forward", "tiled-backward"):
+        assert "no N x N matrix held" in _part(report, part)["feedback"], _part(report, part)
+
+
+# --- fast: what the grader's side measures, through the wrappers a check is given --------------------------
+
+def _opaque(ns):
+    """A learner in another process that offers no way to measure it (no pid, no runner)."""
+    from attnlab.grading.core import LocalLearner
+
+    inner = LocalLearner(ns, forbidden=[])
+
+    class Opaque:
+        def call(self, name, cases, grad=None):
+            return inner.call(name, cases, grad=grad)
+
+        def launch(self, request):
+            return inner.launch(request)
+    return Opaque()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_peak_memory_is_measured_through_the_checks_wrapper():
+    import torch
+
+    from attnlab.grading.core import LocalLearner, _Counted
+    from attnlab.grading.footprint import measured_call
+
+    counted = _Counted(LocalLearner({"dense": lambda n: torch.ones(n, n).sum()}, forbidden=[]))
+    counted.call("dense", [[(8,), {}]])
+    reply, cost = measured_call(counted, "dense", [(2048,), {}])
+    assert counted.calls == 2 and "results" in reply
+    assert cost["peak_bytes"] is not None and cost["peak_bytes"] > 8 * 2**20, cost  # a 16 MiB matrix held
+
+
+def test_unmeasurable_peak_memory_scores_zero_not_a_pass():
+    from attnlab.grading.core import Fail
+    from attnlab.grading.exercises.e07 import checks
+    from attnlab.grading.exercises.e07.spec import tiled_attention_forward
+
+    with pytest.raises(Fail, match="could not measure the peak memory"):
+        checks._check_memory(_opaque({"tiled_attention_forward": tiled_attention_forward}),
+                             "tiled_attention_forward", 1)
+
+
+def test_nan_lanes_reach_a_local_kernel_through_the_checks_wrapper():
+    from attnlab.grading.core import LocalLearner, _Counted
+    from attnlab.grading.footprint import _UndefinedOther, _inner
+
+    counted = _Counted(LocalLearner({}, forbidden=[]))
+    assert isinstance(_inner(_UndefinedOther(counted)), LocalLearner)
+
+
+def test_the_isolated_process_honours_undefined_other(monkeypatch):
+    import contextlib
+
+    from attnlab.grading import footprint, isolated
+
+    used = []
+
+    @contextlib.contextmanager
+    def spy():
+        used.append(True)
+        yield
+    monkeypatch.setattr(footprint, "_nan_for_missing_other", spy)
+
+    class Agent:
+        @staticmethod
+        def _outcome(run):
+            return "ran"
+    space = {"k": type("K", (), {"fn": None})()}
+    assert isolated._launch({"name": "k", "sentinels": []}, space, {"k"}, set(), Agent) == {"result": "ran"}
+    assert not used
+    isolated._launch({"name": "k", "sentinels": [], "undefined_other": True}, space, {"k"}, set(), Agent)
+    assert used == [True]
