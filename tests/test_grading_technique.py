@@ -185,3 +185,12 @@ def test_the_isolated_process_honours_undefined_other(monkeypatch):
     assert not used
     isolated._launch({"name": "k", "sentinels": [], "undefined_other": True}, space, {"k"}, set(), Agent)
     assert used == [True]
+
+
+def test_a_cell_that_resets_its_own_peak_memory_is_a_shortcut():
+    # without a cgroup the grader reads VmHWM from outside; resetting it hides an N x N matrix
+    from attnlab.grading import shortcuts
+
+    cell = "with open('/proc/self/clear_refs', 'w') as f:\n    f.write('5')"
+    assert shortcuts.uses([cell], ["torch.softmax"]) == [("/proc/self/clear_refs (named in a string)", 1)]
+    assert shortcuts.uses(["peak = 0"], ["torch.softmax"]) == []

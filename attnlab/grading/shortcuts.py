@@ -198,6 +198,10 @@ def uses(sources, patterns, all_sources=None):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
                     r in node.value.replace("\\", "/") for r in ("grading/exercises", "grading.exercises")):
                 found.append(("attnlab.grading.exercises (named in a string)", node.lineno))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "clear_refs" in node.value:
+                # without a cgroup the grader reads the kernel's peak memory (VmHWM) from outside; a
+                # learner who resets it through /proc/self/clear_refs would hide an N x N matrix
+                found.append(("/proc/self/clear_refs (named in a string)", node.lineno))
                 continue
             if isinstance(node, ast.Attribute) and node.attr in methods and _dotted(node, local) is None:
                 found.append((f"torch.Tensor.{node.attr}", node.lineno))
