@@ -19,11 +19,9 @@ EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
 def test_there_is_one_exercise_per_lesson():
     names = [p.stem for p in SOLUTIONS]
     assert names == list(TABLE) == [p.stem for p in EXERCISES]
-    # the lessons after 00_start_here, by their own names: exercise NN is lesson NN's, from 01 on without a gap;
-    # only the newest lessons may still wait for theirs (exercise 11 lands with its branch)
+    # the lessons after 00_start_here, by their own names: every lesson has its exercise, of the same name
     lessons = sorted(p.stem for p in (ROOT / "lessons").glob("[0-9][0-9]_*.ipynb") if not p.stem.startswith("00"))
-    assert lessons and len(names) >= 9
-    assert names == lessons[:len(names)], f"exercises {names} are not lessons {lessons[:len(names)]} by name"
+    assert names == lessons, f"exercises {names} are not the lessons {lessons}"
 
 
 def test_exercises_and_solutions_are_what_generation_gives():

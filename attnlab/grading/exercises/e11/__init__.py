@@ -1,0 +1,84 @@
+"""Exercise 11_across_devices: its parts, what each may not call, and its hints.
+
+Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
+attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
+
+The grader runs the learner's code in fresh processes of its sandbox, one call at a time, so no part starts a
+process group: the ring-forward part is graded by simulating the ring in one process (the grader hands each
+rank, step by step and in ring order, the key/value shard that rank holds then, and the running result that
+rank's previous step returned).
+"""
+
+from attnlab.grading.exercises import ATTENTION, SOFTMAX, Part
+
+EXERCISE = "11_across_devices"
+
+# in notebook order: Part(id, title, points, names of the learner's functions the check calls, kind)
+PARTS = [
+    Part("merge-partials", "merging two partial (O, L) results over disjoint keys: the log-sum-exp rescaling", 2,
+         ("merge_two",)),
+    Part("shard-positions", "the positions a rank holds, contiguous and zigzag", 2, ("shard_positions",)),
+    Part("ring-schedule", "the ring's schedule: the shard a rank holds at step t and which causal blocks it computes",
+         2, ("ring_schedule",)),
+    Part("ring-forward", "one ring step of a rank, driven round a simulated ring: O, L and the bytes sent", 3,
+         ("ring_step",)),
+    Part("comm-bytes", "experiment: bytes each rank sends against the world size, ring and all-to-all", 1,
+         ("comm_bytes",), "experiment"),
+    Part("ring-or-all-to-all", "explain: when all-to-all beats the ring, and when it cannot be used", 1, (),
+         "manual"),
+]
+
+_DISTRIBUTED = ["attnlab.distributed.*"]
+_LSE = ["torch.logsumexp", "torch.Tensor.logsumexp", "torch.logaddexp", "torch.Tensor.logaddexp"]
+
+# part id -> patterns of what its answer may not call (besides the library and the references)
+FORBIDDEN = {
+    "merge-partials": SOFTMAX + _LSE + _DISTRIBUTED,
+    "shard-positions": _DISTRIBUTED,
+    "ring-schedule": _DISTRIBUTED,
+    "ring-forward": SOFTMAX + ATTENTION + _LSE + _DISTRIBUTED,
+    "comm-bytes": _DISTRIBUTED + ["attnlab.iomodel.*"],
+}
+
+# part id -> up to three hints, revealed one per call of hint("part id")
+HINTS = {
+    "merge-partials": [
+        "Each side's softmax mass is exp(L_i): the merged L = log(exp(L1) + exp(L2)), and O weighs each O_i by its "
+        "share, O = exp(L1 - L) O1 + exp(L2 - L) O2.",
+        "Never take exp(L_i) directly (L can be in the hundreds): with M = torch.maximum(l1, l2), "
+        "L = M + log(exp(l1 - M) + exp(l2 - M)), every exponent <= 0.",
+        "A row with no keys on either side has l1 = l2 = -inf, so M = -inf and l - M is NaN: handle those rows "
+        "apart (torch.where on torch.isneginf(M)): O = 0, L = -inf. Return float32, weights with [..., None].",
+    ],
+    "shard-positions": [
+        "Contiguous: P chunks of c = n // P positions; rank r holds chunk r, positions r * c .. (r + 1) * c - 1.",
+        "Zigzag: 2P chunks of c = n // (2P); rank r holds chunk r (early) and chunk 2P - 1 - r (late), in that "
+        "order: rank 0 gets the first and the last chunk.",
+        "Build each chunk with torch.arange(i * c, (i + 1) * c) and torch.cat the rank's chunks; return int64.",
+    ],
+    "ring-schedule": [
+        "At step t rank r holds the shard that started at rank src = (r - t) % P: shards travel to the next rank "
+        "(r + 1) each step, so what rank r holds came from its left.",
+        "The chunk ids of a rank are [r] (contiguous) or [r, 2P - 1 - r] (zigzag); query chunk a against key chunk "
+        "b: full (2) if not causal or a > b, diagonal (1) if a == b, skipped (0) if a < b.",
+        "work[i, j] is query chunk i of `rank` (rows) against key chunk j of `src` (columns): a (1, 1) tensor for "
+        "contiguous, (2, 2) for zigzag, torch.int64. Return (src, work).",
+    ],
+    "ring-forward": [
+        "Work chunk by chunk: the rank's queries are q.chunk(c, dim=2) with chunk ids of `rank`, the held k, v "
+        "are k.chunk(c, dim=2) with chunk ids of src = (rank - step) % P; skip a block when a < b under causal.",
+        "One block: s = q_a @ k_b^T / sqrt(d), top-left causal (j <= i) on a diagonal block; m = row max, "
+        "p = exp(s - m), O_ab = (p @ v_b) / p.sum(-1), L_ab = m + log(p.sum(-1)); merge it into the running (O, L) "
+        "of chunk a with your merge_two.",
+        "sent: the bytes of k and v this rank forwards to the next one, k.numel() * k.element_size() + the same "
+        "for v, at every step except the last (step P - 1: nobody needs it); 0 on one rank.",
+    ],
+    "comm-bytes": [
+        "Ring: for world size P, shard q, k, v (1, heads, n, d) contiguously, drive rank 0 through its P steps with "
+        "your ring_step (k, v of rank (0 - t) % P at step t) and sum the `sent` it returns.",
+        "All-to-all: rank 0's local (1, heads, n/P, d) tensor is cut by heads into P pieces (.chunk(P, dim=1)); it "
+        "keeps its own piece and sends the other P - 1. Sum their bytes (numel * element_size).",
+        "Ulysses does four all-to-alls in the forward: q, k and v to head shards, and the output back (a head shard "
+        "(1, heads/P, n, d) cut by positions). Return int64 (2, len(world_sizes)): ring row, then all-to-all.",
+    ],
+}

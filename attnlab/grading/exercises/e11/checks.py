@@ -1,0 +1,379 @@
+"""The checks of exercise 11_across_devices (one ``@CHECKS(part id)`` per graded part).
+
+- ``merge-partials``: the learner's merge of two partial (O, L) against ``attnlab.distributed.merge_partials``, on
+  unequal shards, rows with no keys on one side or on both, log-sum-exps in the hundreds and shifted by +800;
+- ``shard-positions`` and ``ring-schedule``: the layouts' positions and the ring's schedule, exactly;
+- ``ring-forward``: the learner's ``ring_step`` driven round a ring simulated in this process (the grader's
+  learner runs in fresh processes of a sandbox, with no process group): at step t every rank r gets the K/V shard
+  of rank (r - t) % P and the running (O, L) its own step t - 1 returned; each step is compared with the
+  reference's step from the same state, then the ranks' final (O, L) with single-device attention over the whole
+  sequence, and the bytes each rank said it sent with ``attnlab.iomodel.ring_attention_bytes``;
+- ``comm-bytes``: the experiment's counted bytes, reproduced by ``attnlab.iomodel`` (equal to the real ring's and
+  all-to-all's on a gloo group, tests/test_distributed.py).
+"""
+
+import torch
+
+from attnlab import iomodel
+from attnlab.distributed import attention_lse, shard
+from attnlab.grading.core import (Fail, Mistake, Registry, check_function, clone, counterexample, diagnose,
+                                  gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
+from attnlab.grading.exercises.e11 import spec as specs
+
+CHECKS = Registry()
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. merging two partial results
+# ---------------------------------------------------------------------------------------------
+
+def _merge_cases():
+    cases = []
+    for seed, (label, (B, H, m, d, n1, n2), amp, shift, empty1, empty2) in enumerate([
+            ("unequal shards: 3 keys and 6 keys (B=1, H=2, 5 queries, d=8)", (1, 2, 5, 8, 3, 6), 1.0, 0.0, 0, 0),
+            ("B=2, rows 0-2 see no key of shard 2 (there O2 = 0, L2 = -inf)", (2, 1, 6, 4, 5, 2), 1.0, 0.0, 0, 3),
+            ("rows 0-1 see no key on either side (L1 = L2 = -inf): O = 0, L = -inf", (1, 2, 4, 8, 4, 4), 1.0, 0.0,
+             2, 3),
+            ("large logits (q, k x 20: L in the hundreds), 7 and 2 keys", (1, 2, 3, 8, 7, 2), 20.0, 0.0, 0, 0),
+            ("every L shifted by +800 (exp(L) is inf in float32)", (1, 1, 4, 4, 3, 5), 1.0, 800.0, 0, 0)]):
+        g = _gen(11_000 + seed)
+        q = _randn(g, B, H, m, d, scale=amp)
+        k, v = _randn(g, B, H, n1 + n2, d, scale=amp), _randn(g, B, H, n1 + n2, d)
+        o1, l1 = attention_lse(q, k[:, :, :n1], v[:, :, :n1])
+        o2, l2 = attention_lse(q, k[:, :, n1:], v[:, :, n1:])
+        l1, l2 = l1 + shift, l2 + shift
+        o1[:, :, :empty1], l1[:, :, :empty1] = 0.0, float("-inf")
+        o2[:, :, :empty2], l2[:, :, :empty2] = 0.0, float("-inf")
+        cases.append((label, (o1, l1, o2, l2), {}))
+    return cases
+
+
+def _merge_with(weights="stable", lse="logaddexp", guard=True, normalise=True, swap=False):
+    """A wrong merge_two."""
+    def impl(o1, l1, o2, l2):
+        o1, l1, o2, l2 = o1.float(), l1.float(), o2.float(), l2.float()
+        m = torch.maximum(l1, l2)
+        total = m + torch.log(torch.exp(l1 - m) + torch.exp(l2 - m))
+        if weights == "unshifted":
+            total = torch.log(torch.exp(l1) + torch.exp(l2))
+        if weights == "mean":
+            w1 = w2 = torch.full_like(l1, 0.5)
+        elif weights == "unshifted":
+            w1, w2 = torch.exp(l1) / (torch.exp(l1) + torch.exp(l2)), torch.exp(l2) / (torch.exp(l1) + torch.exp(l2))
+        elif normalise:
+            w1, w2 = torch.exp(l1 - total), torch.exp(l2 - total)
+        else:
+            w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
+        if swap:
+            w1, w2 = w2, w1
+        out_l = {"logaddexp": total, "max": m, "sum": l1 + l2}[lse]
+        if guard:
+            empty = torch.isneginf(m)
+            w1, w2 = torch.where(empty, 0.0, w1), torch.where(empty, 0.0, w2)
+            out_l = torch.where(empty, float("-inf"), out_l)
+        return w1[..., None] * o1 + w2[..., None] * o2, out_l
+    return impl
+
+
+_MERGE_MISTAKES = [
+    Mistake("mean-of-partials", "the two partial outputs are averaged: each weighs by its share of the softmax "
+            "mass, exp(L_i - L)", _merge_with(weights="mean")),
+    Mistake("exp-overflows", "exp(L) is taken without subtracting the max of L1 and L2: log-sum-exps in the "
+            "hundreds overflow to inf and the weights become NaN", _merge_with(weights="unshifted", guard=False)),
+    Mistake("lse-max-only", "the merged L is max(L1, L2): it is log(exp(L1) + exp(L2)), larger than both",
+            _merge_with(lse="max")),
+    Mistake("lse-added", "the merged L is L1 + L2: masses add, so logs combine as log(exp(L1) + exp(L2))",
+            _merge_with(lse="sum")),
+    Mistake("empty-rows-nan", "a row with no keys on either side (L1 = L2 = -inf) gives -inf - (-inf) = NaN: "
+            "keep O = 0 and L = -inf there", _merge_with(guard=False)),
+    Mistake("not-normalised", "the weights exp(L_i - M) are not divided by their sum (use exp(L_i - L))",
+            _merge_with(normalise=False)),
+    Mistake("weights-swapped", "O1 is weighed by shard 2's share and O2 by shard 1's", _merge_with(swap=True)),
+]
+
+
+@CHECKS("merge-partials")
+def _check_merge(ns):
+    n = check_function(ns, "merge_two", specs.merge_two, _merge_cases(), _MERGE_MISTAKES)
+    return f"{n} cases match: unequal shards, rows with no keys, log-sum-exps in the hundreds and past 800"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. the positions a rank holds
+# ---------------------------------------------------------------------------------------------
+
+def _shard_cases():
+    return [(f"n={n}, world_size={p}, rank={r}, {layout}", (n, p, r), {"layout": layout}) for n, p, r, layout in [
+        (8, 2, 1, "contiguous"), (12, 3, 2, "contiguous"), (8, 2, 0, "zigzag"), (8, 2, 1, "zigzag"),
+        (24, 3, 1, "zigzag"), (32, 4, 3, "zigzag"), (16, 4, 0, "zigzag"), (6, 1, 0, "zigzag")]]
+
+
+def _positions_with(late="mirror", chunk="2P", order="early-first", zigzag=True, contiguous="chunk"):
+    """A wrong shard_positions."""
+    def impl(n, world_size, rank, layout="contiguous"):
+        P = world_size
+        if layout == "contiguous" or not zigzag:
+            if contiguous == "strided":
+                return torch.arange(rank, n, P)
+            c = n // P
+            return torch.arange(rank * c, (rank + 1) * c)
+        c = n // (2 * P) if chunk == "2P" else n // P
+        other = {"mirror": 2 * P - 1 - rank, "mirror+1": 2 * P - rank, "shift": rank + P}[late]
+        ids = [rank, other] if order == "early-first" else [other, rank]
+        return torch.cat([torch.arange(i * c, (i + 1) * c) for i in ids]) % max(n, 1)
+    return impl
+
+
+_SHARD_MISTAKES = [
+    Mistake("late-chunk-off-by-one", "the late chunk is 2P - r: rank r holds chunks r and 2P - 1 - r (rank 0 gets "
+            "the last chunk, 2P - 1)", _positions_with(late="mirror+1")),
+    Mistake("late-chunk-shifted", "the late chunk is r + P: that gives every rank the same shape of work only "
+            "without a mask; zigzag mirrors it, 2P - 1 - r", _positions_with(late="shift")),
+    Mistake("zigzag-chunks-too-big", "zigzag cuts the sequence into 2P chunks of n / (2P), not P chunks of n / P",
+            _positions_with(chunk="P")),
+    Mistake("late-chunk-first", "the late chunk comes first: keep the positions in order, chunk r then chunk "
+            "2P - 1 - r", _positions_with(order="late-first")),
+    Mistake("layout-ignored", "the zigzag layout gives the contiguous shard: layout='zigzag' holds two chunks",
+            _positions_with(zigzag=False)),
+    Mistake("contiguous-strided", "the contiguous shard is every P-th position (r, r + P, ...): it is one block, "
+            "r n/P .. (r + 1) n/P - 1", _positions_with(contiguous="strided")),
+]
+
+
+@CHECKS("shard-positions")
+def _check_positions(ns):
+    n = check_function(ns, "shard_positions", specs.shard_positions, _shard_cases(), _SHARD_MISTAKES)
+    return f"{n} shards match, contiguous and zigzag, on 1 to 4 ranks"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the ring's schedule
+# ---------------------------------------------------------------------------------------------
+
+def _schedule_cases():
+    return [(f"rank {r} of {p}, step {t}, {layout}, causal={causal}", (r, p, t), {"layout": layout, "causal": causal})
+            for r, p, t, layout, causal in [
+                (0, 2, 0, "contiguous", True), (1, 3, 1, "contiguous", True), (0, 3, 1, "contiguous", True),
+                (2, 4, 3, "contiguous", False), (0, 2, 1, "zigzag", True), (1, 4, 2, "zigzag", True),
+                (3, 4, 1, "zigzag", True), (2, 3, 0, "zigzag", True), (1, 3, 2, "zigzag", False)]]
+
+
+def _schedule_with(direction=-1, diagonal="diagonal", causal_rule="a>b", zigzag=True, transpose=False):
+    """A wrong ring_schedule."""
+    def impl(rank, world_size, step, layout="contiguous", causal=True):
+        P = world_size
+        src = (rank + direction * step) % P
+
+        def ids(r):
+            return [r] if layout == "contiguous" or not zigzag else [r, 2 * P - 1 - r]
+
+        def kind(a, b):
+            if not causal:
+                return 2
+            if a == b:
+                return 1 if diagonal == "diagonal" else 2
+            return 2 if (a > b if causal_rule == "a>b" else a < b if causal_rule == "a<b" else True) else 0
+
+        work = torch.tensor([[kind(a, b) for b in ids(src)] for a in ids(rank)], dtype=torch.int64)
+        return src, work.T if transpose else work
+    return impl
+
+
+_SCHEDULE_MISTAKES = [
+    Mistake("ring-turns-the-wrong-way", "at step t rank r holds rank (r + t)'s shard: shards travel to the next rank, "
+            "so what r holds came from (r - t) % P", _schedule_with(direction=+1)),
+    Mistake("diagonal-as-full", "a diagonal block (a == b) is full: its queries see only the keys up to themselves "
+            "(1, causal inside)", _schedule_with(diagonal="full")),
+    Mistake("future-blocks-computed", "blocks of later key chunks (a < b) are computed: under a causal mask they "
+            "are skipped (0)", _schedule_with(causal_rule="all")),
+    Mistake("causal-inverted", "the past is skipped and the future computed: query chunk a sees key chunk b when "
+            "a > b", _schedule_with(causal_rule="a<b")),
+    Mistake("layout-ignored", "the zigzag layout is treated as contiguous: a zigzag rank holds chunks r and "
+            "2P - 1 - r, a (2, 2) table", _schedule_with(zigzag=False)),
+    Mistake("table-transposed", "rows are the key chunks: rows are the rank's query chunks, columns the held "
+            "shard's key chunks", _schedule_with(transpose=True)),
+]
+
+
+@CHECKS("ring-schedule")
+def _check_schedule(ns):
+    n = check_function(ns, "ring_schedule", specs.ring_schedule, _schedule_cases(), _SCHEDULE_MISTAKES)
+    return f"{n} steps of the ring match, contiguous and zigzag, with and without the causal mask"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. the ring forward, one step at a time round a simulated ring
+# ---------------------------------------------------------------------------------------------
+
+RING_CONFIGS = [  # (label, B, H, positions per rank, d, P, causal, layout, scale of q and k)
+    ("2 ranks, no mask, B=1, H=2, 4 positions per rank, d=8", 1, 2, 4, 8, 2, False, "contiguous", 1.0),
+    ("3 ranks, causal, contiguous, 3 positions per rank, q and k x 6 (scores near 100)", 1, 2, 3, 8, 3, True,
+     "contiguous", 6.0),
+    ("2 ranks, causal, zigzag, B=2, 4 positions per rank", 2, 1, 4, 4, 2, True, "zigzag", 1.0),
+    ("4 ranks, causal, zigzag, 4 positions per rank", 1, 2, 4, 8, 4, True, "zigzag", 1.0),
+    ("3 ranks, no mask, zigzag, 2 positions per rank", 1, 1, 2, 4, 3, False, "zigzag", 1.0),
+    ("1 rank, causal (the ring is the rank alone)", 1, 2, 5, 4, 1, True, "contiguous", 1.0),
+]
+
+
+def _ring_inputs(seed, B, H, m, d, P, layout, amp):
+    g = _gen(11_300 + seed)
+    q, k, v = _randn(g, B, H, P * m, d, scale=amp), _randn(g, B, H, P * m, d, scale=amp), _randn(g, B, H, P * m, d)
+    return q, k, v, [[shard(x, P, r, layout) for x in (q, k, v)] for r in range(P)]
+
+
+def _ring_step_with(direction=-1, causal_rule="right", diagonal="masked", merge="rescale", sent_rule="k+v",
+                    zigzag=True):
+    """A wrong ring_step."""
+    def impl(o, lse, q, k, v, rank, step, world_size, causal=False, layout="contiguous"):
+        P = world_size
+        lay = layout if zigzag else "contiguous"
+        src = (rank + direction * step) % P
+        ids = (lambda r: [r]) if lay == "contiguous" else (lambda r: [r, 2 * P - 1 - r])
+        c = len(ids(rank))
+        o_ch, l_ch = list(o.float().chunk(c, dim=2)), list(lse.float().chunk(c, dim=2))
+        for i, (a, qa) in enumerate(zip(ids(rank), q.chunk(c, dim=2))):
+            for b, kb, vb in zip(ids(src), k.chunk(c, dim=2), v.chunk(c, dim=2)):
+                if causal and a < b and causal_rule == "right":
+                    continue
+                mask = causal and a == b and diagonal == "masked"
+                o_ab, l_ab = attention_lse(qa, kb, vb, causal=mask)
+                if merge == "rescale":
+                    o_ch[i], l_ch[i] = specs.merge_two(o_ch[i], l_ch[i], o_ab, l_ab)
+                elif merge == "added":
+                    o_ch[i], l_ch[i] = o_ch[i] + o_ab, specs.merge_two(o_ch[i], l_ch[i], o_ab, l_ab)[1]
+                else:                                               # "lse-kept": L never updated after step 0
+                    new_o, new_l = specs.merge_two(o_ch[i], l_ch[i], o_ab, l_ab)
+                    o_ch[i], l_ch[i] = new_o, torch.where(torch.isneginf(l_ch[i]), new_l, l_ch[i])
+        nbytes = {"k+v": k.numel() * k.element_size() + v.numel() * v.element_size(),
+                  "k": k.numel() * k.element_size()}[sent_rule if sent_rule != "every-step" else "k+v"]
+        sent = nbytes if (step < P - 1 or sent_rule == "every-step") else 0
+        return torch.cat(o_ch, dim=2), torch.cat(l_ch, dim=2), sent
+    return impl
+
+
+_RING_MISTAKES = [
+    Mistake("ring-turns-the-wrong-way", "the held shard is taken as rank (rank + step)'s: it came from the left, "
+            "src = (rank - step) % P, and the causal decisions depend on which chunks it holds",
+            _ring_step_with(direction=+1)),
+    Mistake("future-blocks-computed", "under the causal mask the blocks of later key chunks (a < b) are computed: "
+            "queries see keys after them; skip those blocks", _ring_step_with(causal_rule="none")),
+    Mistake("diagonal-unmasked", "the diagonal block (a == b) is computed without its causal mask: its queries "
+            "see the later keys of their own chunk", _ring_step_with(diagonal="full")),
+    Mistake("partials-added", "the new block's output is added to the running one: merge them by their "
+            "log-sum-exps (your merge_two)", _ring_step_with(merge="added")),
+    Mistake("lse-not-updated", "the running L is kept from the first block: after each merge it is the merged "
+            "log-sum-exp, or later merges weigh the shards wrongly", _ring_step_with(merge="lse-kept")),
+    Mistake("sends-at-the-last-step", "the rank also forwards its shard at the last step (P - 1): nobody needs it "
+            "then, a rank sends P - 1 times", _ring_step_with(sent_rule="every-step")),
+    Mistake("sends-k-only", "only the keys' bytes are counted: the rank forwards its K and its V shard",
+            _ring_step_with(sent_rule="k")),
+    Mistake("layout-ignored", "the zigzag layout is treated as contiguous: a zigzag shard is two chunks, "
+            "r and 2P - 1 - r, and the causal blocks are decided chunk by chunk", _ring_step_with(zigzag=False)),
+]
+
+
+def _ring_case_label(label, rank, step):
+    return f"{label}: rank {rank}, step {step}"
+
+
+@CHECKS("ring-forward")
+def _check_ring(ns):
+    learner = learner_of(ns)
+    rings = []
+    for seed, (label, B, H, m, d, P, causal, layout, amp) in enumerate(RING_CONFIGS):
+        q, k, v, shards = _ring_inputs(seed, B, H, m, d, P, layout, amp)
+        state = [(torch.zeros(B, H, m, d), torch.full((B, H, m), float("-inf"))) for _ in range(P)]
+        rings.append(dict(label=label, q=q, k=k, v=v, shards=shards, P=P, causal=causal, layout=layout,
+                          state=state, sent=[0] * P))
+    for step in range(max(r["P"] for r in rings)):
+        cases = []                                                   # every rank of every ring that is at `step`
+        for ring in rings:
+            if step >= ring["P"]:
+                continue
+            for rank in range(ring["P"]):
+                src = (rank - step) % ring["P"]
+                o, lse = ring["state"][rank]
+                args = (o, lse, ring["shards"][rank][0], ring["shards"][src][1], ring["shards"][src][2], rank, step,
+                        ring["P"])
+                cases.append((ring, rank, _ring_case_label(ring["label"], rank, step), args,
+                              {"causal": ring["causal"], "layout": ring["layout"]}))
+        reply = learner.call("ring_step", [[clone(a), clone(kw)] for _, _, _, a, kw in cases])
+        present(reply, "ring_step")
+        results = reply.get("results", [])
+        for i, (ring, rank, label, args, kwargs) in enumerate(cases):
+            if i >= len(results):
+                raise Fail(f"`ring_step`: the grader got no result for {label}")
+            got = value_of(results[i], "ring_step", label)
+            with torch.no_grad():
+                want = specs.ring_step(*clone(args), **clone(kwargs))
+            why = mismatch(got, want)
+            if why:
+                found = diagnose(got, _RING_MISTAKES, args, kwargs)
+                raise Fail("\n    ".join([f"`ring_step` on {label}: {why}",
+                                          *counterexample(label, got, want, args, kwargs, specs.ring_step)]), found)
+            ring["state"][rank] = (got[0], got[1])                   # the learner's own result travels on
+            ring["sent"][rank] += int(got[2])
+    for ring in rings:                                               # the whole ring against one device
+        o_ref, l_ref = attention_lse(ring["q"], ring["k"], ring["v"], causal=ring["causal"])
+        B, H, n, d = ring["q"].shape
+        owed = iomodel.ring_attention_bytes(B, H, n, d, ring["P"], 4)
+        for rank, (o, lse) in enumerate(ring["state"]):
+            want = (shard(o_ref, ring["P"], rank, ring["layout"]),
+                    shard(l_ref[..., None], ring["P"], rank, ring["layout"])[..., 0])
+            why = mismatch((o, lse), want)
+            if why:
+                raise Fail(f"`ring_step` on {ring['label']}: after all {ring['P']} steps rank {rank}'s (O, L) "
+                           f"differs from attention over the whole sequence: {why}")
+            if ring["sent"][rank] != owed:
+                raise Fail(f"`ring_step` on {ring['label']}: rank {rank} sent {ring['sent'][rank]} bytes in all, the "
+                           f"ring sends 2 (P - 1) shards of K and V = {owed} bytes",
+                           [m for m in _RING_MISTAKES if m.key.startswith("sends")])
+    return (f"{len(rings)} rings of 1 to 4 ranks driven step by step: every rank's O and L equal attention over the "
+            "whole sequence, and its bytes the ring's 2 (P - 1) shards")
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. the experiment: bytes per rank against the world size
+# ---------------------------------------------------------------------------------------------
+
+WORLD_SIZES, N, HEADS, D = [1, 2, 3, 4], 48, 12, 8
+
+
+def _bytes_with(ring="2(P-1)", ulysses="4", keep=True, transpose=False):
+    def impl(world_sizes, n=48, heads=12, d=8):
+        rows = [[], []]
+        for P in world_sizes:
+            shard_bytes = heads * (n // P) * d * 4
+            rows[0].append({"2(P-1)": 2 * (P - 1), "2P": 2 * P, "P-1": P - 1}[ring] * shard_bytes)
+            piece = shard_bytes // P if ulysses != "whole" else shard_bytes
+            pieces = (P - 1) if keep else P
+            rows[1].append((3 if ulysses == "3" else 4) * pieces * piece)
+        out = torch.tensor(rows, dtype=torch.int64)
+        return out.T if transpose else out
+    return impl
+
+
+_BYTES_MISTAKES = [
+    Mistake("ring-sends-every-step", "the ring row counts P sends per rank: the last step forwards nothing, "
+            "2 (P - 1) shards of K and V", _bytes_with(ring="2P")),
+    Mistake("ring-k-only", "the ring row counts only the keys: each step forwards K and V", _bytes_with(ring="P-1")),
+    Mistake("all-to-all-sends-own-piece", "the all-to-all row counts all P pieces: a rank keeps its own piece, it "
+            "sends P - 1", _bytes_with(keep=False)),
+    Mistake("all-to-all-output-forgotten", "the all-to-all row counts three all-to-alls: the output goes back from "
+            "heads to positions, a fourth", _bytes_with(ulysses="3")),
+    Mistake("all-to-all-whole-shard", "each piece of the all-to-all is counted as the whole local shard: it is "
+            "1/P of it (heads / P of the heads)", _bytes_with(ulysses="whole")),
+    Mistake("transposed", "rows are world sizes: row 0 is the ring, row 1 the all-to-all, one column per world "
+            "size", _bytes_with(transpose=True)),
+]
+
+
+@CHECKS("comm-bytes")
+def _check_bytes(ns):
+    cases = [(f"world sizes {WORLD_SIZES}, n={N}, heads={HEADS}, d={D}", (WORLD_SIZES,),
+              {"n": N, "heads": HEADS, "d": D})]
+    check_function(ns, "comm_bytes", specs.comm_bytes, cases, _BYTES_MISTAKES)
+    table = specs.comm_bytes(WORLD_SIZES, N, HEADS, D)
+    return (f"your counted bytes equal the IO model's to the byte; at P={WORLD_SIZES[-1]} a ring rank sends "
+            f"{table[0, -1] / table[1, -1]:.1f}x the bytes of an all-to-all rank")

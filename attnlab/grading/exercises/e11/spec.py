@@ -1,0 +1,69 @@
+"""The references of exercise 11_across_devices: what the grader compares the learner's answers with.
+
+Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+The maths has one home, the library: the merge is ``attnlab.distributed.merge_partials``, one block's (O, L)
+``attnlab.distributed.attention_lse``, the layouts ``attnlab.distributed.shard_indices`` and ``chunk_ids``, and
+the bytes ``attnlab.iomodel.ring_attention_bytes`` and ``ulysses_attention_bytes`` (equal to what the real
+ring and all-to-all send on a gloo group, tests/test_distributed.py). What is specific to the exercise: one
+rank's ring step as a function of the shard it holds, and the schedule as a table of block kinds.
+"""
+
+import torch
+
+from attnlab import iomodel
+from attnlab.distributed import attention_lse, chunk_ids, merge_partials, shard_indices
+from attnlab.distributed.ring import _visible
+from attnlab.grading.hiding import hide
+
+# a block's kind in the schedule's table
+SKIPPED, DIAGONAL, FULL = 0, 1, 2
+_KIND = {None: SKIPPED, "diagonal": DIAGONAL, "full": FULL}
+
+
+def merge_two(o1, l1, o2, l2):
+    """o1, o2 (B, H, m, d) each normalised over its own keys, l1, l2 (B, H, m) their log-sum-exps ->
+    (O, L) over the union, float32; a row with no keys on either side is O = 0, L = -inf."""
+    return merge_partials(o1, l1, o2, l2)
+
+
+def shard_positions(n, world_size, rank, layout="contiguous"):
+    """The positions of a length-n sequence rank ``rank`` of ``world_size`` holds, int64, in order."""
+    return shard_indices(n, world_size, rank, layout)
+
+
+def ring_schedule(rank, world_size, step, layout="contiguous", causal=True):
+    """(src, work): the rank whose K/V shard ``rank`` holds at ``step``, and an int64 (c, c) table, query chunk i
+    of ``rank`` (rows) against key chunk j of ``src`` (columns): 2 full, 1 diagonal (causal inside), 0 skipped."""
+    src = (rank - step) % world_size
+    work = torch.tensor([[_KIND[_visible(a, b, causal)] for b in chunk_ids(src, world_size, layout)]
+                         for a in chunk_ids(rank, world_size, layout)], dtype=torch.int64)
+    return src, work
+
+
+def ring_step(o, lse, q, k, v, rank, step, world_size, causal=False, layout="contiguous"):
+    """One ring step of rank ``rank``: q (B, H, m, d) its queries, k, v (B, H, m, d) the shard it holds at ``step``
+    (rank (rank - step) % P's), (o, lse) its running result ((B, H, m, d), (B, H, m); zeros and -inf before step 0).
+    Returns (o, lse, sent): the result merged with this shard's blocks, float32, and the bytes this rank forwards
+    to the next rank at this step (k and v, except at the last step)."""
+    src, work = ring_schedule(rank, world_size, step, layout, causal)
+    c = work.shape[0]
+    o_chunks, l_chunks = list(o.float().chunk(c, dim=2)), list(lse.float().chunk(c, dim=2))
+    for i, qa in enumerate(q.chunk(c, dim=2)):
+        for j, (kb, vb) in enumerate(zip(k.chunk(c, dim=2), v.chunk(c, dim=2))):
+            if work[i, j] == SKIPPED:
+                continue
+            o_ab, l_ab = attention_lse(qa, kb, vb, causal=bool(work[i, j] == DIAGONAL))
+            o_chunks[i], l_chunks[i] = merge_partials(o_chunks[i], l_chunks[i], o_ab, l_ab)
+    sent = 0 if step == world_size - 1 else k.numel() * k.element_size() + v.numel() * v.element_size()
+    return torch.cat(o_chunks, dim=2), torch.cat(l_chunks, dim=2), sent
+
+
+def comm_bytes(world_sizes, n=48, heads=12, d=8):
+    """The experiment: bytes one rank sends in the forward (batch 1, float32) for each world size, ring attention
+    (row 0) and all-to-all (row 1); int64 (2, len(world_sizes))."""
+    return torch.tensor([[iomodel.ring_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes],
+                         [iomodel.ulysses_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes]],
+                        dtype=torch.int64)
+
+
+hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

@@ -1,0 +1,273 @@
+"""Exercise 11 (attention across devices): wrong implementations fail their check with the matching diagnosis,
+shortcuts are refused, a right answer written another way passes, and the ring-forward check drives the learner's
+step round a simulated ring (the learner's own running result travels on from step to step)."""
+
+import math
+
+import torch
+
+from attnlab.grading.checks import run_check
+from attnlab.grading.core import LocalLearner
+from attnlab.grading.exercises.e11 import spec
+from mistakes import Wrong
+
+WRONG = Wrong()
+
+
+# ---------------------------------------------------------------------------------------------
+# merge-partials: a learner's merge, with one flaw each
+# ---------------------------------------------------------------------------------------------
+
+def _merge(flaw=None):
+    def merge_two(o1, l1, o2, l2):
+        o1, o2, l1, l2 = o1.float(), o2.float(), l1.float(), l2.float()
+        if flaw == "exp-overflows":
+            s = torch.exp(l1) + torch.exp(l2)
+            return (torch.exp(l1) / s)[..., None] * o1 + (torch.exp(l2) / s)[..., None] * o2, torch.log(s)
+        m = torch.where(l1 > l2, l1, l2)
+        safe = m if flaw == "empty-rows-nan" else torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        e1, e2 = torch.exp(l1 - safe), torch.exp(l2 - safe)
+        lse = safe + torch.log(e1 + e2)
+        if flaw == "lse-max-only":
+            lse = torch.where(torch.isinf(m), m, m)
+        elif flaw == "lse-added":
+            lse = l1 + l2
+        if flaw == "mean-of-partials":
+            return 0.5 * (o1 + o2), lse
+        if flaw == "not-normalised":
+            w1, w2 = e1, e2
+        else:
+            w1, w2 = e1 / (e1 + e2), e2 / (e1 + e2)
+            if flaw != "empty-rows-nan":
+                w1, w2 = torch.nan_to_num(w1), torch.nan_to_num(w2)
+        if flaw == "weights-swapped":
+            w1, w2 = w2, w1
+        return o1 * w1.unsqueeze(-1) + o2 * w2.unsqueeze(-1), lse
+    return merge_two
+
+
+for _key in ("mean-of-partials", "exp-overflows", "lse-max-only", "lse-added", "empty-rows-nan", "not-normalised",
+             "weights-swapped"):
+    WRONG.add("merge-partials", _key, merge_two=_merge(_key))
+
+
+# ---------------------------------------------------------------------------------------------
+# shard-positions
+# ---------------------------------------------------------------------------------------------
+
+def _positions(flaw=None):
+    def shard_positions(n, world_size, rank, layout="contiguous"):
+        P = world_size
+        if layout == "contiguous" or flaw == "layout-ignored":
+            if flaw == "contiguous-strided":
+                return torch.tensor(list(range(rank, n, P)))
+            size = n // P
+            return torch.tensor(list(range(rank * size, rank * size + size)))
+        size = n // P if flaw == "zigzag-chunks-too-big" else n // (2 * P)
+        late = {"late-chunk-off-by-one": 2 * P - rank, "late-chunk-shifted": rank + P}.get(flaw, 2 * P - 1 - rank)
+        chunks = [late, rank] if flaw == "late-chunk-first" else [rank, late]
+        return torch.tensor([(c * size + i) % n for c in chunks for i in range(size)])
+    return shard_positions
+
+
+for _key in ("late-chunk-off-by-one", "late-chunk-shifted", "zigzag-chunks-too-big", "late-chunk-first",
+             "layout-ignored", "contiguous-strided"):
+    WRONG.add("shard-positions", _key, shard_positions=_positions(_key))
+
+
+# ---------------------------------------------------------------------------------------------
+# ring-schedule
+# ---------------------------------------------------------------------------------------------
+
+def _schedule(flaw=None):
+    def ring_schedule(rank, world_size, step, layout="contiguous", causal=True):
+        P = world_size
+        src = (rank + step) % P if flaw == "ring-turns-the-wrong-way" else (rank - step) % P
+        zig = layout == "zigzag" and flaw != "layout-ignored"
+        mine = [rank, 2 * P - 1 - rank] if zig else [rank]
+        theirs = [src, 2 * P - 1 - src] if zig else [src]
+        rows = []
+        for a in mine:
+            row = []
+            for b in theirs:
+                if not causal:
+                    row.append(2)
+                elif a == b:
+                    row.append(2 if flaw == "diagonal-as-full" else 1)
+                elif flaw == "future-blocks-computed":
+                    row.append(2)
+                elif flaw == "causal-inverted":
+                    row.append(2 if a < b else 0)
+                else:
+                    row.append(2 if a > b else 0)
+            rows.append(row)
+        work = torch.tensor(rows)
+        if flaw == "table-transposed":
+            work = work.t()
+        return src, work
+    return ring_schedule
+
+
+for _key in ("ring-turns-the-wrong-way", "diagonal-as-full", "future-blocks-computed", "causal-inverted",
+             "layout-ignored", "table-transposed"):
+    WRONG.add("ring-schedule", _key, ring_schedule=_schedule(_key))
+
+
+# ---------------------------------------------------------------------------------------------
+# ring-forward: a learner's ring step, standalone (its own block attention and merge)
+# ---------------------------------------------------------------------------------------------
+
+def _block(q, k, v, causal):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    m = s.max(-1, keepdim=True).values
+    p = torch.exp(s - m)
+    return (p @ v) / p.sum(-1, keepdim=True), (m + torch.log(p.sum(-1, keepdim=True))).squeeze(-1)
+
+
+def _ring_step(flaw=None):
+    merge = _merge()
+
+    def ring_step(o, lse, q, k, v, rank, step, world_size, causal=False, layout="contiguous"):
+        P = world_size
+        src = (rank + step) % P if flaw == "ring-turns-the-wrong-way" else (rank - step) % P
+        zig = layout == "zigzag" and flaw != "layout-ignored"
+        ids = (lambda r: [r, 2 * P - 1 - r]) if zig else (lambda r: [r])
+        c = len(ids(rank))
+        outs, lses = [], []
+        for a, qa, oa, la in zip(ids(rank), q.chunk(c, 2), o.chunk(c, 2), lse.chunk(c, 2)):
+            first = la.clone()
+            for b, kb, vb in zip(ids(src), k.chunk(c, 2), v.chunk(c, 2)):
+                if causal and a < b and flaw != "future-blocks-computed":
+                    continue
+                ob, lb = _block(qa, kb, vb, causal and a == b and flaw != "diagonal-unmasked")
+                if flaw == "partials-added":
+                    oa, la = oa + ob, merge(oa, la, ob, lb)[1]
+                else:
+                    oa, la = merge(oa, la, ob, lb)
+            if flaw == "lse-not-updated":
+                la = torch.where(torch.isinf(first), la, first)
+            outs.append(oa)
+            lses.append(la)
+        per_shard = k.numel() * k.element_size() + (0 if flaw == "sends-k-only" else v.numel() * v.element_size())
+        sent = per_shard if (step < P - 1 or flaw == "sends-at-the-last-step") else 0
+        return torch.cat(outs, 2), torch.cat(lses, 2), sent
+    return ring_step
+
+
+for _key in ("ring-turns-the-wrong-way", "future-blocks-computed", "diagonal-unmasked", "partials-added",
+             "lse-not-updated", "sends-at-the-last-step", "sends-k-only", "layout-ignored"):
+    WRONG.add("ring-forward", _key, ring_step=_ring_step(_key))
+
+
+# ---------------------------------------------------------------------------------------------
+# comm-bytes: the experiment, counted by simulating the ring and the all-to-all, with one flaw each
+# ---------------------------------------------------------------------------------------------
+
+def _measured(flaw=None):
+    step_fn = _ring_step()
+
+    def comm_bytes(world_sizes, n=48, heads=12, d=8):
+        table = torch.zeros(2, len(world_sizes), dtype=torch.int64)
+        for col, P in enumerate(world_sizes):
+            q, k, v = torch.randn(1, heads, n, d), torch.randn(1, heads, n, d), torch.randn(1, heads, n, d)
+            m = n // P
+            o, lse = torch.zeros(1, heads, m, d), torch.full((1, heads, m), -math.inf)
+            ring = 0
+            for t in range(P):
+                src = (0 - t) % P
+                ks, vs = k[:, :, src * m:(src + 1) * m], v[:, :, src * m:(src + 1) * m]
+                o, lse, sent = step_fn(o, lse, q[:, :, :m], ks, vs, 0, t, P)
+                if flaw == "ring-k-only":
+                    sent = ks.numel() * ks.element_size() if t < P - 1 else 0
+                ring += sent
+                if flaw == "ring-sends-every-step" and t == P - 1:
+                    ring += 2 * ks.numel() * 4
+            local = q[:, :, :m]
+            pieces = local.chunk(P, dim=1)
+            a2a = 0
+            for r, piece in enumerate(pieces):
+                if r == 0 and flaw != "all-to-all-sends-own-piece":
+                    continue
+                a2a += (local if flaw == "all-to-all-whole-shard" else piece).numel() * piece.element_size()
+            table[0, col] = ring
+            table[1, col] = (3 if flaw == "all-to-all-output-forgotten" else 4) * a2a
+        return table.T if flaw == "transposed" else table
+    return comm_bytes
+
+
+for _key in ("ring-sends-every-step", "ring-k-only", "all-to-all-sends-own-piece", "all-to-all-output-forgotten",
+             "all-to-all-whole-shard", "transposed"):
+    WRONG.add("comm-bytes", _key, comm_bytes=_measured(_key))
+
+test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
+
+
+# ---------------------------------------------------------------------------------------------
+# right answers written another way, and shortcuts
+# ---------------------------------------------------------------------------------------------
+
+def test_right_answers_written_another_way_pass():
+    for part, names in (("merge-partials", {"merge_two": _merge()}),
+                        ("shard-positions", {"shard_positions": _positions()}),
+                        ("ring-schedule", {"ring_schedule": _schedule()}),
+                        ("ring-forward", {"ring_step": _ring_step()}),
+                        ("comm-bytes", {"comm_bytes": _measured()})):
+        result = run_check(part, LocalLearner(names, forbidden=[]))
+        assert result.passed, result.message
+
+
+def test_the_ring_check_feeds_the_learner_s_own_state_back():
+    # a step that is right only when handed the reference's running result, not its own: it keeps a hidden
+    # counter and returns a wrong O from its second call on any rank; the check must see it at step 1
+    calls = []
+    right = _ring_step()
+
+    def ring_step(o, lse, q, k, v, rank, step, world_size, causal=False, layout="contiguous"):
+        calls.append((rank, step))
+        o, lse, sent = right(o, lse, q, k, v, rank, step, world_size, causal, layout)
+        return (o + 1.0 if step == 1 else o), lse, sent
+
+    result = run_check("ring-forward", LocalLearner({"ring_step": ring_step}, forbidden=[]))
+    assert not result.passed and "step 1" in result.message, result.message
+    assert max(s for _, s in calls) == 1                  # it stopped at the first wrong step
+
+
+def _refused(part, ns, name):
+    result = run_check(part, ns)
+    assert not result.passed and "shortcut" in result.diagnosis, result.message
+    assert name in result.message, result.message
+
+
+def test_the_library_s_distributed_functions_and_softmax_are_refused():
+    from attnlab import distributed   # through the module, as a notebook's imports see it
+
+    _refused("merge-partials", {"merge_two": lambda o1, l1, o2, l2: distributed.merge_partials(o1, l1, o2, l2)},
+             "attnlab.distributed.")
+    _refused("merge-partials", {"merge_two": lambda o1, l1, o2, l2: (
+        torch.stack([o1, o2]).mul(torch.softmax(torch.stack([l1, l2]), 0)[..., None]).sum(0),
+        torch.logsumexp(torch.stack([l1, l2]), 0))}, "torch.")
+    _refused("shard-positions", {"shard_positions": lambda n, p, r, layout="contiguous":
+                                 distributed.shard_indices(n, p, r, layout)}, "attnlab.distributed.")
+
+    def by_sdpa(o, lse, q, k, v, rank, step, world_size, causal=False, layout="contiguous"):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return out, lse, 0
+
+    _refused("ring-forward", {"ring_step": by_sdpa}, "scaled_dot_product_attention")
+
+
+def test_the_io_model_is_refused_as_the_experiment():
+    from attnlab import iomodel
+
+    def by_formula(world_sizes, n=48, heads=12, d=8):
+        return torch.tensor([[iomodel.ring_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes],
+                             [iomodel.ulysses_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes]])
+
+    _refused("comm-bytes", {"comm_bytes": by_formula}, "attnlab.iomodel.")
+
+
+def test_the_grader_s_own_answers_are_refused():
+    _refused("ring-schedule", {"ring_schedule": spec.ring_schedule},
+             "attnlab.grading.exercises.e11.spec.ring_schedule")
