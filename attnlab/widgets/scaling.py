@@ -157,6 +157,8 @@ class ScalingExplorer(FigureWidget):
             ax = axes[0, col]
             h["hist", name] = ax.stairs(np.zeros(60), np.linspace(-1, 1, 61), fill=True, color=colors[name], alpha=0.7)
             ax.set_yticks([])
+            ax.set_ylabel("count", fontsize=9)
+            ax.set_xlabel("logit", fontsize=9)
             h["hist_title", name] = ax.set_title("", fontsize=10)
             ax = axes[1, col]
             h["bars", name] = ax.bar(np.arange(self.n_keys), np.zeros(self.n_keys), color=colors[name])
@@ -164,21 +166,27 @@ class ScalingExplorer(FigureWidget):
             ax.set_yticks([0, 0.5, 1])
             ax.set_xlabel("key", fontsize=9)
             h["bar_title", name] = ax.set_title("", fontsize=10)
-        axes[1, 0].set_ylabel("weight")
-        for col, what in enumerate(("mean entropy (nats)", "mean ||softmax Jacobian||_F")):
+        axes[1, 0].set_ylabel("softmax weight", fontsize=9)
+        axes[1, 1].set_ylabel("softmax weight", fontsize=9)
+        for col, (what, ylabel) in enumerate((("mean entropy (nats)", "entropy (nats)"),
+                                              ("mean ||softmax Jacobian||_F", "||J||_F"))):
             ax = axes[2, col]
             for name in ("unscaled", "scaled"):
                 (h["curve", col, name],) = ax.plot(D_K_CHOICES, np.zeros(len(D_K_CHOICES)), "o-", ms=3,
                                                    color=colors[name], label=name)
-            h["vline", col] = ax.axvline(1, color="gray", ls="--", lw=1)
+            h["vline", col] = ax.axvline(1, color="gray", ls="--", lw=1, label="current d_k")
+            ax.set_ylabel(ylabel, fontsize=9)
             ax.set_xscale("log", base=2)
             ax.set_xticks(D_K_CHOICES[::2], [str(v) for v in D_K_CHOICES[::2]])  # plain labels: no mathtext
             ax.minorticks_off()
             ax.set_xlabel("d_k", fontsize=9)
             h["curve_title", col] = ax.set_title("", fontsize=10)
             h["curve_what", col] = what
-        axes[2, 0].axhline(np.log(self.n_keys), color="k", lw=0.8, ls=":")
-        axes[2, 0].legend(fontsize=8, loc="lower left")
+        axes[2, 0].axhline(np.log(self.n_keys), color="k", lw=0.8, ls=":",
+                           label=f"uniform: ln {self.n_keys}")  # the largest entropy over n_keys keys
+        # one legend for both curve panels, below them, where it covers no data
+        handles, names = axes[2, 0].get_legend_handles_labels()
+        fig.legend(handles, names, fontsize=8, ncol=len(names), loc="outside lower center")
         h["suptitle"] = fig.suptitle("", fontsize=11)
         return h
 
