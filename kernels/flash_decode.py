@@ -29,13 +29,17 @@ written. Query ``i`` sits at position ``cache_seqlens[b] - Nq + i`` and sees the
 positions ``<=`` its own (causal, bottom-right aligned: the alignment of decoding).
 
 The naive version (``attnlab.kvcache.decode_reference``) gathers each sequence's cache,
-repeats the KV heads for GQA and runs the reference attention under a mask:
+repeats the KV heads for GQA and runs the reference attention under a mask::
+
   per (batch, query head): read L d (K) + L d (V) + Nq d (Q), write Nq d (O),
   plus an Nq x L score matrix written and read twice, and with GQA a copy of K and V per query head.
-This kernel, per (batch, KV head), whatever the split count:
+
+This kernel, per (batch, KV head), whatever the split count::
+
   split kernel: read 4 bytes (the length) and G Nq d (Q) per split, L d (K) + L d (V) once,
                 one int32 per page when paged; write G Nq (d + 1) fp32 (partial O and lse) per split;
   merge kernel: per query head read num_splits Nq (d + 1) fp32, write Nq d (O).
+
 ``attnlab.iomodel.decode_io`` counts exactly this and ``attnlab.memory.trace`` measures it.
 FLOPs: 4 G Nq L d per (batch, KV head), against 2 x 2 L d bytes of K and V in fp16: the
 arithmetic intensity is about G Nq FLOP per byte, far below any GPU's ridge point.
