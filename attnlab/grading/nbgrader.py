@@ -35,7 +35,7 @@ def _notebook_for(part_id, folder):
     """The .ipynb in ``folder`` that is the exercise of ``part_id``; FileNotFoundError otherwise."""
     import nbformat
 
-    from attnlab.grading.grade import identify
+    from attnlab.grading.layout import identify
     from attnlab.grading.parts import exercises
 
     exercise = next((ex for ex, parts in exercises().items() if part_id in parts), None)

@@ -269,25 +269,6 @@ def _copy_cell(cell):
     return c
 
 
-def _worker_main(argv):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("path")
-    parser.add_argument("--report-fd", type=int, required=True)
-    parser.add_argument("--cell-timeout", type=float, default=DEFAULT_CELL_TIMEOUT)
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
-    parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB)
-    a = parser.parse_args(argv)
-    from attnlab.grading.scoring import grade_notebook
-
-    sandbox.protect_grader()
-    report = grade_notebook(a.path, a.cell_timeout, a.timeout, a.memory)
-    with os.fdopen(a.report_fd, "w") as f:
-        f.write(json.dumps(report))
-    return 0
-
-
 def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIMEOUT, memory_mb=DEFAULT_MEMORY_MB):
     """Grade one notebook in a worker process of its own; the report dict.
 
@@ -302,7 +283,7 @@ def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT
     root = str(Path(__file__).resolve().parents[2])
     # -I: no PYTHONPATH, no user site, not the current folder (a submission's nbformat/ never runs here);
     # the course's own code first, started from a folder of its own
-    boot = f"import sys; sys.path.insert(0, {root!r}); from attnlab.grading.runner import _worker_main; " \
+    boot = f"import sys; sys.path.insert(0, {root!r}); from attnlab.grading.scoring import _worker_main; " \
            "sys.exit(_worker_main(sys.argv[1:]))"
     cmd = [sys.executable, "-I", "-c", boot, str(Path(path).absolute()), "--report-fd", str(write_fd),
            "--cell-timeout", str(cell_timeout), "--timeout", str(timeout), "--memory", str(memory_mb)]

@@ -19,6 +19,8 @@ the kernel, no setup cell failed, and its answer uses nothing forbidden. Every o
 0 for the parts it touches, with the reason.
 """
 
+import json
+import os
 import secrets
 import time
 from pathlib import Path
@@ -216,3 +218,21 @@ def _manual_answer(nb, part):
             text = MANUAL_MARK.sub("", cell.source).strip()
             return "" if text in ("", "YOUR ANSWER HERE") else text
     return ""
+
+
+def _worker_main(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("path")
+    parser.add_argument("--report-fd", type=int, required=True)
+    parser.add_argument("--cell-timeout", type=float, default=DEFAULT_CELL_TIMEOUT)
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB)
+    a = parser.parse_args(argv)
+
+    sandbox.protect_grader()
+    report = grade_notebook(a.path, a.cell_timeout, a.timeout, a.memory)
+    with os.fdopen(a.report_fd, "w") as f:
+        f.write(json.dumps(report))
+    return 0
