@@ -8,25 +8,8 @@ Scores are computed by a process that never runs the learner's code. For each no
 worker process (trusted) starts a Jupyter kernel in a sandbox (:mod:`attnlab.grading.sandbox`:
 an unprivileged user, a private copy of the one notebook, limits; see docs/grading.md) and runs the
 notebook in it, one cell at a time, with a per-cell and a total time limit. It then grades each
-part itself:
-
-- it draws the part's inputs from a secret seed it keeps, and sends them to the kernel, as the
-  source of a cell it executes; :mod:`attnlab.grading.agent` in the kernel calls the learner's
-  function and answers with the outputs only, as one display message of the cell's reply
-  (``torch.save`` bytes read with ``weights_only=True``);
-- a Triton part's ``@triton.jit`` functions are taken from the notebook as text, checked by Triton's
-  frontend and launched and traced in a fresh sandboxed process (:mod:`attnlab.grading.isolated`);
-- it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`) in its
-  own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
-- the part's answer cells must not use what the part forbids (:func:`attnlab.grading.parts.forbidden`):
-  the worker reads their syntax tree (:mod:`attnlab.grading.shortcuts`); the agent's tripwires
-  in the kernel make the plain routes fail as feedback (they are no defence).
-
-What the notebook prints, writes or returns from its own ``check(...)`` cells is never read:
-those are feedback for the learner. A part scores its points only when its check passes, no
-cell of the part (found by nbgrader ``grade_id``, in any order) raised, timed out or killed
-the kernel, no setup cell failed, and its answer uses nothing forbidden. Every other case scores
-0 for the parts it touches, with the reason.
+part itself, as :mod:`attnlab.grading.scoring` describes (how inputs are sent, what is compared, what
+scores a part's points).
 
 Batch grading: PATHs may be notebooks or folders (searched recursively, any file name; the
 exercise is identified from the notebook's metadata and its cells' grade_ids, with a warning
