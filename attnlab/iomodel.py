@@ -16,9 +16,12 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
   dV = P^T dO, dP = dO V^T, dS (softmax backward), dQ = dS K, dK = dS^T Q; ``blocks`` is the
   matmul tile (BLOCK_M, BLOCK_N, BLOCK_K) or None for the ideal.
 * ``flash_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_m=None,
-  block_n=None, sram_bytes=None, causal=False, block_mask=None, loop_order="q_outer", lse_bytes=4)``
-  and ``flash_backward_io(...)`` (same arguments, no ``loop_order``): FlashAttention-2 as
-  in ``kernels/flash_attention.py``. Give the block sizes, or ``sram_bytes`` to derive them as
+  block_n=None, sram_bytes=None, causal=False, block_mask=None, loop_order="q_outer", lse_bytes=4,
+  kv_heads=None, grad=False)`` and ``flash_backward_io(...)`` (same arguments, no ``loop_order``
+  or ``grad``): FlashAttention-2 as in ``kernels/flash_attention.py``; ``kv_heads`` < ``heads`` is
+  grouped-query attention (the dK/dV kernel reads K and V, and writes dK and dV, once per KV
+  head); ``grad=True`` is the forward of a training step, which with 2-byte elements also writes
+  O in float32 for the backward's D. Give the block sizes, or ``sram_bytes`` to derive them as
   in the paper: ``flash_block_sizes(sram_bytes, d, bytes_per_element)`` -> (B_r, B_c) with
   B_c = ceil(M / 4d), B_r = min(B_c, d), M = SRAM size in elements. ``loop_order="kv_outer"``
   counts the paper's Algorithm 1 (K/V outside, Q/O/l/m re-read and re-written per K/V block).
@@ -57,7 +60,9 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
 
 Element sizes: Q, K, V, O, dO, dQ, dK, dV, S, P, dP, dS use ``bytes_per_element`` (2 for
 fp16/bf16, 4 for fp32); the per-row statistics L (log-sum-exp) and D = rowsum(dO * O) are
-always fp32 (``lse_bytes=4``); block-sparse index lists are int32.
+always fp32 (``lse_bytes=4``), and so is the O the flash backward reads for D (the forward of a
+training step keeps a float32 copy when the elements are narrower); block-sparse index lists
+are int32.
 
 FLOPs count the multiply-adds of the matmuls the kernels perform (2 per multiply-add) on
 the tiles they visit; the softmax's exponentials are not counted. The FlashAttention
@@ -138,6 +143,16 @@ def _check(batch, heads, n_q, n_k, d, bytes_per_element):
 
 def _check_block(name, val):
     validate.integer(val, name, allow_none=True)
+
+
+def _check_kv_heads(heads, kv_heads):
+    """kv_heads (None: heads) must divide heads: each KV head serves heads / kv_heads query heads."""
+    if kv_heads is None:
+        return heads
+    validate.integer(kv_heads, "kv_heads")
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads: expected a divisor of heads={heads}, got {kv_heads}")
+    return kv_heads
 
 
 # ---------------------------------------------------------------------------------------
@@ -280,7 +295,14 @@ def _list_bytes(slices, outer, mf, partial, block_m, block_n):
     return 4 * (2 * slices * outer + int(mf.sum())) + n_partial * (4 + block_m * block_n)
 
 
-def _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes, partial=None):
+def _o_bytes(e):
+    """Bytes per element of the O the flash backward reads for D = rowsum(dO * O): float32 at least
+    (kernels/flash_attention.py's forward keeps a float32 O for float16 inputs that need gradients)."""
+    return max(e, 4)
+
+
+def _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes, partial=None,
+               grad=False):
     rows, cols = _tiles(n_q, n_k, block_m, block_n)
     m, mult = _visit_masks(batch, heads, n_q, n_k, block_m, block_n, causal, block_mask)
     mf = m.to(torch.int64)
@@ -291,10 +313,13 @@ def _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mas
     if sparse:
         reads += _list_bytes(slices, rows.numel(), mf, partial, block_m, block_n)
     writes = slices * (n_q * d * e + n_q * lse_bytes)
+    if grad and _o_bytes(e) != e:   # a training step: O once more, in float32, for the backward's D
+        writes += slices * n_q * d * _o_bytes(e)
     return _part("flash_fwd", reads, writes, 4 * pair_elems * d).scaled(mult)
 
 
-def _flash_bwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes, partial=None):
+def _flash_bwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, sparse, lse_bytes, partial=None,
+               kv_heads=None):
     rows, cols = _tiles(n_q, n_k, block_m, block_n)
     m, mult = _visit_masks(batch, heads, n_q, n_k, block_m, block_n, causal, block_mask)
     mf = m.to(torch.int64)
@@ -304,29 +329,36 @@ def _flash_bwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mas
     pair_elems = int((mf * rows[:, None] * cols[None, :]).sum())
     idx = ((lambda outer: _list_bytes(slices, outer, mf, partial, block_m, block_n)) if sparse
            else (lambda outer: 0))
-    pre = _part("bwd_preprocess", slices * 2 * n_q * d * e, slices * n_q * lse_bytes)
-    dkdv = _part("bwd_dkdv",
-                 slices * 2 * n_k * d * e + q_elems * (2 * d * e + 2 * lse_bytes) + idx(cols.numel()),
-                 slices * 2 * n_k * d * e, 8 * pair_elems * d)
+    pre = _part("bwd_preprocess", slices * n_q * d * (_o_bytes(e) + e), slices * n_q * lse_bytes)   # O (fp32), dO
+    # dK/dV: per query head, Q, dO, L and D of every visited tile (the loop over a KV head's group)
+    dkdv = _part("bwd_dkdv", q_elems * (2 * d * e + 2 * lse_bytes) + idx(cols.numel()), 0, 8 * pair_elems * d)
     dq = _part("bwd_dq",
                slices * (2 * n_q * d * e + 2 * n_q * lse_bytes) + 2 * kv_elems * d * e + idx(rows.numel()),
                slices * n_q * d * e, 6 * pair_elems * d)
-    return (pre + dkdv + dq).scaled(mult)
+    # and K, V read, dK, dV written, once per KV head (kv_heads = heads without GQA)
+    kv = batch * (heads if kv_heads is None else kv_heads) * 2 * n_k * d * e
+    return (pre + dkdv + dq).scaled(mult) + _part("bwd_dkdv", kv, kv)
 
 
 def flash_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_m=None, block_n=None,
-                     sram_bytes=None, causal=False, block_mask=None, loop_order="q_outer", lse_bytes=4) -> IO:
+                     sram_bytes=None, causal=False, block_mask=None, loop_order="q_outer", lse_bytes=4,
+                     kv_heads=None, grad=False) -> IO:
     """FlashAttention forward, per head with B_r = block_m query rows and B_c = block_n keys:
 
     ``q_outer`` (FlashAttention-2, the kernel): read Q once (n_q d) and, for every visited
     tile, its K and V blocks (2 B_c d); write O (n_q d) and the log-sum-exp (n_q, fp32).
     Not causal: n_q d + ceil(n_q / B_r) 2 n_k d read, n_q d + n_q written.
+    ``kv_heads`` (grouped-query attention) changes nothing here: every query head's programs read
+    their KV head's blocks. ``grad=True`` (inputs that need gradients) with fewer than 4 bytes per
+    element: O is also written in float32 (4 n_q d bytes more), the O the backward's D is made of.
 
     ``kv_outer`` (Dao et al. 2022, Algorithm 1; dense, not causal): read K and V once; for each
     of the ceil(n_k / B_c) key blocks read Q and O and the statistics l, m, and write O, l, m.
     """
     n_k = n_q if n_k is None else n_k
     _check(batch, heads, n_q, n_k, d, bytes_per_element)
+    _check_kv_heads(heads, kv_heads)
+    validate.flag(grad, "grad")
     block_m, block_n = _resolve_blocks(d, bytes_per_element, block_m, block_n, sram_bytes)
     e = bytes_per_element
     if loop_order == "kv_outer":
@@ -336,32 +368,40 @@ def flash_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, 
         alg1 = _algorithm1(n_q, n_k, d, e, block_n, lse_bytes, init=False)  # the loop only, no initialisation
         return _part("flash_fwd_alg1", alg1.bytes_read, alg1.bytes_written, alg1.flops).scaled(batch * heads)
     validate.one_of(loop_order, "loop_order", ("q_outer", "kv_outer"))
-    return _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, block_mask is not None, lse_bytes)
+    return _flash_fwd(batch, heads, n_q, n_k, d, e, block_m, block_n, causal, block_mask, block_mask is not None, lse_bytes,
+                      grad=grad)
 
 
 def flash_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_m=None, block_n=None,
-                      sram_bytes=None, causal=False, block_mask=None, lse_bytes=4) -> IO:
+                      sram_bytes=None, causal=False, block_mask=None, lse_bytes=4, kv_heads=None) -> IO:
     """FlashAttention-2 backward as three kernels, per head:
 
-    preprocess: read O and dO (2 n_q d), write D (n_q, fp32);
-    dK/dV: one program per key block reads its K and V (2 B_c d) and, per visited tile, the
-    query block's Q and dO (2 B_r d) and L and D (2 B_r, fp32); writes dK and dV (2 n_k d);
+    preprocess: read O (in float32: 4 n_q d bytes, the forward's float32 copy for 2-byte elements)
+    and dO (n_q d), write D (n_q, fp32);
+    dK/dV: one program per key block and KV head reads its K and V (2 B_c d) and, per visited tile
+    of each query head of its group, the query block's Q and dO (2 B_r d) and L and D (2 B_r,
+    fp32); writes dK and dV (2 n_k d per KV head: ``kv_heads`` of them, ``heads`` without GQA);
     dQ: one program per query block reads Q, dO, L, D and, per visited tile, K and V; writes dQ.
     """
     n_k = n_q if n_k is None else n_k
     _check(batch, heads, n_q, n_k, d, bytes_per_element)
+    kv_heads = _check_kv_heads(heads, kv_heads)
     block_m, block_n = _resolve_blocks(d, bytes_per_element, block_m, block_n, sram_bytes)
     return _flash_bwd(batch, heads, n_q, n_k, d, bytes_per_element, block_m, block_n, causal, block_mask,
-                      block_mask is not None, lse_bytes)
+                      block_mask is not None, lse_bytes, kv_heads=kv_heads)
 
 
 def _check_density(density):
     validate.number_in(density, "density", 0, 1)
 
 
-def _sparse_io(kind, batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes):
+def _sparse_io(kind, batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes,
+               kv_heads=None, grad=False):
     n_k = n_q if n_k is None else n_k
     _check(batch, heads, n_q, n_k, d, bytes_per_element)
+    kv_heads = _check_kv_heads(heads, kv_heads)
+    validate.flag(grad, "grad")
+    extra = {"grad": grad} if kind == "fwd" else {"kv_heads": kv_heads}
     if block_mask is not None:
         from attnlab.kernels.block_mask import BlockMask
 
@@ -376,7 +416,7 @@ def _sparse_io(kind, batch, heads, n_q, n_k, d, bytes_per_element, block_mask, d
             block_mask = block_mask.and_causal(n_q, n_k)
         kept, partial = block_mask.mask.cpu(), block_mask.partial_blocks.cpu()
         fn = _flash_fwd if kind == "fwd" else _flash_bwd
-        return fn(batch, heads, n_q, n_k, d, bytes_per_element, bm, bn, False, kept, True, lse_bytes, partial)
+        return fn(batch, heads, n_q, n_k, d, bytes_per_element, bm, bn, False, kept, True, lse_bytes, partial, **extra)
     if density is None:
         raise ValueError("block_mask, density: expected one of them (block_mask exact, density an expected value), "
                          "got neither")
@@ -386,32 +426,45 @@ def _sparse_io(kind, batch, heads, n_q, n_k, d, bytes_per_element, block_mask, d
     bm, bn = block_size
     tr, tc = math.ceil(n_q / bm), math.ceil(n_k / bn)
     fn = _flash_fwd if kind == "fwd" else _flash_bwd
-    full = fn(1, 1, n_q, n_k, d, bytes_per_element, bm, bn, False, torch.ones(1, 1, tr, tc, dtype=torch.bool), True, lse_bytes)
-    empty = fn(1, 1, n_q, n_k, d, bytes_per_element, bm, bn, False, torch.zeros(1, 1, tr, tc, dtype=torch.bool), True, lse_bytes)
+    extra = {"grad": grad} if kind == "fwd" else {}    # one head: K/V once per KV head is scaled below
+    full = fn(1, 1, n_q, n_k, d, bytes_per_element, bm, bn, False, torch.ones(1, 1, tr, tc, dtype=torch.bool), True,
+              lse_bytes, **extra)
+    empty = fn(1, 1, n_q, n_k, d, bytes_per_element, bm, bn, False, torch.zeros(1, 1, tr, tc, dtype=torch.bool), True,
+               lse_bytes, **extra)
 
     def lerp(a, b):
         return round(b + density * (a - b))
 
     io = IO(lerp(full.bytes_read, empty.bytes_read), lerp(full.bytes_written, empty.bytes_written),
             lerp(full.flops, empty.flops))
-    return IO(io.bytes_read, io.bytes_written, io.flops, {f"block_sparse_{kind}": io}).scaled(batch * heads)
+    io = IO(io.bytes_read, io.bytes_written, io.flops, {f"block_sparse_{kind}": io}).scaled(batch * heads)
+    if kind == "bwd" and kv_heads != heads:   # K and V read, dK and dV written, per KV head, not per query head
+        kv = batch * (heads - kv_heads) * 2 * n_k * d * bytes_per_element
+        io = IO(io.bytes_read - kv, io.bytes_written - kv, io.flops,
+                {k: IO(v.bytes_read - kv, v.bytes_written - kv, v.flops) for k, v in io.parts.items()})
+    return io
 
 
 def block_sparse_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_mask=None,
-                            density=None, block_size=(64, 64), causal=False, lse_bytes=4) -> IO:
+                            density=None, block_size=(64, 64), causal=False, lse_bytes=4, kv_heads=None,
+                            grad=False) -> IO:
     """Block-sparse FlashAttention forward: the flash forward summed over the kept tiles only
     (full and partial), plus the int32 block lists (two counts per query block, full and partial;
     one index per kept tile) and, per partial tile, its int32 id and block_m x block_n int8 mask.
     ``causal`` counts the mask AND causal (the kernel's ``causal=True``).
     With ``density`` instead of a mask: the expected traffic when that fraction of tiles is kept
-    (the tile-proportional part scales with density; Q, O, L and the counts do not)."""
-    return _sparse_io("fwd", batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes)
+    (the tile-proportional part scales with density; Q, O, L and the counts do not).
+    ``kv_heads`` and ``grad`` as in :func:`flash_forward_io`."""
+    return _sparse_io("fwd", batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes,
+                      kv_heads, grad)
 
 
 def block_sparse_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_mask=None,
-                             density=None, block_size=(64, 64), causal=False, lse_bytes=4) -> IO:
-    """Block-sparse FlashAttention backward (preprocess, dK/dV over q_indices, dQ over kv_indices)."""
-    return _sparse_io("bwd", batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes)
+                             density=None, block_size=(64, 64), causal=False, lse_bytes=4, kv_heads=None) -> IO:
+    """Block-sparse FlashAttention backward (preprocess, dK/dV over q_indices, dQ over kv_indices);
+    ``kv_heads`` as in :func:`flash_backward_io`."""
+    return _sparse_io("bwd", batch, heads, n_q, n_k, d, bytes_per_element, block_mask, density, block_size, causal, lse_bytes,
+                      kv_heads)
 
 
 # ---------------------------------------------------------------------------------------

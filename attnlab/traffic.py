@@ -82,7 +82,7 @@ def gpt2_medium_comparison(seq: int = 1024, head_dim: int = 64, batch: int = 64,
         iomodel.standard_backward_io(1, 1, seq, seq, head_dim, e, blocks=sb))
     run("flash",
         lambda a, b_, c: flash_attention(a, b_, c, block_m=bm, block_n=bn),
-        iomodel.flash_forward_io(1, 1, seq, seq, head_dim, e, block_m=bm, block_n=bn),
+        iomodel.flash_forward_io(1, 1, seq, seq, head_dim, e, block_m=bm, block_n=bn, grad=True),  # a training step
         iomodel.flash_backward_io(1, 1, seq, seq, head_dim, e, block_m=bm, block_n=bn))
     # Dao et al. 2022's own algorithms at the paper's shape: the two bars of Fig. 2 (left), predicted
     fig2 = iomodel.fig2(batch, heads, seq, head_dim, e)
@@ -121,7 +121,7 @@ def loop_order_rows(batch=64, heads=16, seq=1024, head_dim=64, bytes_per_element
 
 def _fa2(batch, heads, seq, d, e, bm, bn):
     """attnlab's FlashAttention-2 kernels (forward + backward) as modelled by attnlab.iomodel."""
-    return (iomodel.flash_forward_io(batch, heads, seq, seq, d, e, block_m=bm, block_n=bn)
+    return (iomodel.flash_forward_io(batch, heads, seq, seq, d, e, block_m=bm, block_n=bn, grad=True)
             + iomodel.flash_backward_io(batch, heads, seq, seq, d, e, block_m=bm, block_n=bn))
 
 

@@ -33,7 +33,7 @@ SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 75
 TL_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 INDEX_PTRS = {"KV_NUM", "KV_IDX", "FULL_KV_NUM", "FULL_KV_IDX", "Q_NUM", "Q_IDX", "FULL_Q_NUM", "FULL_Q_IDX", "TILE_IDS"}
 INT8_PTRS = {"TILES"}
-STAT_PTRS = {"L", "DELTA", "DLSE"}
+STAT_PTRS = {"L", "DELTA", "DLSE", "O_F32"}   # float32 whatever the inputs
 HEAD_COUNTS = ("H", "H_KV", "GROUP")   # small ints (often 1): not divisible by 16
 
 
@@ -46,6 +46,8 @@ def signature(kernel, dtype, consts, ints=("H", "H_KV", "GROUP", "N_Q", "N_K"), 
     (cp.async), which is what decides whether a configuration fits. Without it a compile check
     under-counts shared memory."""
     params = list(inspect.signature(kernel.fn).parameters)
+    if consts.get("KEEP_F32_O") is False:   # the forward's float32 copy of O is None unless it is kept
+        none = tuple(none) + ("O_F32",)
     sig, constexprs, attrs = {}, {}, {}
     for i, n in enumerate(params):
         if n not in consts and n not in none and n not in floats and n not in HEAD_COUNTS:
@@ -124,13 +126,15 @@ def main():
                 # benchmarks take; ragged lengths compile the masked variant
                 for even in (True, False):
                     c = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, DOT_PRECISION=prec)
-                    jobs.append((fa._attn_fwd_kernel, dtype, dict(c, EVEN_N=even), (), w_f, s_f))
+                    # a training step in float16/bfloat16 also writes the float32 O the backward's D reads
+                    jobs.append((fa._attn_fwd_kernel, dtype, dict(c, EVEN_N=even, KEEP_F32_O=dtype != torch.float32),
+                                 (), w_f, s_f))
                     cb = dict(c, BLOCK_M=bbm, BLOCK_N=bbn)
                     jobs.append((fa._attn_bwd_dkdv_kernel, dtype, dict(cb, EVEN_M=even, EVEN_N=even, GROUP=1), (), w_b, s_b))
                     jobs.append((fa._attn_bwd_dq_kernel, dtype, dict(cb, EVEN_N=even), (), w_b, s_b))
             # the block-sparse kernels at the default tiles, ragged lengths (a mask's usual case)
             c = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, DOT_PRECISION=prec, EVEN_N=False)
-            jobs.append((bsa._bsa_fwd_kernel, dtype, c, (), w_f, s_f))
+            jobs.append((bsa._bsa_fwd_kernel, dtype, dict(c, KEEP_F32_O=dtype != torch.float32), (), w_f, s_f))
             cb = dict(c, BLOCK_M=bbm, BLOCK_N=bbn)
             jobs.append((bsa._bsa_bwd_dkdv_kernel, dtype, dict(cb, EVEN_M=False, GROUP=1), (), w_b, s_b))
             # grouped-query attention: the dK/dV kernels unroll their loop over the group's query heads
@@ -149,6 +153,8 @@ def main():
                                  DOT_PRECISION=prec, EVEN_N=True)
                         if kind == "dkdv":
                             c.update(EVEN_M=True, GROUP=1)
+                        if kind == "fwd":
+                            c.update(KEEP_F32_O=False)
                         optional[len(jobs)] = "SKIPPED BY THE AUTOTUNER (too much shared memory)"
                         jobs.append((kernel, dtype, c, (), cand["num_warps"], cand["num_stages"]))
             # block-sparse with a block mask's block size: the tiles are fixed, warps and stages
@@ -161,6 +167,8 @@ def main():
                     c = dict(HEAD_DIM=d, BLOCK_M=bs, BLOCK_N=bs, DOT_PRECISION=prec, EVEN_N=True)
                     if kind == "dkdv":
                         c.update(EVEN_M=True, GROUP=1)
+                    if kind == "fwd":
+                        c.update(KEEP_F32_O=False)
                     small_gpu = args.arch < 80 and (d >= 128 or (dtype == torch.float32 and d >= 64))  # a T4: 64 KiB
                     if bs == 128 or small_gpu:
                         optional[len(jobs)] = f"TOO BIG FOR sm_{args.arch} (block masks need smaller blocks here)"

@@ -39,7 +39,7 @@ from attnlab import validate
 from ._runtime import dot_precision, jit, use_interpreter
 from ._tuning import launch, native_options
 from .block_mask import BlockMask, _check_block_size
-from .flash_attention import LN2, LOG2E, _preprocess, _rows_contiguous, _strides
+from .flash_attention import LN2, LOG2E, _f32_o, _preprocess, _rows_contiguous, _strides
 
 __all__ = ["block_sparse_attention", "prepare_block_mask"]
 
@@ -50,6 +50,7 @@ __all__ = ["block_sparse_attention", "prepare_block_mask"]
 @jit
 def _bsa_fwd_kernel(
     Q, K, V, O, L,
+    O_F32,                               # O in float32 too, laid out like O (None unless KEEP_F32_O)
     KV_NUM, KV_IDX, FULL_KV_NUM, FULL_KV_IDX,   # NEW: (B, H, nqb) counts and (B, H, nqb, nkb) indices
     TILE_IDS, TILES,                     # NEW: (B, H, nqb, nkb) int32 tile of each partial block; (T, BM, BN) int8
     stride_qb, stride_qh, stride_qn,
@@ -63,6 +64,7 @@ def _bsa_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,         # NEW: no CAUSAL: causality is part of the mask
     EVEN_N: tl.constexpr,
+    KEEP_F32_O: tl.constexpr,            # float16 inputs that need gradients: keep O unrounded for the backward
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -131,13 +133,17 @@ def _bsa_fwd_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)                          # NEW: a row that saw no key outputs 0
     o = acc / l_safe[:, None]
     # write BLOCK_M * d elements of O
-    o_ptrs = O + b * stride_ob + h * stride_oh + row0 * stride_on + rows[:, None] * stride_on + offs_d[None, :]
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
+    o_offs = b * stride_ob + h * stride_oh + row0 * stride_on + rows[:, None] * stride_on + offs_d[None, :]
+    tl.store(O + o_offs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
+    if KEEP_F32_O:
+        # write BLOCK_M * d float32 elements more: the backward's D = rowsum(dO * O) from a float16 O
+        # loses dQ at large inputs (a rounding of O is a rounding of every D_i, multiplied by K in dQ)
+        tl.store(O_F32 + o_offs, o, mask=offs_m[:, None] < N_Q)
     # write BLOCK_M elements of L (NEW: -inf for a row that saw no key)
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     tl.store(L + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
     # per program: read 1 Q tile, 2 tiles (K, V) per visited block, a mask tile per partial
-    # block and 2 + visited ints of lists; write one O tile and one L column
+    # block and 2 + visited ints of lists; write one O tile (two with KEEP_F32_O) and one L column
 
 
 # ---------------------------------------------------------------------------------------
@@ -371,27 +377,29 @@ def _lists(bm, B, H, transposed=False):
     return (num, idx, fnum, fidx), strides, (tid, bm.mask_tiles), _strides(tid)
 
 
-def _bsa_forward(q, k, v, bm, scale):
+def _bsa_forward(q, k, v, bm, scale, needs_grad=False):
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
     block_m, block_n = bm.block_size
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    o32 = _f32_o(q, needs_grad)    # the O the backward reads: float32 for float16 inputs (flash_attention.py)
+    assert o32 is None or o32.stride() == o.stride(), "O_F32 must share O's layout (the kernel uses O's strides)"
     lse = torch.empty((B, H, n_q, 1), device=q.device, dtype=torch.float32)
     lists, sl, tiles, st = _lists(bm, B, H)
 
     def run(config):
         _bsa_fwd_kernel[(triton.cdiv(n_q, block_m), B * H)](
-            q, k, v, o, lse, *lists, *tiles,
+            q, k, v, o, lse, o32, *lists, *tiles,
             *_strides(q), *_strides(k), *_strides(v), *_strides(o),
             lse.stride(0), lse.stride(1), *sl, *st,
             H, H // k.shape[1], n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
-            DOT_PRECISION=dot_precision(q.dtype), EVEN_N=n_k % block_n == 0,
+            DOT_PRECISION=dot_precision(q.dtype), EVEN_N=n_k % block_n == 0, KEEP_F32_O=o32 is not None,
             **native_options(config),
         )
 
     launch("fwd", run, q, n_q, n_k, False, block_m, block_n)
-    return o, lse
+    return o, lse, (o if o32 is None else o32)
 
 
 def _bsa_backward(do, dlse, q, k, v, o, lse, bm, scale):
@@ -439,8 +447,8 @@ class _BlockSparseAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bm, scale):
-        o, lse = _bsa_forward(q, k, v, bm, scale)
-        ctx.save_for_backward(q, k, v, o, lse)
+        o, lse, o_saved = _bsa_forward(q, k, v, bm, scale, needs_grad=any(ctx.needs_input_grad[:3]))
+        ctx.save_for_backward(q, k, v, o_saved, lse)   # o_saved: float32 for float16 inputs (D's precision)
         ctx.bm, ctx.scale = bm, scale
         ctx.set_materialize_grads(False)
         return o, lse.squeeze(-1)
@@ -450,7 +458,7 @@ class _BlockSparseAttention(torch.autograd.Function):
         validate.no_double_backward("block_sparse_attention")
         q, k, v, o, lse = ctx.saved_tensors
         if do is None:
-            do = torch.zeros_like(o)
+            do = torch.zeros_like(q)
         dq, dk, dv = _bsa_backward(do, dlse, q, k, v, o, lse, ctx.bm, ctx.scale)
         return dq, dk, dv, None, None
 

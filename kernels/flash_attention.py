@@ -67,6 +67,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 @jit
 def _attn_fwd_kernel(
     Q, K, V, O, L,                       # L: log-sum-exp per query row, a (B, H, Nq, 1) column
+    O_F32,                               # O in float32 too, laid out like O (None unless KEEP_F32_O)
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -76,6 +77,7 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EVEN_N: tl.constexpr,                # Nk % BLOCK_N == 0: no key block runs past the end
+    KEEP_F32_O: tl.constexpr,            # float16 inputs that need gradients: keep O unrounded for the backward
 ):
     pid_m = tl.program_id(0)             # which block of BLOCK_M queries
     pid_bh = tl.program_id(1)            # which (batch, head)
@@ -136,12 +138,16 @@ def _attn_fwd_kernel(
 
     o = acc / l_i[:, None]
     # write BLOCK_M * d elements of O
-    o_ptrs = O + b * stride_ob + h * stride_oh + row0 * stride_on + rows[:, None] * stride_on + offs_d[None, :]
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
+    o_offs = b * stride_ob + h * stride_oh + row0 * stride_on + rows[:, None] * stride_on + offs_d[None, :]
+    tl.store(O + o_offs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
+    if KEEP_F32_O:
+        # write BLOCK_M * d float32 elements more: the backward's D = rowsum(dO * O) from a float16 O
+        # loses dQ at large inputs (a rounding of O is a rounding of every D_i, multiplied by K in dQ)
+        tl.store(O_F32 + o_offs, o, mask=offs_m[:, None] < N_Q)
     # write BLOCK_M elements of L: log-sum-exp in natural-log units
     lse = (m_i + tl.math.log2(l_i)) * LN2
     tl.store(L + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
-    # per program: read (1 + 2 * visited blocks) tiles, write one O tile and one L column.
+    # per program: read (1 + 2 * visited blocks) tiles, write one O tile (two with KEEP_F32_O) and one L column.
     # per (batch, head), not causal: read Nq d + ceil(Nq / BLOCK_M) * 2 Nk d, write Nq d + Nq
 
 
@@ -171,7 +177,7 @@ def _attn_bwd_preprocess_kernel(
     row0 = pid_m.to(tl.int64) * BLOCK_M  # 64-bit: the block's first row times a stride can pass 2**31 too
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m[:, None] < N_Q
-    # read 2 * BLOCK_M * d elements (O and dO)
+    # read 2 * BLOCK_M * d elements (O, float32 for float16 inputs: the forward kept it, and dO)
     o = tl.load(O + b * stride_ob + h * stride_oh + row0 * stride_on + rows[:, None] * stride_on + offs_d[None, :], mask=row_ok, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_don + rows[:, None] * stride_don + offs_d[None, :], mask=row_ok, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij
@@ -364,7 +370,8 @@ def _strides(t, n=3):
 
 
 def _preprocess(o, do, dlse, n_q, H, B, d, block_m):
-    """D = rowsum(dO * O) - dlse, a (B, H, Nq, 1) float32 column laid out like L."""
+    """D = rowsum(dO * O) - dlse, a (B, H, Nq, 1) float32 column laid out like L (``o`` is the
+    float32 O the forward kept for float16 inputs)."""
     delta = torch.empty((B, H, n_q, 1), device=o.device, dtype=torch.float32)
     if dlse is not None:
         dlse = dlse.float().contiguous().view(B, H, n_q, 1)
@@ -377,29 +384,40 @@ def _preprocess(o, do, dlse, n_q, H, B, d, block_m):
     return delta
 
 
-def _flash_forward(q, k, v, causal, scale, block_m=None, block_n=None):
-    """Launch the forward kernel. Returns o (B, H, Nq, d) and lse (B, H, Nq, 1) float32.
+def _f32_o(q, needs_grad):
+    """The float32 O the forward keeps for the backward's D, or None: only for inputs narrower
+    than float32 that need gradients (a float32 O is its own)."""
+    if not needs_grad or q.dtype == torch.float32:
+        return None
+    return torch.empty(q.shape, device=q.device, dtype=torch.float32)
+
+
+def _flash_forward(q, k, v, causal, scale, block_m=None, block_n=None, needs_grad=False):
+    """Launch the forward kernel. Returns o (B, H, Nq, d), lse (B, H, Nq, 1) float32, and the O the
+    backward reads: o itself, or a float32 copy written beside it (``needs_grad`` with float16).
     Block sizes None: chosen by :func:`_tuning.choose_config`."""
     B, H, n_q, d = q.shape
     n_k = k.shape[-2]
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    o32 = _f32_o(q, needs_grad)
+    assert o32 is None or o32.stride() == o.stride(), "O_F32 must share O's layout (the kernel uses O's strides)"
     lse = torch.empty((B, H, n_q, 1), device=q.device, dtype=torch.float32)
 
     def run(config):
         bm, bn = config["block_m"], config["block_n"]
         _attn_fwd_kernel[(triton.cdiv(n_q, bm), B * H)](
-            q, k, v, o, lse,
+            q, k, v, o, lse, o32,
             *_strides(q), *_strides(k), *_strides(v), *_strides(o),
             lse.stride(0), lse.stride(1),
             H, H // k.shape[1], n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
             CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
-            EVEN_N=n_k % bn == 0,
+            EVEN_N=n_k % bn == 0, KEEP_F32_O=o32 is not None,
             **native_options(config),
         )
 
     launch("fwd", run, q, n_q, n_k, causal, block_m, block_n)
-    return o, lse
+    return o, lse, (o if o32 is None else o32)
 
 
 def _flash_backward(do, dlse, q, k, v, o, lse, causal, scale, block_m=None, block_n=None):
@@ -455,8 +473,8 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, blocks_fwd, blocks_bwd):
-        o, lse = _flash_forward(q, k, v, causal, scale, *blocks_fwd)
-        ctx.save_for_backward(q, k, v, o, lse)
+        o, lse, o_saved = _flash_forward(q, k, v, causal, scale, *blocks_fwd, needs_grad=any(ctx.needs_input_grad[:3]))
+        ctx.save_for_backward(q, k, v, o_saved, lse)   # o_saved: float32 for float16 inputs (D's precision)
         ctx.causal, ctx.scale, ctx.blocks_bwd = causal, scale, blocks_bwd
         ctx.set_materialize_grads(False)   # an unused lse sends None, not a tensor of zeros
         return o, lse.squeeze(-1)
@@ -466,7 +484,7 @@ class _FlashAttention(torch.autograd.Function):
         validate.no_double_backward("flash_attention")
         q, k, v, o, lse = ctx.saved_tensors
         if do is None:
-            do = torch.zeros_like(o)
+            do = torch.zeros_like(q)
         dq, dk, dv = _flash_backward(do, dlse, q, k, v, o, lse, ctx.causal, ctx.scale, *ctx.blocks_bwd)
         return dq, dk, dv, None, None, None, None
 

@@ -49,12 +49,38 @@ def test_flash_forward_hand_count():
 
 def test_flash_backward_hand_count():
     m = io.flash_backward_io(1, 1, 8, 8, d=2, bytes_per_element=1, block_m=4, block_n=4)
-    pre = (2 * 16, 8 * 4)
+    pre = (16 * 4 + 16, 8 * 4)   # O in float32 (D's precision) and dO; write D (8 x 4 B)
     # dK/dV: K, V (32) + per visited tile (4) Q, dO (2 x 8) and L, D (2 x 4 x 4 B); write dK, dV (32)
     dkdv = (32 + 4 * (16 + 32), 32)
     # dQ: Q, dO (32) and L, D (64) + per visited tile (4) K, V (16); write dQ (16)
     dq = (32 + 64 + 4 * 16, 16)
     assert (m.bytes_read, m.bytes_written) == (pre[0] + dkdv[0] + dq[0], pre[1] + dkdv[1] + dq[1])
+
+
+def test_flash_gqa_hand_count():
+    # 4 query heads on 2 KV heads, N = 8, d = 2, blocks 4 x 4, 1 byte per element: the dK/dV kernel's
+    # programs belong to KV heads, so K, V (32) are read and dK, dV (32) written 2 times, not 4;
+    # everything else is per query head (the forward, the preprocess, Q/dO/L/D per tile, the dQ kernel)
+    mha = io.flash_backward_io(1, 4, 8, 8, d=2, bytes_per_element=1, block_m=4, block_n=4)
+    gqa = io.flash_backward_io(1, 4, 8, 8, d=2, bytes_per_element=1, block_m=4, block_n=4, kv_heads=2)
+    assert mha.bytes_read - gqa.bytes_read == 2 * 32 and mha.bytes_written - gqa.bytes_written == 2 * 32
+    assert gqa.parts["bwd_dkdv"].bytes_written == 2 * 32
+    assert gqa.parts["bwd_dq"] == mha.parts["bwd_dq"] and gqa.parts["bwd_preprocess"] == mha.parts["bwd_preprocess"]
+    assert io.flash_forward_io(1, 4, 8, 8, d=2, bytes_per_element=1, block_m=4, block_n=4, kv_heads=1) == \
+        io.flash_forward_io(1, 4, 8, 8, d=2, bytes_per_element=1, block_m=4, block_n=4)
+    with pytest.raises(ValueError, match="kv_heads: expected a divisor of heads=4, got 3"):
+        io.flash_backward_io(1, 4, 8, 8, d=2, block_m=4, block_n=4, kv_heads=3)
+
+
+def test_flash_forward_of_a_training_step_keeps_a_float32_o():
+    # 2-byte elements with grad=True: O is written a second time in float32 (8 x 2 x 4 B); 4-byte: O is float32 already
+    half = dict(d=2, bytes_per_element=2, block_m=4, block_n=4)
+    assert io.flash_forward_io(1, 1, 8, 8, grad=True, **half).bytes_written == \
+        io.flash_forward_io(1, 1, 8, 8, **half).bytes_written + 8 * 2 * 4
+    full = dict(half, bytes_per_element=4)
+    assert io.flash_forward_io(1, 1, 8, 8, grad=True, **full) == io.flash_forward_io(1, 1, 8, 8, **full)
+    with pytest.raises(TypeError, match="grad: expected a bool"):
+        io.flash_forward_io(1, 1, 8, 8, grad=1, **half)
 
 
 def test_algorithm1_loop_order():
@@ -224,10 +250,35 @@ def test_model_equals_traced_bytes_of_attnlab_kernels():
         return run
 
     fa = trace(fwd_bwd(lambda a, b, c: flash_attention(a, b, c, causal=True, block_m=bm, block_n=bn)))
-    model = (io.flash_forward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm, block_n=bn, causal=True)
+    model = (io.flash_forward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm, block_n=bn, causal=True, grad=True)
              + io.flash_backward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm, block_n=bn, causal=True))
     assert (fa.bytes_read, fa.bytes_written) == (model.bytes_read, model.bytes_written)
+    assert fa.by_tensor["O_F32"] == {"read": 0, "written": 2 * n * d * 4}   # the float32 O of a float16 training step
+    assert fa.by_tensor["O"]["read"] == 2 * n * d * 4   # what the backward's preprocess reads (O_F32, as O)
     std = trace(fwd_bwd(lambda a, b, c: standard_attention(a, b, c, block_m=bm, block_n=bn, block_k=16)))
     model = (io.standard_forward_io(1, 2, n, d=d, bytes_per_element=2, block_m=bm, score_bytes=4)  # S in float32
              + io.standard_backward_io(1, 2, n, d=d, bytes_per_element=2, blocks=(bm, bn, 16)))
     assert (std.bytes_read, std.bytes_written) == (model.bytes_read, model.bytes_written)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_model_equals_traced_bytes_of_the_kernels_with_gqa(kv_heads, causal):
+    """Grouped-query attention (4 query heads on 2 or 1 KV heads), ragged lengths, float16 training:
+    the traced bytes of each kernel equal iomodel's, and K/V are read once per KV head in dK/dV."""
+    from attnlab.kernels import flash_attention
+    from attnlab.memory import trace
+
+    nq, nk, d, bm, bn = 40, 56, 16, 16, 32
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, nq, d, generator=g).half().requires_grad_()
+    k, v = (torch.randn(2, kv_heads, nk, d, generator=g).half().requires_grad_() for _ in range(2))
+    fwd = trace(lambda: flash_attention(q, k, v, causal=causal, block_m=bm, block_n=bn))
+    bwd = trace(fwd.result.backward, torch.ones_like(fwd.result))
+    kw = dict(d=d, bytes_per_element=2, block_m=bm, block_n=bn, causal=causal, kv_heads=kv_heads)
+    mf, mb = io.flash_forward_io(2, 4, nq, nk, grad=True, **kw), io.flash_backward_io(2, 4, nq, nk, **kw)
+    assert (fwd.bytes_read, fwd.bytes_written) == (mf.bytes_read, mf.bytes_written)
+    per_kernel = [(p["read"], p["written"]) for p in bwd.by_launch()]
+    assert per_kernel == [(mb.parts[n].bytes_read, mb.parts[n].bytes_written) for n in ("bwd_preprocess", "bwd_dkdv", "bwd_dq")]
+    assert bwd.by_tensor["DK"]["written"] == 2 * kv_heads * nk * d * 2   # dK once per KV head
+    assert mb != io.flash_backward_io(2, 4, nq, nk, **dict(kw, kv_heads=None))   # the GQA term matters here

@@ -16,20 +16,10 @@ from attnlab.kernels import standard_attention
 from attnlab.memory import trace
 
 
-def _large(d, n=48, seed=0):
-    """q, k, v of magnitude about 100 whose scores are large (about 2e4 to 3e4) but differ by tens
-    along a row, so the softmax is not one-hot: the keys share one large direction."""
-    g = torch.Generator().manual_seed(seed)
-    q = 100 * torch.randn(1, 2, n, d, generator=g)
-    k = 100 * torch.randn(1, 2, 1, d, generator=g) + 0.2 * torch.randn(1, 2, n, d, generator=g)
-    v = 100 * torch.randn(1, 2, n, d, generator=g)
-    return [t.half() for t in (q, k, v)]
-
-
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_float16_output_with_large_scores_is_as_close_as_pytorchs(d, causal):
-    q, k, v = _large(d)
+def test_float16_output_with_large_scores_is_as_close_as_pytorchs(large_fp16_qkv, d, causal):
+    q, k, v = large_fp16_qkv(d)
     scores = (q.double() @ k.double().transpose(-2, -1)) * d ** -0.5
     assert scores.abs().max() > 2 ** 14          # where float16's spacing is 16 or more
     assert (scores.amax(-1) - scores.amin(-1)).median() < 200     # rows that are not one-hot
@@ -41,8 +31,8 @@ def test_float16_output_with_large_scores_is_as_close_as_pytorchs(d, causal):
     assert err <= 2 * torch_err + 0.05, f"standard_attention float16 error {err:.3f}, PyTorch's {torch_err:.3f}"
 
 
-def test_S_is_float32_and_P_float16_and_the_model_counts_them_so():
-    q, k, v = _large(32, n=40)
+def test_S_is_float32_and_P_float16_and_the_model_counts_them_so(large_fp16_qkv):
+    q, k, v = large_fp16_qkv(32, n=40)
     t = trace(standard_attention, q, k, v, block_m=16, block_n=16, block_k=16)
     assert t.tensors["S"].element_size == 4 and t.tensors["P"].element_size == 2
     assert t.by_tensor["S"] == {"read": 2 * 40 * 40 * 4, "written": 2 * 40 * 40 * 4}   # by hand
