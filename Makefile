@@ -3,7 +3,8 @@
 #               (Notebook 7 is installed too: .venv/bin/jupyter notebook lessons/)
 #   make test   create .venv if missing, run the whole test suite (CI runs exactly this)
 #   make test-fast  the daily tier: tests/ without the notebooks (nbval), the browser, the site
-#               and the tests marked slow (nbgrader, hostile notebooks, ...), 5 examples per
+#               and the tests marked slow (by their own decorator, or named in SLOW in
+#               tests/conftest.py: the one list of what the tier leaves out), 5 examples per
 #               property test
 # and the course as a website:
 #   make site   build it from the stored outputs into build/site/html (warnings are errors)
