@@ -282,3 +282,29 @@ def test_model_equals_traced_bytes_of_the_kernels_with_gqa(kv_heads, causal):
     assert per_kernel == [(mb.parts[n].bytes_read, mb.parts[n].bytes_written) for n in ("bwd_preprocess", "bwd_dkdv", "bwd_dq")]
     assert bwd.by_tensor["DK"]["written"] == 2 * kv_heads * nk * d * 2   # dK once per KV head
     assert mb != io.flash_backward_io(2, 4, nq, nk, **dict(kw, kv_heads=None))   # the GQA term matters here
+
+
+def test_block_sparse_model_equals_traced_bytes_with_gqa():
+    """The block-sparse kernels with 4 query heads on 2 KV heads, a sliding window of ragged width at
+    ragged lengths, float16 training: traced bytes equal the model's with kv_heads, per kernel."""
+    from attnlab import mask_mods
+    from attnlab.kernels import block_sparse_attention, create_block_mask
+    from attnlab.memory import trace
+
+    nq, nk, d = 50, 70, 16
+    mask = create_block_mask(mask_mods.sliding_window(20), None, None, nq, nk, block_size=(16, 16))
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, nq, d, generator=g).half().requires_grad_()
+    k, v = (torch.randn(1, 2, nk, d, generator=g).half().requires_grad_() for _ in range(2))
+    fwd = trace(lambda: block_sparse_attention(q, k, v, mask))
+    bwd = trace(fwd.result.backward, torch.ones_like(fwd.result))
+    mf = io.block_sparse_forward_io(1, 4, nq, nk, d, 2, block_mask=mask, kv_heads=2, grad=True)
+    mb = io.block_sparse_backward_io(1, 4, nq, nk, d, 2, block_mask=mask, kv_heads=2)
+    assert (fwd.bytes_read, fwd.bytes_written) == (mf.bytes_read, mf.bytes_written)
+    assert [(p["read"], p["written"]) for p in bwd.by_launch()] == \
+        [(mb.parts[n].bytes_read, mb.parts[n].bytes_written) for n in ("bwd_preprocess", "bwd_dkdv", "bwd_dq")]
+    # with a density instead of a mask, GQA takes the same K/V term off: density 1 is the all-ones mask
+    ones = BlockMask(torch.ones(1, 1, 4, 5, dtype=torch.bool), (16, 16))
+    for kv in (1, 2, 4):
+        assert io.block_sparse_backward_io(1, 4, nq, nk, d, 2, density=1.0, block_size=(16, 16), kv_heads=kv) == \
+            io.block_sparse_backward_io(1, 4, nq, nk, d, 2, block_mask=ones, kv_heads=kv)
