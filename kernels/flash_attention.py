@@ -16,6 +16,11 @@ What you learn here:
 * grouped-query attention (GQA, Ainslie et al. 2023; MQA, Shazeer 2019): k and v may have
   fewer heads than q; query head ``h`` reads KV head ``h // GROUP`` (``GROUP = H_q / H_kv``)
   through its pointer, so K and V are never copied, and the dK/dV kernel sums over the group;
+* with float16 inputs that need gradients the forward also writes O in float32 (``KEEP_F32_O``),
+  and the backward's D = rowsum(dO * O) is made of it: a float16 O rounds every D_i, and
+  dQ_i = sum_j P_ij (dP_ij - D_i) K_j carries that rounding times the keys (at inputs of magnitude
+  about 100, dQ's error went from up to twice PyTorch's float16 error to below it; FlashAttention's
+  own kernels keep only the float16 O);
 * offsets are 64-bit where a program id (or a block's first row) times a stride can pass 2**31
   (``.to(tl.int64)`` on the batch, the head and the block start, as Triton's fused-attention
   tutorial does for the batch and head); offsets inside a block stay 32-bit, so the masks'
@@ -500,7 +505,8 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, bloc
     interpreter uses 128 x 128, and a GPU the fastest of a few configurations
     (:func:`attnlab.kernels._tuning.gpu_candidates`), timed at the first call for each shape, as
     ``@triton.autotune`` does; ``ATTNLAB_AUTOTUNE=0`` takes :func:`attnlab.kernels._tuning.gpu_config`'s
-    instead. Double backward (``create_graph=True``) raises a ``RuntimeError``.
+    instead. Double backward (``create_graph=True``) raises a ``RuntimeError``. With float16 inputs
+    that need gradients the forward also keeps O in float32 for the backward (4 bytes per element).
 
     Example: ``o = flash_attention(q, k, v, causal=True)``
     """
