@@ -311,17 +311,54 @@ def _backward(subtract_d=True, flip=False, scale_grads=True, recompute_scaled=Tr
     def flash_attention_pytorch(q, k, v, causal=False, block_m=16, block_n=16):
         return FlashAttentionFunction.apply(q, k, v, causal, block_m, block_n)
 
-    return flash_attention_pytorch
+    return {"tiled_attention_backward": tiled_attention_backward, "flash_attention_pytorch": flash_attention_pytorch}
 
 
-WRONG.add("tiled-backward", "d-not-subtracted", flash_attention_pytorch=_backward(subtract_d=False))
-WRONG.add("tiled-backward", "ds-sign-flipped", flash_attention_pytorch=_backward(flip=True))
-WRONG.add("tiled-backward", "grad-scale-forgotten", flash_attention_pytorch=_backward(scale_grads=False))
-WRONG.add("tiled-backward", "recompute-scale-forgotten", flash_attention_pytorch=_backward(recompute_scaled=False))
-WRONG.add("tiled-backward", "causal-mask-missing-in-backward", flash_attention_pytorch=_backward(causal_mask=False))
-WRONG.add("tiled-backward", "d-from-one-tile", flash_attention_pytorch=_backward(d_tile=True))
-WRONG.add("tiled-backward", "holds-n-by-n", flash_attention_pytorch=_backward(dense=True))
-WRONG.add("tiled-backward", "ctx-attribute-not-saved", flash_attention_pytorch=_backward(save_causal=False))
+WRONG.add("tiled-backward", "d-not-subtracted", **_backward(subtract_d=False))
+WRONG.add("tiled-backward", "ds-sign-flipped", **_backward(flip=True))
+WRONG.add("tiled-backward", "grad-scale-forgotten", **_backward(scale_grads=False))
+WRONG.add("tiled-backward", "recompute-scale-forgotten", **_backward(recompute_scaled=False))
+WRONG.add("tiled-backward", "causal-mask-missing-in-backward", **_backward(causal_mask=False))
+WRONG.add("tiled-backward", "d-from-one-tile", **_backward(d_tile=True))
+WRONG.add("tiled-backward", "holds-n-by-n", **_backward(dense=True))
+WRONG.add("tiled-backward", "ctx-attribute-not-saved", **_backward(save_causal=False))
+
+
+def test_the_backward_is_called_directly_and_must_return_one_gradient_per_input():
+    ok = _backward()["tiled_attention_backward"]
+
+    def no_dk(*args):  # a learner who has not written dK yet
+        dq, _dk, dv = ok(*args)
+        return dq, None, dv
+
+    def two(*args):    # dq and dk only
+        return ok(*args)[:2]
+
+    for fn, words in [(no_dk, "dk is None"), (two, "expected three gradients (dq, dk, dv)")]:
+        result = run_check("tiled-backward", LocalLearner({**_backward(), "tiled_attention_backward": fn},
+                                                          forbidden=[]))
+        assert not result.passed and words in result.message, result.message
+        assert "`tiled_attention_backward` on" in result.message, result.message
+
+
+def test_a_gradient_check_names_the_input_whose_gradient_is_none():
+    from attnlab.grading.core import check_with_gradients, Fail
+
+    class NoDk(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k):
+            return q * k.sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    def spec(q, k):
+        return q * k.sum()
+
+    case = ("n=3", (torch.randn(3), torch.randn(3)), {}, torch.ones(3))
+    with pytest.raises(Fail, match="the gradient of `k` is None"):
+        check_with_gradients({"f": NoDk.apply}, "f", spec, [case], inputs=[0, 1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +452,7 @@ test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
 
 def _ok_namespace():
     return {"online_softmax_update": _online(), "tiled_attention_forward": _tiled(), "flash_fwd_kernel": FWD_KERNEL,
-            "forward_traffic": _measure(lambda t: t.total_bytes), "flash_attention_pytorch": _backward(),
+            "forward_traffic": _measure(lambda t: t.total_bytes), **_backward(),
             "flash_bwd_dkdv_kernel": _dkdv_kernel()}
 
 
