@@ -151,8 +151,10 @@ def _fwd_body(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_
                 s = tl.where(tl.arange(0, BLOCK_N)[None, :] <= tl.arange(0, BLOCK_M)[:, None], s, float("-inf"))
             elif DIAG_MASK:
                 s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        if LOG2E:  # log2(e) folded into the scores for exp2 (as Triton's tutorial does), so m is in base 2
+            s = s * 1.4426950408889634
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if EXP2:
+        if EXP2 or LOG2E:
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
         else:
@@ -166,14 +168,17 @@ def _fwd_body(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_
         m_i = m_new
     tl.store(O + pid_b * stride_ob + offs_m[:, None] * stride_on + offs_d[None, :], acc / l_i[:, None],
              mask=rows[:, None])
-    if LSE_MAX:
+    if LOG2E:  # the log-sum-exp stored in the units the loop ran in: base 2
+        tl.store(L + pid_b * stride_lb + offs_m, m_i + tl.log2(l_i), mask=rows)
+    elif LSE_MAX:
         tl.store(L + pid_b * stride_lb + offs_m, m_i + tl.log(l_i), mask=rows)
     else:
         tl.store(L + pid_b * stride_lb + offs_m, tl.log(l_i), mask=rows)
 
 
 _FWD_OK = dict(SKIP=True, STRIDES=True, MASK_LOADS=True, TWICE=False, SCALE=True, MASK_TAIL=True, STRICT=False,
-               DIAG_MASK=True, EXP2=False, RESCALE=True, LSE_MAX=True, SCALE_ARG=True, IN_TILE=False)
+               DIAG_MASK=True, EXP2=False, RESCALE=True, LSE_MAX=True, SCALE_ARG=True, IN_TILE=False,
+               LOG2E=False)
 
 
 def _interpreted(make):
@@ -197,6 +202,7 @@ def _fwd_kernel(**wrong):
 FWD_KERNEL = _fwd_kernel()
 
 for _key, _flags in [("acc-not-rescaled", dict(RESCALE=False)), ("scale-forgotten", dict(SCALE=False)),
+                     ("lse-in-base-2", dict(LOG2E=True)),
                      ("masked-keys-not-masked", dict(MASK_TAIL=False)), ("causal-off-by-one", dict(STRICT=True)),
                      ("causal-diagonal-unmasked", dict(DIAG_MASK=False)), ("lse-missing-max", dict(LSE_MAX=False)),
                      ("exp2-without-log2e", dict(EXP2=True)), ("causal-blocks-not-skipped", dict(SKIP=False)),
@@ -324,6 +330,15 @@ WRONG.add("tiled-backward", "holds-n-by-n", **_backward(dense=True))
 WRONG.add("tiled-backward", "ctx-attribute-not-saved", **_backward(save_causal=False))
 
 
+def _backward_returning_two(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
+    """dK and dV only (the dK/dV kernel's pair), dQ forgotten."""
+    _dq, dk, dv = _backward()["tiled_attention_backward"](q, k, v, o, L, do, causal, block_m, block_n)
+    return dk, dv
+
+
+WRONG.add("tiled-backward", "gradient-missing", **{**_backward(), "tiled_attention_backward": _backward_returning_two})
+
+
 def test_the_backward_is_called_directly_and_must_return_one_gradient_per_input():
     ok = _backward()["tiled_attention_backward"]
 
@@ -338,6 +353,7 @@ def test_the_backward_is_called_directly_and_must_return_one_gradient_per_input(
         result = run_check("tiled-backward", LocalLearner({**_backward(), "tiled_attention_backward": fn},
                                                           forbidden=[]))
         assert not result.passed and words in result.message, result.message
+        assert result.diagnosis == ["gradient-missing"], result.message
         assert "`tiled_attention_backward` on" in result.message, result.message
 
 

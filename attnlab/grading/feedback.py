@@ -172,12 +172,16 @@ ARANGE_NOT_CONSTEXPR = ("tl.arange needs bounds known when the kernel is compile
                         "such as n_elements; mask the lanes past n instead")
 
 
+NOT_DIFFERENTIABLE = ("the output is not differentiable: autograd cannot reach q, k, v through it; compute it with "
+                      "torch operations on the inputs themselves, not under torch.no_grad(), not through .detach(), "
+                      ".item(), .numpy() or a new torch.tensor(...)")
 CTX_NOT_SET = ("the backward reads ctx.{0}, which your forward never set: in the Function's forward keep it on "
                "ctx (ctx.{0} = {0}) beside ctx.save_for_backward(...)")
 
 # the key a check reports for each plain sentence (its diagnosis)
 PLAIN_KEYS = {POINTER_INDEXED: "pointer-indexed", TORCH_IN_KERNEL: "torch-op-in-kernel",
-              ARANGE_NOT_CONSTEXPR: "arange-not-constexpr", CTX_NOT_SET: "ctx-attribute-not-saved"}
+              ARANGE_NOT_CONSTEXPR: "arange-not-constexpr", CTX_NOT_SET: "ctx-attribute-not-saved",
+              NOT_DIFFERENTIABLE: "not-differentiable"}
 
 
 def plain_sentence(text, line=""):
@@ -189,6 +193,9 @@ def plain_sentence(text, line=""):
         return TORCH_IN_KERNEL
     if "arange's arguments must be of type tl.constexpr" in text:
         return ARANGE_NOT_CONSTEXPR
+    if "does not require grad and does not have a grad_fn" in text or \
+            "does not depend on the inputs through autograd" in text:
+        return NOT_DIFFERENTIABLE
     found = re.search(r"'\w*Backward\w*' object has no attribute '(\w+)'", text)
     if found:
         return CTX_NOT_SET.format(found.group(1))

@@ -20,7 +20,8 @@ memory the grader resets and reads (files the sandbox does not see; without a cg
 ``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.isolated`'s process, which
 honours ``"undefined_other": True``. A memory measurement that cannot be made is a failed check, never a
 pass. FLOPs are not counted there (counting them in the learner's process would be the learner's word):
-the causal-skip check of exercise 07 rests on its NaN-poisoned tail instead.
+the causal-skip check of exercise 07 rests on its NaN-poisoned tail instead (why no outside measurement can
+replace it: the docstring of ``attnlab/grading/exercises/e07/checks.py``).
 """
 
 import contextlib

@@ -7,6 +7,19 @@ byte budget: K and V read once per query block (only the blocks a causal block n
 written once, nothing else. Known mistakes are recognised by running *emulations*: the algorithm
 written block by block in PyTorch with a switch per mistake (``_forward_emulation``,
 ``_backward_emulation``), so one function gives the right answer and each wrong one.
+
+**Why the causal skip of the PyTorch forward rests on a NaN-poisoned tail under ``attnlab grade``.** The
+grader can measure the learner's process from outside only by what the operating system reports about it.
+Peak memory cannot show skipped tiles (a loop that computes a masked tile allocates the same tiles as one that
+skips it). Operation counts (``FlopCounterMode``, a dispatch trace) are taken inside the process that runs the
+learner's code, so they are the learner's word. CPU time from outside (the cgroup's ``cpu.stat``) is the
+learner's true cost, but a causal loop that skips nothing costs about twice as much, and on a shared machine
+that ratio is within the noise of one run: it would fail honest answers. So the check computes what no
+skipping loop can fake: with ``Nk > Nq`` and ``V = NaN`` in the keys no query may see, a key block that is
+computed reaches ``O`` (``0 * NaN = NaN`` in ``P V``), one that is skipped never does. A loop's bound is one
+expression of the query block, and the last query block's bound is the one the poisoned keys test (one block
+too many already reaches them). Where the learner's code runs in this process (the inline ``check()``), the
+matmul FLOPs are also counted, as feedback.
 """
 
 import math
@@ -677,17 +690,25 @@ def _backward_direct_cases():
     return cases
 
 
+GRADIENT_MISSING = Mistake("gradient-missing", "the backward must return exactly (dq, dk, dv), three tensors shaped "
+                           "like q, k and v: the grader calls tiled_attention_backward itself, and a gradient that is "
+                           "None or missing (or dk and dv swapped) is one the Function's backward cannot return", None)
+
+
 def _three_gradients(name, label, got, args):
     """Fail unless ``got`` is exactly (dq, dk, dv), tensors shaped like q, k, v (a None said as such)."""
     if not isinstance(got, (tuple, list)) or len(got) != 3:
         kind = f"{len(got)} values" if isinstance(got, (tuple, list)) else type(got).__name__
-        raise Fail(f"`{name}` on {label}: expected three gradients (dq, dk, dv), one per input q, k, v; got {kind}")
+        raise Fail(f"`{name}` on {label}: expected three gradients (dq, dk, dv), one per input q, k, v; got {kind}",
+                   [GRADIENT_MISSING])
     for what, g, x in zip(_GRADS, got, args[:3]):
         if g is None:
-            raise Fail(f"`{name}` on {label}: {what} is None: return a gradient for each of q, k and v")
+            raise Fail(f"`{name}` on {label}: {what} is None: return a gradient for each of q, k and v",
+                       [GRADIENT_MISSING])
         if not torch.is_tensor(g) or tuple(g.shape) != tuple(x.shape):
             shape = f"shape {tuple(g.shape)}" if torch.is_tensor(g) else type(g).__name__
-            raise Fail(f"`{name}` on {label}: {what} should be shaped like {what[1]}, {tuple(x.shape)}; got {shape}")
+            raise Fail(f"`{name}` on {label}: {what} should be shaped like {what[1]}, {tuple(x.shape)}; got {shape}",
+                       [GRADIENT_MISSING])
 
 
 @CHECKS("tiled-backward")
