@@ -363,11 +363,13 @@ def test_a_gradient_check_names_the_input_whose_gradient_is_none():
     class NoDk(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k):
+            ctx.save_for_backward(k)
             return q * k.sum()
 
         @staticmethod
         def backward(ctx, g):
-            return g, None
+            (k,) = ctx.saved_tensors
+            return g * k.sum(), None   # dk not written
 
     def spec(q, k):
         return q * k.sum()
