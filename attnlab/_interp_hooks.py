@@ -23,6 +23,11 @@ numpy, one program at a time. attnlab leans on four of its internals, all here:
    :func:`kernel_function` finds the Python function of a real ``@triton.jit`` kernel (the
    grader accepts nothing else), and :func:`jit_helpers_interpreted` makes a learner's own
    ``@triton.jit`` helpers run interpreted when an interpreted kernel calls them.
+5. :func:`before_each_access` runs a check before every load and store (the bounds-checked
+   launch of the notebooks' demo cells), and :func:`nan_for_missing_other` gives the masked
+   lanes of a load without ``other=`` NaN instead of zeros (the grader's launches); both are
+   layers of one patch of ``InterpreterBuilder``, made under the lock while any is active and
+   run per thread.
 
 Every patch of ``triton.language`` (Triton's own, made at each interpreted launch, and ours) is
 **scoped to the thread** that makes it (:class:`_ThreadScope`): a patched module attribute or
@@ -431,6 +436,13 @@ def kernel_function(obj):
     return None
 
 
+def is_interpreted(obj):
+    """Whether ``obj`` is a kernel made by ``@triton.jit`` under ``TRITON_INTERPRET=1`` (Triton's interpreter)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(obj, InterpretedFunction)
+
+
 @contextlib.contextmanager
 def jit_helpers_interpreted():
     """Inside this block a ``@triton.jit`` helper called from an interpreted kernel runs
@@ -444,3 +456,103 @@ def jit_helpers_interpreted():
         yield
     finally:
         scope.restore()
+
+
+# ---------------------------------------------------------------------------------------
+# Checks around each load and store, for the grader: bounds first, NaN in undefined lanes
+# ---------------------------------------------------------------------------------------
+_access = threading.local()     # .layers: this thread's active access layers, innermost last
+_access_users = {"count": 0, "originals": None}
+
+
+def _access_layers():
+    layers = getattr(_access, "layers", None)
+    if layers is None:
+        layers = _access.layers = []
+    return layers
+
+
+def _install_access_dispatch():
+    """Patch ``InterpreterBuilder``'s masked load and store once (under the lock) to run this thread's
+    layers first. Class-level, below :func:`memory_hooks`' per-builder wrappers, so a trace around a
+    layer sees the same accesses."""
+    from triton.runtime import interpreter as ti
+
+    cls = ti.InterpreterBuilder
+    orig_load, orig_store = cls.create_masked_load, cls.create_masked_store
+
+    def create_masked_load(self, ptrs, mask, other, *rest):
+        for layer in reversed(_access_layers()):
+            other = layer("load", self, ptrs, mask, other)
+        return orig_load(self, ptrs, mask, other, *rest)
+
+    def create_masked_store(self, ptrs, value, mask, *rest):
+        for layer in reversed(_access_layers()):
+            layer("store", self, ptrs, mask, None)
+        return orig_store(self, ptrs, value, mask, *rest)
+
+    cls.create_masked_load, cls.create_masked_store = create_masked_load, create_masked_store
+    _access_users["originals"] = (cls, orig_load, orig_store)
+
+
+@contextlib.contextmanager
+def _access_layer(layer):
+    """Run ``layer(op, builder, ptrs, mask, other) -> other`` before each interpreted load and store of
+    this thread inside the block (other threads' launches are untouched). Nests; re-entrant."""
+    check_triton_version()
+    with _lock:
+        if _access_users["count"] == 0:
+            _install_access_dispatch()
+        _access_users["count"] += 1
+    layers = _access_layers()
+    layers.append(layer)
+    try:
+        yield
+    finally:
+        for i in range(len(layers) - 1, -1, -1):
+            if layers[i] is layer:
+                del layers[i]
+                break
+        with _lock:
+            _access_users["count"] -= 1
+            if _access_users["count"] == 0:
+                cls, orig_load, orig_store = _access_users["originals"]
+                cls.create_masked_load, cls.create_masked_store = orig_load, orig_store
+                _access_users["originals"] = None
+
+
+@contextlib.contextmanager
+def before_each_access(check):
+    """Inside this block, ``check(op, addresses, program)`` runs before every interpreted ``tl.load`` and
+    ``tl.store`` of this thread: ``op`` is "load" or "store", ``addresses`` a uint64 numpy array of the
+    addresses really moved (masked lanes left out), ``program`` the launch's program id (x, y, z). An
+    exception raised by ``check`` stops the access before it happens (the grader's bounds-checked launch
+    of demo cells, :mod:`attnlab.grading.guard`)."""
+
+    def layer(op, builder, ptrs, mask, other):
+        addresses = ptrs.data[mask.data.astype(bool)].astype(np.uint64).ravel()
+        if addresses.size:
+            check(op, addresses, tuple(int(i) for i in (builder.grid_idx or (0, 0, 0))))
+        return other
+
+    with _access_layer(layer):
+        yield
+
+
+@contextlib.contextmanager
+def nan_for_missing_other():
+    """Inside this block, the masked lanes of an interpreted float ``tl.load`` without ``other=`` read NaN
+    instead of the interpreter's zeros (on a GPU they are undefined: Triton's ``tl.load`` docs), in this
+    thread's launches. A kernel that is right only thanks to those zeros then shows it
+    (:mod:`attnlab.grading.footprint`)."""
+    from triton.runtime import interpreter as ti
+
+    def layer(op, builder, ptrs, mask, other):
+        if op == "load" and other is None:
+            dtype_np = ti._get_np_dtype(ptrs.get_element_ty())
+            if np.issubdtype(dtype_np, np.floating):
+                return ti.TensorHandle(np.full(ptrs.data.shape, np.nan, dtype=dtype_np), ptrs.get_element_ty())
+        return other
+
+    with _access_layer(layer):
+        yield

@@ -20,6 +20,8 @@ from attnlab.grading.checks import PARTS, run_check
 from attnlab.grading.core import LocalLearner
 from attnlab.grading.parts import PACKAGE
 
+GENERIC = "no common mistake matches"  # what core.run_part says when no known mistake matches
+
 
 def spec_of(part):
     return importlib.import_module(f"attnlab.grading.exercises.{PACKAGE[part]}.spec")
@@ -57,5 +59,6 @@ class Wrong(list):
             assert not result.passed, result.message
             assert key in result.diagnosis, result.message
             assert "likely mistake" in result.message
+            assert GENERIC not in result.message, result.message
 
         return test_wrong_implementation_fails_with_its_diagnosis

@@ -133,6 +133,11 @@ WRONG.add("mha-cost", "output-projection-forgotten", mha_parameters=_PARAMS,
           mha_flops=lambda b, nq, nk, d, h: b * (2 * d * d * (nq + 2 * nk) + 4 * nq * nk * d))
 WRONG.add("mha-cost", "batch-forgotten", mha_parameters=_PARAMS,
           mha_flops=lambda b, nq, nk, d, h: 2 * d * d * (2 * nq + 2 * nk) + 4 * nq * nk * d)
+WRONG.add("mha-cost", "softmax-counted", mha_parameters=_PARAMS,   # exp, sum and divide for every score
+          mha_flops=lambda b, nq, nk, d, h: b * (2 * d * d * (2 * nq + 2 * nk) + 4 * nq * nk * d) + 3 * b * h * nq * nk)
+WRONG.add("mha-cost", "bias-additions-counted", mha_parameters=_PARAMS,   # one add per output of each Linear
+          mha_flops=lambda b, nq, nk, d, h: b * (2 * d * d * (2 * nq + 2 * nk) + 4 * nq * nk * d)
+          + b * d * (nq + nk + nk + nq))
 
 
 # --- head-specialisation: the learner's measurement of the grader's own trained model, one thing wrong ------------

@@ -43,6 +43,8 @@ def _scale_body(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
         x = x + 0.0 * tl.load(x_ptr + offsets, mask=mask)  # a second look at x
     if ADD:
         y = x + alpha
+    elif NO_ALPHA:  # alpha forgotten: x copied through
+        y = x
     else:
         y = alpha * x
     if MASK_STORE:
@@ -51,7 +53,8 @@ def _scale_body(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
         tl.store(y_ptr + offsets, y)
 
 
-_SCALE = dict(USE_PID=True, OFF_BY_ONE=False, MASK_LOAD=True, LOAD_TWICE=False, ADD=False, MASK_STORE=True)
+_SCALE = dict(USE_PID=True, OFF_BY_ONE=False, MASK_LOAD=True, LOAD_TWICE=False, ADD=False, MASK_STORE=True,
+              NO_ALPHA=False)
 
 
 def _scale(**flags):
@@ -64,6 +67,7 @@ WRONG.add("masked-scale", "out-of-bounds-load", scale_kernel=_scale(MASK_LOAD=Fa
 WRONG.add("masked-scale", "never-written", scale_kernel=_scale(USE_PID=False))
 WRONG.add("masked-scale", "extra-traffic", scale_kernel=_scale(LOAD_TWICE=True))
 WRONG.add("masked-scale", "added-not-multiplied", scale_kernel=_scale(ADD=True))
+WRONG.add("masked-scale", "alpha-ignored", scale_kernel=_scale(NO_ALPHA=True))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -714,6 +718,32 @@ def test_counterexamples_label_arguments_and_count_as_the_learner_does():
     result = run_check("row-sum", LocalLearner({"row_sum_kernel": _row_sum(DROP_TAIL=True)}, forbidden=[]))
     assert "x: tensor of shape" in result.message and "BLOCK_N: 16" in result.message, result.message
     assert "at index (0," not in result.message, result.message  # out is (M,), not the grader's (1, M) buffer
+
+
+def test_mismatch_says_what_assert_close_says_and_where_the_output_first_differs():
+    from attnlab.grading.core import mismatch
+
+    want = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    got = want.clone()
+    got[1, 0] = 9.0
+    why = mismatch(got, want)
+    try:
+        torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-5)
+    except AssertionError as exc:
+        said = str(exc)
+    assert "Mismatched elements: 1 / 4 (25.0%)" in said and "1 / 4 entries differ (25.0%)" in why, why
+    assert "greatest absolute difference: 6.0 at index (1, 0)" in why, why
+    assert why.endswith("first mismatch at index (1, 0): expected 3, got 9"), why
+    assert mismatch(want.double() + 1e-7, want) is None                      # any real dtype, within tolerance
+    assert "shape" in mismatch(torch.ones(3), want) and "(yours != the spec's)" in mismatch(torch.ones(3), want)
+    assert "dtype" in mismatch(want > 2, want)                                # a bool for a float is refused
+    assert mismatch(torch.tensor([1.0, 2.0, 5.0]), torch.tensor([1.0, 2.0, 3.0])).endswith(
+        "first mismatch at index 2: expected 3, got 5")                       # a 1-D output's own index
+    nan = want.clone()
+    nan[0, 1] = float("nan")
+    assert "expected 2, got nan" in mismatch(nan, want)
+    assert mismatch(nan, nan, equal_nan=True) is None
+    assert mismatch((want, got), (want, want)).startswith("output 2 of 2: values differ")
 
 
 def test_check_output_wraps_at_word_boundaries():

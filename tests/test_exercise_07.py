@@ -151,8 +151,10 @@ def _fwd_body(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_
                 s = tl.where(tl.arange(0, BLOCK_N)[None, :] <= tl.arange(0, BLOCK_M)[:, None], s, float("-inf"))
             elif DIAG_MASK:
                 s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        if LOG2E:  # log2(e) folded into the scores for exp2 (as Triton's tutorial does), so m is in base 2
+            s = s * 1.4426950408889634
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if EXP2:
+        if EXP2 or LOG2E:
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
         else:
@@ -166,14 +168,17 @@ def _fwd_body(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_
         m_i = m_new
     tl.store(O + pid_b * stride_ob + offs_m[:, None] * stride_on + offs_d[None, :], acc / l_i[:, None],
              mask=rows[:, None])
-    if LSE_MAX:
+    if LOG2E:  # the log-sum-exp stored in the units the loop ran in: base 2
+        tl.store(L + pid_b * stride_lb + offs_m, m_i + tl.log2(l_i), mask=rows)
+    elif LSE_MAX:
         tl.store(L + pid_b * stride_lb + offs_m, m_i + tl.log(l_i), mask=rows)
     else:
         tl.store(L + pid_b * stride_lb + offs_m, tl.log(l_i), mask=rows)
 
 
 _FWD_OK = dict(SKIP=True, STRIDES=True, MASK_LOADS=True, TWICE=False, SCALE=True, MASK_TAIL=True, STRICT=False,
-               DIAG_MASK=True, EXP2=False, RESCALE=True, LSE_MAX=True, SCALE_ARG=True, IN_TILE=False)
+               DIAG_MASK=True, EXP2=False, RESCALE=True, LSE_MAX=True, SCALE_ARG=True, IN_TILE=False,
+               LOG2E=False)
 
 
 def _interpreted(make):
@@ -197,6 +202,7 @@ def _fwd_kernel(**wrong):
 FWD_KERNEL = _fwd_kernel()
 
 for _key, _flags in [("acc-not-rescaled", dict(RESCALE=False)), ("scale-forgotten", dict(SCALE=False)),
+                     ("lse-in-base-2", dict(LOG2E=True)),
                      ("masked-keys-not-masked", dict(MASK_TAIL=False)), ("causal-off-by-one", dict(STRICT=True)),
                      ("causal-diagonal-unmasked", dict(DIAG_MASK=False)), ("lse-missing-max", dict(LSE_MAX=False)),
                      ("exp2-without-log2e", dict(EXP2=True)), ("causal-blocks-not-skipped", dict(SKIP=False)),
@@ -311,17 +317,66 @@ def _backward(subtract_d=True, flip=False, scale_grads=True, recompute_scaled=Tr
     def flash_attention_pytorch(q, k, v, causal=False, block_m=16, block_n=16):
         return FlashAttentionFunction.apply(q, k, v, causal, block_m, block_n)
 
-    return flash_attention_pytorch
+    return {"tiled_attention_backward": tiled_attention_backward, "flash_attention_pytorch": flash_attention_pytorch}
 
 
-WRONG.add("tiled-backward", "d-not-subtracted", flash_attention_pytorch=_backward(subtract_d=False))
-WRONG.add("tiled-backward", "ds-sign-flipped", flash_attention_pytorch=_backward(flip=True))
-WRONG.add("tiled-backward", "grad-scale-forgotten", flash_attention_pytorch=_backward(scale_grads=False))
-WRONG.add("tiled-backward", "recompute-scale-forgotten", flash_attention_pytorch=_backward(recompute_scaled=False))
-WRONG.add("tiled-backward", "causal-mask-missing-in-backward", flash_attention_pytorch=_backward(causal_mask=False))
-WRONG.add("tiled-backward", "d-from-one-tile", flash_attention_pytorch=_backward(d_tile=True))
-WRONG.add("tiled-backward", "holds-n-by-n", flash_attention_pytorch=_backward(dense=True))
-WRONG.add("tiled-backward", "ctx-attribute-not-saved", flash_attention_pytorch=_backward(save_causal=False))
+WRONG.add("tiled-backward", "d-not-subtracted", **_backward(subtract_d=False))
+WRONG.add("tiled-backward", "ds-sign-flipped", **_backward(flip=True))
+WRONG.add("tiled-backward", "grad-scale-forgotten", **_backward(scale_grads=False))
+WRONG.add("tiled-backward", "recompute-scale-forgotten", **_backward(recompute_scaled=False))
+WRONG.add("tiled-backward", "causal-mask-missing-in-backward", **_backward(causal_mask=False))
+WRONG.add("tiled-backward", "d-from-one-tile", **_backward(d_tile=True))
+WRONG.add("tiled-backward", "holds-n-by-n", **_backward(dense=True))
+WRONG.add("tiled-backward", "ctx-attribute-not-saved", **_backward(save_causal=False))
+
+
+def _backward_returning_two(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
+    """dK and dV only (the dK/dV kernel's pair), dQ forgotten."""
+    _dq, dk, dv = _backward()["tiled_attention_backward"](q, k, v, o, L, do, causal, block_m, block_n)
+    return dk, dv
+
+
+WRONG.add("tiled-backward", "gradient-missing", **{**_backward(), "tiled_attention_backward": _backward_returning_two})
+
+
+def test_the_backward_is_called_directly_and_must_return_one_gradient_per_input():
+    ok = _backward()["tiled_attention_backward"]
+
+    def no_dk(*args):  # a learner who has not written dK yet
+        dq, _dk, dv = ok(*args)
+        return dq, None, dv
+
+    def two(*args):    # dq and dk only
+        return ok(*args)[:2]
+
+    for fn, words in [(no_dk, "dk is None"), (two, "expected three gradients (dq, dk, dv)")]:
+        result = run_check("tiled-backward", LocalLearner({**_backward(), "tiled_attention_backward": fn},
+                                                          forbidden=[]))
+        assert not result.passed and words in result.message, result.message
+        assert result.diagnosis == ["gradient-missing"], result.message
+        assert "`tiled_attention_backward` on" in result.message, result.message
+
+
+def test_a_gradient_check_names_the_input_whose_gradient_is_none():
+    from attnlab.grading.core import check_with_gradients, Fail
+
+    class NoDk(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k):
+            ctx.save_for_backward(k)
+            return q * k.sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            (k,) = ctx.saved_tensors
+            return g * k.sum(), None   # dk not written
+
+    def spec(q, k):
+        return q * k.sum()
+
+    case = ("n=3", (torch.randn(3), torch.randn(3)), {}, torch.ones(3))
+    with pytest.raises(Fail, match="the gradient of `k` is None"):
+        check_with_gradients({"f": NoDk.apply}, "f", spec, [case], inputs=[0, 1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +470,7 @@ test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
 
 def _ok_namespace():
     return {"online_softmax_update": _online(), "tiled_attention_forward": _tiled(), "flash_fwd_kernel": FWD_KERNEL,
-            "forward_traffic": _measure(lambda t: t.total_bytes), "flash_attention_pytorch": _backward(),
+            "forward_traffic": _measure(lambda t: t.total_bytes), **_backward(),
             "flash_bwd_dkdv_kernel": _dkdv_kernel()}
 
 
@@ -564,3 +619,20 @@ def test_the_tracer_is_allowed_where_attnlab_kernels_are_forbidden():
 
     result = run_check("traffic-experiment", {"forward_traffic": _measure(lambda t: t.total_bytes)})
     assert result.passed, result.message
+
+
+def test_hints_are_wrapped_like_the_rest_of_the_feedback(capsys):
+    from attnlab.grading import checks
+    from attnlab.grading.feedback import WIDTH
+
+    checks._HINTS_SHOWN.pop("tiled-forward", None)
+    words = []
+    for _ in range(4):  # the three hints, then the last one again
+        checks.hint("tiled-forward")
+        out = capsys.readouterr().out
+        assert all(len(line) <= WIDTH for line in out.splitlines()), out
+        words.append(out.split())
+    hints = __import__("attnlab.grading.exercises.e07", fromlist=["HINTS"]).HINTS["tiled-forward"]
+    assert max(len(h) for h in hints) > WIDTH                      # there was something to wrap
+    assert all(" ".join(hints[i].split()) in " ".join(w) for i, w in enumerate(words[:3]))  # no word lost
+    checks._HINTS_SHOWN.pop("tiled-forward", None)

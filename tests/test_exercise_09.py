@@ -65,6 +65,22 @@ WRONG.add("capstone-sdpa", "is-causal-ignored", my_sdpa=_sdpa(honour_causal=Fals
 WRONG.add("capstone-sdpa", "causal-replaces-mask", my_sdpa=_sdpa(drop_mask_when_causal=True))
 
 
+def _sdpa_without_autograd(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """Right numbers, computed under torch.no_grad() ("attention needs no gradients of its own"): not differentiable."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    with torch.no_grad():
+        s = q @ k.transpose(-2, -1) * scale
+        if is_causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        if attn_mask is not None:
+            s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+        p = torch.exp(s - s.amax(-1, keepdim=True))
+        return (p / p.sum(-1, keepdim=True)) @ v
+
+
+WRONG.add("capstone-sdpa", "not-differentiable", my_sdpa=_sdpa_without_autograd)
+
+
 # ---------------------------------------------------------------------------------------------
 # part 2: the causal kernel; mistake switches are globals of the kernel's code (see mistakes.variant)
 # ---------------------------------------------------------------------------------------------

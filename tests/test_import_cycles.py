@@ -114,13 +114,6 @@ def test_cycles_finds_a_cycle_through_a_lazy_import():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-# One cycle is known and not yet broken (issue 24 stays open for it): the grader's feedback text
-# (feedback.py, moved out of core.py in parallel with the grading boundary) and the checks it
-# describes (core.py's Mistake/Fail/mismatch, kernel_check's budgets, agent's error text) import one
-# another lazily. It is named exactly, so any other cycle, or this one growing, still fails.
-KNOWN = [["attnlab.grading.agent", "attnlab.grading.core", "attnlab.grading.feedback", "attnlab.grading.kernel_check"]]
-
-
 def test_no_import_cycle_in_attnlab():
-    found = [c for c in cycles(import_graph()) if c not in KNOWN]
+    found = cycles(import_graph())
     assert not found, f"import cycles in attnlab/ (each group imports itself through the others): {found}"

@@ -19,6 +19,7 @@ import sys
 
 from attnlab.grading import core
 from attnlab.grading.core import LocalLearner, learner_of, run_part
+from attnlab.grading.feedback import wrap
 from attnlab.grading.parts import HINTS, MANUAL, PACKAGE, TABLE, exercises, forbidden, info
 
 
@@ -82,7 +83,8 @@ _HINTS_SHOWN = {}  # part id -> how many hints this kernel has shown
 def hint(part_id):
     """Print the next hint of ``part_id`` (up to three, one more per call); returns None.
 
-    The hints go from where to start to nearly the answer's shape; none is the answer.
+    The hints go from where to start to nearly the answer's shape; none is the answer. Wrapped at word
+    boundaries to the width of the rest of the feedback (:func:`attnlab.grading.feedback.wrap`).
     """
     row = info(part_id)
     hints = HINTS.get(part_id, [])
@@ -91,8 +93,8 @@ def hint(part_id):
         return None
     shown = _HINTS_SHOWN.get(part_id, 0)
     if shown >= len(hints):
-        print(f"{part_id}: all {len(hints)} hints shown; the last one again:\n  {shown}. {hints[-1]}")
+        print(wrap(f"{part_id}: all {len(hints)} hints shown; the last one again:\n  {shown}. {hints[-1]}"))
         return None
     _HINTS_SHOWN[part_id] = shown + 1
-    print(f"{part_id} ({row.title}), hint {shown + 1} of {len(hints)}:\n  {hints[shown]}")
+    print(wrap(f"{part_id} ({row.title}), hint {shown + 1} of {len(hints)}:\n  {hints[shown]}"))
     return None

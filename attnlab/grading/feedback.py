@@ -9,8 +9,9 @@
   translated into one plain sentence with the fix;
 - :func:`wrap`: check output wrapped at word boundaries, so that a notebook never breaks a word in two.
 
-:mod:`attnlab.grading.core` imports the counterexample functions from here; nothing here imports core
-at module level.
+:mod:`attnlab.grading.core` imports the counterexample functions from here; nothing here imports another
+module of the grader (agent.py imports :func:`describe_exception` from here), so no import goes round in a
+circle.
 """
 
 import inspect
@@ -27,34 +28,41 @@ WIDTH = 100  # check output is wrapped at this many characters, at word boundari
 # counterexamples
 # ---------------------------------------------------------------------------------------
 
-def first_difference(got, want, rtol=1e-4, atol=1e-5, names=None):
-    """Where two results first differ: "at index (i, j): expected x, got y", or "" when it cannot tell.
-
-    For tuples: "output 2 of 2 (L), first mismatch ..." (1-based, as the learner counts; ``names`` label them)."""
+def first_mismatch(got, want, rtol=1e-4, atol=1e-5):
+    """(index in the output's own shape, expected, got, mismatched count, count) of the first entry where two
+    tensors of one shape differ (NaN equals NaN), or None when they agree or cannot be compared."""
     import torch
 
-    from attnlab.grading.core import mismatch
-
-    if isinstance(want, (tuple, list)) and isinstance(got, (tuple, list)) and len(got) == len(want):
-        for i, (g, w) in enumerate(zip(got, want)):
-            if mismatch(g, w, rtol, atol) is not None:
-                where = first_difference(g, w, rtol, atol)
-                return f"{output_name(i, len(want), names)}, {where}" if where else ""
-        return ""
     if not (torch.is_tensor(want) and torch.is_tensor(got)) or tuple(got.shape) != tuple(want.shape):
-        return ""
+        return None
     if want.dtype == torch.bool or got.dtype == torch.bool:
         bad = got.cpu() != want.cpu()
     else:
         g, w = got.detach().double().cpu(), want.detach().double().cpu()
-        close = torch.isclose(g, w, rtol=rtol, atol=atol) | (torch.isnan(g) & torch.isnan(w))
-        bad = ~close
+        bad = ~(torch.isclose(g, w, rtol=rtol, atol=atol) | (torch.isnan(g) & torch.isnan(w)))
     if not bad.any():
-        return ""
+        return None
     index = tuple(int(i) for i in torch.nonzero(bad)[0]) if bad.dim() else ()
     shown = index[0] if len(index) == 1 else index  # a 1-D output's index is a number, not (i,)
-    return (f"first mismatch at index {shown}: expected {_scalar(want[index])}, got {_scalar(got[index])} "
-            f"({int(bad.sum())} of {bad.numel()} entries differ)")
+    return shown, _scalar(want[index]), _scalar(got[index]), int(bad.sum()), bad.numel()
+
+
+def first_difference(got, want, rtol=1e-4, atol=1e-5, names=None):
+    """Where two results first differ: "first mismatch at index (i, j): expected x, got y (k of n entries
+    differ)", or "" when it cannot tell.
+
+    For tuples: "output 2 of 2 (L), first mismatch ..." (1-based, as the learner counts; ``names`` label them)."""
+    if isinstance(want, (tuple, list)) and isinstance(got, (tuple, list)) and len(got) == len(want):
+        for i, (g, w) in enumerate(zip(got, want)):
+            where = first_difference(g, w, rtol, atol)
+            if where:
+                return f"{output_name(i, len(want), names)}, {where}"
+        return ""
+    found = first_mismatch(got, want, rtol, atol)
+    if found is None:
+        return ""
+    index, expected, value, wrong, count = found
+    return f"first mismatch at index {index}: expected {expected}, got {value} ({wrong} of {count} entries differ)"
 
 
 def output_name(i, n, names=None):
@@ -106,15 +114,18 @@ def parameter_names(fn):
         return []
 
 
-def counterexample(label, got, want, args, kwargs, spec=None, rtol=1e-4, atol=1e-5, names=None):
-    """The lines a failure shows: the inputs (labelled by ``spec``'s parameter names, or ``names``), and where
-    expected and got first differ."""
+def case_line(label, args, kwargs, spec=None, names=None):
+    """The counterexample's inputs, labelled by ``spec``'s parameter names (or ``names``): what a failure whose
+    reason came from :func:`attnlab.grading.core.mismatch` (which says where the output differs) shows."""
     labels = names if names is not None else (parameter_names(spec) if spec else None)
-    lines = [f"counterexample ({label}): {describe_inputs(args, kwargs, labels)}"]
+    return f"counterexample ({label}): {describe_inputs(args, kwargs, labels)}"
+
+
+def counterexample(label, got, want, args, kwargs, spec=None, rtol=1e-4, atol=1e-5, names=None):
+    """The lines a failure whose reason does not say where the output differs shows: the inputs
+    (:func:`case_line`) and where expected and got first differ."""
     where = first_difference(got, want, rtol, atol)
-    if where:
-        lines.append(where)
-    return lines
+    return [case_line(label, args, kwargs, spec, names), *([where] if where else [])]
 
 
 def named(impl, args):
@@ -161,12 +172,16 @@ ARANGE_NOT_CONSTEXPR = ("tl.arange needs bounds known when the kernel is compile
                         "such as n_elements; mask the lanes past n instead")
 
 
+NOT_DIFFERENTIABLE = ("the output is not differentiable: autograd cannot reach q, k, v through it; compute it with "
+                      "torch operations on the inputs themselves, not under torch.no_grad(), not through .detach(), "
+                      ".item(), .numpy() or a new torch.tensor(...)")
 CTX_NOT_SET = ("the backward reads ctx.{0}, which your forward never set: in the Function's forward keep it on "
                "ctx (ctx.{0} = {0}) beside ctx.save_for_backward(...)")
 
 # the key a check reports for each plain sentence (its diagnosis)
 PLAIN_KEYS = {POINTER_INDEXED: "pointer-indexed", TORCH_IN_KERNEL: "torch-op-in-kernel",
-              ARANGE_NOT_CONSTEXPR: "arange-not-constexpr", CTX_NOT_SET: "ctx-attribute-not-saved"}
+              ARANGE_NOT_CONSTEXPR: "arange-not-constexpr", CTX_NOT_SET: "ctx-attribute-not-saved",
+              NOT_DIFFERENTIABLE: "not-differentiable"}
 
 
 def plain_sentence(text, line=""):
@@ -178,6 +193,9 @@ def plain_sentence(text, line=""):
         return TORCH_IN_KERNEL
     if "arange's arguments must be of type tl.constexpr" in text:
         return ARANGE_NOT_CONSTEXPR
+    if "does not require grad and does not have a grad_fn" in text or \
+            "does not depend on the inputs through autograd" in text:
+        return NOT_DIFFERENTIABLE
     found = re.search(r"'\w*Backward\w*' object has no attribute '(\w+)'", text)
     if found:
         return CTX_NOT_SET.format(found.group(1))
@@ -234,31 +252,3 @@ def wrap(text, width=WIDTH):
         out.extend(textwrap.wrap(line.strip(), width=width, initial_indent=indent, subsequent_indent=indent + "  ",
                                  break_long_words=False, break_on_hyphens=False))
     return "\n".join(out)
-
-
-def labelled(names, args, mistakes):
-    """(kwargs, mistakes) for a check that calls a helper without parameter names (``kernel_failure``): the
-    arguments keyed by ``names``, so the counterexample labels them, and each mistake taking them back in order."""
-    from attnlab.grading.core import Mistake
-
-    kwargs = dict(zip(names, args))
-
-    def positional(impl):
-        return None if impl is None else (lambda **kw: impl(*kw.values()))
-
-    return kwargs, [Mistake(m.key, m.message, positional(m.impl)) for m in mistakes]
-
-
-def within_budget(says, name, label, traffic, budget, mistakes=()):
-    """:func:`attnlab.grading.kernel_check.check_traffic`, with the part's own budget in the diagnosis: ``says``
-    (e.g. "each row read at most twice, written once") replaces the generic "load each input element once",
-    which a part whose budget is two passes, or K and V once per query block, contradicts."""
-    from attnlab.grading.core import Fail, Mistake
-    from attnlab.grading.kernel_check import check_traffic
-
-    try:
-        return check_traffic(name, label, traffic, budget, mistakes)
-    except Fail as exc:
-        exc.mistakes = [Mistake(m.key, f"the kernel moves more bytes than the part allows: {says}", m.impl)
-                        if m.key == "extra-traffic" else m for m in exc.mistakes]
-        raise

@@ -20,7 +20,8 @@ memory the grader resets and reads (files the sandbox does not see; without a cg
 ``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.isolated`'s process, which
 honours ``"undefined_other": True``. A memory measurement that cannot be made is a failed check, never a
 pass. FLOPs are not counted there (counting them in the learner's process would be the learner's word):
-the causal-skip check of exercise 07 rests on its NaN-poisoned tail instead.
+the causal-skip check of exercise 07 rests on its NaN-poisoned tail instead (why no outside measurement can
+replace it: the docstring of ``attnlab/grading/exercises/e07/checks.py``).
 """
 
 import contextlib
@@ -188,27 +189,12 @@ def measured_call(learner, name, case, grad=None, flops=True):
     return reply, {"peak_bytes": peak_bytes, "flops": counter.get_total_flops() if counter is not None else None}
 
 
-@contextlib.contextmanager
 def _nan_for_missing_other():
-    """In Triton's interpreter, masked lanes of a load without ``other=`` read NaN (float) instead of 0."""
-    import numpy as np
-    from triton.runtime import interpreter as ti
+    """In Triton's interpreter, masked lanes of a load without ``other=`` read NaN (float) instead of 0
+    (the patch lives in :func:`attnlab._interp_hooks.nan_for_missing_other`; isolated.py enters it by this name)."""
+    from attnlab._interp_hooks import nan_for_missing_other
 
-    cls = ti.InterpreterBuilder
-    original = cls.create_masked_load
-
-    def create_masked_load(self, ptrs, mask, other, *rest):
-        if other is None:
-            dtype_np = ti._get_np_dtype(ptrs.get_element_ty())
-            if np.issubdtype(dtype_np, np.floating):
-                other = ti.TensorHandle(np.full(ptrs.data.shape, np.nan, dtype=dtype_np), ptrs.get_element_ty())
-        return original(self, ptrs, mask, other, *rest)
-
-    cls.create_masked_load = create_masked_load
-    try:
-        yield
-    finally:
-        cls.create_masked_load = original
+    return nan_for_missing_other()
 
 
 class _UndefinedOther:

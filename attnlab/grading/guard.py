@@ -20,11 +20,7 @@ its exceptions are caught. Example::
     guarded(scale_kernel)[(triton.cdiv(1000, 128),)](x, y, 1000, 3.0, BLOCK_SIZE=128)
 """
 
-import contextlib
 import inspect
-import threading
-
-_lock = threading.Lock()
 
 
 class OutOfBounds(Exception):
@@ -54,33 +50,23 @@ def _span(t):
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
-@contextlib.contextmanager
-def _bounds_checked():
-    """While active, an interpreted load or store outside every tensor argument raises OutOfBounds first."""
+def _spans(fn, args, meta):
+    """(name, first byte, end byte) of every tensor argument of a launch of the Python kernel ``fn``."""
+    params = inspect.signature(fn).parameters
+    try:  # launch options (num_warps, ...) are not the kernel's parameters
+        bound = inspect.getcallargs(fn, *args, **{k: v for k, v in meta.items() if k in params})
+    except TypeError:
+        bound = {f"argument {i + 1}": a for i, a in enumerate(args)}
+    return [(name, *_span(val)) for name, val in bound.items()
+            if hasattr(val, "data_ptr") and hasattr(val, "untyped_storage")]
+
+
+def _bounds_check(spans):
+    """The check run before each load and store (:func:`attnlab._interp_hooks.before_each_access`): an access
+    outside every tensor of the launch raises OutOfBounds, naming the tensor it ran past."""
     import numpy as np
-    from triton.runtime import interpreter as ti
 
-    builder_cls, executor = ti.InterpreterBuilder, ti.GridExecutor
-    spans = []  # (name, start, end) of the running launch's tensors
-    orig_init, orig_load, orig_store = executor._init_args_hst, builder_cls.create_masked_load, \
-        builder_cls.create_masked_store
-
-    def init_args(self, args_dev, kwargs):
-        args_hst, kwargs_hst = orig_init(self, args_dev, kwargs)
-        try:
-            bound = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)
-        except TypeError:
-            bound = {f"argument {i + 1}": a for i, a in enumerate(args_hst)}
-        spans[:] = [(name, *_span(val)) for name, val in bound.items()
-                    if hasattr(val, "data_ptr") and hasattr(val, "untyped_storage")]
-        return args_hst, kwargs_hst
-
-    def check(op, ptrs, mask):
-        if not spans:
-            return
-        addr = ptrs.data[mask.data.astype(bool)].astype(np.uint64).ravel()
-        if not addr.size:
-            return
+    def check(op, addr, grid):
         inside = np.zeros(addr.shape, dtype=bool)
         for _name, start, end in spans:
             inside |= (addr >= start) & (addr < end)
@@ -94,29 +80,11 @@ def _bounds_checked():
             where, name = "past the end of", min(below)[1]
         else:
             where, name = "before the start of", min(above)[1] if above else "any tensor"
-        grid = ti.interpreter_builder.grid_idx or (0, 0, 0)
-        program = tuple(int(i) for i in grid)
+        program = grid
         while len(program) > 1 and program[-1] == 0:
             program = program[:-1]
         raise OutOfBounds(op, int(bad.size), program, name, where)
-
-    def load(self, ptrs, mask, other, *rest):
-        check("load", ptrs, mask)
-        return orig_load(self, ptrs, mask, other, *rest)
-
-    def store(self, ptrs, value, mask, *rest):
-        check("store", ptrs, mask)
-        return orig_store(self, ptrs, value, mask, *rest)
-
-    with _lock:
-        executor._init_args_hst, builder_cls.create_masked_load, builder_cls.create_masked_store = \
-            init_args, load, store
-    try:
-        yield
-    finally:
-        with _lock:
-            executor._init_args_hst, builder_cls.create_masked_load, builder_cls.create_masked_store = \
-                orig_init, orig_load, orig_store
+    return check
 
 
 def _name_of(kernel):
@@ -144,9 +112,10 @@ def guarded(kernel):
 def _interpreted(kernel):
     """Whether ``kernel`` runs in Triton's interpreter: no GPU, or defined under TRITON_INTERPRET=1."""
     import torch
-    from triton.runtime.interpreter import InterpretedFunction
 
-    return not torch.cuda.is_available() or isinstance(kernel, InterpretedFunction)
+    from attnlab._interp_hooks import is_interpreted
+
+    return not torch.cuda.is_available() or is_interpreted(kernel)
 
 
 def _launch(kernel, grid, args, meta):
@@ -155,14 +124,15 @@ def _launch(kernel, grid, args, meta):
     name = _name_of(kernel)
     try:
         if _interpreted(kernel):  # in Triton's interpreter, whatever TRITON_INTERPRET was when the kernel was defined
-            from attnlab._interp_hooks import interpreted, interpreter_session, jit_helpers_interpreted, \
-                kernel_function
+            from attnlab._interp_hooks import before_each_access, interpreted, interpreter_session, \
+                jit_helpers_interpreted, kernel_function
 
             fn = kernel_function(kernel)
             if fn is None:
                 print(f"`{name}` is not a Triton kernel (a function decorated with @triton.jit)")
                 return False
-            with interpreter_session(), jit_helpers_interpreted(), _bounds_checked():
+            check = _bounds_check(_spans(fn, args, meta))
+            with interpreter_session(), jit_helpers_interpreted(), before_each_access(check):
                 interpreted(fn)[grid](*args, **meta)
         else:
             kernel[grid](*args, **meta)

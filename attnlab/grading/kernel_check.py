@@ -28,7 +28,7 @@ import math
 import torch
 
 from attnlab.grading.agent import device as _device
-from attnlab.grading.core import Fail, Mistake, counterexample, diagnose, learner_of, mismatch, present, value_of
+from attnlab.grading.core import Fail, Mistake, case_line, diagnose, learner_of, mismatch, present, value_of
 
 SENTINELS = (7.25, -3.5)
 
@@ -136,8 +136,7 @@ def kernel_failure(label, name, got, want, mistakes, args, kwargs, uses_dot=Fals
     rtol, atol = (tol, tol) if tol else (1e-4, 1e-5)
     why = mismatch(got, want, rtol, atol)
     if why:
-        raise Fail("\n    ".join([f"`{name}` on {label}: {why}", *counterexample(label, got, want, args, kwargs,
-                                                                            rtol=rtol, atol=atol)]),
+        raise Fail("\n    ".join([f"`{name}` on {label}: {why}", case_line(label, args, kwargs)]),
                    diagnose(got, mistakes, args, kwargs, rtol, atol))
 
 
@@ -163,3 +162,26 @@ def check_traffic(name, label, traffic, budget, mistakes=()):
             raise Fail(f"`{name}` on {label}: stored {seen['store_bytes']} bytes to `{k}`; the budget is "
                        f"{max_store} bytes ({seen['store_bytes'] / max(max_store, 1):.2f}x)", [*mistakes, TOO_MUCH_TRAFFIC])
     return True
+
+
+def within_budget(says, name, label, traffic, budget, mistakes=()):
+    """:func:`check_traffic`, with the part's own budget in the diagnosis: ``says`` (e.g. "each row read at
+    most twice, written once") replaces the generic "load each input element once", which a part whose budget
+    is two passes, or K and V once per query block, contradicts."""
+    try:
+        return check_traffic(name, label, traffic, budget, mistakes)
+    except Fail as exc:
+        exc.mistakes = [Mistake(m.key, f"the kernel moves more bytes than the part allows: {says}", m.impl)
+                        if m.key == "extra-traffic" else m for m in exc.mistakes]
+        raise
+
+
+def labelled(names, args, mistakes):
+    """(kwargs, mistakes) for a check that calls :func:`kernel_failure` without parameter names: the arguments
+    keyed by ``names``, so the counterexample labels them, and each mistake taking them back in order."""
+    kwargs = dict(zip(names, args))
+
+    def positional(impl):
+        return None if impl is None else (lambda **kw: impl(*kw.values()))
+
+    return kwargs, [Mistake(m.key, m.message, positional(m.impl)) for m in mistakes]

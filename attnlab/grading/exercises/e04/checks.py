@@ -265,6 +265,14 @@ _FLOP_MISTAKES = [
     Mistake("output-projection-forgotten", "the output projection (2*n_q*d_model^2) is missing",
             lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, out=False)),
     Mistake("batch-forgotten", "multiply by the batch", lambda b, nq, nk, d, h: _flops(1, nq, nk, d, h)),
+    Mistake("bias-additions-counted", "the bias additions are counted: the part counts matmul FLOPs only, as "
+            "FlopCounterMode does (not the softmax, the scale or the biases)",
+            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h) + b * d * (2 * nq + 2 * nk)),
+] + [  # a few FLOPs per score (exp, sum, divide, the max, the scale ...), whichever number the learner chose
+    Mistake("softmax-counted", "the softmax (or the scale) is counted: the part counts matmul FLOPs only, as "
+            "FlopCounterMode does, and the softmax and the scale are not matmuls",
+            (lambda per: lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h) + per * b * h * nq * nk)(per))
+    for per in range(1, 7)
 ]
 
 

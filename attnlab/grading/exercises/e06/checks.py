@@ -14,9 +14,9 @@ from attnlab.grading.agent import device as _device
 from attnlab.grading.core import Fail, Mistake, NotAccepted, NotDone, Registry, check_function, gen as _gen, \
     randn as _randn
 from attnlab.grading.exercises.e06 import spec as specs
-from attnlab.grading.feedback import labelled, within_budget
 from attnlab.grading.footprint import undefined_other
-from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, next_power_of_2, run_guarded
+from attnlab.grading.kernel_check import (cdiv, check_traffic, kernel_failure, labelled,
+                                          next_power_of_2, run_guarded, within_budget)
 
 CHECKS = Registry()
 

@@ -15,7 +15,8 @@ PARTS = [
          ("tiled_attention_forward", "flash_attention_pytorch")),
     Part("flash-kernel-loop", "the whole Triton forward kernel", 4, ("flash_fwd_kernel",)),
     Part("traffic-experiment", "measuring the bytes your kernel moves", 2, ("forward_traffic",), "experiment"),
-    Part("tiled-backward", "the backward from L, with recomputation", 3, ("flash_attention_pytorch",)),
+    Part("tiled-backward", "the backward from L, with recomputation", 3,
+         ("tiled_attention_backward", "flash_attention_pytorch")),
     Part("dkdv-kernel", "(bonus) the dK/dV kernel in Triton", 1, ("flash_bwd_dkdv_kernel",)),
     Part("recompute-why", "why P is recomputed from L", 1, (), "manual"),
 ]
@@ -81,8 +82,8 @@ HINTS = {
         "each tile: S = Q_i K_j^T * scale.",
         "P_ij = exp(S_ij - L_i), with the causal mask applied as in the forward (P = 0 where j > i). Then "
         "dV_j += P^T dO_i and dP = dO_i V_j^T.",
-        "dS = P * (dP - D_i[:, None]); dQ_i += dS K_j * scale; dK_j += dS^T Q_i * scale. The Function's backward "
-        "returns (dq, dk, dv) and None for each argument that is not a tensor.",
+        "dS = P * (dP - D_i[:, None]); dQ_i += dS K_j * scale; dK_j += dS^T Q_i * scale. Return exactly "
+        "(dq, dk, dv), shaped like q, k, v: the grader calls tiled_attention_backward itself, with its own O and L.",
     ],
     "dkdv-kernel": [
         "One program per key block: load its K and V tiles once (masked at N), keep dk and dv accumulators of "

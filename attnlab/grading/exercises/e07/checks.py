@@ -7,6 +7,19 @@ byte budget: K and V read once per query block (only the blocks a causal block n
 written once, nothing else. Known mistakes are recognised by running *emulations*: the algorithm
 written block by block in PyTorch with a switch per mistake (``_forward_emulation``,
 ``_backward_emulation``), so one function gives the right answer and each wrong one.
+
+**Why the causal skip of the PyTorch forward rests on a NaN-poisoned tail under ``attnlab grade``.** The
+grader can measure the learner's process from outside only by what the operating system reports about it.
+Peak memory cannot show skipped tiles (a loop that computes a masked tile allocates the same tiles as one that
+skips it). Operation counts (``FlopCounterMode``, a dispatch trace) are taken inside the process that runs the
+learner's code, so they are the learner's word. CPU time from outside (the cgroup's ``cpu.stat``) is the
+learner's true cost, but a causal loop that skips nothing costs about twice as much, and on a shared machine
+that ratio is within the noise of one run: it would fail honest answers. So the check computes what no
+skipping loop can fake: with ``Nk > Nq`` and ``V = NaN`` in the keys no query may see, a key block that is
+computed reaches ``O`` (``0 * NaN = NaN`` in ``P V``), one that is skipped never does. A loop's bound is one
+expression of the query block, and the last query block's bound is the one the poisoned keys test (one block
+too many already reaches them). Where the learner's code runs in this process (the inline ``check()``), the
+matmul FLOPs are also counted, as feedback.
 """
 
 import math
@@ -16,12 +29,11 @@ import torch
 
 from attnlab.grading.agent import device as _device
 from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry, check_function, check_with_gradients,
-                                  counterexample, diagnose, gen as _gen, learner_of, mismatch, present, randn as _randn,
+                                  case_line, diagnose, gen as _gen, learner_of, mismatch, present, randn as _randn,
                                   value_of)
 from attnlab.grading.exercises.e07 import spec as specs
-from attnlab.grading.feedback import within_budget
 from attnlab.grading.footprint import measured_call
-from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
+from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded, within_budget
 from attnlab.tiled import tiled_attention
 
 CHECKS = Registry()
@@ -199,7 +211,7 @@ def _compare_outputs(name, label, got, want, names, mistakes, args, kwargs, rtol
         if tf32 and mismatch(g, w, 5e-3, 5e-3) is None:
             found.append(TF32)
         raise Fail("\n    ".join([f"`{name}` on {label}: {what}: {why}",
-                                  *counterexample(label, g, w, args, kwargs, spec, rtol=rtol, atol=atol)]), found)
+                                  case_line(label, args, kwargs, spec)]), found)
 
 
 TF32 = Mistake("tf32-dot", "close, but only to about 1e-3: on an NVIDIA GPU tl.dot multiplies float32 in TF32 "
@@ -269,9 +281,10 @@ def _peak_case(seed, n=PEAK_N, grad=False):
     return case + [_randn(g, 1, n, 16)] if grad else case
 
 
-def _check_memory(learner, name, seed, grad=None):
-    """Fail when the peak memory of a call at N = PEAK_N grows by more than PEAK_LIMIT, or cannot be measured."""
-    case = _peak_case(seed, grad=grad is not None)
+def _check_memory(learner, name, seed, grad=None, case=None):
+    """Fail when the peak memory of a call at N = PEAK_N (``case``, else :func:`_peak_case`) grows by more than
+    PEAK_LIMIT, or cannot be measured."""
+    case = case if case is not None else _peak_case(seed, grad=grad is not None)
     learner_of(learner).call(name, [case], grad=grad)  # once unmeasured: the allocator grows on a first call
     reply, cost = measured_call(learner, name, case, grad=grad, flops=False)
     present(reply, name)
@@ -614,8 +627,10 @@ class _WrongBackward(torch.autograd.Function):
 
 
 def _bwd(**flags):
-    return lambda q, k, v, causal=False, block_m=16, block_n=16: _WrongBackward.apply(q, k, v, causal, block_m,
-                                                                                       block_n, flags)
+    def impl(q, k, v, causal=False, block_m=16, block_n=16):
+        return _WrongBackward.apply(q, k, v, causal, block_m, block_n, flags)
+    impl.flags = flags
+    return impl
 
 
 _BACKWARD_MISTAKES = [
@@ -655,13 +670,73 @@ def _backward_cases():
     return cases
 
 
+def _direct(**flags):
+    """A wrong ``tiled_attention_backward(q, k, v, o, L, do, causal, block_m, block_n)`` (one mistake's switches)."""
+    return lambda q, k, v, o, L, do, causal=False, block_m=16, block_n=16: _backward_emulation(
+        q, k, v, o, L, do, causal, None, block_m, block_n, **flags)
+
+
+# the same mistakes, as the hand-written backward that the grader calls itself
+_DIRECT_MISTAKES = [Mistake(m.key, m.message, _direct(**m.impl.flags)) for m in _BACKWARD_MISTAKES]
+_GRADS = ("dq", "dk", "dv")
+
+
+def _backward_direct_cases():
+    """[(label, (q, k, v, o, L, do, causal, block_m, block_n), {})] with the grader's own O and L."""
+    cases = []
+    for label, (q, k, v, causal, bq, bk), _kw, do in _backward_cases():
+        o, lse = specs.tiled_attention_forward(q, k, v, causal, bq, bk)
+        cases.append((label, (q, k, v, o, lse, do, causal, bq, bk), {}))
+    return cases
+
+
+GRADIENT_MISSING = Mistake("gradient-missing", "the backward must return exactly (dq, dk, dv), three tensors shaped "
+                           "like q, k and v: the grader calls tiled_attention_backward itself, and a gradient that is "
+                           "None or missing (or dk and dv swapped) is one the Function's backward cannot return", None)
+
+
+def _three_gradients(name, label, got, args):
+    """Fail unless ``got`` is exactly (dq, dk, dv), tensors shaped like q, k, v (a None said as such)."""
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        kind = f"{len(got)} values" if isinstance(got, (tuple, list)) else type(got).__name__
+        raise Fail(f"`{name}` on {label}: expected three gradients (dq, dk, dv), one per input q, k, v; got {kind}",
+                   [GRADIENT_MISSING])
+    for what, g, x in zip(_GRADS, got, args[:3]):
+        if g is None:
+            raise Fail(f"`{name}` on {label}: {what} is None: return a gradient for each of q, k and v",
+                       [GRADIENT_MISSING])
+        if not torch.is_tensor(g) or tuple(g.shape) != tuple(x.shape):
+            shape = f"shape {tuple(g.shape)}" if torch.is_tensor(g) else type(g).__name__
+            raise Fail(f"`{name}` on {label}: {what} should be shaped like {what[1]}, {tuple(x.shape)}; got {shape}",
+                       [GRADIENT_MISSING])
+
+
 @CHECKS("tiled-backward")
 def _check_backward(ns):
-    n = check_with_gradients(ns, "flash_attention_pytorch", specs.flash_attention_pytorch, _backward_cases(),
-                             inputs=[0, 1, 2], mistakes=_BACKWARD_MISTAKES, rtol=GRAD_RTOL, atol=GRAD_ATOL,
-                             labels=["dQ", "dK", "dV"])
-    memory = _check_memory(ns, "flash_attention_pytorch", 1890, grad={"inputs": [0, 1, 2], "output": None})
-    return f"{n} cases match O, dQ, dK and dV (causal, Nq != Nk, partial blocks); forward and backward: {memory}"
+    learner = learner_of(ns)
+    name = "tiled_attention_backward"
+    cases = _backward_direct_cases()
+    reply = learner.call(name, [[a, kw] for _l, a, kw in cases])
+    present(reply, name)
+    results = reply.get("results", [])
+    for i, (label, args, kwargs) in enumerate(cases):
+        if i >= len(results):
+            raise Fail(f"`{name}`: the grader got no result for {label}")
+        got = value_of(results[i], name, label)
+        _three_gradients(name, label, got, args)
+        want = specs.tiled_attention_backward(*args, **kwargs)
+        _compare_outputs(name, label, got, want, _GRADS, [_DIRECT_MISTAKES] * 3, args, kwargs, rtol=GRAD_RTOL,
+                         atol=GRAD_ATOL, spec=specs.tiled_attention_backward)
+    # the peak memory of the hand-written backward itself, at a size where one N x N matrix dominates
+    (q, k, v, *_), _kw, do = _peak_case(1890, grad=True)
+    o, lse = specs.tiled_attention_forward(q, k, v, False, PEAK_BLOCK, PEAK_BLOCK)
+    memory = _check_memory(learner, name, 1890, case=[(q, k, v, o, lse, do, False, PEAK_BLOCK, PEAK_BLOCK), {}])
+    # the autograd.Function routes its backward there: one small case, through autograd
+    check_with_gradients(learner, "flash_attention_pytorch", specs.flash_attention_pytorch, _backward_cases()[1:2],
+                         inputs=[0, 1, 2], mistakes=_BACKWARD_MISTAKES, rtol=GRAD_RTOL, atol=GRAD_ATOL,
+                         labels=["dQ", "dK", "dV"])
+    return (f"{len(cases)} cases match dQ, dK and dV (causal, Nq != Nk, partial blocks); {memory}; "
+            f"FlashAttentionFunction's backward gives the same gradients")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,17 @@ def flash_attention_pytorch(q, k, v, causal=False, block_m=16, block_n=16):
                            block_n=block_n)[:, 0]
 
 
+def tiled_attention_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
+    """dq, dk, dv (shaped like q, k, v) of ``flash_attention_pytorch`` for the upstream gradient ``do``
+    (B, Nq, dv); ``o`` and ``L`` are the forward's and unused here: autograd through :mod:`attnlab.tiled`'s
+    attention is the reference of the learner's hand-written backward."""
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    with torch.enable_grad():
+        out = flash_attention_pytorch(q, k, v, causal, block_m, block_n)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    return dq, dk, dv
+
+
 def forward_traffic(n, causal=False, block_m=16, block_n=16, seed=0):
     """Bytes read plus bytes written by a FlashAttention-2 forward kernel that reads K and V once per
     query block (only the blocks it needs when causal), on q, k, v of shape (1, n, 16) float32 drawn

@@ -11,11 +11,10 @@ import warnings
 import torch
 
 from attnlab.attention import block_sparse_reference, scaled_dot_product_attention
-from attnlab.grading.core import (Fail, Mistake, Registry, clone, counterexample, diagnose, gen as _gen, learner_of,
+from attnlab.grading.core import (Fail, Mistake, Registry, clone, case_line, diagnose, gen as _gen, learner_of,
                                   mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e08 import spec as specs
-from attnlab.grading.feedback import labelled, within_budget
-from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, run_guarded
+from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, labelled, run_guarded, within_budget
 from attnlab.mask_mods import MASK_MODS
 
 CHECKS = Registry()
@@ -237,7 +236,7 @@ def _check_block_mask(ns):
                            f"block's key blocks in increasing order, as FlexAttention does")
             names = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"]
             which = next(n for n, g, w in zip(names, got, want) if mismatch(g, w))
-            lines = counterexample(label, got, want, args, {}, names=_BLOCK_MASK_FOR)
+            lines = [case_line(label, args, {}, names=_BLOCK_MASK_FOR)]
             raise Fail("\n    ".join([f"`create_block_mask` on {label}: {why} ({which}; entries past each count "
                                       f"are shown as -1 and not compared)", *lines]),
                        diagnose(got, _BLOCK_MASK_MISTAKES, args, {}))
@@ -706,8 +705,7 @@ def _check_experiment(ns):
     want = (torch.tensor(dens, dtype=torch.float64), torch.tensor(kv, dtype=torch.float64))
     why = mismatch(got, want, rtol=1e-9, atol=1e-9)
     if why:
-        lines = counterexample(label, got, want, (windows, n, d, bs, seed), {},
-                               names=("windows", "n", "d", "block_size", "seed"))
+        lines = [case_line(label, (windows, n, d, bs, seed), {}, names=("windows", "n", "d", "block_size", "seed"))]
         raise Fail("\n    ".join([f"`bytes_against_density` on {label}: {why} (the densities must match within 1e-9, "
                                   f"the bytes exactly)", *lines]),
                    diagnose(got, _EXPERIMENT_MISTAKES, (windows, n, d, bs, seed), {}, rtol=1e-9, atol=1e-9))

@@ -14,7 +14,7 @@ import torch
 
 from attnlab.attention import causal_mask
 from attnlab.grading.agent import device as _device
-from attnlab.grading.core import (Fail, Mistake, Registry, check_with_gradients, counterexample, diagnose,
+from attnlab.grading.core import (Fail, Mistake, Registry, check_with_gradients, case_line, diagnose,
                                   gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e09 import spec as specs
 from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, run_guarded
@@ -351,8 +351,7 @@ def _check_train(ns):
             found = [FIRST_STEP]
         raise Fail("\n    ".join([f"`train_gpt` on {label}: the losses are not those of the same run with SDPA "
                                   f"(every step within {tol:g}): {why}",
-                                  *counterexample(label, losses, want, (seed, TRAIN_STEPS), {}, specs.train_gpt,
-                                                  rtol=0.0, atol=tol)]), found)
+                                  case_line(label, (seed, TRAIN_STEPS), {}, specs.train_gpt)]), found)
     worst = (torch.as_tensor(got, dtype=torch.float64) - want.double()).abs().max().item()
     return (f"your run's {TRAIN_STEPS} losses follow SDPA's run from the same seed (largest difference "
             f"{worst:.1e}, tolerance {tol:g}): loss {float(want[0]):.3f} -> {float(want[-1]):.3f}")
@@ -447,7 +446,6 @@ def _check_experiment(ns):
             _RUNS.clear()
             raise Fail("\n    ".join([f"`local_vs_dense` on {label}: the grader's reproduction differs (every "
                                       f"step within {tol:g}): {why}",
-                                      *counterexample(label, got, want, args, {}, specs.local_vs_dense, rtol=0.0,
-                                                      atol=tol)]), found)
+                                      case_line(label, args, {}, specs.local_vs_dense)]), found)
     _RUNS.clear()
     return (f"{len(cases)} experiments reproduced (dense and local + global loss curves, every step within {tol:g})")

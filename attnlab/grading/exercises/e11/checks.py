@@ -16,7 +16,7 @@ import torch
 
 from attnlab import iomodel
 from attnlab.distributed import attention_lse, shard
-from attnlab.grading.core import (Fail, Mistake, Registry, check_function, clone, counterexample, diagnose,
+from attnlab.grading.core import (Fail, Mistake, Registry, check_function, clone, case_line, diagnose,
                                   gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e11 import spec as specs
 
@@ -311,7 +311,7 @@ def _check_ring(ns):
             if why:
                 found = diagnose(got, _RING_MISTAKES, args, kwargs)
                 raise Fail("\n    ".join([f"`ring_step` on {label}: {why}",
-                                          *counterexample(label, got, want, args, kwargs, specs.ring_step)]), found)
+                                          case_line(label, args, kwargs, specs.ring_step)]), found)
             ring["state"][rank] = (got[0], got[1])                   # the learner's own result travels on
             ring["sent"][rank] += int(got[2])
     for ring in rings:                                               # the whole ring against one device
