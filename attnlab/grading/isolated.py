@@ -1,6 +1,6 @@
 """The learner's Triton kernels, taken from the notebook as text and launched where the learner cannot reach.
 
-``attnlab grade`` never asks the learner's kernel process to launch a Triton part's kernel: whatever
+``attnlab grade`` never asks the learner's process to launch a Triton part's kernel: whatever
 that process says about a launch (traced or not, in bounds or not) could be forged by a learner cell.
 Instead (:class:`IsolatedKernels`):
 
@@ -101,28 +101,34 @@ def kernel_module(sources):
 
 
 def _send(stream, obj):
+    """One frame: the length, then ``torch.save`` of ``obj``'s plain form (:func:`attnlab.grading.agent._plain`)."""
     import torch
 
+    from attnlab.grading.agent import _plain
+
     buffer = io.BytesIO()
-    torch.save(obj, buffer)
+    torch.save(_plain(obj), buffer)
     data = buffer.getvalue()
     stream.write(struct.pack("<Q", len(data)) + data)
     stream.flush()
 
 
 def _receive(stream, limit=MAX_REPLY):
+    """One frame, read with ``torch.load(weights_only=True)``: nothing in it can run code."""
     import torch
+
+    from attnlab.grading.agent import _restored
 
     head = stream.read(8)
     if len(head) != 8:
-        raise EOFError("the kernel process closed its pipe")
+        raise EOFError("the process closed its pipe")
     (size,) = struct.unpack("<Q", head)
     if size > limit:
         raise ValueError(f"a reply of {size >> 20} MiB (more than {limit >> 20} MiB)")
     data = stream.read(size)
     if len(data) != size:
-        raise EOFError("the kernel process stopped in the middle of a reply")
-    return torch.load(io.BytesIO(data), weights_only=True)
+        raise EOFError("the process stopped in the middle of a reply")
+    return _restored(torch.load(io.BytesIO(data), weights_only=True))
 
 
 # ---------------------------------------------------------------------------------------
