@@ -62,12 +62,12 @@ def _status(result, shell):
     return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc)[:500]}
 
 
-def main():
-    """The process: cells and calls from the grader (stdin), answers to it (stdout), nothing else on either."""
-    frames_in, frames_out = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")  # not inherited by children
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
+def main(in_fd, out_fd):
+    """The process: cells and calls from the grader (``in_fd``), answers to it (``out_fd``); its stdin, stdout and
+    stderr are ``/dev/null`` (nothing it prints is kept, and nothing it writes there reaches a frame)."""
+    frames_in, frames_out = os.fdopen(os.dup(in_fd), "rb"), os.fdopen(os.dup(out_fd), "wb")  # not inherited
+    os.close(in_fd)
+    os.close(out_fd)
     from IPython.core.interactiveshell import InteractiveShell
 
     from attnlab.grading import agent
@@ -121,12 +121,21 @@ class Functions:
         work.mkdir(parents=True)  # outside the sandbox: where its tmpfs goes
         runtime.mkdir(parents=True)
         course = str(Path(__file__).resolve().parents[2])
-        boot = f"import sys; sys.path.insert(0, {course!r}); from attnlab.grading.runner import main; main()"
+        to_child, from_grader = os.pipe()[::-1]
+        from_child, to_grader = os.pipe()
+        boot = (f"import sys; sys.path.insert(0, {course!r}); from attnlab.grading.runner import main; "
+                f"main({from_grader}, {to_grader})")
         cmd = sandbox.wrap_command([sys.executable, "-I", "-c", boot], work, runtime, self.copy, self.limits)
         self.cgroup = sandbox.Cgroup.make(self.limits)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=kernel_env(work), cwd=str(work),
-                                     preexec_fn=sandbox.preexec(self.limits, self.cgroup))
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, pass_fds=(from_grader, to_grader),
+                                         env=kernel_env(work), cwd=str(work),
+                                         preexec_fn=sandbox.preexec(self.limits, self.cgroup))
+        finally:
+            os.close(from_grader)
+            os.close(to_grader)
+        self.proc.frames = os.fdopen(to_child, "wb"), os.fdopen(from_child, "rb")
         self._exchange(None, min(120, self.remaining()), "did not start")
         self.pid = _python_below(self.proc.pid)  # found before any learner code runs: it cannot fork a decoy first
         for _, source in self.ran:
@@ -144,8 +153,8 @@ class Functions:
         watchdog.start()
         try:
             if req is not None:
-                _send(proc.stdin, req)
-            reply = _receive(proc.stdout)
+                _send(proc.frames[0], req)
+            reply = _receive(proc.frames[1])
             if not isinstance(reply, dict):
                 raise TypeError("the reply is not a dict")
             return reply
@@ -192,6 +201,11 @@ class Functions:
                 proc.wait(timeout=10)
             except Exception:
                 pass
+            for stream in getattr(proc, "frames", ()):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
         if self.cgroup is not None:
             self.cgroup.remove()
             self.cgroup = None
