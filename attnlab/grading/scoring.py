@@ -22,6 +22,7 @@ touches, with the reason. The process can lie about its cells' statuses: a lie t
 points, and a lie that a cell ran changes nothing, since the check decides on the outputs.
 """
 
+import ast
 import json
 import os
 import secrets
@@ -85,11 +86,15 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     given = given_sources(exercise)
 
-    # shortcuts, from the syntax of each part's learner cells and of the learner's cells of no part
+    # shortcuts, from the syntax of each part's learner cells and of every other learner cell that defines one of
+    # its functions or a name those cells read (``_sm = torch.softmax`` above the first answer cell, a relabelled answer)
     shortcut = {}
+    learners = [c.source for c in nb.cells if c.cell_type == "code" and learner_cell(c, "", given)]
     for p in parts:
-        mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o in (p, None)
+        mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o == p
                 and learner_cell(c, p, given)]
+        reads = set(names[p]) | {n for source in mine for n in _names(source, ast.Name)}
+        mine += [source for source in learners if source not in mine and _names(source, "defined") & reads]
         found = uses(mine, forbidden(p), code)
         if found:
             shortcut[p] = found
@@ -194,6 +199,20 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         report["notes"] = notes
     report["score"] = sum(part["points"] for part in report["parts"])
     return report
+
+
+def _names(source, kind):
+    """The names ``source`` reads anywhere (kind ast.Name), or defines at its top level ("defined": not by a
+    plain ``import module``, which a scratch cell and an answer share without feeding it anything)."""
+    from attnlab.grading.layout import _defined
+    from attnlab.grading.shortcuts import _parse
+
+    tree = _parse(source)
+    if tree is None:
+        return set()
+    if kind == "defined":
+        return {n for node in tree.body if not isinstance(node, ast.Import) for n in _defined(node)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _problem(status):
