@@ -162,7 +162,8 @@ class Functions:
             timed_out = not watchdog.is_alive()
             self.stop()
             raise Dead(f"did not finish within {budget:.0f} s (an endless loop?)" if timed_out else
-                       f"{what}: the process died ({type(exc).__name__}: {exc}; out of memory, killed, os._exit?)")
+                       f"{what}: the process running it died or was killed ({type(exc).__name__}: {exc}; out of "
+                       "memory, a signal, os._exit?)")
         finally:
             watchdog.cancel()
 
