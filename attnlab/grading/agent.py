@@ -283,20 +283,24 @@ def describe_error(exc):
     return describe_exception(exc)
 
 
-def _filled(shape, value):
+def torch_full(shape, value):
     import torch
 
     return torch.full(tuple(shape), value)
 
 
-def run_launch(obj, req):
-    """One ``launch`` request on the kernel object ``obj``; the per-sentinel observations."""
+def run_launch(obj, req, before=None):
+    """One ``launch`` request on the kernel object ``obj``; the per-sentinel observations. ``before(args)``
+    runs before each launch (the isolated process verifies the kernel there)."""
     results = []
     for sentinel in req["sentinels"]:
-        buffers = {k: Buffer(b["data"] if not b.get("output") else _filled(b["shape"], sentinel), sentinel,
+        buffers = {k: Buffer(b["data"] if not b.get("output") else torch_full(b["shape"], sentinel), sentinel,
                              b.get("pad_rows", 0), b.get("pad_cols", 0)) for k, b in req["buffers"].items()}
-        results.append(launch(obj, req["name"], req["grid"], lambda bufs: build_args(req["args"], bufs),
-                              req.get("kwargs", {}), buffers, loads=req.get("loads", []) if not results else ()))
+        args = build_args(req["args"], buffers)
+        if before is not None:
+            before(args)
+        results.append(launch(obj, req["name"], req["grid"], lambda bufs: args, req.get("kwargs", {}), buffers,
+                              loads=req.get("loads", []) if not results else ()))
     return results
 
 

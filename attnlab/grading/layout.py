@@ -169,6 +169,12 @@ def _defined(node):
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
+def _base(node):
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
 def to_run(nb, owner, given, parts, learner_names):
     """[(cell index, source)] that the grader's functions process runs, in notebook order.
 
@@ -202,6 +208,9 @@ def to_run(nb, owner, given, parts, learner_names):
             reads.visit(node)
             if not reads.names & derived:
                 kept.append(node)
+            else:  # what a demo fills (``runs[name] = ...``) is the demo's too
+                derived |= {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Subscript, ast.Attribute))
+                            and isinstance(n.ctx, ast.Store)} - {None}
         if kept:
             out.append((i, ast.unparse(ast.Module(body=kept, type_ignores=[]))))
     return out

@@ -4,17 +4,20 @@
 (:func:`main`, the process's side: no Jupyter, no zmq). It runs the cells it is sent through IPython's
 ``InteractiveShell`` (magics as IPython runs them) and answers with each cell's status, read from
 ``run_cell``'s result; then it answers ``call`` requests with the learner's outputs
-(:func:`attnlab.grading.agent.handle`). Frames are ``torch.save`` bytes, read with ``weights_only=True``
-(:func:`attnlab.grading.isolated._send`/``_receive``). The process's own stdout and stderr are ``/dev/null``:
+(:func:`attnlab.grading.agent.handle`). Frames (:func:`_send`, :func:`_receive`) are ``torch.save`` bytes, read
+with ``weights_only=True``, on two pipes of their own; :class:`Sandboxed` is such a process, also the Triton parts'
+(:mod:`attnlab.grading.isolated`). The process's own stdout and stderr are ``/dev/null``:
 nothing it prints reaches the grader. A cell or call that hangs is ended by the grader killing the process;
 a later part gets a fresh process that runs the same cells again. What the process answers is data: it
 decides nothing. :func:`grade_in_subprocess` grades one notebook in a worker process of its own
 (``python -I`` from an empty folder, its memory capped), whose report comes back through a pipe.
 """
 
+import io
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -23,7 +26,6 @@ import time
 from pathlib import Path
 
 from attnlab.grading import sandbox
-from attnlab.grading.isolated import _receive, _send
 
 DEFAULT_CELL_TIMEOUT = 120
 DEFAULT_TIMEOUT = 600
@@ -46,6 +48,49 @@ def kernel_env(work):
     return env
 
 
+MAX_FRAME = 512 * 2**20
+
+
+def _send(stream, obj):
+    """One frame: the length, then ``torch.save`` of ``obj``'s plain form (:func:`attnlab.grading.agent._plain`)."""
+    import torch
+
+    from attnlab.grading.agent import _plain
+
+    buffer = io.BytesIO()
+    torch.save(_plain(obj), buffer)
+    data = buffer.getvalue()
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream, limit=MAX_FRAME):
+    """One frame, read with ``torch.load(weights_only=True)``: nothing in it can run code."""
+    import torch
+
+    from attnlab.grading.agent import _restored
+
+    head = stream.read(8)
+    if len(head) != 8:
+        raise EOFError("the process closed its pipe")
+    (size,) = struct.unpack("<Q", head)
+    if size > limit:
+        raise ValueError(f"a frame of {size >> 20} MiB (more than {limit >> 20} MiB)")
+    data = stream.read(size)
+    if len(data) != size:
+        raise EOFError("the process stopped in the middle of a frame")
+    return _restored(torch.load(io.BytesIO(data), weights_only=True))
+
+
+def frames(in_fd, out_fd):
+    """The process's side of the pipes (duplicated: no child it starts inherits them); says it is ready."""
+    streams = os.fdopen(os.dup(in_fd), "rb"), os.fdopen(os.dup(out_fd), "wb")
+    os.close(in_fd)
+    os.close(out_fd)
+    _send(streams[1], {"ready": True})
+    return streams
+
+
 # ---------------------------------------------------------------------------------------
 # the process's side
 # ---------------------------------------------------------------------------------------
@@ -63,17 +108,15 @@ def _status(result, shell):
 
 
 def main(in_fd, out_fd):
-    """The process: cells and calls from the grader (``in_fd``), answers to it (``out_fd``); its stdin, stdout and
-    stderr are ``/dev/null`` (nothing it prints is kept, and nothing it writes there reaches a frame)."""
-    frames_in, frames_out = os.fdopen(os.dup(in_fd), "rb"), os.fdopen(os.dup(out_fd), "wb")  # not inherited
-    os.close(in_fd)
-    os.close(out_fd)
+    """The functions process: cells and calls from the grader, answers to it; its stdin, stdout and stderr are
+    ``/dev/null`` (nothing it prints is kept, and nothing it writes there reaches a frame)."""
+    frames_in, frames_out = frames(in_fd, out_fd)
     from IPython.core.interactiveshell import InteractiveShell
 
     from attnlab.grading import agent
 
     shell = InteractiveShell.instance()
-    _send(frames_out, {"ready": True})
+    shell.ask_exit = lambda: setattr(shell, "exit_now", True)  # what exit() calls (a terminal's shell has it)
     while True:
         try:
             req = _receive(frames_in)
@@ -98,34 +141,38 @@ class Dead(Exception):
     """The process hung (killed after its time) or died; the text says which."""
 
 
-class Functions:
-    """The notebook's cells and the learner's functions in one fresh sandboxed process at a time.
+class Sandboxed:
+    """One fresh sandboxed ``python -I`` process at a time, running ``ENTRY`` (module, function), which is given
+    the two pipes' descriptors; frames both ways. A request that runs past its time kills the process; a
+    process that dies raises :class:`Dead`, and the next request starts a fresh one."""
 
-    ``run(index, source)`` runs a cell (its status, or Dead); ``request(req)`` asks for a call.
-    After a Dead, the next use starts a fresh process that runs the cells that ran so far again (those
-    that ended a process excepted), their statuses not read again."""
+    ENTRY = ("attnlab.grading.runner", "main")
 
-    def __init__(self, root, cell_timeout, deadline, limits, copy=None):
-        self.root, self.cell_timeout, self.deadline, self.limits, self.copy = Path(root), cell_timeout, deadline, \
-            limits, copy
+    def __init__(self, root, limits, timeout, deadline=float("inf"), copy=None):
+        self.root, self.limits, self.timeout, self.deadline, self.copy = Path(root), limits, timeout, deadline, copy
         self.proc = self.cgroup = self.pid = None
-        self.ran = []  # (index, source) of the cells run so far, run again in a fresh process
         self.starts = 0
 
     def remaining(self):
         return self.deadline - time.monotonic()
 
+    def _budget(self):
+        budget = min(self.timeout, self.remaining())
+        if budget <= 1:
+            raise Dead("the notebook ran past the total time limit")
+        return budget
+
     def _start(self):
         self.starts += 1
-        work, runtime = self.root / f"work-{self.starts}", self.root / f"runtime-{self.starts}"
+        work = self.root / f"work-{self.starts}"
         work.mkdir(parents=True)  # outside the sandbox: where its tmpfs goes
-        runtime.mkdir(parents=True)
-        course = str(Path(__file__).resolve().parents[2])
         to_child, from_grader = os.pipe()[::-1]
         from_child, to_grader = os.pipe()
-        boot = (f"import sys; sys.path.insert(0, {course!r}); from attnlab.grading.runner import main; "
-                f"main({from_grader}, {to_grader})")
-        cmd = sandbox.wrap_command([sys.executable, "-I", "-c", boot], work, runtime, self.copy, self.limits)
+        course = str(Path(__file__).resolve().parents[2])
+        module, function = self.ENTRY
+        boot = f"import sys; sys.path.insert(0, {course!r}); from {module} import {function} as f; " \
+               f"f({from_grader}, {to_grader})"
+        cmd = sandbox.wrap_command([sys.executable, "-I", "-c", boot], work, self.root, self.copy, self.limits)
         self.cgroup = sandbox.Cgroup.make(self.limits)
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -138,18 +185,14 @@ class Functions:
         self.proc.frames = os.fdopen(to_child, "wb"), os.fdopen(from_child, "rb")
         self._exchange(None, min(120, self.remaining()), "did not start")
         self.pid = _python_below(self.proc.pid)  # found before any learner code runs: it cannot fork a decoy first
-        for _, source in self.ran:
-            self._exchange({"op": "run", "source": source}, self._budget(), "stopped while its cells ran again")
+        self._started()
 
-    def _budget(self):
-        budget = min(self.cell_timeout, self.remaining())
-        if budget <= 1:
-            raise Dead("the notebook ran past the total time limit")
-        return budget
+    def _started(self):
+        """What a fresh process is sent before the first request."""
 
     def _exchange(self, req, budget, what):
         proc = self.proc
-        watchdog = threading.Timer(budget, proc.kill)  # a cell or call that never ends: its process is killed
+        watchdog = threading.Timer(budget, proc.kill)  # a request that never ends: its process is killed
         watchdog.start()
         try:
             if req is not None:
@@ -167,7 +210,8 @@ class Functions:
         finally:
             watchdog.cancel()
 
-    def _ensure(self):
+    def ask(self, req, what="stopped during the call"):
+        """One request: the reply dict; raises Dead."""
         if self.proc is None:
             try:
                 self._start()
@@ -176,54 +220,62 @@ class Functions:
             except Exception as exc:
                 self.stop()
                 raise Dead(f"no process could be started ({type(exc).__name__}: {exc})")
-
-    def run(self, index, source):
-        """Run one cell: its status dict; raises Dead (and the cell is never run again)."""
-        self._ensure()
-        reply = self._exchange({"op": "run", "source": source}, self._budget(), "stopped")
-        self.ran.append((index, source))
-        return reply
-
-    def request(self, req):
-        """One call request: the reply dict; raises Dead."""
-        self._ensure()
-        return self._exchange(req, self._budget(), "stopped during the call")
+        return self._exchange(req, self._budget(), what)
 
     def stop(self):
-        proc, self.proc = self.proc, None
+        proc, self.proc, self.pid = self.proc, None, None
         if proc is not None:
-            victims = sandbox.descendants(proc.pid)
-            for pid in [proc.pid, *victims]:
+            for pid in [proc.pid, *sandbox.descendants(proc.pid)]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
             try:
                 proc.wait(timeout=10)
-            except Exception:
+            except subprocess.TimeoutExpired:
                 pass
             for stream in getattr(proc, "frames", ()):
                 try:
                     stream.close()
-                except OSError:
+                except OSError:  # a frame half written to a process that died
                     pass
         if self.cgroup is not None:
             self.cgroup.remove()
             self.cgroup = None
-        self.pid = None
+
+
+class Functions(Sandboxed):
+    """The notebook's cells and the learner's functions (:func:`main`). ``run(index, source)`` runs a cell (its
+    status); ``ask(req)`` a call. A fresh process runs the cells that ran so far again (not those that ended a
+    process), their statuses not read again."""
+
+    def __init__(self, root, cell_timeout, deadline, limits, copy=None):
+        super().__init__(root, limits, cell_timeout, deadline, copy)
+        self.ran = []  # (index, source) of the cells run so far
+
+    def _started(self):
+        for _, source in self.ran:
+            self._exchange({"op": "run", "source": source}, self._budget(), "stopped while its cells ran again")
+
+    def run(self, index, source):
+        """Run one cell: its status dict; raises Dead (and the cell is never run again)."""
+        reply = self.ask({"op": "run", "source": source}, "stopped")
+        self.ran.append((index, source))
+        return reply
 
 
 def _python_below(root):
-    """The first process at or below ``root`` that runs this Python (the sandbox's own processes stand above it)."""
-    exe = os.path.realpath(sys.executable)
+    """The first process at or below ``root`` that runs this Python (the sandbox's own processes stand above it;
+    a process the learner forks is below it)."""
+    exe = os.fsencode(sys.executable)
     for _ in range(100):
-        parents = sandbox._children()
-        level = [root]
+        parents, level = sandbox._children(), [root]
         while level:
             for pid in level:
                 try:
-                    if os.path.realpath(f"/proc/{pid}/exe") == exe:
-                        return pid
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if f.read().split(b"\0")[0] == exe:
+                            return pid
                 except OSError:
                     pass
             level = [p for p, q in parents.items() if q in level]
@@ -251,7 +303,7 @@ class RemoteLearner:
         if grad is not None:
             req["grad"] = grad
         try:
-            return self.runner.request(req)
+            return self.runner.ask(req)
         except Dead as exc:
             self.broke = str(exc)
             return {"agent_error": self.broke}

@@ -35,7 +35,7 @@ from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout,
 from attnlab.grading.reports import plural
 from attnlab.grading.isolated import IsolatedKernels
 from attnlab.grading.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, Dead, Functions,
-                                    RemoteLearner, kernel_env)
+                                    RemoteLearner)
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20
 
@@ -133,7 +133,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     try:
         copy = sandbox.private_copy(path, root / "copy")
         functions = Functions(root, cell_timeout, deadline, limits, copy)
-        kernels = IsolatedKernels(code, root, limits, kernel_env(root / "kernels-work"), cell_timeout)
+        kernels = IsolatedKernels(code, root, limits, cell_timeout)
         for i, cell in enumerate(nb.cells):
             if i in runs:
                 if functions.remaining() <= 1:
@@ -147,7 +147,9 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                 if problem is not None:
                     reason = f"{_describe_cell(i, cell)} {problem}"
                     where = owner[i]
-                    if where == "setup":
+                    if where != "setup" and not learner_cell(cell, "", given):
+                        notes.append(f"{reason} (a given cell, run for its definitions: it costs no points itself)")
+                    elif where == "setup":
                         setup_problems.append(reason)
                     elif where in problems:
                         problems[where].append(reason)
