@@ -72,7 +72,7 @@ def pid_of(learner):
 
 
 class _CgroupPeak:
-    """The peak memory of a whole cgroup (the sandboxed kernel and every process it starts, their tmpfs pages),
+    """The peak memory of a whole cgroup (the functions process and every process it starts, their tmpfs pages),
     reset by the grader before a call and read after it: files the sandbox cannot see, so the learner's code
     can neither reset nor fake them (v2's ``memory.peak``, reset per open file since Linux 6.12; v1's
     ``memory.max_usage_in_bytes``, reset by writing 0)."""
