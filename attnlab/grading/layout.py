@@ -126,14 +126,15 @@ def owners(nb, parts, canonical):
 
     A cell belongs to the part of its nbgrader ``grade_id`` (its exercise's layout, wherever the cell now is);
     a cell with no or an unknown ``grade_id`` is the learner's and belongs to the part of the nearest answer
-    cell above it, or to no part (None) above the first answer cell.
+    cell above it, unless that part's check cell (``grade_id`` the part's id) stands between them: above the
+    first answer cell, or after a part's check cell, it belongs to no part (None).
     """
     layout = canonical or _layout([_grade_id(c) for c in nb.cells], parts)
     out, current = [], None
     for cell in nb.cells:
         gid = _grade_id(cell)
         out.append(layout[gid] if gid in layout else current)
-        current = _answer_part(gid, parts) or current
+        current = None if gid in parts and gid == current else _answer_part(gid, parts) or current
     return out
 
 
