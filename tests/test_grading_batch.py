@@ -147,3 +147,24 @@ def test_hidden_tests_grade_submissions_but_not_the_course_s_own_solutions(tmp_p
     assert not nbgrader._is_course_source(tmp_path)
     with pytest.raises(FileNotFoundError):
         nbgrader.autograde("causal-mask", str(tmp_path))  # an empty folder: no submission to grade
+
+
+def test_the_functions_process_runs_the_learner_s_cells_and_given_definitions_not_demos():
+    from attnlab.grading import layout
+    from attnlab.grading.checks import PARTS
+
+    nb = nbformat.read(str(ROOT / "exercises" / "06_triton_primer.ipynb"), 4)
+    exercise = "06_triton_primer"
+    parts = exercises()[exercise]
+    given = layout.given_sources(exercise)
+    by_id = {grade._grade_id(c): i for i, c in enumerate(nb.cells)}
+    nb.cells[by_id["06-cell-05"]].source += "\nprint('edited: now the learner s')\n"
+    owner = layout.owners(nb, parts, layout.canonical_layout(exercise, parts))
+    names = {n for p in parts if p in PARTS for n in PARTS[p].names}
+    runs = dict(layout.to_run(nb, owner, given, parts, names))
+    assert by_id["06-cell-02"] in runs and by_id["masked-scale-answer"] in runs  # setup, an answer cell
+    assert by_id["masked-scale"] not in runs  # a check cell
+    assert runs[by_id["06-cell-05"]] == nb.cells[by_id["06-cell-05"]].source  # an edited given cell: whole
+    matmul = runs[by_id["06-cell-29"]]  # the given wrapper matmul_traffic needs runs, its demo does not
+    assert "def matmul(" in matmul and "print" not in matmul and "allclose" not in matmul
+    assert by_id["06-cell-37"] not in runs  # a demo of matmul_traffic, nothing defined: not run at all
