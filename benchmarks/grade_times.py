@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/grade_times.py [--limit 60] [NOTEBOOK ...]   (default: every solutions/ and exercises/ notebook)
 
-Each notebook is graded alone (a worker, its sandboxed kernel, the fresh process of the Triton parts), as
+Each notebook is graded alone (a worker, its sandboxed functions process, the fresh process of the Triton parts), as
 ``attnlab grade`` does it; the table shows the wall time, the score and whether it is within ``--limit``
 seconds (the course's budget per notebook on a 2-core CPU). Nothing is asserted: the numbers are this machine's.
 Exit status 1 when a solution is not at full marks or an untouched exercise scores anything.

@@ -1,14 +1,15 @@
 """Batch grading's bookkeeping without kernels: finding notebooks, students, exercise identity,
-part ownership, what crosses between grader and kernel, the syntax check of shortcuts, CSV and Gradescope output."""
+part ownership, the frames that cross between grader and sandboxed processes, the syntax check of shortcuts, CSV and Gradescope output."""
 
+import io
 import math
 
 import nbformat
 import pytest
 import torch
 
-from attnlab.grading import agent, grade, shortcuts
-from attnlab.grading.parts import all_forbidden, exercises, forbidden, info
+from attnlab.grading import agent, grade, isolated, shortcuts
+from attnlab.grading.parts import all_forbidden, exercises, forbidden
 
 from pathlib import Path
 
@@ -50,29 +51,39 @@ def test_the_exercise_comes_from_the_cells_and_a_wrong_file_name_warns():
 def test_cells_belong_to_their_part_wherever_they_are():
     nb = nbformat.read(str(ROOT / "exercises" / "02_queries_keys_values.ipynb"), 4)
     parts = exercises()["02_queries_keys_values"]
-    names = {p: info(p).names for p in parts}  # every part of the exercise, as grade_notebook passes them
     canonical = grade._layout([grade._grade_id(c) for c in nb.cells], parts)
-    nb.cells = nb.cells[::-1]  # any order
-    nb.cells.append(nbformat.v4.new_code_cell("raise ValueError()"))
+    added = nbformat.v4.new_code_cell("raise ValueError()")
+    nb.cells.insert(0, nbformat.v4.new_code_cell("x = 1"))  # above every answer cell: no part
+    nb.cells = nb.cells[:1] + nb.cells[1:][::-1]  # any order
+    last_answer = max(i for i, c in enumerate(nb.cells) if "-answer" in (grade._grade_id(c) or ""))
+    nb.cells.insert(last_answer + 1, added)
     nb.cells.append(nbformat.v4.new_code_cell("def causal_mask(a, b):\n    pass"))
-    owner = grade.owners(nb, parts, names, canonical)
+    owner = grade.owners(nb, parts, canonical)
     by_id = {grade._grade_id(c): o for c, o in zip(nb.cells, owner)}
     assert by_id["padding-mask-answer"] == "padding-mask" and by_id["02-cell-06"] == "padding-mask"
     assert by_id["02-cell-02"] == "setup" and by_id["02-cell-16"] == "attention-masks"
-    assert owner[-2] is None and owner[-1] == "causal-mask"
+    # a cell without a grade_id belongs to the answer cell above it (here the reversed notebook's last: part 1's)
+    above = grade._grade_id(nb.cells[last_answer]).split("-answer")[0]
+    assert owner[0] is None and owner[last_answer + 1] == above and owner[-1] == above
+
+
+def _round_trip(value):
+    stream = io.BytesIO()
+    isolated._send(stream, value)
+    stream.seek(0)
+    return isolated._receive(stream)
 
 
 def test_what_crosses_round_trips_and_refuses_code():
     value = {"t": torch.arange(6.0).view(2, 3), "b": torch.tensor([True, False]), "x": (1, 2.5, float("nan")),
              "h": torch.ones(2, dtype=torch.bfloat16), "n": None, "s": "ok", "big": 2**70}
-    back = agent.decode(agent.encode(value))
+    back = _round_trip(value)
     assert torch.equal(back["t"], value["t"]) and torch.equal(back["b"], value["b"])
     assert back["x"][:2] == (1, 2.5) and math.isnan(back["x"][2]) and back["h"].dtype == torch.bfloat16
     assert back["n"] is None and back["s"] == "ok" and back["big"] == float(2**70)
-    assert isinstance(agent.decode(agent.encode({"f": lambda: 0}))["f"], agent.Unsupported)
-    import base64
-    import io
+    assert isinstance(_round_trip({"f": lambda: 0})["f"], agent.Unsupported)
     import pickle
+    import struct
 
     class Evil:
         def __reduce__(self):
@@ -80,8 +91,11 @@ def test_what_crosses_round_trips_and_refuses_code():
 
     buffer = io.BytesIO()
     torch.save({"x": Evil()}, buffer)
+    frame = io.BytesIO(struct.pack("<Q", len(buffer.getvalue())) + buffer.getvalue())
     with pytest.raises(pickle.UnpicklingError):  # a pickle that runs code is refused
-        agent.decode(base64.b64encode(buffer.getvalue()).decode())
+        isolated._receive(frame)
+    with pytest.raises(ValueError):  # a frame larger than the limit is not read
+        isolated._receive(io.BytesIO(struct.pack("<Q", 2**40)))
 
 
 def test_the_syntax_check_resolves_imports():
@@ -133,3 +147,24 @@ def test_hidden_tests_grade_submissions_but_not_the_course_s_own_solutions(tmp_p
     assert not nbgrader._is_course_source(tmp_path)
     with pytest.raises(FileNotFoundError):
         nbgrader.autograde("causal-mask", str(tmp_path))  # an empty folder: no submission to grade
+
+
+def test_the_functions_process_runs_the_learner_s_cells_and_given_definitions_not_demos():
+    from attnlab.grading import layout
+    from attnlab.grading.checks import PARTS
+
+    nb = nbformat.read(str(ROOT / "exercises" / "06_triton_primer.ipynb"), 4)
+    exercise = "06_triton_primer"
+    parts = exercises()[exercise]
+    given = layout.given_sources(exercise)
+    by_id = {grade._grade_id(c): i for i, c in enumerate(nb.cells)}
+    nb.cells[by_id["06-cell-05"]].source += "\nprint('edited: now the learner s')\n"
+    owner = layout.owners(nb, parts, layout.canonical_layout(exercise, parts))
+    names = {n for p in parts if p in PARTS for n in PARTS[p].names}
+    runs = dict(layout.to_run(nb, owner, given, parts, names))
+    assert by_id["06-cell-02"] in runs and by_id["masked-scale-answer"] in runs  # setup, an answer cell
+    assert by_id["masked-scale"] not in runs  # a check cell
+    assert runs[by_id["06-cell-05"]] == nb.cells[by_id["06-cell-05"]].source  # an edited given cell: whole
+    matmul = runs[by_id["06-cell-29"]]  # the given wrapper matmul_traffic needs runs, its demo does not
+    assert "def matmul(" in matmul and "print" not in matmul and "allclose" not in matmul
+    assert by_id["06-cell-37"] not in runs  # a demo of matmul_traffic, nothing defined: not run at all

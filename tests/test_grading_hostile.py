@@ -2,7 +2,7 @@
 
 Every probe must get the score and the reason it earned and no more, leave every other file
 untouched and no process behind, and the batch must finish in time. The probes forge the
-grader's results (json, torch.allclose, exec, an input transformer, fake modules, a daemon),
+grader's results (json, torch.allclose, exec, an input transformer, fake modules, the frame protocol, a daemon),
 take shortcuts (the grader's references, torch.softmax, F.scaled_dot_product_attention, attnlab's
 own attention), pass objects that only look like Triton kernels, delete files, fork sleepers,
 write into other processes' stdout, allocate 2 GB under a 1 GB limit, raise after the last
@@ -102,8 +102,10 @@ def test_the_batch_finishes_in_time(graded):
 
 @pytest.mark.parametrize("name", ["forge_json", "forge_allclose", "forge_exec", "forge_transformer", "forge_module",
                                   "forge_daemon", "nbgrader_check_rebound", "nbgrader_env_unset",
-                                  "nbgrader_autograde_rebound", "forge_launch"])
+                                  "nbgrader_autograde_rebound", "forge_launch", "forge_frames"])
 def test_forged_results_score_nothing(graded, name):
+    """forge_frames patches the frame protocol and the agent in its own process (sys.modules, _send, handle) and
+    writes frames by hand into its pipes: what its process answers is data, so wrong answers stay wrong."""
     report = graded["reports"][f"{name}.ipynb"]
     assert report["score"] == 0, json.dumps(report, indent=1)
 
@@ -161,9 +163,10 @@ def test_one_line_shortcuts_score_nothing(graded, exercise):
         assert part["points"] == 0 and "does not allow" in part["feedback"], part
 
 
-def test_a_forbidden_function_captured_early_still_trips(graded):
+def test_a_forbidden_function_captured_early_is_still_read(graded):
+    # `_sm = torch.softmax` in a cell of no part feeds the answer's `_sm(x)`: the syntax check reads it for the part
     parts = _parts(graded["reports"]["shortcut_captured_early.ipynb"])
-    assert parts["stable-softmax"]["points"] == 0 and "calls `torch.softmax`" in parts["stable-softmax"]["feedback"]
+    assert parts["stable-softmax"]["points"] == 0 and "uses `torch.softmax`" in parts["stable-softmax"]["feedback"]
     assert parts["variance-experiment"]["points"] == 1
 
 
@@ -219,5 +222,4 @@ def test_the_sandbox_holds_whoever_runs_the_grader(graded, name):
     assert "ESCAPE-" not in text, text[-3000:]
     assert report["score"] == report["max_score"], text[-3000:]
     assert not (ROOT / "attnlab" / "grading" / "ESCAPE-4246").exists() and not Path("/ESCAPE-4246").exists()
-    if name == "sandbox_print_flood":
-        assert any("was not kept" in n for n in report.get("notes", [])), text[-2000:]
+    # sandbox_print_flood: 64 MiB printed into /dev/null, read by nobody (the worker did not grow: it graded)

@@ -7,7 +7,7 @@ import pytest
 
 from attnlab.grading import isolated
 from attnlab.grading.checks import run_check
-from attnlab.grading.runner import RemoteLearner, kernel_env
+from attnlab.grading.runner import RemoteLearner
 from attnlab.grading.sandbox import Limits
 
 from pathlib import Path
@@ -44,8 +44,7 @@ def test_only_kernels_and_numbers_cross():
 
 
 def _learner(tmp_path, sources):
-    return RemoteLearner(None, isolated.IsolatedKernels(sources, tmp_path, Limits(memory_mb=2048),
-                                                        kernel_env(tmp_path / "kernels-work"), timeout=120))
+    return RemoteLearner(None, isolated.IsolatedKernels(sources, tmp_path, Limits(memory_mb=2048), timeout=120))
 
 
 @pytest.mark.slow

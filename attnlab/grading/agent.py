@@ -1,41 +1,25 @@
-"""The grader's agent inside the learner's kernel: it only calls the learner's functions.
+"""Calling the learner's functions and launching kernels, in the process that holds them.
 
-``attnlab grade`` never runs a check in the learner's kernel. It sends requests (:func:`encode`:
-``torch.save`` bytes, read with ``torch.load(weights_only=True)``) as the source of cells it executes
-itself, and this module answers each with the learner's *outputs*, published as one display message of type
-``RESULT_MIME`` that the grader reads from the cell's reply. The grader picked the inputs
-(from a secret seed), computes the expected values, compares and scores in its own process.
-Nothing here knows the references (``attnlab.grading.exercises.*.spec``) or the scores.
+:func:`handle` answers one request on a namespace of the learner's names: ``call`` (``name`` and
+``cases``, [args, kwargs] or [args, kwargs, grad_output] with ``grad``) returns the learner's *outputs*;
+``launch`` launches the learner's ``@triton.jit`` kernel ``name`` on tensors placed inside sentinel-filled
+memory (:class:`Buffer`), once per sentinel, in Triton's interpreter through
+:func:`attnlab._interp_hooks.memory_hooks` (on a GPU: natively), and returns the outputs and what the memory
+shows: elements changed outside the tensors, loads outside them, output elements no ``tl.store`` wrote, and
+which program loaded which elements. Nothing here knows the references or the scores.
 
-Requests (``op``):
-
-- ``install``: wrap the calls a part may not use (``torch.softmax``, attnlab's attention
-  functions, ...) in tripwires, before any learner cell runs. A tripwire does nothing
-  until a part that forbids it is being graded; then the call raises and is reported.
-- ``call``: ``name`` and ``cases`` ([args, kwargs] pairs): the learner's function on each.
-- ``launch``: launch the learner's ``@triton.jit`` kernel ``name`` on tensors placed inside
-  sentinel-filled memory (:class:`Buffer`), once per sentinel, in Triton's interpreter
-  through :func:`attnlab._interp_hooks.memory_hooks` (on a GPU: natively). It returns the
-  outputs and what the memory shows: elements changed outside the tensors, loads outside
-  them, output elements no ``tl.store`` wrote, and which program loaded which elements.
-
-:class:`Buffer` and :func:`launch` are also what the inline ``check()`` uses in a notebook
-(:class:`attnlab.grading.core.LocalLearner`), so both report the same findings.
+Two processes use it: the inline ``check()`` in a notebook (:class:`attnlab.grading.core.LocalLearner`,
+feedback), and under ``attnlab grade`` the fresh sandboxed process of :mod:`attnlab.grading.runner` (calls)
+and :mod:`attnlab.grading.isolated` (launches, of kernels taken from the notebook as text), whose answers are
+data for the grader. For the inline check only, the calls a part forbids are wrapped in tripwires while it
+runs (:func:`wire_up`): feedback that names the shortcut, no defence (``attnlab grade`` reads the syntax).
 """
 
 import functools
 import sys
 import types
 
-RESULT_MIME = "application/x.attnlab-result+json"
 GUARD = 4096  # elements of sentinel before and after every buffer
-
-# modules whose forbidden functions are wired before the notebook's first cell. Not attnlab.kernels
-# nor attnlab.traffic: they import triton, which must see the notebook's own TRITON_INTERPRET first;
-# they are wired when a part is graded (and copies in the notebook's globals rebound then)
-PRELOAD = ("torch", "torch.nn.functional", "torch.special", "torch.nn.attention.flex_attention", "attnlab.attention",
-           "attnlab.tiled", "attnlab.iomodel", "attnlab.approx", "attnlab.models.transformer",
-           "attnlab.models.seq2seq")
 
 # tripwires: canonical dotted name -> (owner, attribute, original, wrapper)
 _WIRES = {}
@@ -299,20 +283,24 @@ def describe_error(exc):
     return describe_exception(exc)
 
 
-def _filled(shape, value):
+def torch_full(shape, value):
     import torch
 
     return torch.full(tuple(shape), value)
 
 
-def run_launch(obj, req):
-    """One ``launch`` request on the kernel object ``obj``; the per-sentinel observations."""
+def run_launch(obj, req, before=None):
+    """One ``launch`` request on the kernel object ``obj``; the per-sentinel observations. ``before(args)``
+    runs before each launch (the isolated process verifies the kernel there)."""
     results = []
     for sentinel in req["sentinels"]:
-        buffers = {k: Buffer(b["data"] if not b.get("output") else _filled(b["shape"], sentinel), sentinel,
+        buffers = {k: Buffer(b["data"] if not b.get("output") else torch_full(b["shape"], sentinel), sentinel,
                              b.get("pad_rows", 0), b.get("pad_cols", 0)) for k, b in req["buffers"].items()}
-        results.append(launch(obj, req["name"], req["grid"], lambda bufs: build_args(req["args"], bufs),
-                              req.get("kwargs", {}), buffers, loads=req.get("loads", []) if not results else ()))
+        args = build_args(req["args"], buffers)
+        if before is not None:
+            before(args)
+        results.append(launch(obj, req["name"], req["grid"], lambda bufs: args, req.get("kwargs", {}), buffers,
+                              loads=req.get("loads", []) if not results else ()))
     return results
 
 
@@ -376,18 +364,6 @@ def _call_with_grad(obj, args, kwargs, grad, grad_output):
 def handle(req, ns):
     """The answer to one request, given the notebook's namespace ``ns``."""
     op = req["op"]
-    if op == "install":
-        import importlib
-
-        from attnlab.grading.parts import spec_modules
-
-        for module in PRELOAD + tuple(spec_modules()):  # imported now, so that a notebook can only ever get the tripwired versions
-            try:
-                importlib.import_module(module)
-            except Exception:
-                pass
-        wire_up(req["forbidden"], [ns])
-        return {"installed": sorted(_WIRES)}
     name = req["name"]
     forbidden = req.get("forbidden", [])
     wire_up(forbidden, [ns])  # first: the learner's name may itself be a forbidden function
@@ -461,40 +437,3 @@ def _restored(x):
     if isinstance(x, (list, tuple)):
         return type(x)(_restored(v) for v in x)
     return x
-
-
-def encode(x):
-    """``x`` as text: ``torch.save`` of its plain form, base64 (what crosses between grader and kernel)."""
-    import base64
-    import io
-
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(_plain(x), buffer)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def decode(text, limit=256 * 2**20):
-    """The value ``encode`` wrote, read with ``torch.load(weights_only=True)`` (nothing in it can run code)."""
-    import base64
-    import io
-
-    import torch
-
-    if len(text) > limit:
-        raise ValueError(f"more than {limit >> 20} MiB")
-    return _restored(torch.load(io.BytesIO(base64.b64decode(text, validate=True)), weights_only=True))
-
-
-def serve(text):
-    """Answer the request ``text`` (:func:`encode`'s) with one display message of type RESULT_MIME."""
-    from IPython import get_ipython
-    from IPython.display import publish_display_data
-
-    ns = get_ipython().user_ns
-    try:
-        reply = handle(decode(text), ns)
-    except BaseException as exc:
-        reply = {"agent_error": describe_error(exc)}
-    publish_display_data({RESULT_MIME: encode(reply)})

@@ -15,9 +15,9 @@ The checks of the tiled parts ask three things that the output alone cannot show
 
 Where the learner's code runs in this process (:class:`attnlab.grading.core.LocalLearner`: the inline
 ``check()`` and the tests) all three are done here. Under ``attnlab grade`` (docs/grading.md) the grader
-measures from outside: the PyTorch functions run in the sandboxed notebook kernel, whose cgroup's peak
-memory the grader resets and reads (files the sandbox does not see; without a cgroup, the kernel's
-``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.isolated`'s process, which
+measures from outside: the PyTorch functions run in a fresh sandboxed process (:mod:`attnlab.grading.runner`),
+whose cgroup's peak memory the grader resets and reads (files the sandbox does not see; without a cgroup, that
+process's ``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.isolated`'s process, which
 honours ``"undefined_other": True``. A memory measurement that cannot be made is a failed check, never a
 pass. FLOPs are not counted there (counting them in the learner's process would be the learner's word):
 the causal-skip check of exercise 07 rests on its NaN-poisoned tail instead (why no outside measurement can
@@ -63,47 +63,17 @@ def _inner(learner):
 
 
 def pid_of(learner):
-    """The process that runs ``learner``'s calls: this one for a LocalLearner, else its ``pid``, else (today's
-    ``attnlab grade``) the ipykernel process below its kernel manager's; None when none is found."""
+    """The process that runs ``learner``'s calls: this one for a LocalLearner, else its ``pid`` (under
+    ``attnlab grade``, the sandboxed functions process's Python, found by the grader when it started); None
+    when none is known."""
     learner = _inner(learner)
     if isinstance(learner, LocalLearner):
         return os.getpid()
-    pid = getattr(learner, "pid", None)
-    if pid is not None:
-        return pid
-    try:
-        root = learner.runner.client.km.provisioner.process.pid
-    except AttributeError:
-        return None
-    return _kernel_below(root)
-
-
-def _kernel_below(root):
-    """The ipykernel process among ``root`` and its descendants (a sandbox may stand between them)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = None, [root]
-    while todo:  # the deepest match: a sandbox's own command line names the kernel's too
-        pid = todo.pop(0)
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"ipykernel" in f.read():
-                    found = pid
-        except OSError:
-            pass
-        todo.extend(children.get(pid, []))
-    return found
+    return getattr(learner, "pid", None)
 
 
 class _CgroupPeak:
-    """The peak memory of a whole cgroup (the sandboxed kernel and every process it starts, their tmpfs pages),
+    """The peak memory of a whole cgroup (the functions process and every process it starts, their tmpfs pages),
     reset by the grader before a call and read after it: files the sandbox cannot see, so the learner's code
     can neither reset nor fake them (v2's ``memory.peak``, reset per open file since Linux 6.12; v1's
     ``memory.max_usage_in_bytes``, reset by writing 0)."""
@@ -146,8 +116,8 @@ class _CgroupPeak:
 
 def _peak_meter(learner):
     """A function measuring the memory growth of what runs between its creation and its call (None when the
-    measurement cannot be made): the cgroup of the learner's sandbox where it has one, else the peak resident
-    memory (VmHWM) of the process that runs the learner's calls."""
+    measurement cannot be made): the cgroup of the learner's sandbox where it has one (its functions process's,
+    ``runner.cgroup``), else the peak resident memory (VmHWM) of the process that runs the learner's calls."""
     inner = _inner(learner)
     cgroup = getattr(getattr(inner, "runner", None), "cgroup", None)
     if cgroup is not None:

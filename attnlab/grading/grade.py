@@ -1,13 +1,13 @@
 """``attnlab grade PATH... [--json FILE] [--csv FILE] [--gradescope FILE] [--nbgrader-db URL] [-j N]``: grade.
 
-The command; the work is done by :mod:`attnlab.grading.runner` (the kernel and the worker),
+The command; the work is done by :mod:`attnlab.grading.runner` (the sandboxed processes and the worker),
 :mod:`attnlab.grading.layout` (which exercise, which part owns a cell), :mod:`attnlab.grading.scoring`
 (one notebook's score) and :mod:`attnlab.grading.reports` (what is printed and written).
 
 Scores are computed by a process that never runs the learner's code. For each notebook a
-worker process (trusted) starts a Jupyter kernel in a sandbox (:mod:`attnlab.grading.sandbox`:
+worker process (trusted) starts a fresh Python process in a sandbox (:mod:`attnlab.grading.sandbox`:
 an unprivileged user, a private copy of the one notebook, limits; see docs/grading.md) and runs the
-notebook in it, one cell at a time, with a per-cell and a total time limit. It then grades each
+learner's cells in it, one cell at a time, with a per-cell and a total time limit. It then grades each
 part itself, as :mod:`attnlab.grading.scoring` describes (how inputs are sent, what is compared, what
 scores a part's points).
 

@@ -1,6 +1,6 @@
 """The learner's Triton kernels, taken from the notebook as text and launched where the learner cannot reach.
 
-``attnlab grade`` never asks the learner's kernel process to launch a Triton part's kernel: whatever
+``attnlab grade`` never asks the learner's process to launch a Triton part's kernel: whatever
 that process says about a launch (traced or not, in bounds or not) could be forged by a learner cell.
 Instead (:class:`IsolatedKernels`):
 
@@ -17,19 +17,16 @@ Instead (:class:`IsolatedKernels`):
 
 Example (in the grader)::
 
-    kernels = IsolatedKernels(code_cells, work, runtime, limits)
+    kernels = IsolatedKernels(code_cells, root, limits)
     reply = kernels.launch({"name": "scale_kernel", "grid": [4], ...})   # what run_guarded sends
 """
 
 import ast
-import io
 import os
-import struct
-import subprocess
-import sys
 from pathlib import Path
 
-MAX_REPLY = 512 * 2**20
+from attnlab.grading.runner import Dead, Sandboxed, _receive, _send, frames
+
 _JIT = {"triton.jit", "jit", "triton.autotune", "triton.heuristics"}
 _FILENAME = "<the notebook's @triton.jit functions>"
 
@@ -96,36 +93,6 @@ def kernel_module(sources):
 
 
 # ---------------------------------------------------------------------------------------
-# the frames between the grader and the fresh process
-# ---------------------------------------------------------------------------------------
-
-
-def _send(stream, obj):
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    data = buffer.getvalue()
-    stream.write(struct.pack("<Q", len(data)) + data)
-    stream.flush()
-
-
-def _receive(stream, limit=MAX_REPLY):
-    import torch
-
-    head = stream.read(8)
-    if len(head) != 8:
-        raise EOFError("the kernel process closed its pipe")
-    (size,) = struct.unpack("<Q", head)
-    if size > limit:
-        raise ValueError(f"a reply of {size >> 20} MiB (more than {limit >> 20} MiB)")
-    data = stream.read(size)
-    if len(data) != size:
-        raise EOFError("the kernel process stopped in the middle of a reply")
-    return torch.load(io.BytesIO(data), weights_only=True)
-
-
-# ---------------------------------------------------------------------------------------
 # the fresh process
 # ---------------------------------------------------------------------------------------
 
@@ -180,23 +147,27 @@ def verify(fn, args, kwargs):
     source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
 
 
-def _serve(text, names):
+def main(in_fd, out_fd):
+    """The fresh process: the module text first, then launch requests."""
     import linecache
 
     from attnlab.grading import agent
 
+    frames_in, frames_out = frames(in_fd, out_fd)
+    first = _receive(frames_in)
+    text, names = first["module"], set(first["names"])
     os.environ.pop("TRITON_INTERPRET", None)  # a real JITFunction: the agent builds the interpreted one itself
     linecache.cache[_FILENAME] = (len(text), None, text.splitlines(True), _FILENAME)
     space = {"__name__": "attnlab_answer_kernels"}
     exec(compile(text, _FILENAME, "exec"), space)
+    _send(frames_out, {"loaded": True})
     verified = set()
     while True:
         try:
-            req = _receive(sys.stdin.buffer)
+            req = _receive(frames_in)
         except EOFError:
             return
-        reply = _launch(req, space, names, verified, agent)
-        _send(sys.stdout.buffer, reply)
+        _send(frames_out, _launch(req, space, names, verified, agent))
 
 
 def _launch(req, space, names, verified, agent):
@@ -204,27 +175,20 @@ def _launch(req, space, names, verified, agent):
     if name not in names or name not in space:
         return {"missing": True}
     obj = space[name]
-    fn = obj.fn
+
+    def verified_first(args):
+        key = (name, repr([(type(a).__name__, getattr(a, "dtype", None)) for a in args]),
+               repr(sorted(req.get("kwargs", {}).items())))
+        if key not in verified:
+            try:
+                verify(obj.fn, args, req.get("kwargs", {}))
+            except Exception as exc:
+                raise agent.Refused(f"`{name}` is not Triton code that Triton's compiler accepts: "
+                                    f"{agent.describe_error(exc)}") from None
+            verified.add(key)
 
     def run():
-        results = []
-        for sentinel in req["sentinels"]:
-            buffers = {k: agent.Buffer(b["data"] if not b.get("output") else agent._filled(b["shape"], sentinel),
-                                       sentinel, b.get("pad_rows", 0), b.get("pad_cols", 0))
-                       for k, b in req["buffers"].items()}
-            args = agent.build_args(req["args"], buffers)
-            key = (name, repr([(type(a).__name__, getattr(a, "dtype", None)) for a in args]),
-                   repr(sorted(req.get("kwargs", {}).items())))
-            if key not in verified:
-                try:
-                    verify(fn, args, req.get("kwargs", {}))
-                except Exception as exc:
-                    raise agent.Refused(f"`{name}` is not Triton code that Triton's compiler accepts: "
-                                        f"{agent.describe_error(exc)}") from None
-                verified.add(key)
-            results.append(agent.launch(obj, name, req["grid"], lambda bufs, a=args: a, req.get("kwargs", {}),
-                                        buffers, loads=req.get("loads", []) if not results else ()))
-        return results
+        return agent.run_launch(obj, req, verified_first)
 
     if req.get("undefined_other"):  # the masked lanes of a load without other= read NaN, as on a GPU they may
         from attnlab.grading.footprint import _nan_for_missing_other
@@ -234,38 +198,24 @@ def _launch(req, space, names, verified, agent):
     return {"result": agent._outcome(run)}
 
 
-def main():
-    """The fresh process: ``python -I -m attnlab.grading.isolated`` reads the module text, then requests."""
-    text = _receive(sys.stdin.buffer)
-    _serve(text["module"], set(text["names"]))
-
-
 # ---------------------------------------------------------------------------------------
 # the grader's side
 # ---------------------------------------------------------------------------------------
 
 
-class IsolatedKernels:
-    """The notebook's kernels in a fresh sandboxed process, started at the first launch."""
+class IsolatedKernels(Sandboxed):
+    """The notebook's kernels in a fresh sandboxed process (:func:`main`), started at the first launch; after
+    it died or hung, its launches fail with the reason."""
 
-    def __init__(self, sources, root, limits, env, timeout=120):
+    ENTRY = ("attnlab.grading.isolated", "main")
+
+    def __init__(self, sources, root, limits, timeout=120):
+        super().__init__(Path(root) / "kernels", limits, timeout)
         self.text, self.names, self.defined = kernel_module(sources)
-        self.root, self.limits, self.env, self.timeout = Path(root), limits, env, timeout
-        self.proc, self.cgroup, self.broken = None, None, None
+        self.broken = None
 
-    def _start(self):
-        from attnlab.grading import sandbox
-
-        work, runtime = self.root / "kernels-work", self.root / "kernels-runtime"
-        work.mkdir(parents=True, exist_ok=True)
-        runtime.mkdir(parents=True, exist_ok=True)
-        course = str(Path(__file__).resolve().parents[2])
-        boot = (f"import sys; sys.path.insert(0, {course!r}); from attnlab.grading.isolated import main; main()")
-        cmd = sandbox.wrap_command([sys.executable, "-I", "-c", boot], work, runtime, None, self.limits)
-        self.cgroup = sandbox.Cgroup.make(self.limits)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=self.env, cwd=str(work), preexec_fn=sandbox.preexec(self.limits, self.cgroup))
-        _send(self.proc.stdin, {"module": self.text, "names": sorted(self.names)})
+    def _started(self):
+        self._exchange({"module": self.text, "names": sorted(self.names)}, self._budget(), "did not start")
 
     def launch(self, request):
         name = request["name"]
@@ -278,43 +228,10 @@ class IsolatedKernels:
                     f"The grader launches it through Triton itself, so an object that only looks like a kernel "
                     f"(kernel[grid](...) computing the result in PyTorch) gets no points")}}
             return {"missing": True}
-        if self.broken:
-            return {"agent_error": self.broken}
-        import threading
-
-        watchdog = None
-        try:
-            if self.proc is None:
-                self._start()
-            watchdog = threading.Timer(self.timeout, self.proc.kill)  # a launch that never ends: killed
-            watchdog.start()
-            _send(self.proc.stdin, {k: v for k, v in request.items() if k != "forbidden"})
-            reply = _receive(self.proc.stdout)
-            if not isinstance(reply, dict):
-                raise TypeError("the reply is not a dict")
-            return reply
-        except Exception as exc:  # the process died (memory, time) or sent what cannot be read
-            self.stop()
-            timed_out = watchdog is not None and not watchdog.is_alive()
-            self.broken = (f"did not finish within {self.timeout:g} s" if timed_out
-                           else f"stopped the process that launches it ({type(exc).__name__}: {exc})")
-            return {"agent_error": self.broken}
-        finally:
-            if watchdog is not None:
-                watchdog.cancel()
-
-    def stop(self):
-        if self.proc is not None:
+        if self.broken is None:
             try:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-            except Exception:
-                pass
-            self.proc = None
-        if self.cgroup is not None:
-            self.cgroup.remove()
-            self.cgroup = None
-
-
-if __name__ == "__main__":
-    main()
+                return self.ask({k: v for k, v in request.items() if k != "forbidden"},
+                                "stopped the process that launches it")
+            except Dead as exc:
+                self.broken = str(exc)
+        return {"agent_error": self.broken}

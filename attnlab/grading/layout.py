@@ -1,10 +1,11 @@
 """Which exercise a notebook is, which part owns each cell, and which files a batch grades.
 
 ``identify`` reads the notebook's metadata and its cells' nbgrader ``grade_id`` s; ``owners`` gives each
-cell its part ("setup", or None for a cell of no part); ``discover`` finds notebooks in folders; ``who``
+cell its part ("setup", or None for a cell of no part); ``to_run`` says which cells the grader runs; ``discover`` finds notebooks in folders; ``who``
 reads nbgrader's ``submitted/<student>/<assignment>/`` layout. Nothing here runs a notebook.
 """
 
+import ast
 from pathlib import Path
 
 
@@ -116,28 +117,103 @@ def learner_cell(cell, part, given):
     return gid not in given or given[gid].strip() != cell.source.strip()
 
 
-def owners(nb, parts, names, canonical):
+def _answer_part(gid, parts):
+    return next((p for p in parts if (gid or "").startswith(p + "-answer")), None)
+
+
+def owners(nb, parts, canonical):
     """The part (or "setup", or None) each cell of the submission belongs to.
 
-    Known grade_ids keep their exercise's owner wherever the cell now is; a check or answer cell
-    names its part; a cell the learner added belongs to the part whose function it defines, else
-    to no part (its failure is reported, not charged).
+    A cell belongs to the part of its nbgrader ``grade_id`` (its exercise's layout, wherever the cell now is);
+    a cell with no or an unknown ``grade_id`` is the learner's and belongs to the part of the nearest answer
+    cell above it, unless that part's check cell (``grade_id`` the part's id) stands between them: above the
+    first answer cell, or after a part's check cell, it belongs to no part (None).
     """
-    from attnlab.grading.generate import check_ids
-    from attnlab.grading.shortcuts import defines
-
     layout = canonical or _layout([_grade_id(c) for c in nb.cells], parts)
-    out = []
+    out, current = [], None
     for cell in nb.cells:
         gid = _grade_id(cell)
-        if gid in layout:
-            out.append(layout[gid])
+        out.append(layout[gid] if gid in layout else current)
+        current = None if gid in parts and gid == current else _answer_part(gid, parts) or current
+    return out
+
+
+class _Reads(ast.NodeVisitor):
+    """The names a statement reads when it runs (not inside the bodies of the functions it defines)."""
+
+    def __init__(self):
+        self.names = set()
+
+    def visit_Name(self, node):
+        self.names.add(node.id)
+
+    def visit_FunctionDef(self, node):
+        for d in node.decorator_list + node.args.defaults + node.args.kw_defaults:
+            if d is not None:
+                self.visit(d)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        pass
+
+
+def _names_in(node):
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _defined(node):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _base(node):
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def to_run(nb, owner, given, parts, learner_names):
+    """[(cell index, source)] that the grader's functions process runs, in notebook order.
+
+    The learner's cells (answer cells, cells with no or an unknown ``grade_id``, given cells the learner edited)
+    and the setup cells run whole. An unedited given cell after the setup runs without its demos: a top-level
+    statement that reads one of the learner's functions, or a name defined from one, is feedback and does not run
+    (``matmul(a, b)`` in a print); its definitions do (``def matmul(...)`` calling the learner's kernel). A given
+    check cell (``check("part")``) does not run.
+    """
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    derived, out = set(learner_names), []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
             continue
-        found = None
-        if cell.cell_type == "code":
-            ids = [p for p in check_ids(cell.source) if p in parts]
-            found = ids[0] if ids else next((p for p in parts if defines(cell.source, names[p])), None)
-        out.append(found)
+        gid = _grade_id(cell)
+        if owner[i] == "setup" or gid not in given or given[gid].strip() != cell.source.strip():
+            out.append((i, cell.source))
+            continue
+        if gid in parts:
+            continue
+        try:
+            tree = ast.parse(TransformerManager().transform_cell(cell.source))
+        except SyntaxError:
+            continue
+        kept = []
+        for node in tree.body:
+            if _names_in(node) & derived:
+                derived |= _defined(node)
+            reads = _Reads()
+            reads.visit(node)
+            if not reads.names & derived:
+                kept.append(node)
+            else:  # what a demo fills (``runs[name] = ...``) is the demo's too
+                derived |= {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Subscript, ast.Attribute))
+                            and isinstance(n.ctx, ast.Store)} - {None}
+        if kept:
+            out.append((i, ast.unparse(ast.Module(body=kept, type_ignores=[]))))
     return out
 
 

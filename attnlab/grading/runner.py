@@ -1,14 +1,23 @@
-"""Running one notebook in a sandboxed Jupyter kernel, and the worker process that grades it.
+"""The learner's functions in a fresh sandboxed Python process, and the worker process that grades a notebook.
 
-:class:`_Runner` starts the kernel in :mod:`attnlab.grading.sandbox` and runs the notebook one cell at
-a time, with a per-cell and a total time limit, keeping at most ``OUTPUT_LIMIT`` bytes of a cell's
-output. :func:`grade_in_subprocess` grades one notebook in a worker process of its own (``python -I``
-from an empty folder, its memory capped), whose report comes back through a pipe.
+:class:`Functions` (the grader's side) starts one plain Python process in :mod:`attnlab.grading.sandbox`
+(:func:`main`, the process's side: no Jupyter, no zmq). It runs the cells it is sent through IPython's
+``InteractiveShell`` (magics as IPython runs them) and answers with each cell's status, read from
+``run_cell``'s result; then it answers ``call`` requests with the learner's outputs
+(:func:`attnlab.grading.agent.handle`). Frames (:func:`_send`, :func:`_receive`) are ``torch.save`` bytes, read
+with ``weights_only=True``, on two pipes of their own; :class:`Sandboxed` is such a process, also the Triton parts'
+(:mod:`attnlab.grading.isolated`). The process's own stdout and stderr are ``/dev/null``:
+nothing it prints reaches the grader. A cell or call that hangs is ended by the grader killing the process;
+a later part gets a fresh process that runs the same cells again. What the process answers is data: it
+decides nothing. :func:`grade_in_subprocess` grades one notebook in a worker process of its own
+(``python -I`` from an empty folder, its memory capped), whose report comes back through a pipe.
 """
 
+import io
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -21,13 +30,11 @@ from attnlab.grading import sandbox
 DEFAULT_CELL_TIMEOUT = 120
 DEFAULT_TIMEOUT = 600
 DEFAULT_MEMORY_MB = 4096
-WORKER_GRACE = 60  # seconds a worker may take beyond --timeout (kernel start, parent-side checks)
-
-_AGENT_CALL = "__import__('attnlab.grading.agent', fromlist=['serve']).serve({!r})"
+WORKER_GRACE = 60  # seconds a worker may take beyond --timeout (process start, parent-side checks)
 
 
 def kernel_env(work):
-    """The kernel's environment: nothing of the grader's but what Python and a GPU need."""
+    """The sandboxed process's environment: nothing of the grader's but what Python and a GPU need."""
     keep = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     env = {k: os.environ[k] for k in keep if k in os.environ}
@@ -36,237 +43,275 @@ def kernel_env(work):
     env.update({
         "PYTHONPATH": root, "HOME": work, "IPYTHONDIR": f"{work}/.ipython", "MPLCONFIGDIR": f"{work}/.matplotlib",
         "TRITON_CACHE_DIR": f"{work}/.triton", "XDG_CACHE_HOME": f"{work}/.cache", "TMPDIR": "/tmp",
-        "JUPYTER_PLATFORM_DIRS": "1", "ATTNLAB_GRADING": "1", "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
+        "ATTNLAB_GRADING": "1", "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
     })
     return env
 
 
-OUTPUT_LIMIT = 8 * 2**20  # bytes of output one cell may send the grader; more is dropped
+MAX_FRAME = 512 * 2**20
 
 
-def _capped_client():
-    from nbclient import NotebookClient
+def _send(stream, obj):
+    """One frame: the length, then ``torch.save`` of ``obj``'s plain form (:func:`attnlab.grading.agent._plain`)."""
+    import torch
 
-    class CappedClient(NotebookClient):
-        """A client that keeps at most OUTPUT_LIMIT bytes of each cell's output (the rest is dropped)."""
+    from attnlab.grading.agent import _plain
 
-        def output(self, outs, msg, display_id, cell_index):
-            size = len(json.dumps(msg.get("content", {}), default=str))
-            used = self._output_bytes.get(cell_index, 0) + size
-            self._output_bytes[cell_index] = used
-            if used > OUTPUT_LIMIT:
-                self.truncated.add(cell_index)
-                return None
-            return super().output(outs, msg, display_id, cell_index)
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self._output_bytes, self.truncated = {}, set()
-
-    return CappedClient
+    buffer = io.BytesIO()
+    torch.save(_plain(obj), buffer)
+    data = buffer.getvalue()
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
 
 
-def _CappedClient(*args, **kwargs):
-    return _capped_client()(*args, **kwargs)
+def _receive(stream, limit=MAX_FRAME):
+    """One frame, read with ``torch.load(weights_only=True)``: nothing in it can run code."""
+    import torch
+
+    from attnlab.grading.agent import _restored
+
+    head = stream.read(8)
+    if len(head) != 8:
+        raise EOFError("the process closed its pipe")
+    (size,) = struct.unpack("<Q", head)
+    if size > limit:
+        raise ValueError(f"a frame of {size >> 20} MiB (more than {limit >> 20} MiB)")
+    data = stream.read(size)
+    if len(data) != size:
+        raise EOFError("the process stopped in the middle of a frame")
+    return _restored(torch.load(io.BytesIO(data), weights_only=True))
 
 
-class _Runner:
-    """One notebook in one sandboxed kernel, restarted when it hangs or dies."""
+def frames(in_fd, out_fd):
+    """The process's side of the pipes (duplicated: no child it starts inherits them); says it is ready."""
+    streams = os.fdopen(os.dup(in_fd), "rb"), os.fdopen(os.dup(out_fd), "wb")
+    os.close(in_fd)
+    os.close(out_fd)
+    _send(streams[1], {"ready": True})
+    return streams
 
-    def __init__(self, nb, work, runtime, cell_timeout, deadline, limits, forbidden, copy=None):
-        self.nb, self.work, self.runtime, self.copy = nb, Path(work), Path(runtime), copy
-        self.cell_timeout, self.deadline, self.limits, self.forbidden = cell_timeout, deadline, limits, forbidden
-        self.cgroup = None
-        self.client = _CappedClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
-                                    interrupt_on_timeout=False, record_timing=False, startup_timeout=120,
-                                    resources={"metadata": {"path": str(work)}})
-        self.ok_cells = []  # indices of cells that ran without error, replayed after a restart
-        self.alive = False
-        # nbclient writes an executed cell back into nb.cells[index]: the grader's own cells run
-        # at an index past the notebook's end, which the notebook's loop never reaches
-        self.scratch = len(nb.cells)
-        import nbformat
 
-        nb.cells.append(nbformat.v4.new_code_cell(""))
-        self.last_reply = None
-        self.client.on_cell_executed = self._remember_reply
+# ---------------------------------------------------------------------------------------
+# the process's side
+# ---------------------------------------------------------------------------------------
 
-    def _remember_reply(self, cell=None, cell_index=None, execute_reply=None, **kwargs):
-        self.last_reply = execute_reply
 
-    def _kernel_manager(self):
-        from jupyter_client.manager import AsyncKernelManager
+def _status(result, shell):
+    """{"status": "ok"} or {"status": "error"|"exit", "ename", "evalue"} from IPython's ExecutionResult."""
+    exc = result.error_before_exec or result.error_in_exec
+    if shell.exit_now:  # IPython's exit() / quit(): the shell asks to stop, without raising
+        shell.exit_now = False
+        return {"status": "exit", "ename": "exit()", "evalue": ""}
+    if exc is None:
+        return {"status": "ok"}
+    return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc)[:500]}
 
-        work, runtime, copy, limits = self.work, self.runtime, self.copy, self.limits
 
-        # asynchronous, as nbclient expects: its check that the kernel is still alive runs beside the wait
-        # for output, so a kernel that dies mid-cell is noticed
-        class SandboxedKernelManager(AsyncKernelManager):
-            def format_kernel_cmd(self, extra_arguments=None):
-                return sandbox.wrap_command(super().format_kernel_cmd(extra_arguments), work, runtime, copy, limits)
+def main(in_fd, out_fd):
+    """The functions process: cells and calls from the grader, answers to it; its stdin, stdout and stderr are
+    ``/dev/null`` (nothing it prints is kept, and nothing it writes there reaches a frame)."""
+    frames_in, frames_out = frames(in_fd, out_fd)
+    from IPython.core.interactiveshell import InteractiveShell
 
-        km = SandboxedKernelManager(kernel_name="python3", transport="ipc", ip=str(self.runtime / "kernel"))
-        km.connection_file = str(self.runtime / "kernel.json")
-        return km
+    from attnlab.grading import agent
 
-    def start(self):
-        import zmq
-
-        self.client.km = self._kernel_manager()
-        # no message from the kernel may be larger than this: a bigger one closes the connection
-        self.client.km.context.setsockopt(zmq.MAXMSGSIZE, OUTPUT_LIMIT)
-        self.cgroup = sandbox.Cgroup.make(self.limits)
-        self.work.mkdir(parents=True, exist_ok=True)  # outside the sandbox: where its tmpfs goes
-        self.client.start_new_kernel(env=kernel_env(self.work), cwd=str(self.work), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                     preexec_fn=sandbox.preexec(self.limits, self.cgroup))
-        self.client.start_new_kernel_client()
-        self.alive = True
-        reply, problem = self.request({"op": "install", "forbidden": self.forbidden})
-        if problem is not None or "installed" not in (reply or {}):
-            raise RuntimeError(f"the grader's agent did not start in the kernel: {problem or reply}")
-
-    def stop(self):
-        if self.client.km is not None:
-            try:
-                if self.client.kc is not None:
-                    self.client.kc.stop_channels()
-                from jupyter_core.utils import run_sync
-
-                run_sync(self.client.km.shutdown_kernel)(now=True)  # no graceful wait: the kernel is done
-            except Exception:
-                pass
-        self.client.kc = None
-        self.client.km = None
-        self.alive = False
-        if self.cgroup is not None:
-            self.cgroup.remove()
-            self.cgroup = None
-        sandbox.kill_descendants()  # whatever the kernel started, wherever it went
-
-    def restart(self):
-        """A fresh kernel with the cells that worked run again. False when time ran out."""
-        self.stop()
-        if self.remaining() <= 1:
-            return False
+    shell = InteractiveShell.instance()
+    shell.ask_exit = lambda: setattr(shell, "exit_now", True)  # what exit() calls (a terminal's shell has it)
+    while True:
         try:
-            self.start()
-        except Exception:  # no kernel to grade with: the caller reports what it could not grade
-            return False
-        for i in self.ok_cells:
-            problem = self._execute(self.nb.cells[i], i, replay=True)
-            if problem is not None:
-                return False
-        return True
+            req = _receive(frames_in)
+        except EOFError:
+            return
+        try:
+            if req.get("op") == "run":
+                reply = _status(shell.run_cell(req["source"], store_history=True), shell)
+            else:
+                reply = agent.handle({**req, "forbidden": []}, shell.user_ns)
+        except BaseException as exc:  # the learner's object failing oddly: reported, never fatal here
+            reply = {"agent_error": agent.describe_error(exc)}
+        _send(frames_out, reply)
+
+
+# ---------------------------------------------------------------------------------------
+# the grader's side
+# ---------------------------------------------------------------------------------------
+
+
+class Dead(Exception):
+    """The process hung (killed after its time) or died; the text says which."""
+
+
+class Sandboxed:
+    """One fresh sandboxed ``python -I`` process at a time, running ``ENTRY`` (module, function), which is given
+    the two pipes' descriptors; frames both ways. A request that runs past its time kills the process; a
+    process that dies raises :class:`Dead`, and the next request starts a fresh one."""
+
+    ENTRY = ("attnlab.grading.runner", "main")
+
+    def __init__(self, root, limits, timeout, deadline=float("inf"), copy=None):
+        self.root, self.limits, self.timeout, self.deadline, self.copy = Path(root), limits, timeout, deadline, copy
+        self.proc = self.cgroup = self.pid = None
+        self.starts = 0
 
     def remaining(self):
         return self.deadline - time.monotonic()
 
-    def _execute(self, cell, index, replay=False):
-        """Run one cell; None when it ran cleanly, else (kind, text)."""
-        from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-        budget = min(self.cell_timeout, self.remaining())
+    def _budget(self):
+        budget = min(self.timeout, self.remaining())
         if budget <= 1:
-            return ("total-timeout", "the notebook ran past the total time limit before this cell")
-        self.client.timeout = max(1, int(budget))
-        work = cell if not replay else _copy_cell(cell)
-        self.last_reply = None
+            raise Dead("the notebook ran past the total time limit")
+        return budget
+
+    def _start(self):
+        self.starts += 1
+        work = self.root / f"work-{self.starts}"
+        work.mkdir(parents=True)  # outside the sandbox: where its tmpfs goes
+        to_child, from_grader = os.pipe()[::-1]
+        from_child, to_grader = os.pipe()
+        course = str(Path(__file__).resolve().parents[2])
+        module, function = self.ENTRY
+        boot = f"import sys; sys.path.insert(0, {course!r}); from {module} import {function} as f; " \
+               f"f({from_grader}, {to_grader})"
+        cmd = sandbox.wrap_command([sys.executable, "-I", "-c", boot], work, self.root, self.copy, self.limits)
+        self.cgroup = sandbox.Cgroup.make(self.limits)
         try:
-            self.client.execute_cell(work, index)
-        except CellTimeoutError:
-            self.alive = False
-            return ("timeout", f"did not finish within {self.client.timeout} s (an endless loop?)")
-        except DeadKernelError:
-            self.alive = False
-            return ("dead", "killed the kernel (it crashed, ran out of memory, was killed, or called exit())")
-        except Exception as exc:  # a kernel or client failure is the notebook's, never the grader's
-            self.alive = False
-            return ("dead", f"stopped the kernel: {type(exc).__name__}: {exc}")
-        payload = ((self.last_reply or {}).get("content") or {}).get("payload") or []
-        if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload):
-            self.alive = False  # IPython's exit(): the kernel shuts down right after replying
-            return ("dead", "called exit(), which shut the kernel down")
-        # the reply's status says whether the cell raised (what the cell displays can be silenced)
-        content = (self.last_reply or {}).get("content") or {}
-        errors = [o for o in work.get("outputs", []) if o.get("output_type") == "error"]
-        if (self.last_reply is not None and content.get("status") != "ok") or errors:
-            shown = errors[0] if errors else content
-            name, value = str(shown.get("ename", "an error")), str(shown.get("evalue", ""))[:500]
-            if name == "SystemExit":
-                return ("error", f"called sys.exit({value})")
-            return ("error", f"raised {name}: {value}".rstrip(": "))
-        return None
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, pass_fds=(from_grader, to_grader),
+                                         env=kernel_env(work), cwd=str(work),
+                                         preexec_fn=sandbox.preexec(self.limits, self.cgroup))
+        finally:
+            os.close(from_grader)
+            os.close(to_grader)
+        self.proc.frames = os.fdopen(to_child, "wb"), os.fdopen(from_child, "rb")
+        self._exchange(None, min(120, self.remaining()), "did not start")
+        self.pid = _python_below(self.proc.pid)  # found before any learner code runs: it cannot fork a decoy first
+        self._started()
 
-    def run_cell(self, index):
-        cell = self.nb.cells[index]
-        problem = self._execute(cell, index)
-        if problem is None:
-            self.ok_cells.append(index)
-        return problem
+    def _started(self):
+        """What a fresh process is sent before the first request."""
 
-    def request(self, req):
-        """Send one request to the agent; (reply dict, None) or (None, (kind, text))."""
-        import nbformat
-
-        from attnlab.grading import agent as wire
-        from attnlab.grading.agent import RESULT_MIME
-
-        cell = nbformat.v4.new_code_cell(_AGENT_CALL.format(wire.encode(req)))
-        problem = self._execute(cell, self.scratch)
-        self.nb.cells[self.scratch] = nbformat.v4.new_code_cell("")  # do not keep the answers around
-        answers = [o["data"][RESULT_MIME] for o in cell.get("outputs", [])
-                   if o.get("output_type") == "display_data" and RESULT_MIME in o.get("data", {})]
-        if problem is not None and problem[0] in ("timeout", "dead", "total-timeout"):
-            return None, problem
-        if len(answers) != 1:
-            why = problem[1] if problem else f"{len(answers)} answers instead of one"
-            return {"agent_error": f"the kernel did not answer the grader ({why})"}, None
-        text = answers[0] if isinstance(answers[0], str) else json.dumps(answers[0])
+    def _exchange(self, req, budget, what):
+        proc = self.proc
+        watchdog = threading.Timer(budget, proc.kill)  # a request that never ends: its process is killed
+        watchdog.start()
         try:
-            return wire.decode(text), None
-        except (ValueError, TypeError, KeyError) as exc:
-            return {"agent_error": f"the kernel's answer could not be read ({exc})"}, None
+            if req is not None:
+                _send(proc.frames[0], req)
+            reply = _receive(proc.frames[1])
+            if not isinstance(reply, dict):
+                raise TypeError("the reply is not a dict")
+            return reply
+        except Exception as exc:  # died (memory, exit), killed by the watchdog, or sent what cannot be read
+            timed_out = not watchdog.is_alive()
+            self.stop()
+            raise Dead(f"did not finish within {budget:.0f} s (an endless loop?)" if timed_out else
+                       f"{what}: the process running it died or was killed ({type(exc).__name__}: {exc}; out of "
+                       "memory, a signal, os._exit?)")
+        finally:
+            watchdog.cancel()
+
+    def ask(self, req, what="stopped during the call"):
+        """One request: the reply dict; raises Dead."""
+        if self.proc is None:
+            try:
+                self._start()
+            except Dead:
+                raise
+            except Exception as exc:
+                self.stop()
+                raise Dead(f"no process could be started ({type(exc).__name__}: {exc})")
+        return self._exchange(req, self._budget(), what)
+
+    def stop(self):
+        proc, self.proc, self.pid = self.proc, None, None
+        if proc is not None:
+            for pid in [proc.pid, *sandbox.descendants(proc.pid)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in getattr(proc, "frames", ()):
+                try:
+                    stream.close()
+                except OSError:  # a frame half written to a process that died
+                    pass
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
+
+
+class Functions(Sandboxed):
+    """The notebook's cells and the learner's functions (:func:`main`). ``run(index, source)`` runs a cell (its
+    status); ``ask(req)`` a call. A fresh process runs the cells that ran so far again (not those that ended a
+    process), their statuses not read again."""
+
+    def __init__(self, root, cell_timeout, deadline, limits, copy=None):
+        super().__init__(root, limits, cell_timeout, deadline, copy)
+        self.ran = []  # (index, source) of the cells run so far
+
+    def _started(self):
+        for _, source in self.ran:
+            self._exchange({"op": "run", "source": source}, self._budget(), "stopped while its cells ran again")
+
+    def run(self, index, source):
+        """Run one cell: its status dict; raises Dead (and the cell is never run again)."""
+        reply = self.ask({"op": "run", "source": source}, "stopped")
+        self.ran.append((index, source))
+        return reply
+
+
+def _python_below(root):
+    """The first process at or below ``root`` that runs this Python (the sandbox's own processes stand above it;
+    a process the learner forks is below it)."""
+    exe = os.fsencode(sys.executable)
+    for _ in range(100):
+        parents, level = sandbox._children(), [root]
+        while level:
+            for pid in level:
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if f.read().split(b"\0")[0] == exe:
+                            return pid
+                except OSError:
+                    pass
+            level = [p for p, q in parents.items() if q in level]
+        time.sleep(0.02)
+    return None
 
 
 class RemoteLearner:
-    """The learner's functions, called in the kernel by the agent (see :class:`core.LocalLearner`); the
+    """The learner's functions, called in the :class:`Functions` process (see :class:`core.LocalLearner`); the
     learner's Triton kernels, launched from their text in a fresh process (:mod:`attnlab.grading.isolated`)."""
 
     def __init__(self, runner, kernels=None):
         self.runner, self.kernels = runner, kernels
         self.forbidden = []
-        self.broke = None  # (kind, text) when a call hung or killed the kernel
+        self.broke = None  # the text, when a call hung or ended the process
 
-    def _ask(self, req):
-        if self.broke is not None:
-            return {"agent_error": f"an earlier call {self.broke[1]}"}
-        if not self.runner.alive and not self.runner.restart():
-            return {"agent_error": "no kernel could be started to call it"}
-        reply, problem = self.runner.request(req)
-        if problem is not None:
-            self.broke = problem
-            return {"agent_error": problem[1]}
-        return reply
+    @property
+    def pid(self):
+        return None if self.runner is None else self.runner.pid
 
     def call(self, name, cases, grad=None):
-        req = {"op": "call", "name": name, "cases": cases, "forbidden": self.forbidden}
+        if self.broke is not None:
+            return {"agent_error": f"an earlier call {self.broke}"}
+        req = {"op": "call", "name": name, "cases": cases}
         if grad is not None:
             req["grad"] = grad
-        return self._ask(req)
+        try:
+            return self.runner.ask(req)
+        except Dead as exc:
+            self.broke = str(exc)
+            return {"agent_error": self.broke}
 
     def launch(self, request):
-        if self.kernels is not None:  # never the learner's process: it could say anything about a launch
-            return self.kernels.launch(request)
-        return self._ask({**request, "op": "launch", "forbidden": self.forbidden})
-
-
-def _copy_cell(cell):
-    import copy
-
-    c = copy.deepcopy(cell)
-    c.outputs = []
-    return c
+        if self.kernels is None:
+            return {"agent_error": "no process launches kernels here"}
+        return self.kernels.launch(request)  # never the learner's process: it could say anything about a launch
 
 
 def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIMEOUT, memory_mb=DEFAULT_MEMORY_MB):

@@ -1,13 +1,12 @@
-"""Where and how ``attnlab grade`` runs a learner's kernel: an unprivileged user, a private filesystem, limits.
+"""Where and how ``attnlab grade`` runs a learner's code: an unprivileged user, a private filesystem, limits.
 
-With bubblewrap (``bwrap``, Debian package ``bubblewrap``) on Linux the kernel sees only:
+With bubblewrap (``bwrap``, Debian package ``bubblewrap``) on Linux a sandboxed process sees only:
 
 - read-only: the Python it runs (the interpreter's prefix and the virtual environment) and the
   installed ``attnlab`` package, with every exercise package's references and checks replaced by
   empty files (only each package's ``__init__.py``, the parts table, stays);
 - a private copy of the one notebook it runs, read-only, in a working folder that is a tmpfs of
-  ``Limits.work_mb``; a private ``/tmp`` of ``Limits.tmp_mb`` and ``/dev/shm`` of ``Limits.shm_mb``;
-- its connection files (one folder of the grader's, made for this kernel only).
+  ``Limits.work_mb``; a private ``/tmp`` of ``Limits.tmp_mb`` and ``/dev/shm`` of ``Limits.shm_mb``.
 
 Nothing else of ``/`` exists in it: no ``solutions/``, no other submission, no report, none of the
 grader's files. It has its own process, network (none), IPC and UTS namespaces, dies with the grader
@@ -17,16 +16,16 @@ and has no capabilities:
   to a user id of its own (:func:`sandbox_uid`, no passwd entry, no groups), clears every capability
   (bounding set too) and sets no-new-privileges before Python starts. The mounts are locked: a
   process without ``CAP_SYS_ADMIN`` in their namespace cannot remount them;
-- started by anyone else: bubblewrap in a user namespace of its own, ``--cap-drop ALL``; the kernel
+- started by anyone else: bubblewrap in a user namespace of its own, ``--cap-drop ALL``; the process
   keeps the user's id (it cannot become anyone else), but still sees only what is listed above.
 
 Limits (:class:`Limits`): per process (``setrlimit``): memory (the data segment), CPU seconds, file
 size, no core files; for the whole submission: a memory and process cgroup (:class:`Cgroup`,
 version 1 or 2, where this machine lets one be made: root, or a delegated v2 subtree) holding the
-kernel, its children and its tmpfs pages; otherwise the process count per user id (``RLIMIT_NPROC``,
+process, its children and its tmpfs pages; otherwise the process count per user id (``RLIMIT_NPROC``,
 which as root is the sandbox's own id: every process of the submission counts) and the tmpfs sizes.
 
-Without bubblewrap only the rlimits hold (the kernel runs as the grader's user in a temporary
+Without bubblewrap only the rlimits hold (the process runs as the grader's user in a temporary
 folder): :func:`isolation` says which is in use; ``attnlab doctor`` and every report show it.
 """
 
@@ -68,7 +67,7 @@ def _prctl(option, value):
 
 def protect_grader():
     """Make this process hard to tamper with: not dumpable, and a child subreaper (orphans of the
-    kernel become its children, so :func:`kill_descendants` finds them)."""
+    sandboxed processes become its children, so :func:`kill_descendants` finds them)."""
     if sys.platform.startswith("linux"):
         _prctl(PR_SET_DUMPABLE, 0)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -79,7 +78,7 @@ def as_root():
 
 
 def sandbox_uid():
-    """The user id the kernel runs as when the grader is root (its own, unused by anyone else)."""
+    """The user id a sandboxed process runs as when the grader is root (its own, unused by anyone else)."""
     return UID_BASE + os.getpid()
 
 
@@ -103,7 +102,7 @@ def bwrap():
 
 
 def isolation():
-    """One line: how a learner's kernel is isolated on this machine."""
+    """One line: how a learner's code is isolated on this machine."""
     if bwrap():
         who = ("as root: bubblewrap then setpriv to an unprivileged user id of its own, no capabilities"
                if as_root() else "bubblewrap in a user namespace, no capabilities, the grader's user id")
@@ -116,7 +115,7 @@ def isolation():
 
 
 def _readable_roots():
-    """What the kernel must read: the interpreter, the virtual environment, sys.path, the package."""
+    """What a sandboxed process must read: the interpreter, the virtual environment, sys.path, the package."""
     import attnlab
 
     package = Path(attnlab.__file__).resolve().parent
@@ -125,7 +124,7 @@ def _readable_roots():
         import attnlab.kernels as kernels  # an editable install maps it to the course's kernels/
 
         candidates.add(str(Path(kernels.__file__).resolve().parent))
-    except Exception:  # pragma: no cover - triton missing: the kernel will not need them
+    except Exception:  # pragma: no cover - triton missing: nothing will need them
         pass
     course = package.parent
     found = set()
@@ -140,7 +139,7 @@ def _readable_roots():
 
 
 def _hidden_files():
-    """The exercise packages' files but ``__init__.py``: the references and checks the kernel never gets."""
+    """The exercise packages' files but ``__init__.py``: the references and checks a sandboxed process never gets."""
     from attnlab.grading import exercises
 
     root = Path(exercises.__file__).resolve().parent
@@ -160,7 +159,7 @@ def _command(path, cmd, work, runtime, notebook, limits, probe=False):
             args += ["--ro-bind", folder, folder]
     made = set()
 
-    def parents(folder):  # made 0755 (bubblewrap would make them 0700: the kernel's user could not pass)
+    def parents(folder):  # made 0755 (bubblewrap would make them 0700: the sandbox's user could not pass)
         out = []
         for parent in reversed(Path(folder).parents[:-1]):
             if parent not in made:
@@ -177,13 +176,11 @@ def _command(path, cmd, work, runtime, notebook, limits, probe=False):
             args += ["--ro-bind", str(empty), str(hidden)]
         for dev in sorted(Path("/dev").glob("nvidia*")):  # a GPU stays usable
             args += ["--dev-bind", str(dev), str(dev)]
-    args += parents(runtime) + ["--bind", str(runtime), str(runtime)] + parents(work)
+    args += parents(work)
     args += ["--size", str(limits.work_mb * mb), "--perms", "1777", "--tmpfs", str(work)]
     if notebook is not None:
         args += ["--ro-bind", str(notebook), str(Path(work) / Path(notebook).name)]
-    # in its own process namespace the kernel's parent is pid 1: tell ipykernel not to watch for the
-    # grader's pid (which it cannot see); --die-with-parent does that job
-    args += ["--remount-ro", "/", "--setenv", "JPY_PARENT_PID", "1", "--chdir", str(work), "--"]
+    args += ["--remount-ro", "/", "--chdir", str(work), "--"]
     if as_root():
         uid = str(sandbox_uid())
         args += [shutil.which("setpriv"), "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all",
@@ -192,14 +189,10 @@ def _command(path, cmd, work, runtime, notebook, limits, probe=False):
 
 
 def wrap_command(cmd, work, runtime, notebook=None, limits=None):
-    """``cmd`` run in the sandbox (working folder ``work``, connection files in ``runtime``), or as is."""
+    """``cmd`` run in the sandbox (working folder ``work``, the grader's files for it in ``runtime``), or as is."""
     path = bwrap()
     if path is None:
         return list(cmd)
-    if as_root():  # the sandbox's user must create its sockets in runtime and read its connection file
-        os.chown(runtime, sandbox_uid(), sandbox_uid())
-        for f in Path(runtime).glob("*.json"):
-            os.chown(f, sandbox_uid(), sandbox_uid())
     return _command(path, cmd, work, runtime, notebook, limits or Limits())
 
 
@@ -255,15 +248,6 @@ class Cgroup:
         """Move the calling process in (from the child, before it runs the sandbox)."""
         for folder in self.paths:
             _write(folder / "cgroup.procs", os.getpid())
-
-    def peak_mb(self):
-        for folder in self.paths:
-            for key in ("memory.peak", "memory.max_usage_in_bytes"):
-                try:
-                    return int((folder / key).read_text()) / 2**20
-                except (OSError, ValueError):
-                    continue
-        return None
 
     def kill(self):
         for _ in range(20):

@@ -1,24 +1,28 @@
-"""Grading one notebook: run it in the sandbox, then grade each part from this process, and score.
+"""Grading one notebook: run its cells in a fresh sandboxed process, then grade each part from this process, and score.
 
-- it draws the part's inputs from a secret seed it keeps, and sends them to the kernel, as the
-  source of a cell it executes; :mod:`attnlab.grading.agent` in the kernel calls the learner's
-  function and answers with the outputs only, as one display message of the cell's reply
-  (``torch.save`` bytes read with ``weights_only=True``);
-- a Triton part's ``@triton.jit`` functions are taken from the notebook as text, checked by Triton's
-  frontend and launched and traced in a fresh sandboxed process (:mod:`attnlab.grading.isolated`);
-- it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`) in its
-  own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
-- the part's answer cells must not use what the part forbids (:func:`attnlab.grading.parts.forbidden`):
-  the worker reads their syntax tree (:mod:`attnlab.grading.shortcuts`); the agent's tripwires
-  in the kernel make the plain routes fail as feedback (they are no defence).
+- the cells that define the learner's functions (setup, answer cells, cells the learner added or edited, given
+  definitions; not the given demos and check cells: :func:`attnlab.grading.layout.to_run`) run in a fresh
+  sandboxed Python process (:class:`attnlab.grading.runner.Functions`), which answers with each cell's status
+  and then with the learner's outputs for the inputs this process sends (``torch.save`` frames read with
+  ``weights_only=True``);
+- the inputs come from a secret seed this process keeps; a Triton part's ``@triton.jit`` functions are taken
+  from the notebook as text, checked by Triton's frontend and launched and traced in another fresh sandboxed
+  process (:mod:`attnlab.grading.isolated`);
+- it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`)
+  in its own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
+- the part's learner cells (and the learner's cells of no part) must not use what the part forbids
+  (:func:`attnlab.grading.parts.forbidden`): this process reads their syntax tree (:mod:`attnlab.grading.shortcuts`).
 
-What the notebook prints, writes or returns from its own ``check(...)`` cells is never read:
-those are feedback for the learner. A part scores its points only when its check passes, no
-cell of the part (found by nbgrader ``grade_id``, in any order) raised, timed out or killed
-the kernel, no setup cell failed, and its answer uses nothing forbidden. Every other case scores
-0 for the parts it touches, with the reason.
+What the notebook prints, writes or returns from its own ``check(...)`` cells is never read. A part scores
+its points only when (1) its check passes in this process, on what the functions process returned; (2) every
+cell of the part (by nbgrader ``grade_id``, in any order; see :func:`attnlab.grading.layout.owners`) and every
+setup cell ran without an error, ``exit()``, a timeout or the process's death, as that process reported or
+this one saw; and (3) its cells' syntax uses nothing forbidden. Every other case scores 0 for the parts it
+touches, with the reason. The process can lie about its cells' statuses: a lie that a cell failed costs it
+points, and a lie that a cell ran changes nothing, since the check decides on the outputs.
 """
 
+import ast
 import json
 import os
 import secrets
@@ -27,11 +31,11 @@ from pathlib import Path
 
 from attnlab.grading import sandbox
 from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout, given_sources, identify, learner_cell,
-                                    owners)
+                                    owners, to_run)
 from attnlab.grading.reports import plural
 from attnlab.grading.isolated import IsolatedKernels
-from attnlab.grading.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, OUTPUT_LIMIT,
-                                    RemoteLearner, _Runner, kernel_env)
+from attnlab.grading.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, Dead, Functions,
+                                    RemoteLearner)
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20
 
@@ -44,7 +48,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
 
     from attnlab.grading.checks import PARTS, run_check
     from attnlab.grading.generate import check_ids
-    from attnlab.grading.parts import MANUAL, all_forbidden, exercises, forbidden, points
+    from attnlab.grading.parts import MANUAL, exercises, forbidden, points
     from attnlab.grading.shortcuts import uses
 
     EXERCISES, POINTS = exercises(), points()
@@ -78,15 +82,19 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                 cell.source = _strip_region(cell.source, BEGIN_HIDDEN, END_HIDDEN, None)[0]
             except ValueError:
                 pass
-    owner = owners(nb, parts, names, canonical_layout(exercise, parts))
+    owner = owners(nb, parts, canonical_layout(exercise, parts))
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     given = given_sources(exercise)
 
-    # shortcuts, from the syntax of each part's answer cells (and of added cells defining its functions)
+    # shortcuts, from the syntax of each part's learner cells and of every other learner cell that defines one of
+    # its functions or a name those cells read (``_sm = torch.softmax`` above the first answer cell, a relabelled answer)
     shortcut = {}
+    learners = [c.source for c in nb.cells if c.cell_type == "code" and learner_cell(c, "", given)]
     for p in parts:
         mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o == p
                 and learner_cell(c, p, given)]
+        reads = set(names[p]) | {n for source in mine for n in _names(source, ast.Name)}
+        mine += [source for source in learners if source not in mine and _names(source, "defined") & reads]
         found = uses(mine, forbidden(p), code)
         if found:
             shortcut[p] = found
@@ -108,70 +116,56 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     deadline = time.monotonic() + timeout
     limits = sandbox.Limits(memory_mb=memory_mb, cpu_s=int(timeout) + 30)
     root = sandbox.temp_root()
-    runner = kernels = None
+    functions = kernels = None
 
     def grade(p):
-        learner = RemoteLearner(runner, kernels)
-        learner.forbidden = forbidden(p)
+        learner = RemoteLearner(functions, kernels)
         try:
             result = run_check(p, learner, salt=salt)
             results[p] = {"passed": result.passed, "message": result.message, "diagnosis": result.diagnosis}
         except Exception as exc:  # an answer the checks cannot read is the notebook's, not the grader's
             results[p] = {"passed": False, "diagnosis": [],
                           "message": f"the grader could not read your function's results ({type(exc).__name__}: {exc})"}
-        if learner.broke is not None:
-            results[p]["message"] = f"the check of your code {learner.broke[1]}\n    " + results[p]["message"]
-            if runner.remaining() > 1:
-                runner.restart()
+        if learner.broke is not None:  # the process is gone: the next part gets a fresh one
+            results[p]["message"] = f"the check of your code {learner.broke}\n    " + results[p]["message"]
 
+    runs = dict(to_run(nb, owner, given, parts, {n for p in parts for n in names[p]}))
     try:
-        work, runtime = root / "work", root / "runtime"
-        runtime.mkdir()
         copy = sandbox.private_copy(path, root / "copy")
-        runner = _Runner(nb, work, runtime, cell_timeout, deadline, limits, all_forbidden(), copy)
-        kernels = IsolatedKernels(code, root, limits, kernel_env(root / "kernels-work"), cell_timeout)
-        try:
-            runner.start()
-        except Exception as exc:
-            report["error"] = f"could not start a Jupyter kernel: {type(exc).__name__}: {exc}"
-            return report
-        for i, cell in enumerate(nb.cells[: runner.scratch]):
-            if cell.cell_type != "code":
-                continue
-            problem = runner.run_cell(i)
-            if i in runner.client.truncated:
-                notes.append(f"{_describe_cell(i, cell)} printed more than {OUTPUT_LIMIT >> 20} MiB: "
-                             "the rest was not kept")
-            if problem is not None:
-                kind, text = problem
-                reason = f"{_describe_cell(i, cell)} {text}"
-                if kind == "total-timeout":
+        functions = Functions(root, cell_timeout, deadline, limits, copy)
+        kernels = IsolatedKernels(code, root, limits, cell_timeout)
+        for i, cell in enumerate(nb.cells):
+            if i in runs:
+                if functions.remaining() <= 1:
                     setup_problems.append(f"the notebook ran past the total time limit of {timeout:g} s")
                     break
-                where = owner[i]
-                if where == "setup":
-                    setup_problems.append(reason)
-                elif where in problems:
-                    problems[where].append(reason)
-                else:
-                    notes.append(f"{reason} (a cell of no part: it costs no points itself)")
-                if kind in ("timeout", "dead") and (runner.remaining() <= 1 or not runner.restart()):
-                    setup_problems.append("grading stopped: a fresh kernel could not re-run the cells that "
-                                          f"worked within the total time limit of {timeout:g} s")
-                    break
+                try:
+                    status = functions.run(i, runs[i])
+                except Dead as exc:
+                    status = {"status": "dead", "evalue": str(exc)}
+                problem = _problem(status)
+                if problem is not None:
+                    reason = f"{_describe_cell(i, cell)} {problem}"
+                    where = owner[i]
+                    if where != "setup" and not learner_cell(cell, "", given):
+                        notes.append(f"{reason} (a given cell, run for its definitions: it costs no points itself)")
+                    elif where == "setup":
+                        setup_problems.append(reason)
+                    elif where in problems:
+                        problems[where].append(reason)
+                    else:
+                        notes.append(f"{reason} (a cell of no part: it costs no points itself)")
             for p in grade_at.get(i, []):
-                if p not in results and runner.alive:
+                if p not in results and functions.remaining() > 1:
                     grade(p)
         for p in parts:
-            if p not in results and runner.remaining() > 1:
-                if not runner.alive and not runner.restart():
-                    break
+            if p not in results and functions.remaining() > 1:
                 grade(p)
     finally:
         if kernels is not None:
             kernels.stop()
-        if runner is not None:
-            runner.stop()
+        if functions is not None:
+            functions.stop()
         sandbox.kill_descendants()
         shutil.rmtree(root, ignore_errors=True)
 
@@ -207,6 +201,34 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         report["notes"] = notes
     report["score"] = sum(part["points"] for part in report["parts"])
     return report
+
+
+def _names(source, kind):
+    """The names ``source`` reads anywhere (kind ast.Name), or defines at its top level ("defined": not by a
+    plain ``import module``, which a scratch cell and an answer share without feeding it anything)."""
+    from attnlab.grading.layout import _defined
+    from attnlab.grading.shortcuts import _parse
+
+    tree = _parse(source)
+    if tree is None:
+        return set()
+    if kind == "defined":
+        return {n for node in tree.body if not isinstance(node, ast.Import) for n in _defined(node)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def _problem(status):
+    """What a cell's status says went wrong (None when it ran cleanly)."""
+    kind, name, value = status.get("status"), str(status.get("ename", "an error")), str(status.get("evalue", ""))[:500]
+    if kind == "ok":
+        return None
+    if kind == "exit":
+        return "called exit(), which ends the process"
+    if kind == "dead":
+        return value
+    if name == "SystemExit":
+        return f"called sys.exit({value})"
+    return f"raised {name}: {value}".rstrip(": ")
 
 
 def _manual_answer(nb, part):

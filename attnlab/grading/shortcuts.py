@@ -162,8 +162,8 @@ def uses(sources, patterns, all_sources=None):
 
     A method call ``obj.softmax(...)`` on an object the syntax cannot place counts as
     ``torch.Tensor.softmax`` only when the learner defined no ``softmax`` of their own (a method of
-    their class, called as ``self.softmax(s)``): for such names the syntax is only advisory, and the
-    tripwire that fires when the library's own function is called while the part is graded decides."""
+    their class, called as ``self.softmax(s)``): for such names the syntax is only advisory (the inline
+    ``check()``'s tripwire, in the learner's own process, still names a call of the library's function)."""
     names = aliases(all_sources if all_sources is not None else sources)
     mine = defined_names(all_sources if all_sources is not None else sources)
     methods = {p.rsplit(".", 1)[1] for p in patterns if p.startswith("torch.Tensor.")} - mine
@@ -213,18 +213,3 @@ def uses(sources, patterns, all_sources=None):
             seen.add(key)
             out.append((name, line))
     return out
-
-
-def defines(source, names):
-    """True when ``source`` defines (def, class, assignment or import) any of ``names``."""
-    tree = _parse(source)
-    if tree is None:
-        return False
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in names:
-            return True
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in names:
-            return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) in names for a in node.names):
-            return True
-    return False

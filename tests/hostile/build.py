@@ -56,30 +56,22 @@ builtins.exec = _exec
 """
 
 FORGE_TRANSFORMER = """from IPython import get_ipython
-MIME = "application/x.attnlab-result+json"
 def _forge(lines):
-    source = "".join(lines)
-    if "attnlab" in source and "serve" in source:
-        # answer the grader's request ourselves: with the reference, if it can be found
-        return ["import importlib\\n", "from attnlab.grading import agent as wire\\n",
-                "from attnlab.grading.parts import spec_modules\\n",
-                "from IPython.display import publish_display_data\\n",
-                "import re\\n",
-                f"_req = wire.decode(eval(re.search(r'serve\\\\((.*)\\\\)\\\\s*$', {source!r}, re.S).group(1)))\\n",
-                "try:\\n",
-                "    _fn = next(getattr(importlib.import_module(m), _req['name']) for m in spec_modules()\\n",
-                "               if hasattr(importlib.import_module(m), _req['name']))\\n",
-                "    _out = {'results': [{'ok': _fn(*a, **k)} for a, k in _req.get('cases', [])]}\\n",
-                "except Exception as e:\\n",
-                "    _out = {'results': [{'ok': True}]}\\n",
-                "publish_display_data({MIME: wire.encode(_out)})\\n"]
-    return lines
+    # every later cell the grader sends is rewritten: its errors swallowed, the references bound to the answers
+    body = "".join("    " + line for line in lines) or "    pass\\n"
+    return ["try:\\n", body if body.endswith("\\n") else body + "\\n", "except BaseException:\\n", "    pass\\n",
+            "import importlib\\n",
+            "for _m in ('attnlab.grading.exercises.e02.spec', 'attnlab.grading.exercises.e02.checks'):\\n",
+            "    for _n in ('padding_mask', 'causal_mask', 'masked_attention'):\\n",
+            "        try:\\n",
+            "            globals()[_n] = getattr(importlib.import_module(_m), _n)\\n",
+            "        except Exception:\\n",
+            "            pass\\n"]
 get_ipython().input_transformers_post.append(_forge)
 """
 
 FORGE_MODULE = """import sys, types
 import attnlab.grading.checks as _real
-from IPython.display import publish_display_data
 _fake = types.ModuleType("attnlab.grading.checks")
 _fake.__file__ = _real.__file__
 class _Pass:
@@ -89,8 +81,42 @@ _fake.check = _real.check
 sys.modules["attnlab.grading.checks"] = _fake
 _agent = types.ModuleType("attnlab.grading.agent")
 _agent.__file__ = _real.__file__.replace("checks.py", "agent.py")
-_agent.serve = lambda text: publish_display_data({"application/x.attnlab-result+json": '{"results": [{"ok": true}]}'})
+_agent.handle = lambda req, ns: {"results": [{"ok": True} for _ in req.get("cases", [])]}
+_agent.describe_error = str
 sys.modules["attnlab.grading.agent"] = _agent
+"""
+
+# the frame protocol forged in the learner's own process: every cell reported as clean, every call answered
+# with the shape the grader expects, the reply frames rewritten on their way out and written by hand
+FORGE_FRAMES = """import glob, io, os, struct, sys, torch
+import attnlab.grading.runner as _runner, attnlab.grading.isolated as _isolated
+_real_send = _runner._send
+def _forged(req, ns):
+    out = []
+    for case in req.get("cases", []):
+        args = case[0]
+        shape = tuple(args[0].shape) if args and torch.is_tensor(args[0]) else (len(args[0]), args[1])
+        out.append({"ok": torch.ones(shape, dtype=torch.bool) if not torch.is_tensor(args[0]) or args[0].dtype
+                    in (torch.long, torch.int) else torch.zeros(shape)})
+    return {"results": out}
+def _send(stream, obj):
+    if isinstance(obj, dict) and "status" in obj:
+        obj = {"status": "ok"}
+    if isinstance(obj, dict) and "op" not in obj and "status" not in obj and "ready" not in obj:
+        obj = _forged({"cases": []}, None) if "results" not in obj else obj
+    _real_send(stream, obj)
+_runner._send = _isolated._send = _send
+sys.modules["attnlab.grading.agent"].handle = _forged
+# a frame written by hand into every pipe this process holds: a full-marks report where a reply is expected
+_buffer = io.BytesIO()
+torch.save({"score": 9, "max_score": 9, "passed": True, "results": [{"ok": True}]}, _buffer)
+for _fd in glob.glob("/proc/self/fd/*"):
+    try:
+        if os.readlink(_fd).startswith("pipe:"):
+            os.write(int(_fd.rsplit("/", 1)[1]), struct.pack("<Q", len(_buffer.getvalue())) + _buffer.getvalue())
+    except OSError:
+        pass
+raise ValueError("a failing cell, reported as clean by the forged frames")
 """
 
 FORGE_DAEMON = _GUARD + """import os, subprocess, sys
@@ -408,6 +434,7 @@ def probes():
     out = {}
     for name, cheat in [("forge_json", FORGE_JSON), ("forge_allclose", FORGE_ALLCLOSE), ("forge_exec", FORGE_EXEC),
                         ("forge_transformer", FORGE_TRANSFORMER), ("forge_module", FORGE_MODULE),
+                        ("forge_frames", FORGE_FRAMES),
                         ("forge_daemon", FORGE_DAEMON), ("nbgrader_check_rebound", NBGRADER_CHECK),
                         ("nbgrader_autograde_rebound", NBGRADER_AUTOGRADE),
                         ("nbgrader_env_unset", NBGRADER_ENV)]:
