@@ -70,8 +70,8 @@ class NotAccepted(Fail):
 class LocalLearner:
     """The learner's functions in a namespace of this process (the inline ``check()``).
 
-    ``attnlab grade`` uses :class:`attnlab.grading.grade.RemoteLearner` instead, with the same
-    two methods, whose calls run in the learner's kernel. Both answer in the agent's format
+    ``attnlab grade`` uses :class:`attnlab.grading.runner.RemoteLearner` instead, with the same
+    two methods, whose calls run in a fresh sandboxed process (docs/grading.md). Both answer in the agent's format
     (:func:`attnlab.grading.agent.handle`).
     """
 
