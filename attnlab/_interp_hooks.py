@@ -267,6 +267,24 @@ def _scope_patches_to_threads():
     if ti._LangPatchScope is not _ThreadScope:
         with _lock:
             ti._LangPatchScope = _ThreadScope
+    if not getattr(ti.InterpretedFunction.__call__, "_restores_patches", False):
+        with _lock:
+            device_call = ti.InterpretedFunction.__call__
+
+            def restoring_call(self, *args, **kwargs):
+                # a @triton.jit helper called from a kernel patches triton.language for its own globals
+                # (_patch_lang) and Triton never restores it: put this thread's table back on return,
+                # or a kernel compiled later on this thread would see the interpreter's functions
+                values = _thread_values()
+                before = dict(values)
+                try:
+                    return device_call(self, *args, **kwargs)
+                finally:
+                    values.clear()
+                    values.update(before)
+
+            restoring_call._restores_patches = True
+            ti.InterpretedFunction.__call__ = restoring_call
 
 
 _session_depth = 0
@@ -297,6 +315,9 @@ def interpreter_session():
         old_threads = torch.get_num_threads()
         scope = None
         _session_depth = 1
+        # Triton patches triton.language again at every call of a @triton.jit helper from a kernel
+        # (InterpretedFunction.__call__) and never restores it: this thread's table is put back as it was
+        before = dict(_thread_values())
         try:
             scope = ti._patch_lang(_language_anchor)   # a _ThreadScope (check_triton_version)
             for mod_name in _LANGUAGE_MODULES:
@@ -321,6 +342,9 @@ def interpreter_session():
             builder.__dict__.pop("create_dot", None)
             if scope is not None:
                 scope.restore()
+            values = _thread_values()
+            values.clear()
+            values.update(before)
 
 
 # ---------------------------------------------------------------------------------------

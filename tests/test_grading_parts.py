@@ -81,7 +81,7 @@ def test_hints_come_one_per_call_and_stop_at_the_last(capsys):
     for i, text in enumerate(HINTS[part], 1):
         hint(part)
         out = capsys.readouterr().out
-        assert f"hint {i} of {len(HINTS[part])}" in out and text in out
+        assert f"hint {i} of {len(HINTS[part])}" in out and " ".join(text.split()) in " ".join(out.split())  # wrapped
     hint(part)
     assert "all 3 hints shown" in capsys.readouterr().out
     with pytest.raises(ValueError, match="part_id"):

@@ -239,3 +239,42 @@ def test_before_each_access_sees_only_the_lanes_moved_and_stops_an_access():
     while cause.__cause__ is not None:
         cause = cause.__cause__
     assert isinstance(cause, Stop)
+
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _double(x):
+    return x * 2
+
+
+@triton.jit
+def doubled_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32) + tl.load(x_ptr + offs)
+    tl.store(out_ptr + offs, _double(acc))
+
+
+def test_a_jit_helper_called_from_a_direct_interpreted_launch_leaves_this_thread_compiling():
+    """A kernel launched straight through Triton's interpreter (no attnlab session, as a notebook with
+    TRITON_INTERPRET=1 does) whose @triton.jit helper runs interpreted: Triton patches triton.language
+    again at the helper's call and never restores it, so a GPU compile later on this thread met the
+    interpreter's tl.zeros ("Unsupported function referenced"). The thread's patches are gone after."""
+    import triton.language as tl
+
+    from attnlab import _interp_hooks
+    from attnlab._interp_hooks import interpreted, jit_helpers_interpreted, kernel_function
+
+    x, out = torch.arange(16.0), torch.zeros(16)
+    before = dict(_interp_hooks._thread_values())
+    with jit_helpers_interpreted():
+        interpreted(kernel_function(doubled_kernel))[(1,)](x, out, BLOCK=16)
+    torch.testing.assert_close(out, 2 * x)
+    assert _interp_hooks._thread_values() == before
+    assert tl.core.is_builtin(tl.arange)
+    vector_add = __import__("importlib").import_module("attnlab.kernels.vector_add")
+    compiled = _compile_for_sm80(vector_add.add_kernel, {"X": "*fp32", "Y": "*fp32", "Z": "*fp32", "n": "i32",
+                                                          "BLOCK": "constexpr"}, {(4,): 128})
+    assert "ptx" in compiled.asm
