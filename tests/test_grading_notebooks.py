@@ -63,6 +63,11 @@ BROKEN = {
                                     "    return softmax(q @ k.transpose(-2, -1), dim=-1) @ v\n"),
         "variance-experiment": "",
     }),
+    # the experiment trains the course model without plugging in the learner's attention: the library's
+    # masked_softmax does the work inside RNNsearch, which the part forbids (no syntax shows it)
+    "01_library_attention.ipynb": ("01_soft_alignment.ipynb", {
+        "alignment-crossing-answer": lambda s: s.replace(", context_fn=context_vector)", ")"),
+    }),
 }
 
 
@@ -189,6 +194,13 @@ def test_exit_a_wrong_implementation_and_a_deleted_check_cell(graded):
     assert "likely mistake (scale-forgotten)" in parts["scaled-attention"]["feedback"]
     assert parts["variance-experiment"]["points"] == parts["variance-experiment"]["max_points"]
     assert "check cell is missing" in parts["variance-experiment"]["feedback"]
+
+
+def test_an_experiment_run_on_the_librarys_attention_scores_nothing(graded):
+    parts = _parts(graded["reports"]["01_library_attention.ipynb"])
+    crossing = parts["alignment-crossing"]
+    assert crossing["points"] == 0 and "attnlab.attention.masked_softmax" in crossing["feedback"], crossing
+    assert all(parts[p]["points"] == parts[p]["max_points"] for p in ("additive-score", "context-vector", "decode-step"))
 
 
 def test_a_file_that_is_not_a_notebook_cannot_be_graded(tmp_path):

@@ -11,8 +11,9 @@ which program loaded which elements. Nothing here knows the references or the sc
 Two processes use it: the inline ``check()`` in a notebook (:class:`attnlab.grading.core.LocalLearner`,
 feedback), and under ``attnlab grade`` the fresh sandboxed process of :mod:`attnlab.grading.runner` (calls)
 and :mod:`attnlab.grading.isolated` (launches, of kernels taken from the notebook as text), whose answers are
-data for the grader. For the inline check only, the calls a part forbids are wrapped in tripwires while it
-runs (:func:`wire_up`): feedback that names the shortcut, no defence (``attnlab grade`` reads the syntax).
+data for the grader. In both, the calls a part forbids are wrapped in tripwires while its calls run
+(:func:`wire_up`): feedback that names a shortcut taken inside library code the part allows, no defence
+(``attnlab grade`` decides forbidden calls in the learner's own text from its syntax).
 """
 
 import functools

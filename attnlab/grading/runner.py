@@ -126,7 +126,7 @@ def main(in_fd, out_fd):
             if req.get("op") == "run":
                 reply = _status(shell.run_cell(req["source"], store_history=True), shell)
             else:
-                reply = agent.handle({**req, "forbidden": []}, shell.user_ns)
+                reply = agent.handle(req, shell.user_ns)
         except BaseException as exc:  # the learner's object failing oddly: reported, never fatal here
             reply = {"agent_error": agent.describe_error(exc)}
         _send(frames_out, reply)
@@ -299,7 +299,7 @@ class RemoteLearner:
     def call(self, name, cases, grad=None):
         if self.broke is not None:
             return {"agent_error": f"an earlier call {self.broke}"}
-        req = {"op": "call", "name": name, "cases": cases}
+        req = {"op": "call", "name": name, "cases": cases, "forbidden": list(self.forbidden)}
         if grad is not None:
             req["grad"] = grad
         try:

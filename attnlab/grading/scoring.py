@@ -120,6 +120,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
 
     def grade(p):
         learner = RemoteLearner(functions, kernels)
+        learner.forbidden = forbidden(p)  # the process's tripwires name a shortcut taken inside library code
         try:
             result = run_check(p, learner, salt=salt)
             results[p] = {"passed": result.passed, "message": result.message, "diagnosis": result.diagnosis}
