@@ -255,6 +255,19 @@ def randn(g, *shape, scale=1.0):
     return torch.randn(*shape, generator=g) * scale
 
 
+def each_result(learner, name, cases, copy=False):
+    """(label, args, kwargs, the learner's value) for each case [(label, args, kwargs)], all sent in one
+    request (copies of the inputs with ``copy``); raises NotDone/Fail as :func:`present` and :func:`value_of` do."""
+    learner = learner_of(learner)
+    reply = learner.call(name, [[clone(a), clone(kw)] if copy else [a, kw] for _label, a, kw in cases])
+    present(reply, name)
+    results = reply.get("results", [])
+    for i, (label, args, kwargs) in enumerate(cases):
+        if i >= len(results):
+            raise Fail(f"`{name}`: the grader got no result for {label}")
+        yield label, args, kwargs, value_of(results[i], name, label)
+
+
 def check_function(learner, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5):
     """Run the learner's ``name`` against ``spec`` on ``cases`` [(label, args, kwargs)].
 
@@ -262,14 +275,7 @@ def check_function(learner, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5
     in one request; the spec and the mistakes run here. Raises Fail at the first disagreement,
     naming the matching mistakes. Returns the number of cases passed.
     """
-    learner = learner_of(learner)
-    reply = learner.call(name, [[clone(args), clone(kwargs)] for _label, args, kwargs in cases])
-    present(reply, name)
-    results = reply.get("results", [])
-    for i, (label, args, kwargs) in enumerate(cases):
-        if i >= len(results):
-            raise Fail(f"`{name}`: the grader got no result for {label}")
-        got = value_of(results[i], name, label)
+    for label, args, kwargs, got in each_result(learner, name, cases, copy=True):
         with torch.no_grad():
             want = spec(*clone(args), **clone(kwargs))
         why = mismatch(got, want, rtol, atol)

@@ -29,8 +29,8 @@ import torch
 
 from attnlab.grading.agent import device as _device
 from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry, check_function, check_with_gradients,
-                                  case_line, diagnose, gen as _gen, learner_of, mismatch, present, randn as _randn,
-                                  value_of)
+                                  case_line, diagnose, each_result, gen as _gen, learner_of, mismatch, present,
+                                  randn as _randn, value_of)
 from attnlab.grading.exercises.e07 import spec as specs
 from attnlab.grading.footprint import measured_call
 from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded, within_budget
@@ -242,13 +242,7 @@ def _check_tiled(ns):
     learner = learner_of(ns)
     cases = _tiled_cases()
     name = "tiled_attention_forward"
-    reply = learner.call(name, [[a, kw] for _l, a, kw in cases])
-    present(reply, name)
-    results = reply.get("results", [])
-    for i, (label, args, kwargs) in enumerate(cases):
-        if i >= len(results):
-            raise Fail(f"`{name}`: the grader got no result for {label}")
-        got = value_of(results[i], name, label)
+    for label, args, kwargs, got in each_result(learner, name, cases):
         want = specs.tiled_attention_forward(*args, **kwargs)
         _compare_outputs(name, label, got, want, ("O", "L"), (_OUT_MISTAKES, _OUT_MISTAKES + _LSE_MISTAKES),
                          args, kwargs, spec=specs.tiled_attention_forward)
@@ -716,13 +710,7 @@ def _check_backward(ns):
     learner = learner_of(ns)
     name = "tiled_attention_backward"
     cases = _backward_direct_cases()
-    reply = learner.call(name, [[a, kw] for _l, a, kw in cases])
-    present(reply, name)
-    results = reply.get("results", [])
-    for i, (label, args, kwargs) in enumerate(cases):
-        if i >= len(results):
-            raise Fail(f"`{name}`: the grader got no result for {label}")
-        got = value_of(results[i], name, label)
+    for label, args, kwargs, got in each_result(learner, name, cases):
         _three_gradients(name, label, got, args)
         want = specs.tiled_attention_backward(*args, **kwargs)
         _compare_outputs(name, label, got, want, _GRADS, [_DIRECT_MISTAKES] * 3, args, kwargs, rtol=GRAD_RTOL,
