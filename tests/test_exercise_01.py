@@ -263,7 +263,8 @@ def _softmax_decode(s, h, w, u, v, w_s, w_c, mask=None):
 
 
 def _library_crossing(seed, steps=250):
-    # the model's own attention (no context_fn): the library's masked_softmax runs, which the part refuses
+    # the library's masked_softmax as the model's attention, which the part refuses
+    from attnlab.attention import masked_softmax  # noqa: F401
     with NB["deterministic"](seed, threads=1):
         model = NB["RNNsearch"](len(NB["SRC_VOCAB"]), len(NB["TGT_VOCAB"]), emb_dim=16, hidden_dim=32, maxout_dim=32)
         return float(model.loss(NB["PROBE_SRC"], NB["PROBE_LEN"], NB["PROBE_TGT"])), 0.0
@@ -276,7 +277,7 @@ def _library_crossing(seed, steps=250):
     ("alignment-crossing", {"alignment_crossing": _library_crossing}, "attnlab.attention.masked_softmax"),
 ], ids=["additive-score", "context-vector", "decode-step", "alignment-crossing"])
 def test_a_forbidden_call_is_refused_as_a_shortcut(part, names, tripped):
-    result = run_check(part, names)  # the part's own tripwires
+    result = run_check(part, names)  # the part's own forbidden list, read from the functions' code
     assert not result.passed and "shortcut" in result.diagnosis, result.message
     assert tripped in result.message, result.message
 

@@ -477,7 +477,7 @@ def _ok_namespace():
 @pytest.mark.parametrize("part", ["online-softmax-update", "tiled-forward", "flash-kernel-loop", "traffic-experiment",
                                   "tiled-backward", "dkdv-kernel"])
 def test_the_switch_free_versions_pass(part):
-    result = run_check(part, _ok_namespace())   # with the part's tripwires
+    result = run_check(part, _ok_namespace())   # the part's forbidden list, read from the functions' code
     assert result.passed, result.message
 
 

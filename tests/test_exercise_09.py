@@ -248,7 +248,9 @@ def test_right_answers_written_differently_pass():
     ns = {"my_sdpa": _sdpa(), "causal_attn_kernel": _kernel(), "train_gpt": _train(),
           "local_vs_dense": _experiment()}
     for part in ("capstone-sdpa", "capstone-kernel", "capstone-train", "capstone-local-global"):
-        result = run_check(part, LocalLearner(ns, forbidden=forbidden(part)))
+        # the part's own list, less the references: this file's answers read their constants from the spec module
+        allowed = [p for p in forbidden(part) if not p.startswith("attnlab.grading.exercises")]
+        result = run_check(part, LocalLearner(ns, forbidden=allowed))
         assert result.passed, result.message
 
 

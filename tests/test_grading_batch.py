@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.grading import agent, grade, isolated, shortcuts
-from attnlab.grading.parts import all_forbidden, exercises, forbidden
+from attnlab.grading.parts import exercises, forbidden
 
 from pathlib import Path
 
@@ -113,7 +113,6 @@ def test_the_syntax_check_resolves_imports():
         "attnlab.attention.scaled_dot_product_attention"]
     assert found("from attnlab.grading.exercises.e03.spec import softmax as s\n") == ["attnlab.grading.exercises.e03.spec.softmax"]
     assert found("def f(x):\n    e = (x - x.amax(-1, keepdim=True)).exp()\n    return e / e.sum(-1, keepdim=True)") == []
-    assert set(forbidden("scaled-attention")) <= set(all_forbidden())
 
 
 def test_csv_and_gradescope_outputs():
@@ -168,3 +167,25 @@ def test_the_functions_process_runs_the_learner_s_cells_and_given_definitions_no
     matmul = runs[by_id["06-cell-29"]]  # the given wrapper matmul_traffic needs runs, its demo does not
     assert "def matmul(" in matmul and "print" not in matmul and "allclose" not in matmul
     assert by_id["06-cell-37"] not in runs  # a demo of matmul_traffic, nothing defined: not run at all
+
+
+def test_the_inline_check_reads_the_cells_the_learner_ran_as_the_grader_reads_the_file():
+    # IPython's In: a given cell (exercise 01's data cell imports the course's RNNsearch) is not the learner's even
+    # when the answer reads a name it defines; an answer the learner fixed is read in its latest version; a name
+    # captured in another cell is followed
+    import types
+
+    from attnlab.grading.layout import given_sources
+
+    given = list(given_sources("01_soft_alignment").values())
+    data = next(s for s in given if "import RNNsearch" in s)
+    patterns = forbidden("context-vector")
+    assert shortcuts.uses([data], patterns)  # the library's model: forbidden in this part's own code
+    first = "import torch\ndef context_vector(s, h, mask=None):\n    return torch.softmax(s, -1), SWAPS\n"
+    fixed = "def context_vector(s, h, mask=None):\n    e = s.exp()\n    return e / e.sum(-1, keepdim=True), SWAPS\n"
+    ns = {"In": ["", data, first, fixed], "context_vector": types.SimpleNamespace()}
+    assert shortcuts.in_namespace(ns, ["context_vector"], patterns, given) == []
+    assert shortcuts.in_namespace(ns, ["context_vector"], patterns) != []  # without the given cells known
+    ns["In"] += ["import torch\n_sm = torch.softmax\n", "def context_vector(s, h, mask=None):\n    return _sm(s, -1)\n"]
+    assert [n for n, _ in shortcuts.in_namespace(ns, ["context_vector"], patterns, given)] == ["torch.softmax"]
+    assert shortcuts.uses(["m = __import__('attnlab.iomodel')\n"], patterns) == [("builtins.__import__", 1)]

@@ -157,36 +157,28 @@ def test_unmeasurable_peak_memory_scores_zero_not_a_pass():
                              "tiled_attention_forward", 1)
 
 
-def test_nan_lanes_reach_a_local_kernel_through_the_checks_wrapper():
-    from attnlab.grading.core import LocalLearner, _Counted
-    from attnlab.grading.footprint import _UndefinedOther, _inner
-
-    counted = _Counted(LocalLearner({}, forbidden=[]))
-    assert isinstance(_inner(_UndefinedOther(counted)), LocalLearner)
-
-
-def test_the_isolated_process_honours_undefined_other(monkeypatch):
+def test_undefined_other_reaches_every_launch_through_the_checks_wrapper(monkeypatch):
     import contextlib
 
-    from attnlab.grading import footprint, isolated
+    from attnlab import _interp_hooks
+    from attnlab.grading import agent
+    from attnlab.grading.core import _Counted
+    from attnlab.grading.footprint import undefined_other
 
+    sent = []
+    counted = _Counted(type("L", (), {"launch": lambda self, request: sent.append(request) or {}})())
+    undefined_other(counted).launch({"name": "k"})
+    assert counted.calls == 1 and sent == [{"name": "k", "undefined_other": True}]
     used = []
 
     @contextlib.contextmanager
     def spy():
         used.append(True)
         yield
-    monkeypatch.setattr(footprint, "_nan_for_missing_other", spy)
-
-    class Agent:
-        @staticmethod
-        def _outcome(run):
-            return "ran"
-    space = {"k": type("K", (), {"fn": None})()}
-    assert isolated._launch({"name": "k", "sentinels": []}, space, {"k"}, set(), Agent) == {"result": "ran"}
-    assert not used
-    isolated._launch({"name": "k", "sentinels": [], "undefined_other": True}, space, {"k"}, set(), Agent)
-    assert used == [True]
+    monkeypatch.setattr(_interp_hooks, "nan_for_missing_other", spy)
+    monkeypatch.setattr(agent, "_run_launch", lambda obj, req, before: "ran")
+    assert agent.run_launch(None, {"sentinels": []}) == "ran" and not used  # local and isolated launches alike
+    assert agent.run_launch(None, {"sentinels": [], "undefined_other": True}) == "ran" and used == [True]
 
 
 def test_a_cell_that_resets_its_own_peak_memory_is_a_shortcut():

@@ -6,120 +6,16 @@
 memory (:class:`Buffer`), once per sentinel, in Triton's interpreter through
 :func:`attnlab._interp_hooks.memory_hooks` (on a GPU: natively), and returns the outputs and what the memory
 shows: elements changed outside the tensors, loads outside them, output elements no ``tl.store`` wrote, and
-which program loaded which elements. Nothing here knows the references or the scores.
+which program loaded which elements. Nothing here knows the references or the scores, or what a part forbids
+(that is read from the learner's code by :mod:`attnlab.grading.shortcuts`).
 
 Two processes use it: the inline ``check()`` in a notebook (:class:`attnlab.grading.core.LocalLearner`,
 feedback), and under ``attnlab grade`` the fresh sandboxed process of :mod:`attnlab.grading.runner` (calls)
 and :mod:`attnlab.grading.isolated` (launches, of kernels taken from the notebook as text), whose answers are
-data for the grader. In both, the calls a part forbids are wrapped in tripwires while its calls run
-(:func:`wire_up`): feedback that names a shortcut taken inside library code the part allows, no defence
-(``attnlab grade`` decides forbidden calls in the learner's own text from its syntax).
+data for the grader.
 """
 
-import functools
-import sys
-import types
-
 GUARD = 4096  # elements of sentinel before and after every buffer
-
-# tripwires: canonical dotted name -> (owner, attribute, original, wrapper)
-_WIRES = {}
-_ACTIVE = []  # patterns of the part being graded ("torch.softmax", "attnlab.attention.*")
-_TRIPPED = []
-
-
-class ForbiddenCall(RuntimeError):
-    pass
-
-
-def _matches(name, patterns):
-    return any(name == p or (p.endswith(".*") and name.startswith(p[:-1])) for p in patterns)
-
-
-def _make_wire(name, original):
-    def tripwire(*args, **kwargs):
-        if _ACTIVE and _matches(name, _ACTIVE):
-            _TRIPPED.append(name)
-            raise ForbiddenCall(f"`{name}` may not be used in this part: write it yourself")
-        return original(*args, **kwargs)
-
-    # the original's name, module, docstring and __wrapped__: a wired function still reads as the
-    # library's own (show_source, help(), the API pages), also after an inline check() wired it
-    functools.update_wrapper(tripwire, original)
-    tripwire._attnlab_tripwire = name
-    return tripwire
-
-
-def _resolve(dotted):
-    """(owner object, attribute) of a dotted name whose module is already imported, or None."""
-    parts = dotted.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        module = sys.modules.get(".".join(parts[:cut]))
-        if module is None:
-            continue
-        owner = module
-        for attr in parts[cut:-1]:
-            owner = getattr(owner, attr, None)
-            if owner is None:
-                return None
-        return owner, parts[-1]
-    return None
-
-
-def _targets(pattern):
-    """Dotted names a pattern covers among what is imported now."""
-    if not pattern.endswith(".*"):
-        return [pattern]
-    package = pattern[:-2]
-    out = []
-    for mod_name, module in list(sys.modules.items()):
-        if module is None or not (mod_name == package or mod_name.startswith(package + ".")):
-            continue
-        if any(part.startswith("_") for part in mod_name[len(package):].split(".")):
-            continue  # a private module (attnlab.kernels._runtime): machinery, e.g. what attnlab.memory.trace runs
-        for attr, value in list(vars(module).items()):
-            if attr.startswith("_"):
-                continue
-            if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)) and \
-                    getattr(value, "__module__", None) == mod_name:
-                out.append(f"{mod_name}.{attr}")
-            elif isinstance(value, type) and value.__module__ == mod_name and "forward" in vars(value):
-                out.append(f"{mod_name}.{attr}.forward")
-    return out
-
-
-def wire_up(patterns, namespaces=()):
-    """Install tripwires for ``patterns`` (idempotent) and rebind copies of the originals found in
-    already imported attnlab modules and in ``namespaces`` (the notebook's globals)."""
-    for pattern in patterns:
-        for name in _targets(pattern):
-            if name in _WIRES:
-                continue
-            found = _resolve(name)
-            if found is None:
-                continue
-            owner, attr = found
-            original = getattr(owner, attr, None)
-            if original is None or not callable(original) or getattr(original, "_attnlab_tripwire", None):
-                continue
-            wrapper = _make_wire(name, original)
-            try:
-                setattr(owner, attr, wrapper)
-            except (AttributeError, TypeError):
-                continue
-            _WIRES[name] = (owner, attr, original, wrapper)
-    swap = {id(w[2]): w[3] for w in _WIRES.values()}
-    spaces = list(namespaces) + [vars(m) for n, m in list(sys.modules.items())
-                                 if m is not None and (n == "attnlab" or n.startswith("attnlab."))
-                                 and n != __name__]
-    for space in spaces:
-        for key, value in list(space.items()):
-            replacement = swap.get(id(value))
-            if replacement is not None:
-                try:
-                    space[key] = replacement
-                except TypeError:
-                    pass
 
 
 # ---------------------------------------------------------------------------------------
@@ -292,7 +188,18 @@ def torch_full(shape, value):
 
 def run_launch(obj, req, before=None):
     """One ``launch`` request on the kernel object ``obj``; the per-sentinel observations. ``before(args)``
-    runs before each launch (the isolated process verifies the kernel there)."""
+    runs before each launch (the isolated process verifies the kernel there). With ``"undefined_other": True``
+    the masked lanes of a load without ``other=`` read NaN, as on a GPU they may
+    (:func:`attnlab._interp_hooks.nan_for_missing_other`)."""
+    import contextlib
+
+    from attnlab._interp_hooks import nan_for_missing_other
+
+    with nan_for_missing_other() if req.get("undefined_other") else contextlib.nullcontext():
+        return _run_launch(obj, req, before)
+
+
+def _run_launch(obj, req, before):
     results = []
     for sentinel in req["sentinels"]:
         buffers = {k: Buffer(b["data"] if not b.get("output") else torch_full(b["shape"], sentinel), sentinel,
@@ -311,8 +218,7 @@ def run_launch(obj, req, before=None):
 
 
 def _outcome(fn):
-    """{"ok": value} or {"raised": ..., "not_implemented": bool}, with the tripwires that fired."""
-    del _TRIPPED[:]
+    """{"ok": value}, {"refused": why} or {"raised": ..., "not_implemented": bool}."""
     try:
         value = fn()
         out = {"ok": value}
@@ -322,23 +228,13 @@ def _outcome(fn):
         out = {"raised": "NotImplementedError", "not_implemented": True}
     except BaseException as exc:  # the learner's bug (even SystemExit), reported, never fatal here
         out = {"raised": describe_error(exc), "not_implemented": "NotImplementedError" in repr(exc)}
-    if _TRIPPED:
-        out["tripped"] = sorted(set(_TRIPPED))
     return out
-
-
-def _original(dotted, fallback):
-    """The function behind a tripwire (the agent's own calls must not trip the learner's wires)."""
-    wire = _WIRES.get(dotted)
-    return wire[2] if wire else fallback
 
 
 def _call_with_grad(obj, args, kwargs, grad, grad_output):
     """Call ``obj`` with the inputs at ``grad["inputs"]`` requiring grad, backpropagate ``grad_output``
     from the output (``grad["output"]``: an index into a returned tuple, or None for the whole output)
-    and return {"out": the output (detached), "grads": [each input's .grad, None if it got none]}.
-
-    What the learner's autograd.Function.backward does runs here, with the part's tripwires active."""
+    and return {"out": the output (detached), "grads": [each input's .grad, None if it got none]}."""
     import torch
 
     args = list(args)
@@ -349,7 +245,7 @@ def _call_with_grad(obj, args, kwargs, grad, grad_output):
     if not torch.is_tensor(y) or not y.requires_grad:
         raise TypeError("the output does not depend on the inputs through autograd: return the result of your "
                         "autograd.Function's apply (not a detached tensor)")
-    _original("torch.autograd.backward", torch.autograd.backward)([y], [grad_output])
+    torch.autograd.backward([y], [grad_output])
 
     def detached(x):
         if torch.is_tensor(x):
@@ -364,34 +260,27 @@ def _call_with_grad(obj, args, kwargs, grad, grad_output):
 
 def handle(req, ns):
     """The answer to one request, given the notebook's namespace ``ns``."""
-    op = req["op"]
-    name = req["name"]
-    forbidden = req.get("forbidden", [])
-    wire_up(forbidden, [ns])  # first: the learner's name may itself be a forbidden function
+    op, name = req["op"], req["name"]
     if name not in ns:
         return {"missing": True}
     obj = ns[name]
-    _ACTIVE[:] = forbidden
-    try:
-        if op == "call":
-            if not callable(obj):
-                return {"not_callable": type(obj).__name__}
-            results = []
-            grad = req.get("grad")
-            for case in req["cases"]:
-                args, kwargs = case[0], case[1]
-                if grad is None:
-                    results.append(_outcome(lambda: obj(*args, **kwargs)))
-                else:
-                    results.append(_outcome(lambda: _call_with_grad(obj, args, kwargs, grad, case[2])))
-                if "ok" not in results[-1]:
-                    break  # the grader stops at the first failure
-            return {"results": results}
-        if op == "launch":
-            return {"result": _outcome(lambda: run_launch(obj, req))}
-        raise ValueError(f"unknown request {op!r}")
-    finally:
-        _ACTIVE[:] = []
+    if op == "call":
+        if not callable(obj):
+            return {"not_callable": type(obj).__name__}
+        results = []
+        grad = req.get("grad")
+        for case in req["cases"]:
+            args, kwargs = case[0], case[1]
+            if grad is None:
+                results.append(_outcome(lambda: obj(*args, **kwargs)))
+            else:
+                results.append(_outcome(lambda: _call_with_grad(obj, args, kwargs, grad, case[2])))
+            if "ok" not in results[-1]:
+                break  # the grader stops at the first failure
+        return {"results": results}
+    if op == "launch":
+        return {"result": _outcome(lambda: run_launch(obj, req))}
+    raise ValueError(f"unknown request {op!r}")
 
 
 class Unsupported:

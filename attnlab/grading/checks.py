@@ -43,15 +43,26 @@ def body_of(part_id):
 def run_check(part_id, ns, salt=0):
     """Run the check of ``part_id``; returns a CheckResult.
 
-    ``ns``: the learner's names (a dict, checked in this process with the part's tripwires),
-    or a learner object (the grader's, whose calls run in the learner's kernel). ``salt``
+    ``ns``: the learner's names (a dict or a LocalLearner: checked in this process, its code read for what the
+    part forbids by :func:`attnlab.grading.shortcuts.in_namespace`), or the grader's learner, whose calls run in
+    a sandboxed process (``attnlab grade`` reads the notebook's cells itself). ``salt``
     shifts every random input: the grader draws it from a secret, so a notebook cannot know
     the inputs in advance; 0 (the inline check) gives the same inputs every time.
     """
     body = body_of(part_id)
     learner = learner_of(ns)
-    if isinstance(learner, LocalLearner) and learner.forbidden is None:
-        learner.forbidden = forbidden(part_id)
+    if isinstance(learner, LocalLearner):
+        from attnlab.grading.layout import given_sources
+        from attnlab.grading.shortcuts import in_namespace
+
+        patterns = forbidden(part_id) if learner.forbidden is None else learner.forbidden
+        given = given_sources(next(ex for ex, parts in EXERCISES.items() if part_id in parts)).values()
+        found = in_namespace(learner.ns, PARTS[part_id].names, patterns, given) if patterns else []
+        if found:
+            calls = ", ".join(f"`{n}`" + (f" (line {line})" if line else "") for n, line in found)
+            return core.CheckResult(part_id, False, f"your code uses {calls}, which this part does not allow: "
+                                    f"write the computation yourself\n    likely mistake (shortcut): "
+                                    f"{core.SHORTCUT.message}", ["shortcut"])
     core._SALT[0] = int(salt) % (2**62)
     try:
         return run_part(part_id, body, learner)

@@ -72,25 +72,23 @@ class LocalLearner:
 
     ``attnlab grade`` uses :class:`attnlab.grading.runner.RemoteLearner` instead, with the same
     two methods, whose calls run in a fresh sandboxed process (docs/grading.md). Both answer in the agent's format
-    (:func:`attnlab.grading.agent.handle`).
+    (:func:`attnlab.grading.agent.handle`). ``forbidden``: the patterns the inline check reads the learner's code
+    for (:func:`attnlab.grading.shortcuts.in_namespace`; None: the part's own, [] none).
     """
 
     def __init__(self, ns, forbidden=None):
         self.ns = ns
-        self.forbidden = forbidden  # None: the part's own list (set by run_check)
+        self.forbidden = forbidden
 
     def call(self, name, cases, grad=None):
         from attnlab.grading import agent
 
-        req = {"op": "call", "name": name, "cases": cases, "forbidden": self.forbidden or []}
-        if grad is not None:
-            req["grad"] = grad
-        return agent.handle(req, self.ns)
+        return agent.handle({"op": "call", "name": name, "cases": cases, **({"grad": grad} if grad else {})}, self.ns)
 
     def launch(self, request):
         from attnlab.grading import agent
 
-        return agent.handle({**request, "op": "launch", "forbidden": self.forbidden or []}, self.ns)
+        return agent.handle({**request, "op": "launch"}, self.ns)
 
 
 def learner_of(ns):
@@ -114,9 +112,6 @@ def present(reply, name):
 
 def value_of(outcome, name, label):
     """The learner's result from one outcome, or NotDone/Fail naming the input."""
-    if outcome.get("tripped"):
-        calls = ", ".join(f"`{t}`" for t in outcome["tripped"])
-        raise NotAccepted(f"`{name}` calls {calls}, which this part does not allow (input: {label})", [SHORTCUT])
     if "refused" in outcome:
         raise NotAccepted(outcome["refused"])
     if outcome.get("not_implemented"):

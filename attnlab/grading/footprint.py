@@ -17,8 +17,8 @@ Where the learner's code runs in this process (:class:`attnlab.grading.core.Loca
 ``check()`` and the tests) all three are done here. Under ``attnlab grade`` (docs/grading.md) the grader
 measures from outside: the PyTorch functions run in a fresh sandboxed process (:mod:`attnlab.grading.runner`),
 whose cgroup's peak memory the grader resets and reads (files the sandbox does not see; without a cgroup, that
-process's ``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.isolated`'s process, which
-honours ``"undefined_other": True``. A memory measurement that cannot be made is a failed check, never a
+process's ``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.isolated`'s process, where
+:func:`attnlab.grading.agent.run_launch` honours ``"undefined_other": True`` as it does here. A memory measurement that cannot be made is a failed check, never a
 pass. FLOPs are not counted there (counting them in the learner's process would be the learner's word):
 the causal-skip check of exercise 07 rests on its NaN-poisoned tail instead (why no outside measurement can
 replace it: the docstring of ``attnlab/grading/exercises/e07/checks.py``).
@@ -144,8 +144,6 @@ def measured_call(learner, name, case, grad=None, flops=True):
     """
     outer = learner_of(learner)
     learner = _inner(outer)
-    if hasattr(learner, "measured_call"):  # a boundary that measures in its own process
-        return learner.measured_call(name, case, grad)
     local = isinstance(learner, LocalLearner)
     counter = None
     if flops and local:
@@ -159,14 +157,6 @@ def measured_call(learner, name, case, grad=None, flops=True):
     return reply, {"peak_bytes": peak_bytes, "flops": counter.get_total_flops() if counter is not None else None}
 
 
-def _nan_for_missing_other():
-    """In Triton's interpreter, masked lanes of a load without ``other=`` read NaN (float) instead of 0
-    (the patch lives in :func:`attnlab._interp_hooks.nan_for_missing_other`; isolated.py enters it by this name)."""
-    from attnlab._interp_hooks import nan_for_missing_other
-
-    return nan_for_missing_other()
-
-
 class _UndefinedOther:
     def __init__(self, learner):
         self.learner = learner
@@ -175,10 +165,7 @@ class _UndefinedOther:
         return self.learner.call(name, cases, grad=grad)
 
     def launch(self, request):
-        if isinstance(_inner(self.learner), LocalLearner):
-            with _nan_for_missing_other():
-                return self.learner.launch(request)
-        return self.learner.launch({**request, "undefined_other": True})
+        return self.learner.launch({**request, "undefined_other": True})  # honoured by agent.run_launch
 
 
 def undefined_other(learner):

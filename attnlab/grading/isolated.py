@@ -187,15 +187,7 @@ def _launch(req, space, names, verified, agent):
                                     f"{agent.describe_error(exc)}") from None
             verified.add(key)
 
-    def run():
-        return agent.run_launch(obj, req, verified_first)
-
-    if req.get("undefined_other"):  # the masked lanes of a load without other= read NaN, as on a GPU they may
-        from attnlab.grading.footprint import _nan_for_missing_other
-
-        with _nan_for_missing_other():
-            return {"result": agent._outcome(run)}
-    return {"result": agent._outcome(run)}
+    return {"result": agent._outcome(lambda: agent.run_launch(obj, req, verified_first))}
 
 
 # ---------------------------------------------------------------------------------------
@@ -230,8 +222,7 @@ class IsolatedKernels(Sandboxed):
             return {"missing": True}
         if self.broken is None:
             try:
-                return self.ask({k: v for k, v in request.items() if k != "forbidden"},
-                                "stopped the process that launches it")
+                return self.ask(request, "stopped the process that launches it")
             except Dead as exc:
                 self.broken = str(exc)
         return {"agent_error": self.broken}

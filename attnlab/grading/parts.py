@@ -63,9 +63,8 @@ def info(part_id):
     raise ValueError(f"part_id: unknown exercise part {part_id!r}; known parts: {known}")
 
 
-# What a part's answer may not call: the grader checks the answer cells' syntax for these names
-# (attnlab/grading/shortcuts.py) and, while it calls the learner's functions, makes them raise in
-# the kernel (attnlab/grading/agent.py). Every part forbids the grader's own references and the library.
+# What a part's answer may not call: the grader and the inline check read the answer's syntax for these names
+# (attnlab/grading/shortcuts.py). Every part forbids the grader's own references and the library.
 REFERENCES = ["attnlab.grading.exercises.*"]
 LIBRARY = ["attnlab.attention.*", "attnlab.tiled.*", "attnlab.iomodel.*", "attnlab.traffic.*", "attnlab.approx.*",
            "attnlab.kernels.*", "attnlab.models.*"]
@@ -74,17 +73,3 @@ LIBRARY = ["attnlab.attention.*", "attnlab.tiled.*", "attnlab.iomodel.*", "attnl
 def forbidden(part_id):
     """The patterns of what ``part_id``'s answer may not call (the library less what the part's ALLOWED lists)."""
     return REFERENCES + [p for p in LIBRARY if p not in ALLOWED.get(part_id, ())] + FORBIDDEN.get(part_id, [])
-
-
-def all_forbidden():
-    """Every pattern of every part (what the grader wires up in the kernel before the notebook runs)."""
-    out = []
-    for rows in TABLE.values():
-        for row in rows:
-            out.extend(p for p in forbidden(row.id) if p not in out)
-    return out
-
-
-def spec_modules():
-    """The reference modules (hidden in a kernel that ``attnlab grade`` runs)."""
-    return [f"attnlab.grading.exercises.{PACKAGE[rows[0].id]}.spec" for rows in TABLE.values() if rows]

@@ -289,7 +289,6 @@ class RemoteLearner:
 
     def __init__(self, runner, kernels=None):
         self.runner, self.kernels = runner, kernels
-        self.forbidden = []
         self.broke = None  # the text, when a call hung or ended the process
 
     @property
@@ -299,7 +298,7 @@ class RemoteLearner:
     def call(self, name, cases, grad=None):
         if self.broke is not None:
             return {"agent_error": f"an earlier call {self.broke}"}
-        req = {"op": "call", "name": name, "cases": cases, "forbidden": list(self.forbidden)}
+        req = {"op": "call", "name": name, "cases": cases}
         if grad is not None:
             req["grad"] = grad
         try:

@@ -22,7 +22,6 @@ touches, with the reason. The process can lie about its cells' statuses: a lie t
 points, and a lie that a cell ran changes nothing, since the check decides on the outputs.
 """
 
-import ast
 import json
 import os
 import secrets
@@ -49,7 +48,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     from attnlab.grading.checks import PARTS, run_check
     from attnlab.grading.generate import check_ids
     from attnlab.grading.parts import MANUAL, exercises, forbidden, points
-    from attnlab.grading.shortcuts import uses
+    from attnlab.grading.shortcuts import part_cells, uses
 
     EXERCISES, POINTS = exercises(), points()
     path = Path(path)
@@ -93,9 +92,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     for p in parts:
         mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o == p
                 and learner_cell(c, p, given)]
-        reads = set(names[p]) | {n for source in mine for n in _names(source, ast.Name)}
-        mine += [source for source in learners if source not in mine and _names(source, "defined") & reads]
-        found = uses(mine, forbidden(p), code)
+        found = uses(part_cells(learners, names[p], mine), forbidden(p), code)
         if found:
             shortcut[p] = found
 
@@ -120,7 +117,6 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
 
     def grade(p):
         learner = RemoteLearner(functions, kernels)
-        learner.forbidden = forbidden(p)  # the process's tripwires name a shortcut taken inside library code
         try:
             result = run_check(p, learner, salt=salt)
             results[p] = {"passed": result.passed, "message": result.message, "diagnosis": result.diagnosis}
@@ -202,20 +198,6 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         report["notes"] = notes
     report["score"] = sum(part["points"] for part in report["parts"])
     return report
-
-
-def _names(source, kind):
-    """The names ``source`` reads anywhere (kind ast.Name), or defines at its top level ("defined": not by a
-    plain ``import module``, which a scratch cell and an answer share without feeding it anything)."""
-    from attnlab.grading.layout import _defined
-    from attnlab.grading.shortcuts import _parse
-
-    tree = _parse(source)
-    if tree is None:
-        return set()
-    if kind == "defined":
-        return {n for node in tree.body if not isinstance(node, ast.Import) for n in _defined(node)}
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _problem(status):

@@ -10,6 +10,10 @@ transformed, the code of ``%time ...`` parsed too). Every part also forbids the 
 of names (:data:`ESCAPES`: ``torch.ops.aten.*``, private bindings, ``torch._softmax`` for
 ``torch.softmax``, importlib, a string naming the references' files). The learner's code never runs here.
 
+It is the one rule for forbidden calls: ``attnlab grade`` reads the cells of the notebook file, the inline
+``check()`` the cells the learner ran (IPython's ``In``) or, for a plain namespace, each function's source
+(:func:`in_namespace`); both take a part's cells the same way (:func:`part_cells`).
+
 Example::
 
     uses(["import torch\\ndef f(x):\\n    return torch.softmax(x, -1)"], ["torch.softmax"])
@@ -17,6 +21,8 @@ Example::
 """
 
 import ast
+import inspect
+import textwrap
 
 
 def _exports():
@@ -129,7 +135,8 @@ def _matches(name, pattern):
 
 # ways around every list of forbidden names: PyTorch's operator registry and private bindings
 ESCAPES = ["torch.ops.*", "torch._C.*", "torch._VF.*", "torch._ops.*", "torch._refs.*", "torch._decomp.*",
-           "torch._prims.*", "importlib.*", "runpy.*", "builtins.exec", "builtins.eval"]
+           "torch._prims.*", "importlib.*", "runpy.*", "builtins.exec", "builtins.eval", "builtins.__import__"]
+BUILTINS = {"exec": "builtins.exec", "eval": "builtins.eval", "__import__": "builtins.__import__"}
 
 
 def _escapes(patterns):
@@ -162,10 +169,12 @@ def uses(sources, patterns, all_sources=None):
 
     A method call ``obj.softmax(...)`` on an object the syntax cannot place counts as
     ``torch.Tensor.softmax`` only when the learner defined no ``softmax`` of their own (a method of
-    their class, called as ``self.softmax(s)``): for such names the syntax is only advisory (the inline
-    ``check()``'s tripwire, in the learner's own process, still names a call of the library's function)."""
-    names = aliases(all_sources if all_sources is not None else sources)
-    mine = defined_names(all_sources if all_sources is not None else sources)
+    their class, called as ``self.softmax(s)``)."""
+    everything = all_sources if all_sources is not None else sources
+    mine = defined_names(everything)
+    own = {n.name for source in everything for n in ast.walk(_parse(source) or ast.Module(body=[], type_ignores=[]))
+           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    names = {k: v for k, v in {**BUILTINS, **aliases(everything)}.items() if k not in own}  # the learner's def wins
     methods = {p.rsplit(".", 1)[1] for p in patterns if p.startswith("torch.Tensor.")} - mine
     patterns = list(patterns) + _escapes(patterns)
     found = []
@@ -213,3 +222,104 @@ def uses(sources, patterns, all_sources=None):
             seen.add(key)
             out.append((name, line))
     return out
+
+
+def names(source, kind):
+    """The names ``source`` reads anywhere (kind ast.Name), or defines at its top level ("defined": not by a
+    plain ``import module``, which a scratch cell and an answer share without feeding it anything)."""
+    from attnlab.grading.layout import _defined
+
+    tree = _parse(source)
+    if tree is None:
+        return set()
+    if kind == "defined":
+        return {n for node in tree.body if not isinstance(node, ast.Import) for n in _defined(node)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def part_cells(learners, functions, mine=None):
+    """The cells a part's answer is read from: ``mine`` (its own cells; default: the learner cells that define one of
+    its ``functions``) and every other learner cell that defines one of those functions or a name they read
+    (``_sm = torch.softmax`` above the answer, a relabelled answer cell)."""
+    mine = [s for s in learners if names(s, "defined") & set(functions)] if mine is None else list(mine)
+    reads = set(functions) | {n for source in mine for n in names(source, ast.Name)}
+    return mine + [source for source in learners if source not in mine and names(source, "defined") & reads]
+
+
+def in_namespace(ns, functions, patterns, given=()):
+    """[(forbidden name, line)] for the inline ``check()``: the same syntax rule as ``attnlab grade``'s, on what this
+    process can read of the learner's code (advice: nothing here is a score).
+
+    In a notebook the cells are those IPython ran (``In``), less the ``given`` ones (the exercise's own cells, as
+    ``attnlab grade`` reads only the learner's); in a plain namespace, the source of each of the part's
+    functions and of every function they reach (by a global name of their module or a closure), with the imports of
+    the file it was written in; a name they reach that *is* a forbidden function is named too."""
+    history = ns.get("In")
+    if isinstance(history, list):  # the latest cell defining each name, as the namespace holds it; not the given ones
+        given = {g.strip() for g in given}
+        cells, covered = [], set()
+        for source in reversed([s for s in history if isinstance(s, str) and s.strip() not in given]):
+            defined = names(source, "defined")
+            if defined - covered:
+                cells.insert(0, source)
+                covered |= defined
+        return uses(part_cells(cells, functions), patterns, cells)
+    everything = list(patterns) + _escapes(patterns)
+    found, sources, code, seen = [], [], [], set()
+    todo = [ns.get(name) for name in functions]
+    while todo:
+        value = todo.pop()
+        qualified = f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', None)}"
+        if callable(value) and any(_matches(qualified, p) for p in everything):
+            found.append((qualified, 0))  # bound from a forbidden module: ``context_vector = F.softmax``
+            continue
+        fn = getattr(value, "fn", value)  # a @triton.jit kernel's Python function
+        if not (inspect.isfunction(fn) or inspect.isclass(fn)) or id(fn) in seen or not _learners(fn):
+            continue  # the library's own code is not the answer's: only what it is (above) counts
+        seen.add(id(fn))
+        try:
+            sources.append(_source(fn))
+            code.append(inspect.getsource(inspect.getmodule(fn)))
+        except (OSError, TypeError):
+            continue
+        functions_of = [fn] if inspect.isfunction(fn) else [f for f in vars(fn).values() if inspect.isfunction(
+            getattr(f, "__func__", f))]
+        for f in functions_of:
+            f = getattr(f, "__func__", f)
+            codes, used = [f.__code__], set()
+            while codes:
+                c = codes.pop()
+                used.update(c.co_names)
+                codes.extend(k for k in c.co_consts if inspect.iscode(k))
+            todo += [f.__globals__[n] for n in used if n in f.__globals__ and callable(f.__globals__[n])]
+            todo += [cell.cell_contents for cell in f.__closure__ or () if _filled(cell)]
+    return found + uses(sources, patterns, code + sources)
+
+
+def _source(fn):
+    """The source of a function or class; of a lambda, the lambda alone (its line may hold more than parses)."""
+    text = textwrap.dedent(inspect.getsource(fn))
+    if getattr(fn, "__name__", "") != "<lambda>" or "lambda" not in text:
+        return text
+    text = text[text.index("lambda"):]
+    for end in range(len(text), 0, -1):  # in brackets, as it stood: its lines may break anywhere
+        if _parse(f"({text[:end]})") is not None:
+            return f"({text[:end]})"
+    return text
+
+
+def _learners(obj):
+    """Whether ``obj`` was written by the learner (a notebook cell, a file outside Python, its packages, attnlab)."""
+    from attnlab.grading.feedback import _is_learners
+
+    try:
+        return _is_learners(inspect.getsourcefile(obj))
+    except TypeError:
+        return False
+
+
+def _filled(cell):
+    try:
+        return callable(cell.cell_contents)
+    except ValueError:  # an empty closure cell
+        return False

@@ -463,7 +463,7 @@ def probes():
     out["reordered_parts.ipynb"] = nb
     out["nested/deeper/my homework.ipynb"] = _load("solutions", "03_scaled_dot_product")
     out["nested/05_quadratic_cost.ipynb"] = _load("solutions", "03_scaled_dot_product")
-    # torch.softmax captured before any part, in a cell of no part: the tripwire still fires
+    # torch.softmax captured before any part, in a cell of no part: the syntax check follows the name the answer reads
     nb = _edit(_load("solutions", "03_scaled_dot_product"),
                {"stable-softmax-answer": "def softmax(x, dim=-1):\n    return _sm(x, dim=dim)\n"})
     out["shortcut_captured_early.ipynb"] = _insert_after_setup(nb, "import torch\n_sm = torch.softmax\n")

@@ -19,7 +19,7 @@ PARTS = [
 ]
 
 # part id -> patterns of what its answer may not call (besides the library and the references)
-# (the library is always forbidden, but its tripwires cover module forwards: the score method is named here)
+# (the library is always forbidden; the score method is named too, for an answer that calls it on a module)
 _SCORE = ["attnlab.attention.AdditiveAttention.score"]
 FORBIDDEN = {
     "additive-score": ATTENTION + _SCORE,
@@ -29,7 +29,7 @@ FORBIDDEN = {
 }
 
 # part id -> library patterns the part may call after all: the experiment trains the course's RNNsearch
-# (its attention stays forbidden: with your functions plugged in, the model never calls it)
+# (the attention functions stay forbidden in the answer's own code; the model is built with yours)
 ALLOWED = {
     "alignment-crossing": ["attnlab.models.*"],
 }
