@@ -79,10 +79,10 @@ class LocalLearner:
         self.ns = ns
         self.forbidden = forbidden  # None: the part's own list (set by run_check)
 
-    def call(self, name, cases, grad=None):
+    def call(self, name, cases, grad=None, ranks=None):
         from attnlab.grading import agent
 
-        req = {"op": "call", "name": name, "cases": cases, "forbidden": self.forbidden or []}
+        req = {"op": "call", "name": name, "cases": cases, "forbidden": self.forbidden or [], "ranks": ranks}
         if grad is not None:
             req["grad"] = grad
         return agent.handle(req, self.ns)
