@@ -5,6 +5,7 @@ step round a simulated ring (the learner's own running result travels on from st
 import math
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -382,3 +383,38 @@ def test_the_io_model_is_refused_as_the_experiment():
 def test_the_grader_s_own_answers_are_refused():
     _refused("ring-schedule", {"ring_schedule": spec.ring_schedule},
              "attnlab.grading.exercises.e11.spec.ring_schedule")
+
+
+@pytest.mark.slow
+def test_the_grader_counts_the_bytes_on_the_sandbox_s_loopback(tmp_path):
+    # under `attnlab grade` the bytes are read from outside the learner's processes: a ring that also sends at the
+    # last step (right O and L, and its ranks' own reports are not what is read) scores nothing there, with its
+    # diagnosis; the rest of the notebook keeps its points
+    import json
+    import subprocess
+    import sys
+
+    import nbformat
+
+    root = Path(__file__).resolve().parents[1]
+    nb = nbformat.read(str(root / "solutions" / "11_across_devices.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ring-group-answer")
+    assert "        if step < P - 1:                                               # the next" in cell.source
+    cell.source = cell.source.replace("        if step < P - 1:                                               # the next",
+                                      "        if True:  # the next", 1).replace("        if step < P - 1:\n",
+                                                                                "        if True:\n", 1)
+    path = tmp_path / "11_sends_at_the_last_step.ipynb"
+    nbformat.write(nb, str(path))
+    env = dict(os.environ, PYTHONPATH=str(root))
+    run = subprocess.run([sys.executable, "-m", "attnlab", "grade", str(path), "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())["notebooks"][0]
+    parts = {p["name"]: p for p in report["parts"]}
+    assert parts["ring-forward"]["points"] == parts["ring-forward"]["max_points"] == 3, parts["ring-forward"]
+    group = parts["ring-group"]
+    assert group["points"] == 0 and "sends-at-the-last-step" in group["diagnosis"], group
+    text = json.dumps(group)
+    assert "sends-at-the-last-step" in text, text
+    if "bubblewrap" in report.get("isolation", ""):
+        assert "ranks together sent" in text, text   # the sandbox's loopback, read from outside

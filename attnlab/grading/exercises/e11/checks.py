@@ -8,6 +8,14 @@
   of rank (r - t) % P and the running (O, L) its own step t - 1 returned; each step is compared with the
   reference's step from the same state, then the ranks' final (O, L) with single-device attention over the whole
   sequence, and the bytes each rank said it sent with ``attnlab.iomodel.ring_attention_bytes``;
+- ``ring-group``: the learner's ``ring_forward`` on every rank of a real gloo group of 1 to 4 ranks, forked by the
+  process that holds the learner's functions (:mod:`attnlab.grading.ranks`; a deadlock is stopped after 10 s, a rank
+  that raised is named): every rank's (O, L) against single-device attention over the whole sequence, a wrong one
+  diagnosed by playing the known wrong rings here with the reference's step; and the bytes sent, read under
+  ``attnlab grade`` from the loopback of the sandbox's own network namespace, outside the learner's processes (all
+  ranks together against P x ``ring_attention_bytes``, with a slack for gloo's and TCP's framing measured in
+  docs/grading.md), elsewhere as the ranks report them (feedback). An ``all_gather`` sends the same bytes: the part
+  forbids the collectives;
 - ``comm-bytes``: the experiment's counted bytes, reproduced by ``attnlab.iomodel`` (equal to the real ring's and
   all-to-all's on a gloo group, tests/test_distributed.py).
 """
@@ -18,6 +26,7 @@ import torch
 
 from attnlab import iomodel
 from attnlab.distributed import attention_lse, shard
+from attnlab.grading import ranks
 from attnlab.grading.core import (Fail, Mistake, Registry, check_function, clone, case_line, diagnose,
                                   gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e11 import spec as specs
@@ -435,8 +444,8 @@ def _group_outcomes(reply, label, P):
         if outcome.get("hung"):
             hung = [r for r, o in failed if o.get("hung")]
             raise Fail(f"`ring_forward` on {label}: rank{'s' if len(hung) > 1 else ''} "
-                       f"{', '.join(map(str, hung))} of {P} did not finish within the grader's "
-                       "time (stopped, as were the others)", [_DEADLOCK])
+                       f"{', '.join(map(str, hung))} of {P} did not finish within the grader's time "
+                       f"({ranks.DEFAULT_TIMEOUT:.0f} s; every rank of the group was stopped)", [_DEADLOCK])
         value_of(outcome, "ring_forward", f"{label}, rank {rank} of {P}")
     return [o["ok"] for o in outcomes], [o.get("written") for o in outcomes]
 
@@ -479,7 +488,8 @@ def _check_group(ns):
         if not want_sent <= sent <= want_sent + slack:
             per_rank = "" if None in written else f" (the ranks report {written})"
             raise Fail(f"`ring_forward` on {label}: {whose} sent {sent:,} bytes{per_rank}; the ring sends 2 (P - 1) "
-                       f"shards of K and V per rank, {want_sent:,} bytes, plus at most {slack:,.0f} of framing",
+                       f"shards of K and V per rank ({owed:,} bytes{'' if want_sent == owed else f', {want_sent:,} in all'}), "
+                       f"plus at most {slack:,.0f} of framing",
                        [_EXTRA_SENDS] if sent > want_sent + slack else [])
     where = ("measured on the sandbox's loopback, from outside your process" if pid is not None and
              _lo_sent(pid) is not None else "as your ranks report them")
