@@ -57,6 +57,7 @@ def run_group(fn, per_rank, timeout):
     world_size = len(per_rank)
     folder = tempfile.mkdtemp(prefix="attnlab-ranks-")
     children = []  # (pid, read end of its pipe)
+    parent = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -67,7 +68,8 @@ def run_group(fn, per_rank, timeout):
                 os.close(read_fd)
                 for _, other in children:
                     os.close(other)
-                _rank_main(fn, rank, world_size, args, kwargs, os.path.join(folder, "store"), write_fd, timeout)
+                _rank_main(fn, rank, world_size, args, kwargs, os.path.join(folder, "store"), write_fd, timeout,
+                           parent)
             os.close(write_fd)
             children.append((pid, read_fd))
         return _collect(children, timeout)
@@ -85,7 +87,7 @@ def run_group(fn, per_rank, timeout):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout):
+def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout, parent):
     """One rank, in the forked child."""
     code = 1
     try:
@@ -93,7 +95,7 @@ def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout
             ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: die with the parent
         except (OSError, AttributeError):
             pass
-        if os.getppid() == 1:
+        if os.getppid() != parent:  # the parent died before the request to die with it was made
             os._exit(1)
         import torch
         import torch.distributed as dist
