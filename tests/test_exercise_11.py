@@ -418,3 +418,16 @@ def test_the_grader_counts_the_bytes_on_the_sandbox_s_loopback(tmp_path):
     assert "sends-at-the-last-step" in text, text
     if "bubblewrap" in report.get("isolation", ""):
         assert "ranks together sent" in text, text   # the sandbox's loopback, read from outside
+
+
+def test_a_rank_cannot_reach_the_other_ranks_arguments_in_the_request():
+    import gc
+
+    def peek(mine):
+        seen = [x for x in gc.get_objects() if type(x) is list and len(x) == 2 and x and
+                isinstance(x[0], list) and x[0] and isinstance(x[0][0], str) and x[0][0].startswith("shard of rank")]
+        return sorted({x[0][0] for x in seen} - {mine})
+
+    case = [[[f"shard of rank {r}"], {}] for r in range(3)]
+    outcomes = ranks.call_on_ranks(peek, [case], 3)[0]
+    assert [o["ok"] for o in outcomes] == [[], [], []], outcomes

@@ -18,6 +18,11 @@ The parent reads every rank's frame until ``timeout`` seconds have passed; a ran
 deadlock: a send with no matching receive, a rank waiting on a peer that left) is reported as having hung, a rank
 whose pipe closed without a frame as having died. Then every child is killed and reaped, its folder removed: none
 outlives the call. What comes back is data, as in :func:`agent.handle`: the grader decides.
+
+A child is a copy of the process that holds the request: before it calls the function it blanks the request's list
+of the ranks' arguments, so that a rank reaches no other rank's shard as a Python object (its memory is still
+there to be read by a learner set on it; the grader's bytes, read from outside, see a rank that fetched the other
+shards so and sent nothing).
 """
 
 import ctypes
@@ -68,6 +73,8 @@ def run_group(fn, per_rank, timeout):
                 os.close(read_fd)
                 for _, other in children:
                     os.close(other)
+                if isinstance(per_rank, list):  # the other ranks' shards, out of this rank's reach (it has its own)
+                    per_rank[:] = [None] * world_size
                 _rank_main(fn, rank, world_size, args, kwargs, os.path.join(folder, "store"), write_fd, timeout,
                            parent)
             os.close(write_fd)
