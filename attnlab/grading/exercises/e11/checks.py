@@ -487,9 +487,9 @@ def _check_group(ns):
         slack = BYTES_SLACK * want_sent + BYTES_SLACK_FIXED * P * (P - 1) // 2
         if not want_sent <= sent <= want_sent + slack:
             per_rank = "" if None in written else f" (the ranks report {written})"
+            in_all = "" if want_sent == owed else f", {want_sent:,} in all"
             raise Fail(f"`ring_forward` on {label}: {whose} sent {sent:,} bytes{per_rank}; the ring sends 2 (P - 1) "
-                       f"shards of K and V per rank ({owed:,} bytes{'' if want_sent == owed else f', {want_sent:,} in all'}), "
-                       f"plus at most {slack:,.0f} of framing",
+                       f"shards of K and V per rank ({owed:,} bytes{in_all}), plus at most {slack:,.0f} of framing",
                        [_EXTRA_SENDS] if sent > want_sent + slack else [])
     where = ("measured on the sandbox's loopback, from outside your process" if pid is not None and
              _lo_sent(pid) is not None else "as your ranks report them")
