@@ -3,11 +3,18 @@ shortcuts are refused, a right answer written another way passes, and the ring-f
 step round a simulated ring (the learner's own running result travels on from step to step)."""
 
 import math
+import os
+import time
+from pathlib import Path
 
+import pytest
 import torch
+import torch.distributed as dist
 
+from attnlab.grading import ranks, sandbox
 from attnlab.grading.checks import run_check
 from attnlab.grading.core import LocalLearner
+from attnlab.distributed import attention_lse, unshard
 from attnlab.grading.exercises.e11 import spec
 from mistakes import Wrong
 
@@ -201,7 +208,102 @@ for _key in ("ring-sends-every-step", "ring-k-only", "all-to-all-sends-own-piece
              "all-to-all-whole-shard", "transposed"):
     WRONG.add("comm-bytes", _key, comm_bytes=_measured(_key))
 
+# ---------------------------------------------------------------------------------------------
+# ring-group: a learner's whole ring forward on a real gloo group (forked by attnlab.grading.ranks)
+# ---------------------------------------------------------------------------------------------
+
+def _ring_forward(flaw=None):
+    step_fn = _ring_step()
+
+    def ring_forward(q, k, v, causal=False, layout="contiguous"):
+        rank, P = dist.get_rank(), dist.get_world_size()
+        nxt, prev = (rank + 1) % P, (rank - 1) % P
+        if flaw == "sent-to-the-previous-rank":
+            nxt, prev = prev, nxt
+        if flaw == "ranks-hung":          # sends to the next rank, waits for the next rank: on 3 ranks nobody sends
+            prev = nxt                    # to rank 0 what it waits for
+        o, lse = torch.zeros(q.shape), torch.full(q.shape[:-1], -math.inf)
+        k_held, v_held = k.clone(), v.clone()
+        for step in range(P):
+            last = step == P - 1
+            if not last or flaw == "sends-at-the-last-step":
+                k_next, v_next = torch.empty_like(k_held), torch.empty_like(v_held)
+                requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, k_held, nxt),
+                                                   dist.P2POp(dist.isend, v_held, nxt),
+                                                   dist.P2POp(dist.irecv, k_next, prev),
+                                                   dist.P2POp(dist.irecv, v_next, prev)])
+            o, lse, _ = step_fn(o, lse, q, k_held, v_held, rank, step, P,
+                                causal and flaw != "causal-not-passed-on",
+                                "contiguous" if flaw == "layout-not-passed-on" else layout)
+            if not last or flaw == "sends-at-the-last-step":
+                for request in requests:
+                    request.wait()
+                if flaw != "own-shard-every-step":
+                    k_held, v_held = k_next, v_next
+        return o, lse
+    return ring_forward
+
+
+for _key in ("sent-to-the-previous-rank", "causal-not-passed-on", "layout-not-passed-on", "own-shard-every-step",
+             "ranks-hung", "sends-at-the-last-step"):
+    WRONG.add("ring-group", _key, ring_forward=_ring_forward(_key))
+
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
+
+
+@pytest.fixture(autouse=True)
+def short_rank_timeout(monkeypatch):
+    """A deadlocked group is stopped after 5 s here (10 s in the grader): the ranks of a right ring finish in 0.1 s."""
+    monkeypatch.setattr(ranks, "DEFAULT_TIMEOUT", 5.0)
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """Every rank a check forked is gone (killed and reaped, no zombie) when the test ends."""
+    before = sandbox.descendants()
+    yield
+    left = sandbox.descendants() - before
+    assert not left, f"processes left behind: {sorted(left)}"
+
+
+def test_a_rank_that_raises_is_named_and_the_others_are_stopped():
+    right = _ring_forward()
+
+    def ring_forward(q, k, v, causal=False, layout="contiguous"):
+        if dist.get_rank() == 1:
+            raise ValueError("boom on this rank")
+        return right(q, k, v, causal, layout)   # rank 0 waits for rank 1's shard, which never comes
+
+    start = time.monotonic()
+    result = run_check("ring-group", LocalLearner({"ring_forward": ring_forward}, forbidden=[]))
+    assert not result.passed and "rank 1 of 2" in result.message and "boom" in result.message, result.message
+    assert time.monotonic() - start < 30
+
+
+def test_a_group_whose_ranks_hang_is_stopped_within_the_timeout():
+    def ring_forward(q, k, v, causal=False, layout="contiguous"):
+        time.sleep(3600)
+
+    start = time.monotonic()
+    result = run_check("ring-group", LocalLearner({"ring_forward": ring_forward}, forbidden=[]))
+    assert not result.passed and "ranks-hung" in result.diagnosis, result.message
+    assert "ranks 0, 1 of 2 did not finish" in result.message, result.message
+    assert time.monotonic() - start < 5.0 + 10
+
+
+def test_call_on_ranks_gives_each_rank_its_arguments_and_refuses_a_wrong_case():
+    outcomes = ranks.call_on_ranks(lambda x, y=0: (dist.get_rank(), dist.get_world_size(), x + y),
+                                   [[[[10], {"y": 1}], [[20], {}], [[30], {"y": 2}]]], 3)[0]
+    assert [o["ok"] for o in outcomes] == [(0, 3, 11), (1, 3, 20), (2, 3, 32)]
+    with pytest.raises(ValueError, match="one \\[args, kwargs\\] per rank"):
+        ranks.call_on_ranks(lambda: 0, [[[[], {}]]], 2)
+    with pytest.raises(ValueError, match="ranks: expected a number of ranks"):
+        ranks.call_on_ranks(lambda: 0, [], 0)
+
+
+def test_a_rank_that_exits_is_reported_as_died():
+    outcomes = ranks.call_on_ranks(lambda: os._exit(3) if dist.get_rank() == 0 else 1, [[[[], {}], [[], {}]]], 2)[0]
+    assert outcomes[0].get("died") and "rank 0 of 2 died" in outcomes[0]["raised"], outcomes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,6 +315,7 @@ def test_right_answers_written_another_way_pass():
                         ("shard-positions", {"shard_positions": _positions()}),
                         ("ring-schedule", {"ring_schedule": _schedule()}),
                         ("ring-forward", {"ring_step": _ring_step()}),
+                        ("ring-group", {"ring_forward": _ring_forward()}),
                         ("comm-bytes", {"comm_bytes": _measured()})):
         result = run_check(part, LocalLearner(names, forbidden=[]))
         assert result.passed, result.message
@@ -257,6 +360,15 @@ def test_the_library_s_distributed_functions_and_softmax_are_refused():
 
     _refused("ring-forward", {"ring_step": by_sdpa}, "scaled_dot_product_attention")
 
+    def by_all_gather(q, k, v, causal=False, layout="contiguous"):   # the same bytes as the ring, but no ring
+        P = dist.get_world_size()
+        ks, vs = [torch.empty_like(k) for _ in range(P)], [torch.empty_like(v) for _ in range(P)]
+        dist.all_gather(ks, k.contiguous())
+        dist.all_gather(vs, v.contiguous())
+        return attention_lse(q, unshard(ks, layout), unshard(vs, layout), causal)
+
+    _refused("ring-group", {"ring_forward": by_all_gather}, "torch.distributed.all_gather")
+
 
 def test_the_io_model_is_refused_as_the_experiment():
     from attnlab import iomodel
@@ -271,3 +383,49 @@ def test_the_io_model_is_refused_as_the_experiment():
 def test_the_grader_s_own_answers_are_refused():
     _refused("ring-schedule", {"ring_schedule": spec.ring_schedule},
              "attnlab.grading.exercises.e11.spec.ring_schedule")
+
+
+@pytest.mark.slow
+def test_the_grader_counts_the_bytes_on_the_sandbox_s_loopback(tmp_path):
+    # under `attnlab grade` the bytes are read from outside the learner's processes: a ring that also sends at the
+    # last step (right O and L, and its ranks' own reports are not what is read) scores nothing there, with its
+    # diagnosis; the rest of the notebook keeps its points
+    import json
+    import subprocess
+    import sys
+
+    import nbformat
+
+    root = Path(__file__).resolve().parents[1]
+    nb = nbformat.read(str(root / "solutions" / "11_across_devices.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ring-group-answer")
+    assert cell.source.count("if step < P - 1:") == 2        # the transfer posted, and waited on
+    cell.source = cell.source.replace("if step < P - 1:", "if True:")
+    path = tmp_path / "11_sends_at_the_last_step.ipynb"
+    nbformat.write(nb, str(path))
+    env = dict(os.environ, PYTHONPATH=str(root))
+    run = subprocess.run([sys.executable, "-m", "attnlab", "grade", str(path), "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())["notebooks"][0]
+    parts = {p["name"]: p for p in report["parts"]}
+    assert parts["ring-forward"]["points"] == parts["ring-forward"]["max_points"] == 3, parts["ring-forward"]
+    group = parts["ring-group"]
+    assert group["points"] == 0 and "sends-at-the-last-step" in group["diagnosis"], group
+    text = json.dumps(group)
+    assert "sends-at-the-last-step" in text, text
+    if "bubblewrap" in report.get("isolation", ""):
+        assert "ranks together sent" in text, text   # the sandbox's loopback, read from outside
+
+
+def test_a_rank_cannot_reach_the_other_ranks_arguments_in_the_request():
+    import gc
+
+    def peek(mine):
+        seen = [x for x in gc.get_objects() if type(x) is list and len(x) == 2 and x and
+                isinstance(x[0], list) and x[0] and isinstance(x[0][0], str) and x[0][0].startswith("shard of rank")]
+        return sorted({x[0][0] for x in seen} - {mine})
+
+    case = [[[f"shard of rank {r}"], {}] for r in range(3)]
+    outcomes = ranks.call_on_ranks(peek, [case], 3)[0]
+    assert [o["ok"] for o in outcomes] == [[], [], []], outcomes

@@ -267,6 +267,9 @@ def handle(req, ns):
     if op == "call":
         if not callable(obj):
             return {"not_callable": type(obj).__name__}
+        if req.get("ranks"):  # each case: one [args, kwargs] per rank, called in a gloo group (ranks.py)
+            from attnlab.grading.ranks import call_on_ranks
+            return {"results": call_on_ranks(obj, req["cases"], req["ranks"])}
         results = []
         grad = req.get("grad")
         for case in req["cases"]:

@@ -80,10 +80,11 @@ class LocalLearner:
         self.ns = ns
         self.forbidden = forbidden
 
-    def call(self, name, cases, grad=None):
+    def call(self, name, cases, grad=None, ranks=None):
         from attnlab.grading import agent
 
-        return agent.handle({"op": "call", "name": name, "cases": cases, **({"grad": grad} if grad else {})}, self.ns)
+        return agent.handle({"op": "call", "name": name, "cases": cases, "ranks": ranks,
+                             **({"grad": grad} if grad else {})}, self.ns)
 
     def launch(self, request):
         from attnlab.grading import agent

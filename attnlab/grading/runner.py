@@ -295,10 +295,10 @@ class RemoteLearner:
     def pid(self):
         return None if self.runner is None else self.runner.pid
 
-    def call(self, name, cases, grad=None):
+    def call(self, name, cases, grad=None, ranks=None):
         if self.broke is not None:
             return {"agent_error": f"an earlier call {self.broke}"}
-        req = {"op": "call", "name": name, "cases": cases}
+        req = {"op": "call", "name": name, "cases": cases, "ranks": ranks}
         if grad is not None:
             req["grad"] = grad
         try:

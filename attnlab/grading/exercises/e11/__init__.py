@@ -3,10 +3,11 @@
 Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
 attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
 
-The grader runs the learner's code in fresh processes of its sandbox, one call at a time, so no part starts a
-process group: the ring-forward part is graded by simulating the ring in one process (the grader hands each
-rank, step by step and in ring order, the key/value shard that rank holds then, and the running result that
-rank's previous step returned).
+The ring-forward part drives the learner's ``ring_step`` round a ring simulated in one process (the grader hands
+each rank, step by step and in ring order, the key/value shard that rank holds then, and the running result that
+rank's previous step returned): the step-by-step check that names a mistake. The ring-group part runs the learner's
+``ring_forward`` on every rank of a real gloo group that the functions process forks
+(:mod:`attnlab.grading.ranks`), and counts the bytes on the sandbox's loopback from outside it.
 """
 
 from attnlab.grading.exercises import ATTENTION, SOFTMAX, Part
@@ -22,6 +23,8 @@ PARTS = [
          2, ("ring_schedule",)),
     Part("ring-forward", "one ring step of a rank, driven round a simulated ring: O, L and the bytes sent", 3,
          ("ring_step",)),
+    Part("ring-group", "the ring forward on every rank of a gloo group the grader runs: O, L and the bytes sent", 3,
+         ("ring_forward",)),
     Part("comm-bytes", "experiment: bytes each rank sends against the world size, ring and all-to-all", 1,
          ("comm_bytes",), "experiment"),
     Part("ring-or-all-to-all", "explain: when all-to-all beats the ring, and when it cannot be used", 1, (),
@@ -29,6 +32,10 @@ PARTS = [
 ]
 
 _DISTRIBUTED = ["attnlab.distributed.*"]
+# the ring is what the part asks for: collectives that hand every rank every shard at once are not it (they send
+# the same bytes as the ring, 2 (P - 1) shards a rank, so the bytes alone could not tell)
+_GATHER = [f"torch.distributed.{name}" for name in ("all_gather", "all_gather_into_tensor", "all_to_all",
+                                                    "all_to_all_single", "broadcast", "gather", "scatter")]
 _LSE = ["torch.logsumexp", "torch.Tensor.logsumexp", "torch.logaddexp", "torch.Tensor.logaddexp"]
 
 # part id -> patterns of what its answer may not call (besides the library and the references)
@@ -37,6 +44,7 @@ FORBIDDEN = {
     "shard-positions": _DISTRIBUTED,
     "ring-schedule": _DISTRIBUTED,
     "ring-forward": SOFTMAX + ATTENTION + _LSE + _DISTRIBUTED,
+    "ring-group": SOFTMAX + ATTENTION + _LSE + _DISTRIBUTED + _GATHER,
     "comm-bytes": _DISTRIBUTED + ["attnlab.iomodel.*"],
 }
 
@@ -72,6 +80,15 @@ HINTS = {
         "of chunk a with your merge_two.",
         "sent: the bytes of k and v this rank forwards to the next one, k.numel() * k.element_size() + the same "
         "for v, at every step except the last (step P - 1: nobody needs it); 0 on one rank.",
+    ],
+    "ring-group": [
+        "rank, P = dist.get_rank(), dist.get_world_size(). Start from o = zeros, lse = -inf and hold your own k, v; "
+        "loop step = 0 .. P - 1 and call your ring_step(o, lse, q, k_held, v_held, rank, step, P, causal, layout).",
+        "Before computing at a step t < P - 1, post the next shard's transfer: dist.batch_isend_irecv([P2POp(isend, "
+        "k_held, (rank + 1) % P), P2POp(isend, v_held, ...), P2POp(irecv, k_next, (rank - 1) % P), P2POp(irecv, "
+        "v_next, ...)]) with k_next = torch.empty_like(k_held): a buffer of its own, never the one being sent.",
+        "After ring_step, wait on every request the batch returned, then k_held, v_held = k_next, v_next. At the "
+        "last step post nothing (on every rank alike). Return (o, lse).",
     ],
     "comm-bytes": [
         "Ring: for world size P, shard q, k, v (1, heads, n, d) contiguously, drive rank 0 through its P steps with "

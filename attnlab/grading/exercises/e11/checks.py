@@ -8,14 +8,25 @@
   of rank (r - t) % P and the running (O, L) its own step t - 1 returned; each step is compared with the
   reference's step from the same state, then the ranks' final (O, L) with single-device attention over the whole
   sequence, and the bytes each rank said it sent with ``attnlab.iomodel.ring_attention_bytes``;
+- ``ring-group``: the learner's ``ring_forward`` on every rank of a real gloo group of 1 to 4 ranks, forked by the
+  process that holds the learner's functions (:mod:`attnlab.grading.ranks`; a deadlock is stopped after 10 s, a rank
+  that raised is named): every rank's (O, L) against single-device attention over the whole sequence, a wrong one
+  diagnosed by playing the known wrong rings here with the reference's step; and the bytes sent, read under
+  ``attnlab grade`` from the loopback of the sandbox's own network namespace, outside the learner's processes (all
+  ranks together against P x ``ring_attention_bytes``, with a slack for gloo's and TCP's framing measured in
+  docs/grading.md), elsewhere as the ranks report them (feedback). An ``all_gather`` sends the same bytes: the part
+  forbids the collectives;
 - ``comm-bytes``: the experiment's counted bytes, reproduced by ``attnlab.iomodel`` (equal to the real ring's and
   all-to-all's on a gloo group, tests/test_distributed.py).
 """
+
+import os
 
 import torch
 
 from attnlab import iomodel
 from attnlab.distributed import attention_lse, shard
+from attnlab.grading import ranks
 from attnlab.grading.core import (Fail, Mistake, Registry, check_function, clone, case_line, diagnose,
                                   gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e11 import spec as specs
@@ -334,7 +345,162 @@ def _check_ring(ns):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. the experiment: bytes per rank against the world size
+# 5. the ring forward on a real process group the grader runs
+# ---------------------------------------------------------------------------------------------
+
+# (label, B, H, positions per rank, d, P, causal, layout): shards of 8 to 16 KiB, where the payload outweighs gloo's
+# framing (144 bytes a message) and TCP's (a few hundred bytes a connection and per round trip)
+GROUP_CONFIGS = [
+    ("2 ranks, no mask, contiguous, H=2, 32 positions per rank, d=64", 1, 2, 32, 64, 2, False, "contiguous"),
+    ("3 ranks, causal, contiguous, 32 positions per rank", 1, 2, 32, 64, 3, True, "contiguous"),
+    ("2 ranks, causal, zigzag, B=2, H=1, 32 positions per rank", 2, 1, 32, 64, 2, True, "zigzag"),
+    ("4 ranks, causal, zigzag, 16 positions per rank", 1, 2, 16, 64, 4, True, "zigzag"),
+    ("3 ranks, no mask, zigzag, 32 positions per rank", 1, 2, 32, 32, 3, False, "zigzag"),
+    ("1 rank (a group of one: nothing to send)", 1, 2, 8, 16, 1, True, "contiguous"),
+]
+
+# bytes on top of the payload: gloo frames each message (144 bytes), TCP and IP frame each segment and acknowledge
+# it, and the group's connections are set up and closed inside the call. Measured on the sandbox's loopback for the
+# configurations above (docs/grading.md): about 2,000 bytes per pair of ranks, 2 to 6 % of the payload, whatever
+# its size. The slack is twice that; a rank that also sends at the last step adds 2 shards, 2.3x the slack at P = 4
+BYTES_SLACK = 0.02          # of the payload
+BYTES_SLACK_FIXED = 4096    # per pair of ranks (connection set-up and close, acknowledgements)
+
+
+def _group_inputs(seed, B, H, m, d, P, layout):
+    g = _gen(11_500 + seed)
+    q, k, v = _randn(g, B, H, P * m, d), _randn(g, B, H, P * m, d), _randn(g, B, H, P * m, d)
+    return q, k, v, [[shard(x, P, r, layout) for x in (q, k, v)] for r in range(P)]
+
+
+def _simulated_ring(direction=-1, causal_kept=True, layout_kept=True, rotate=True):
+    """A wrong ring forward, every rank of it played here with the reference's step: shards(list of [q, k, v] per
+    rank), causal, layout -> [(O, L)] per rank."""
+    def impl(shards, causal, layout):
+        P = len(shards)
+        out = []
+        for r, (q, _, _) in enumerate(shards):
+            o, lse = torch.zeros(q.shape), torch.full(q.shape[:-1], float("-inf"))
+            for t in range(P):
+                src = (r + direction * t) % P if rotate else r
+                o, lse, _ = specs.ring_step(o, lse, q, shards[src][1], shards[src][2], r, t, P,
+                                            causal and causal_kept, layout if layout_kept else "contiguous")
+            out.append((o, lse))
+        return out
+    return impl
+
+
+_GROUP_MISTAKES = [
+    Mistake("sent-to-the-previous-rank", "the shards go to the previous rank (and come from the next): at step t "
+            "rank r then holds rank (r + t) % P's shard while its ring_step computes the causal blocks of rank "
+            "(r - t) % P's. Send to (rank + 1) % P, receive from (rank - 1) % P", _simulated_ring(direction=+1)),
+    Mistake("causal-not-passed-on", "the causal flag is not passed on to ring_step: every block is computed in "
+            "full, the queries see later keys", _simulated_ring(causal_kept=False)),
+    Mistake("layout-not-passed-on", "the layout is not passed on to ring_step: a zigzag shard is treated as one "
+            "contiguous chunk", _simulated_ring(layout_kept=False)),
+    Mistake("own-shard-every-step", "every step computes with the rank's own K/V shard: after waiting on the "
+            "requests, the shard received (into its own buffers) is the one to hold at the next step",
+            _simulated_ring(rotate=False)),
+]
+
+_DEADLOCK = Mistake("ranks-hung", "a rank waited for a transfer that never came (a deadlock): every isend needs "
+                    "the matching irecv on its peer. Send to (rank + 1) % P and receive from (rank - 1) % P, post a "
+                    "step's sends and receives together in one batch_isend_irecv, wait on every request it "
+                    "returns, and stop sending after step P - 2 on every rank alike", None)
+_EXTRA_SENDS = Mistake("sends-at-the-last-step", "the ranks also transfer at the last step (P - 1): nobody needs "
+                       "that shard, a rank sends 2 (P - 1) shards of K and V in all", None)
+
+
+def _lo_sent(pid):
+    """Bytes transmitted so far on the loopback of ``pid``'s network namespace (/proc/PID/net/dev), or None when
+    that namespace is this process's own (no sandbox: other traffic shares it) or cannot be read."""
+    if pid is None:
+        return None
+    try:
+        if os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+            return None
+        with open(f"/proc/{pid}/net/dev") as f:
+            for line in f:
+                name, _, counters = line.partition(":")
+                if name.strip() == "lo":
+                    return int(counters.split()[8])   # receive: 8 fields, then transmit bytes
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _group_outcomes(reply, label, P):
+    """The P ranks' (O, L); raises Fail for a rank that raised, died or hung (a rank's own error first: the
+    others often fail because it left)."""
+    present(reply, "ring_forward")
+    results = reply.get("results", [])
+    outcomes = results[0] if results else None
+    if not isinstance(outcomes, list) or len(outcomes) != P:
+        raise Fail(f"`ring_forward`: the grader got no result from the {P} ranks for {label}")
+    failed = [(r, o) for r, o in enumerate(outcomes) if not isinstance(o, dict) or "ok" not in o]
+    first = sorted(failed, key=lambda ro: (bool(ro[1].get("hung")), "gloo" in str(ro[1].get("raised", "")).lower()))
+    if first:
+        rank, outcome = first[0]
+        if outcome.get("hung"):
+            hung = [r for r, o in failed if o.get("hung")]
+            raise Fail(f"`ring_forward` on {label}: rank{'s' if len(hung) > 1 else ''} "
+                       f"{', '.join(map(str, hung))} of {P} did not finish within the grader's time "
+                       f"({ranks.DEFAULT_TIMEOUT:.0f} s; every rank of the group was stopped)", [_DEADLOCK])
+        value_of(outcome, "ring_forward", f"{label}, rank {rank} of {P}")
+    return [o["ok"] for o in outcomes], [o.get("written") for o in outcomes]
+
+
+@CHECKS("ring-group")
+def _check_group(ns):
+    from attnlab.grading.footprint import pid_of
+
+    learner = learner_of(ns)
+    pid = pid_of(learner)
+    measured = []
+    for seed, (label, B, H, m, d, P, causal, layout) in enumerate(GROUP_CONFIGS):
+        q, k, v, shards = _group_inputs(seed, B, H, m, d, P, layout)
+        kwargs = {"causal": causal, "layout": layout}
+        before = _lo_sent(pid)
+        reply = learner.call("ring_forward", [[[clone(s), dict(kwargs)] for s in shards]], ranks=P)
+        after = _lo_sent(pid)
+        got, written = _group_outcomes(reply, label, P)
+        o_ref, l_ref = attention_lse(q, k, v, causal=causal)
+        for rank in range(P):
+            want = (shard(o_ref, P, rank, layout), shard(l_ref[..., None], P, rank, layout)[..., 0])
+            why = mismatch(got[rank], want)
+            if why:
+                found = [mk for mk in _GROUP_MISTAKES if all(
+                    mismatch(g, w, equal_nan=True) is None for g, w in zip(got, mk.impl(shards, causal, layout)))]
+                raise Fail("\n    ".join([f"`ring_forward` on {label}: rank {rank}'s (O, L) differs from attention "
+                                          f"over the whole sequence at its positions: {why}",
+                                          f"(each rank r was called with its shard of q, k, v (B, H, n/P, d) and "
+                                          f"{kwargs})"]), found)
+        owed = iomodel.ring_attention_bytes(B, H, P * m, d, P, 4)   # what each rank sends
+        if before is not None and after is not None:                 # the sandbox's loopback, read from outside
+            sent, want_sent, whose = after - before, P * owed, f"the {P} ranks together"
+        else:                                                        # what the ranks say they wrote (feedback)
+            sent = None if None in written else max(written)
+            want_sent, whose = owed, "a rank (as the ranks report it)"
+        if sent is None:
+            continue
+        measured.append((P, sent, want_sent))
+        slack = BYTES_SLACK * want_sent + BYTES_SLACK_FIXED * P * (P - 1) // 2
+        if not want_sent <= sent <= want_sent + slack:
+            per_rank = "" if None in written else f" (the ranks report {written})"
+            in_all = "" if want_sent == owed else f", {want_sent:,} in all"
+            raise Fail(f"`ring_forward` on {label}: {whose} sent {sent:,} bytes{per_rank}; the ring sends 2 (P - 1) "
+                       f"shards of K and V per rank ({owed:,} bytes{in_all}), plus at most {slack:,.0f} of framing",
+                       [_EXTRA_SENDS] if sent > want_sent + slack else [])
+    where = ("measured on the sandbox's loopback, from outside your process" if pid is not None and
+             _lo_sent(pid) is not None else "as your ranks report them")
+    framing = ", ".join(f"P={P}: {sent:,} for {want:,}" for P, sent, want in measured if want)
+    return (f"{len(GROUP_CONFIGS)} process groups of 1 to 4 gloo ranks: every rank's O and L equal attention over the "
+            f"whole sequence, and the bytes sent ({where}) the ring's 2 (P - 1) shards per rank and framing "
+            f"({framing})")
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. the experiment: bytes per rank against the world size
 # ---------------------------------------------------------------------------------------------
 
 WORLD_SIZES, N, HEADS, D = [1, 2, 3, 4], 48, 12, 8
