@@ -8,7 +8,7 @@ import nbformat
 import pytest
 import torch
 
-from attnlab.grading import agent, grade, isolated, shortcuts
+from attnlab.grading import frames, grade, isolated, shortcuts
 from attnlab.grading.parts import exercises, forbidden
 
 from pathlib import Path
@@ -81,7 +81,7 @@ def test_what_crosses_round_trips_and_refuses_code():
     assert torch.equal(back["t"], value["t"]) and torch.equal(back["b"], value["b"])
     assert back["x"][:2] == (1, 2.5) and math.isnan(back["x"][2]) and back["h"].dtype == torch.bfloat16
     assert back["n"] is None and back["s"] == "ok" and back["big"] == float(2**70)
-    assert isinstance(_round_trip({"f": lambda: 0})["f"], agent.Unsupported)
+    assert isinstance(_round_trip({"f": lambda: 0})["f"], frames.Unsupported)
     import pickle
     import struct
 

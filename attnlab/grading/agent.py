@@ -269,7 +269,7 @@ def handle(req, ns):
             return {"not_callable": type(obj).__name__}
         if req.get("ranks"):  # each case: one [args, kwargs] per rank, called in a gloo group (ranks.py)
             from attnlab.grading.ranks import call_on_ranks
-            return {"results": call_on_ranks(obj, req["cases"], req["ranks"])}
+            return {"results": call_on_ranks(obj, req["cases"], req["ranks"], _outcome)}
         results = []
         grad = req.get("grad")
         for case in req["cases"]:
@@ -284,49 +284,3 @@ def handle(req, ns):
     if op == "launch":
         return {"result": _outcome(lambda: run_launch(obj, req))}
     raise ValueError(f"unknown request {op!r}")
-
-
-class Unsupported:
-    """A value the kernel could not send (its type's name): the checks report it as a wrong type."""
-
-    def __init__(self, type_name):
-        self.type_name = str(type_name)[:80]
-
-    def __repr__(self):
-        return f"<{self.type_name}>"
-
-
-def _plain(x, depth=0):
-    """``x`` as what ``torch.load(weights_only=True)`` reads: plain tensors, numbers, strings, None, lists,
-    tuples and dicts with string keys; anything else becomes {"__unsupported__": its type's name}."""
-    import torch
-
-    if depth > 32:
-        return {"__unsupported__": "a too deeply nested value"}
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x if not isinstance(x, int) or isinstance(x, bool) or abs(x) < 2**63 else float(x)
-    if type(x).__module__ == "numpy":
-        import numpy as np
-
-        if isinstance(x, np.ndarray) and x.dtype != object:
-            return _plain(torch.from_numpy(np.ascontiguousarray(x)), depth)
-        if isinstance(x, (np.bool_, np.integer, np.floating)):
-            return _plain(x.item(), depth)
-    if isinstance(x, torch.Tensor):
-        return torch.Tensor.as_subclass(torch.Tensor.detach(x), torch.Tensor).cpu().clone()
-    if isinstance(x, (tuple, list)):
-        return type(x)(_plain(v, depth + 1) for v in x) if type(x) in (tuple, list) else \
-            {"__unsupported__": type(x).__name__}
-    if type(x) is dict and all(type(k) is str and not k.startswith("__") for k in x):
-        return {k: _plain(v, depth + 1) for k, v in x.items()}
-    return {"__unsupported__": type(x).__name__}
-
-
-def _restored(x):
-    if isinstance(x, dict):
-        if set(x) == {"__unsupported__"}:
-            return Unsupported(x["__unsupported__"])
-        return {k: _restored(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_restored(v) for v in x)
-    return x

@@ -200,7 +200,7 @@ def _in_words(text, got, want, rtol, atol):
 
 
 def _kind(x):
-    if hasattr(x, "type_name"):  # agent.Unsupported: a value the kernel could not send
+    if hasattr(x, "type_name"):  # frames.Unsupported: a value the process could not send
         return x.type_name
     if torch.is_tensor(x):
         return f"a tensor of shape {tuple(x.shape)}"

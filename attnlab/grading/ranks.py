@@ -10,7 +10,7 @@ Python could not import them. Each child, for one case:
 2. joins a gloo group through a ``torch.distributed.FileStore`` in a temporary folder of its own (no TCP store,
    no port to pick; inside the sandbox's network namespace the ranks' sockets are on its loopback only);
 3. calls the function with its rank's ``[args, kwargs]``, its outcome written as :func:`agent._outcome` writes one;
-4. sends the outcome to the parent as one frame (:func:`runner._send`) on a pipe of its own, destroys the group and
+4. sends the outcome to the parent as one frame (:func:`attnlab.grading.frames._send`) on a pipe of its own, destroys the group and
    leaves with ``os._exit`` (nothing of the parent's, no buffered stream, no ``atexit``, runs twice).
 
 The parent reads every rank's frame until ``timeout`` seconds have passed; a rank that sent nothing by then (a
@@ -39,9 +39,10 @@ DEFAULT_TIMEOUT = 10.0  # seconds one case may take on all its ranks (gloo's own
 MAX_RANKS = 8
 
 
-def call_on_ranks(fn, cases, world_size, timeout=None):
+def call_on_ranks(fn, cases, world_size, outcome=None, timeout=None):
     """For each case (a list of ``world_size`` [args, kwargs] pairs, rank 0 first) the list of the ranks'
-    outcomes; stops after the first case where a rank did not return."""
+    outcomes; stops after the first case where a rank did not return. ``outcome(body)``: how a rank writes its
+    outcome (the agent passes its ``_outcome``; default :func:`_result`)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_RANKS:
         raise ValueError(f"ranks: expected a number of ranks from 1 to {MAX_RANKS}, got {world_size!r}")
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
@@ -50,15 +51,26 @@ def call_on_ranks(fn, cases, world_size, timeout=None):
         if not isinstance(case, (list, tuple)) or len(case) != world_size:
             raise ValueError(f"ranks: each case needs one [args, kwargs] per rank ({world_size}), got "
                              f"{len(case) if isinstance(case, (list, tuple)) else type(case).__name__}")
-        results.append(run_group(fn, case, timeout))
+        results.append(run_group(fn, case, timeout, outcome))
         if any("ok" not in outcome for outcome in results[-1]):
             break  # the grader stops at the first failure
     return results
 
 
-def run_group(fn, per_rank, timeout):
+def _result(body):
+    """{"ok": value} or {"raised": the error in words}: a rank's outcome where no agent gives its own form."""
+    try:
+        return {"ok": body()}
+    except BaseException as exc:  # noqa: BLE001 (the learner's error, reported)
+        from attnlab.grading.feedback import describe_exception
+
+        return {"raised": describe_exception(exc), "not_implemented": isinstance(exc, NotImplementedError)}
+
+
+def run_group(fn, per_rank, timeout=None, outcome=None):
     """The outcomes of ``fn(*args, **kwargs)`` on the ranks of one fresh gloo group, one per [args, kwargs]."""
     world_size = len(per_rank)
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     folder = tempfile.mkdtemp(prefix="attnlab-ranks-")
     children = []  # (pid, read end of its pipe)
     parent = os.getpid()
@@ -75,7 +87,7 @@ def run_group(fn, per_rank, timeout):
                 if isinstance(per_rank, list):  # the other ranks' shards, out of this rank's reach (it has its own)
                     per_rank[:] = [None] * world_size
                 _rank_main(fn, rank, world_size, args, kwargs, os.path.join(folder, "store"), write_fd, timeout,
-                           parent)
+                           parent, outcome or _result)
             os.close(write_fd)
             children.append((pid, read_fd))
         return _collect(children, timeout)
@@ -93,7 +105,7 @@ def run_group(fn, per_rank, timeout):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout, parent):
+def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout, parent, outcome_of):
     """One rank, in the forked child."""
     code = 1
     try:
@@ -106,7 +118,7 @@ def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout
         import torch
         import torch.distributed as dist
 
-        from attnlab.grading import agent, runner
+        from attnlab.grading.frames import _send
 
         torch.set_num_threads(1)
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the loopback: the only interface inside the sandbox
@@ -127,10 +139,10 @@ def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout
                 after = _written()
                 written[0] = None if before is None or after is None else after - before
 
-        outcome = agent._outcome(body)
+        outcome = outcome_of(body)
         outcome["written"] = written[0]  # what this rank says it wrote (its sockets: the sends), feedback only
         with os.fdopen(write_fd, "wb") as stream:
-            runner._send(stream, outcome)
+            _send(stream, outcome)
         code = 0
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -152,7 +164,7 @@ def _written():
 
 def _collect(children, timeout):
     """Every child's outcome, read from its pipe; a rank that sends nothing within ``timeout`` s has hung."""
-    from attnlab.grading import runner
+    from attnlab.grading.frames import _receive
 
     outcomes = [None] * len(children)
     waiting = {read_fd: rank for rank, (_, read_fd) in enumerate(children)}
@@ -166,7 +178,7 @@ def _collect(children, timeout):
             rank = waiting.pop(read_fd)
             try:
                 with os.fdopen(os.dup(read_fd), "rb") as stream:
-                    outcome = runner._receive(stream)
+                    outcome = _receive(stream)
                 if not isinstance(outcome, dict):
                     raise TypeError("the outcome is not a dict")
             except Exception as exc:  # the pipe closed: the rank died before it answered

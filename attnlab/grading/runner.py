@@ -4,7 +4,7 @@
 (:func:`main`, the process's side: no Jupyter, no zmq). It runs the cells it is sent through IPython's
 ``InteractiveShell`` (magics as IPython runs them) and answers with each cell's status, read from
 ``run_cell``'s result; then it answers ``call`` requests with the learner's outputs
-(:func:`attnlab.grading.agent.handle`). Frames (:func:`_send`, :func:`_receive`) are ``torch.save`` bytes, read
+(:func:`attnlab.grading.agent.handle`). Frames (:mod:`attnlab.grading.frames`) are ``torch.save`` bytes, read
 with ``weights_only=True``, on two pipes of their own; :class:`Sandboxed` is such a process, also the Triton parts'
 (:mod:`attnlab.grading.isolated`). The process's own stdout and stderr are ``/dev/null``:
 nothing it prints reaches the grader. A cell or call that hangs is ended by the grader killing the process;
@@ -13,11 +13,9 @@ decides nothing. :func:`grade_in_subprocess` grades one notebook in a worker pro
 (``python -I`` from an empty folder, its memory capped), whose report comes back through a pipe.
 """
 
-import io
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -26,6 +24,7 @@ import time
 from pathlib import Path
 
 from attnlab.grading import sandbox
+from attnlab.grading.frames import MAX_FRAME, _receive, _send, frames  # noqa: F401 (isolated.py, the tests)
 
 DEFAULT_CELL_TIMEOUT = 120
 DEFAULT_TIMEOUT = 600
@@ -46,49 +45,6 @@ def kernel_env(work):
         "ATTNLAB_GRADING": "1", "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
     })
     return env
-
-
-MAX_FRAME = 512 * 2**20
-
-
-def _send(stream, obj):
-    """One frame: the length, then ``torch.save`` of ``obj``'s plain form (:func:`attnlab.grading.agent._plain`)."""
-    import torch
-
-    from attnlab.grading.agent import _plain
-
-    buffer = io.BytesIO()
-    torch.save(_plain(obj), buffer)
-    data = buffer.getvalue()
-    stream.write(struct.pack("<Q", len(data)) + data)
-    stream.flush()
-
-
-def _receive(stream, limit=MAX_FRAME):
-    """One frame, read with ``torch.load(weights_only=True)``: nothing in it can run code."""
-    import torch
-
-    from attnlab.grading.agent import _restored
-
-    head = stream.read(8)
-    if len(head) != 8:
-        raise EOFError("the process closed its pipe")
-    (size,) = struct.unpack("<Q", head)
-    if size > limit:
-        raise ValueError(f"a frame of {size >> 20} MiB (more than {limit >> 20} MiB)")
-    data = stream.read(size)
-    if len(data) != size:
-        raise EOFError("the process stopped in the middle of a frame")
-    return _restored(torch.load(io.BytesIO(data), weights_only=True))
-
-
-def frames(in_fd, out_fd):
-    """The process's side of the pipes (duplicated: no child it starts inherits them); says it is ready."""
-    streams = os.fdopen(os.dup(in_fd), "rb"), os.fdopen(os.dup(out_fd), "wb")
-    os.close(in_fd)
-    os.close(out_fd)
-    _send(streams[1], {"ready": True})
-    return streams
 
 
 # ---------------------------------------------------------------------------------------
