@@ -1,4 +1,4 @@
-"""The technique checks of exercises 06-08 under `attnlab grade`, not only in the inline check().
+"""The technique checks of exercises 06-08 and 10 under `attnlab grade`, not only in the inline check().
 
 Since the trust boundary (docs/grading.md) the learner's kernels launch in a fresh sandboxed process and
 their PyTorch functions run in the notebook's sandboxed kernel, so what footprint.py measures (peak
@@ -16,7 +16,8 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTIONS = {"06": "06_triton_primer.ipynb", "07": "07_flash_attention.ipynb", "08": "08_block_sparse.ipynb"}
+SOLUTIONS = {"06": "06_triton_primer.ipynb", "07": "07_flash_attention.ipynb", "08": "08_block_sparse.ipynb",
+             "10": "10_inference.ipynb"}
 
 _DENSE_FORWARD = '''
 def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
@@ -56,6 +57,10 @@ MISTAKES = {
                                    'tl.dot(q, tl.trans(k), input_precision="ieee") * (1.0 / HEAD_DIM ** 0.5)'),
     "traffic-ignores-blocks": ("07", "traffic-experiment-answer", "traffic-experiment", "blocks-ignored",
                                "q, k, v, causal, block_m, block_n).total_bytes", "q, k, v, causal).total_bytes"),
+    "gqa-cache-copied-per-head": ("10", "decode-attention-answer", "decode-attention", "cache-copied-per-head",
+                                  "group = H_q // k_cache.shape[1]",
+                                  "group = H_q // k_cache.shape[1]\n    heads = torch.arange(H_q) // group\n"
+                                  "    k_cache, v_cache, group = k_cache[:, heads], v_cache[:, heads], 1"),
     "block-sparse-ignores-scale": ("08", "block-sparse-loop-answer", "block-sparse-loop", "scale-argument-ignored",
                                    "s = tl.dot(q, tl.trans(k)) * scale",
                                    "s = tl.dot(q, tl.trans(k)) * (1.0 / HEAD_DIM ** 0.5)"),
@@ -113,6 +118,13 @@ def test_solution_07_scores_full_with_its_memory_measured(tmp_path):
     assert report["score"] == report["max_score"] > 0, report
     for part in ("tiled-forward", "tiled-backward"):
         assert "no N x N matrix held" in _part(report, part)["feedback"], _part(report, part)
+
+
+@pytest.mark.slow
+def test_solution_10_scores_full_with_its_cache_read_in_place(tmp_path):
+    report = _grade(ROOT / "solutions" / SOLUTIONS["10"])
+    assert report["score"] == report["max_score"] > 0, report
+    assert "the cache is read in place" in _part(report, "decode-attention")["feedback"], report
 
 
 # --- fast: what the grader's side measures, through the wrappers a check is given --------------------------

@@ -1,7 +1,8 @@
 """The checks of exercise 10_inference (one ``@CHECKS(part id)`` per graded part).
 
 - ``decode-attention``: the learner's decoding attention against the library's reference over the cache,
-  on ragged lengths with garbage past them, several new queries, grouped- and multi-query heads, a scale;
+  on ragged lengths with garbage past them, several new queries, grouped- and multi-query heads, a scale, and
+  its peak memory at 32 query heads over 2 KV heads (a copy of the cache per query head fails);
 - ``split-partials`` and ``split-merge``: the two halves of split-K decoding, on uneven and empty chunks
   and on log-sum-exps in the hundreds;
 - ``paged-gather``: one sequence gathered from a shuffled pool of pages;
@@ -14,7 +15,9 @@ import math
 import torch
 
 from attnlab import iomodel
-from attnlab.grading.core import Mistake, Registry, check_function, gen as _gen, randn as _randn
+from attnlab.grading.core import (Fail, Mistake, Registry, check_function, gen as _gen, learner_of, present,
+                                  randn as _randn, value_of)
+from attnlab.grading.footprint import measured_call
 from attnlab.grading.exercises.e10 import spec as specs
 from attnlab.kvcache import to_paged
 
@@ -93,10 +96,46 @@ _DECODE_MISTAKES = [
 ]
 
 
+# the technique: query heads read their KV head in place, measured from outside the learner's code
+# (attnlab/grading/footprint.py). 32 query heads share 2 KV heads of 8192 positions: K and V are 8 MiB together,
+# a copy of them per query head (k_cache[:, h_idx], torch.cat of the heads) is 128 MiB.
+COPY_CASE = (1, 32, 2, 64, 8192)   # B, H_q, H_kv, D, L
+COPY_LIMIT = 48 * 2**20            # the inputs as they arrive, the scores (1 MiB) and softmax: far below one copy
+CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per query head (indexing k_cache with a "
+                       "list or tensor of heads, torch.cat or .expand(...).reshape/.contiguous() of the KV heads "
+                       "copies them): GQA saves memory and bandwidth only when the G query heads of a group read "
+                       "their one KV head in place; take k_cache[b, h // G] (a view), or reshape the queries to "
+                       "(B, H_kv, G * Nq, D) and multiply by each KV head once", None)
+
+
+def _check_no_copy(learner):
+    """Fail when the peak memory of a call at COPY_CASE grows by more than COPY_LIMIT, or cannot be measured."""
+    B, hq, hkv, D, L = COPY_CASE
+    g = _gen(10_090)
+    case = [(_randn(g, B, hq, 1, D), _randn(g, B, hkv, L, D), _randn(g, B, hkv, L, D),
+             torch.tensor([L] * B, dtype=torch.int32)), {}]
+    label = f"B={B}, H_q={hq}, H_kv={hkv}, one new query, D={D}, L={L}"
+    learner_of(learner).call("decode_attention", [case])  # once unmeasured: the allocator grows on a first call
+    reply, cost = measured_call(learner, "decode_attention", case, flops=False)
+    present(reply, "decode_attention")
+    value_of((reply.get("results") or [{"raised": "no result"}])[0], "decode_attention", label)
+    peak, cache = cost["peak_bytes"], 2 * B * hkv * L * D * 4
+    if peak is None:  # never a pass: the part asks for no copy of the cache, which only a measurement can show
+        raise Fail("`decode_attention`: the grader could not measure the peak memory of the process your code ran in "
+                   "(no cgroup and no readable /proc/PID/status here), so it cannot tell that the cache is not "
+                   "copied per query head; the part scores 0 on this machine")
+    if peak > COPY_LIMIT:
+        raise Fail(f"`decode_attention` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during "
+                   f"the call, where the whole K and V cache is {cache / 2**20:.0f} MiB and a copy of it per query "
+                   f"head {hq // hkv * cache / 2**20:.0f} MiB", [CACHE_COPIED])
+    return f"the cache is read in place (peak memory growth under {COPY_LIMIT // 2**20} MiB at L={L}, {hq} query heads)"
+
+
 @CHECKS("decode-attention")
 def _check_decode(ns):
     n = check_function(ns, "decode_attention", specs.decode_attention, _decode_cases(), _DECODE_MISTAKES)
-    return f"{n} cases match the reference over the cache (ragged lengths, new queries, GQA and MQA, a scale)"
+    return (f"{n} cases match the reference over the cache (ragged lengths, new queries, GQA and MQA, a scale); "
+            f"{_check_no_copy(ns)}")
 
 
 # ---------------------------------------------------------------------------------------------
