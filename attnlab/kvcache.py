@@ -74,16 +74,20 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens, block_table=None, scale
     H_kv = k_cache.shape[1]
     if H_q % H_kv:
         raise ValueError(f"k_cache: expected a number of KV heads that divides q's {H_q} heads, got {H_kv}")
+    G = H_q // H_kv
     out = torch.empty_like(q)
     for b in range(B):
         L = int(cache_seqlens[b])
         if L < n_q:
             raise ValueError(f"cache_seqlens: expected every length >= {n_q}, got {L}")
-        k = gather_cache(k_cache, b, L, block_table).repeat_interleave(H_q // H_kv, dim=0)   # (H_q, L, D)
-        v = gather_cache(v_cache, b, L, block_table).repeat_interleave(H_q // H_kv, dim=0)   # (H_q, L, D)
+        k = gather_cache(k_cache, b, L, block_table)                      # (H_kv, L, D), read in place
+        v = gather_cache(v_cache, b, L, block_table)
         pos = torch.arange(L - n_q, L, device=q.device)[:, None]          # (Nq, 1) the queries' positions
         mask = torch.arange(L, device=q.device)[None, :] <= pos           # (Nq, L) True = attend
-        out[b] = scaled_dot_product_attention(q[b:b + 1], k[None], v[None], mask=mask, scale=scale)[0]
+        # the G query heads of a KV head as G * Nq rows against it: the cache is never copied per query head
+        grouped = q[b].reshape(H_kv, G * n_q, q.shape[-1])[None]          # (1, H_kv, G * Nq, D)
+        o = scaled_dot_product_attention(grouped, k[None], v[None], mask=mask.repeat(G, 1), scale=scale)
+        out[b] = o[0].reshape(H_q, n_q, -1)
     return out                                                            # (B, H_q, Nq, D)
 
 
