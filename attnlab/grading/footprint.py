@@ -157,6 +157,23 @@ def measured_call(learner, name, case, grad=None, flops=True):
     return reply, {"peak_bytes": peak_bytes, "flops": counter.get_total_flops() if counter is not None else None}
 
 
+def peak_growth(learner, name, case, label, what, grad=None):
+    """The peak memory growth (bytes) of one call of the learner's ``name`` on ``case``, after one unmeasured call
+    (the allocator grows on a first call). Raises Fail when the call fails or the growth cannot be measured: a
+    part that asks for a measured property (``what``: "that no N x N matrix is held") is never credited unmeasured."""
+    from attnlab.grading.core import Fail, present, value_of
+
+    learner_of(learner).call(name, [case], grad=grad)
+    reply, cost = measured_call(learner, name, case, grad=grad, flops=False)
+    present(reply, name)
+    value_of((reply.get("results") or [{"raised": "no result"}])[0], name, label)
+    if cost["peak_bytes"] is None:
+        raise Fail(f"`{name}`: the grader could not measure the peak memory of the process your code ran in (no "
+                   f"cgroup and no readable /proc/PID/status here), so it cannot tell {what}; the part scores 0 on "
+                   f"this machine")
+    return cost["peak_bytes"]
+
+
 class _UndefinedOther:
     def __init__(self, learner):
         self.learner = learner

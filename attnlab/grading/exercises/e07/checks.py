@@ -32,7 +32,7 @@ from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry,
                                   case_line, diagnose, each_result, gen as _gen, learner_of, mismatch, present,
                                   randn as _randn, value_of)
 from attnlab.grading.exercises.e07 import spec as specs
-from attnlab.grading.footprint import measured_call
+from attnlab.grading.footprint import measured_call, peak_growth
 from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded, within_budget
 from attnlab.tiled import tiled_attention
 
@@ -279,15 +279,7 @@ def _check_memory(learner, name, seed, grad=None, case=None):
     """Fail when the peak memory of a call at N = PEAK_N (``case``, else :func:`_peak_case`) grows by more than
     PEAK_LIMIT, or cannot be measured."""
     case = case if case is not None else _peak_case(seed, grad=grad is not None)
-    learner_of(learner).call(name, [case], grad=grad)  # once unmeasured: the allocator grows on a first call
-    reply, cost = measured_call(learner, name, case, grad=grad, flops=False)
-    present(reply, name)
-    value_of((reply.get("results") or [{"raised": "no result"}])[0], name, f"B=1, N={PEAK_N}, d=16")
-    peak = cost["peak_bytes"]
-    if peak is None:  # never a pass: a part that asks for no N x N matrix is not credited unmeasured
-        raise Fail(f"`{name}`: the grader could not measure the peak memory of the process your code ran in "
-                   f"(no cgroup and no readable /proc/PID/status here), so it cannot tell that no N x N matrix "
-                   f"is held; the part scores 0 on this machine")
+    peak = peak_growth(learner, name, case, f"B=1, N={PEAK_N}, d=16", "that no N x N matrix is held", grad=grad)
     if peak > PEAK_LIMIT:
         raise Fail(f"`{name}` on B=1, N={PEAK_N}, d=16, block_m=block_n={PEAK_BLOCK}: the process's peak memory "
                    f"grew by {peak / 2**20:.1f} MiB during the call, where one N x N float32 matrix is "
