@@ -27,8 +27,9 @@ PYTEST_ARGS ?=
 lab: env
 	$(BIN)/attnlab lab
 
+# --durations: the log ends with the 30 slowest tests, where CI's time goes
 test: env docs-env nbgrader-env
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
 
 # addopts is emptied because it turns on nbval, which this tier leaves out
 test-fast: env
