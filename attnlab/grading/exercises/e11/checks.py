@@ -359,12 +359,18 @@ GROUP_CONFIGS = [
     ("1 rank (a group of one: nothing to send)", 1, 2, 8, 16, 1, True, "contiguous"),
 ]
 
-# bytes on top of the payload: gloo frames each message (144 bytes), TCP and IP frame each segment and acknowledge
-# it, and the group's connections are set up and closed inside the call. Measured on the sandbox's loopback for the
-# configurations above (docs/grading.md): about 2,000 bytes per pair of ranks, 2 to 6 % of the payload, whatever
-# its size. The slack is twice that; a rank that also sends at the last step adds 2 shards, 2.3x the slack at P = 4
+# bytes on top of the payload. The loopback counts every packet's IP and TCP headers: 52 bytes a packet (IPv4, TCP
+# with timestamps), read with the bytes (the packets transmitted) and taken off them, because how many packets carry
+# the same bytes depends on the machine's load (ACKs, segments: a P = 3 group of one CI run sent 22 KiB on top of
+# the payload, where quiet runs send 5.7 to 6.1 KiB in 75 to 83 packets). What is left on top of the payload is
+# gloo's framing and the connections' set-up and close: 600 to 620 bytes per pair of ranks in every group above,
+# quiet or loaded, unless TCP retransmits a segment (a whole shard, seen under load): such a group is run again
+# (docs/grading.md). The slack is 2 % and 4 KiB per pair (IPv6's 20 more bytes of header a packet
+# fit in it); a rank that also sends at the last step adds 2 shards, 2.3x the slack at P = 4
+HEADER_BYTES = 52           # per packet transmitted on the loopback
+GROUP_TRIES = 3             # runs of a group whose segments TCP retransmitted (counted in the sandbox's net/snmp)
 BYTES_SLACK = 0.02          # of the payload
-BYTES_SLACK_FIXED = 4096    # per pair of ranks (connection set-up and close, acknowledgements)
+BYTES_SLACK_FIXED = 4096    # per pair of ranks (gloo's framing, connection set-up and close)
 
 
 def _group_inputs(seed, B, H, m, d, P, layout):
@@ -412,18 +418,23 @@ _EXTRA_SENDS = Mistake("sends-at-the-last-step", "the ranks also transfer at the
 
 
 def _lo_sent(pid):
-    """Bytes transmitted so far on the loopback of ``pid``'s network namespace (/proc/PID/net/dev), or None when
-    that namespace is this process's own (no sandbox: other traffic shares it) or cannot be read."""
+    """(bytes, packets, TCP segments retransmitted) so far on the loopback of ``pid``'s network namespace
+    (/proc/PID/net/dev and net/snmp), or None when that namespace is this process's own (no sandbox: other traffic
+    shares it) or cannot be read."""
     if pid is None:
         return None
     try:
         if os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net"):
             return None
+        with open(f"/proc/{pid}/net/snmp") as f:
+            head, values = [line.split() for line in f if line.startswith("Tcp:")][:2]
+        retransmitted = int(values[head.index("RetransSegs")])
         with open(f"/proc/{pid}/net/dev") as f:
             for line in f:
                 name, _, counters = line.partition(":")
                 if name.strip() == "lo":
-                    return int(counters.split()[8])   # receive: 8 fields, then transmit bytes
+                    fields = counters.split()   # received: 8 fields, then transmitted bytes and packets
+                    return int(fields[8]), int(fields[9]), retransmitted
     except (OSError, ValueError, IndexError):
         return None
     return None
@@ -460,9 +471,12 @@ def _check_group(ns):
     for seed, (label, B, H, m, d, P, causal, layout) in enumerate(GROUP_CONFIGS):
         q, k, v, shards = _group_inputs(seed, B, H, m, d, P, layout)
         kwargs = {"causal": causal, "layout": layout}
-        before = _lo_sent(pid)
-        reply = learner.call("ring_forward", [[[clone(s), dict(kwargs)] for s in shards]], ranks=P)
-        after = _lo_sent(pid)
+        for _ in range(GROUP_TRIES):  # a group in which TCP retransmitted a segment sent it twice: it runs again
+            before = _lo_sent(pid)
+            reply = learner.call("ring_forward", [[[clone(s), dict(kwargs)] for s in shards]], ranks=P)
+            after = _lo_sent(pid)
+            if before is None or after is None or after[2] == before[2]:
+                break
         got, written = _group_outcomes(reply, label, P)
         o_ref, l_ref = attention_lse(q, k, v, causal=causal)
         for rank in range(P):
@@ -476,22 +490,25 @@ def _check_group(ns):
                                           f"(each rank r was called with its shard of q, k, v (B, H, n/P, d) and "
                                           f"{kwargs})"]), found)
         owed = iomodel.ring_attention_bytes(B, H, P * m, d, P, 4)   # what each rank sends
+        headers = 0
         if before is not None and after is not None:                 # the sandbox's loopback, read from outside
-            sent, want_sent, whose = after - before, P * owed, f"the {P} ranks together"
+            sent, want_sent, whose = after[0] - before[0], P * owed, f"the {P} ranks together"
+            headers = HEADER_BYTES * (after[1] - before[1])
         else:                                                        # what the ranks say they wrote (feedback)
             sent = None if None in written else max(written)
             want_sent, whose = owed, "a rank (as the ranks report it)"
         if sent is None:
             continue
-        measured.append((P, sent, want_sent))
+        measured.append((P, sent - headers, want_sent))
         slack = BYTES_SLACK * want_sent + BYTES_SLACK_FIXED * P * (P - 1) // 2
-        if not want_sent <= sent <= want_sent + slack:
+        if not want_sent <= sent or sent - headers > want_sent + slack:
             per_rank = "" if None in written else f" (the ranks report {written})"
             in_all = "" if want_sent == owed else f", {want_sent:,} in all"
-            raise Fail(f"`ring_forward` on {label}: {whose} sent {sent:,} bytes{per_rank}; the ring sends 2 (P - 1) "
-                       f"shards of K and V per rank ({owed:,} bytes{in_all}), plus at most {slack:,.0f} of framing",
-                       [_EXTRA_SENDS] if sent > want_sent + slack else [])
-    where = ("measured on the sandbox's loopback, from outside your process" if pid is not None and
+            on_top = f" ({headers:,} of them packet headers)" if headers else ""
+            raise Fail(f"`ring_forward` on {label}: {whose} sent {sent:,} bytes{on_top}{per_rank}; the ring sends "
+                       f"2 (P - 1) shards of K and V per rank ({owed:,} bytes{in_all}), plus at most {slack:,.0f} of "
+                       f"framing", [_EXTRA_SENDS] if sent - headers > want_sent + slack else [])
+    where = ("measured on the sandbox's loopback, from outside your process, less the packets' IP and TCP headers" if pid is not None and
              _lo_sent(pid) is not None else "as your ranks report them")
     framing = ", ".join(f"P={P}: {sent:,} for {want:,}" for P, sent, want in measured if want)
     return (f"{len(GROUP_CONFIGS)} process groups of 1 to 4 gloo ranks: every rank's O and L equal attention over the "
