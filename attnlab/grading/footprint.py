@@ -159,9 +159,10 @@ def measured_call(learner, name, case, grad=None, flops=True):
 
 def peak_growth(learner, name, case, label, what, grad=None):
     """The peak memory growth (bytes) of one call of the learner's ``name`` on ``case``, after one unmeasured call
-    (the allocator grows on a first call; the process gives its free heap back at the end of every call
-    request, :func:`attnlab.grading.agent.handle`, so memory freed earlier cannot hide this call's). Raises Fail when the call fails or the growth cannot be measured: a
-    part that asks for a measured property (``what``: "that no N x N matrix is held") is never credited unmeasured."""
+    (the allocator grows on a first call; the process gives its free heap back at the end of every call request,
+    :func:`attnlab.grading.agent.handle`, so memory freed earlier cannot hide this call's). Raises Fail when the
+    call fails or the growth cannot be measured: a part that asks for a measured property (``what``: "that no
+    N x N matrix is held") is never credited unmeasured."""
     from attnlab.grading.core import Fail, present, value_of
 
     learner_of(learner).call(name, [case], grad=grad)

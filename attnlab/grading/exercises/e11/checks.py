@@ -365,8 +365,8 @@ GROUP_CONFIGS = [
 # the payload, where quiet runs send 5.7 to 6.1 KiB in 75 to 83 packets). What is left on top of the payload is
 # gloo's framing and the connections' set-up and close: 600 to 620 bytes per pair of ranks in every group above,
 # quiet or loaded, unless TCP retransmits a segment (a whole shard, seen under load): such a group is run again
-# (docs/grading.md). The slack is 2 % and 4 KiB per pair (IPv6's 20 more bytes of header a packet
-# fit in it); a rank that also sends at the last step adds 2 shards, 2.3x the slack at P = 4
+# (docs/grading.md). The slack is 2 % and 4 KiB per pair (IPv6's 20 more bytes of header a packet fit in it); a
+# rank that also sends at the last step adds 2 shards, 2.3x the slack at P = 4
 HEADER_BYTES = 52           # per packet transmitted on the loopback
 GROUP_TRIES = 3             # runs of a group whose segments TCP retransmitted (counted in the sandbox's net/snmp)
 BYTES_SLACK = 0.02          # of the payload
@@ -417,8 +417,18 @@ _EXTRA_SENDS = Mistake("sends-at-the-last-step", "the ranks also transfer at the
                        "that shard, a rank sends 2 (P - 1) shards of K and V in all", None)
 
 
+def _retransmitted(pid):
+    """TCP segments retransmitted so far in ``pid``'s network namespace (/proc/PID/net/snmp), or None."""
+    try:
+        with open(f"/proc/{pid}/net/snmp") as f:
+            head, values = [line.split() for line in f if line.startswith("Tcp:")][:2]
+        return int(values[head.index("RetransSegs")])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _lo_sent(pid):
-    """(bytes, packets, TCP segments retransmitted) so far on the loopback of ``pid``'s network namespace
+    """(bytes, packets, TCP segments retransmitted or None) so far on the loopback of ``pid``'s network namespace
     (/proc/PID/net/dev and net/snmp), or None when that namespace is this process's own (no sandbox: other traffic
     shares it) or cannot be read."""
     if pid is None:
@@ -426,9 +436,7 @@ def _lo_sent(pid):
     try:
         if os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net"):
             return None
-        with open(f"/proc/{pid}/net/snmp") as f:
-            head, values = [line.split() for line in f if line.startswith("Tcp:")][:2]
-        retransmitted = int(values[head.index("RetransSegs")])
+        retransmitted = _retransmitted(pid)
         with open(f"/proc/{pid}/net/dev") as f:
             for line in f:
                 name, _, counters = line.partition(":")
@@ -508,8 +516,8 @@ def _check_group(ns):
             raise Fail(f"`ring_forward` on {label}: {whose} sent {sent:,} bytes{on_top}{per_rank}; the ring sends "
                        f"2 (P - 1) shards of K and V per rank ({owed:,} bytes{in_all}), plus at most {slack:,.0f} of "
                        f"framing", [_EXTRA_SENDS] if sent - headers > want_sent + slack else [])
-    where = ("measured on the sandbox's loopback, from outside your process, less the packets' IP and TCP headers" if pid is not None and
-             _lo_sent(pid) is not None else "as your ranks report them")
+    where = ("measured on the sandbox's loopback, from outside your process, less the packets' IP and TCP headers"
+             if pid is not None and _lo_sent(pid) is not None else "as your ranks report them")
     framing = ", ".join(f"P={P}: {sent:,} for {want:,}" for P, sent, want in measured if want)
     return (f"{len(GROUP_CONFIGS)} process groups of 1 to 4 gloo ranks: every rank's O and L equal attention over the "
             f"whole sequence, and the bytes sent ({where}) the ring's 2 (P - 1) shards per rank and framing "
