@@ -8,7 +8,8 @@ Python could not import them. Each child, for one case:
 1. asks the kernel to kill it when its parent dies, and sets ``torch.set_num_threads(1)`` before any tensor work
    (a forked child must not enter the parent's OpenMP pool, and the ranks share this machine's cores);
 2. joins a gloo group through a ``torch.distributed.FileStore`` in a temporary folder of its own (no TCP store,
-   no port to pick; inside the sandbox's network namespace the ranks' sockets are on its loopback only);
+   no port to pick; inside the sandbox's network namespace the ranks' sockets are on its loopback only), and waits
+   on that store until every rank has joined (a rank that left at once would break a peer still connecting);
 3. calls the function with its rank's ``[args, kwargs]``, its outcome written as :func:`agent._outcome` writes one;
 4. sends the outcome to the parent as one frame (:func:`attnlab.grading.frames._send`) on a pipe of its own, destroys the group and
    leaves with ``os._exit`` (nothing of the parent's, no buffered stream, no ``atexit``, runs twice).
@@ -130,8 +131,14 @@ def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout
             if dist.is_initialized():  # a group the notebook made, inherited through the fork: not this one
                 raise RuntimeError("a process group is already initialised in your notebook; the grader makes its "
                                    "own: do not call torch.distributed.init_process_group in your function")
-            dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
-                                    world_size=world_size, timeout=datetime.timedelta(seconds=timeout + 5))
+            store = dist.FileStore(store_path, world_size)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=timeout + 5))
+            # every rank has its connections before any calls the function: gloo's full mesh is made pair by pair,
+            # and a rank that returned and left at once broke a peer still connecting (a load-dependent "Gloo
+            # connectFullMesh failed" on that peer, in CI). The store is a file, so the loopback's bytes are unchanged.
+            store.set(f"joined/{rank}", "1")
+            store.wait([f"joined/{other}" for other in range(world_size)], datetime.timedelta(seconds=timeout))
             before = _written()
             try:
                 return fn(*args, **kwargs)
