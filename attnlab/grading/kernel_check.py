@@ -145,35 +145,25 @@ TOO_MUCH_TRAFFIC = Mistake("extra-traffic", "the kernel moves more bytes than th
                            "each output element once", None)
 
 
-def check_traffic(name, label, traffic, budget, mistakes=()):
+def check_traffic(name, label, traffic, budget, mistakes=(), says=None):
     """Fail unless the traced ``traffic`` (from :func:`run_guarded`) fits ``budget``.
 
-    budget: {buffer name: (max load bytes, max store bytes)} (None: not limited). On a GPU there is
-    no trace (``traffic`` is empty) and nothing is checked: returns False; True when checked.
+    budget: {buffer name: (max load bytes, max store bytes)} (None: not limited). ``says`` (e.g. "each row read
+    at most twice, written once"), the part's own budget in words, replaces the diagnosis's generic "load each
+    input element once", which a part whose budget is two passes, or K and V once per query block, contradicts.
+    On a GPU there is no trace (``traffic`` is empty) and nothing is checked: returns False; True when checked.
     """
     if not traffic:
         return False
-    for k, (max_load, max_store) in budget.items():
-        seen = traffic.get(k, {"load_bytes": 0, "store_bytes": 0})
-        if max_load is not None and seen["load_bytes"] > max_load:
-            raise Fail(f"`{name}` on {label}: loaded {seen['load_bytes']} bytes from `{k}`; the budget is "
-                       f"{max_load} bytes ({seen['load_bytes'] / max(max_load, 1):.2f}x)", [*mistakes, TOO_MUCH_TRAFFIC])
-        if max_store is not None and seen["store_bytes"] > max_store:
-            raise Fail(f"`{name}` on {label}: stored {seen['store_bytes']} bytes to `{k}`; the budget is "
-                       f"{max_store} bytes ({seen['store_bytes'] / max(max_store, 1):.2f}x)", [*mistakes, TOO_MUCH_TRAFFIC])
+    extra = TOO_MUCH_TRAFFIC if says is None else Mistake(
+        TOO_MUCH_TRAFFIC.key, f"the kernel moves more bytes than the part allows: {says}", None)
+    for k, limits in budget.items():
+        for op, done, most in zip(("load", "store"), ("loaded {} bytes from", "stored {} bytes to"), limits):
+            seen = traffic.get(k, {}).get(f"{op}_bytes", 0)
+            if most is not None and seen > most:
+                raise Fail(f"`{name}` on {label}: {done.format(seen)} `{k}`; the budget is {most} bytes "
+                           f"({seen / max(most, 1):.2f}x)", [*mistakes, extra])
     return True
-
-
-def within_budget(says, name, label, traffic, budget, mistakes=()):
-    """:func:`check_traffic`, with the part's own budget in the diagnosis: ``says`` (e.g. "each row read at
-    most twice, written once") replaces the generic "load each input element once", which a part whose budget
-    is two passes, or K and V once per query block, contradicts."""
-    try:
-        return check_traffic(name, label, traffic, budget, mistakes)
-    except Fail as exc:
-        exc.mistakes = [Mistake(m.key, f"the kernel moves more bytes than the part allows: {says}", m.impl)
-                        if m.key == "extra-traffic" else m for m in exc.mistakes]
-        raise
 
 
 def labelled(names, args, mistakes):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from attnlab.grading import sandbox
 from attnlab.grading.frames import MAX_FRAME, _receive, _send, frames  # noqa: F401 (isolated.py, the tests)
+from attnlab.grading.reports import sanitize
 
 DEFAULT_CELL_TIMEOUT = 120
 DEFAULT_TIMEOUT = 600
@@ -316,8 +317,6 @@ def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT
         data = chunks[0] if chunks else b""
         if data:
             try:
-                from attnlab.grading.reports import sanitize
-
                 return sanitize(json.loads(data))
             except ValueError:
                 pass
@@ -325,8 +324,6 @@ def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT
             err.seek(0)
             stderr = err.read().decode(errors="replace")
     tail = "\n".join(stderr.strip().splitlines()[-5:])
-    from attnlab.grading.reports import sanitize
-
     return sanitize({"path": str(path), "score": 0, "max_score": 0, "parts": [],
                      "error": f"the grader's worker failed: {tail}"})
 

@@ -16,7 +16,7 @@ from attnlab.grading.core import Fail, Mistake, NotAccepted, NotDone, Registry, 
 from attnlab.grading.exercises.e06 import spec as specs
 from attnlab.grading.footprint import undefined_other
 from attnlab.grading.kernel_check import (cdiv, check_traffic, kernel_failure, labelled,
-                                          next_power_of_2, run_guarded, within_budget)
+                                          next_power_of_2, run_guarded)
 
 CHECKS = Registry()
 
@@ -208,8 +208,8 @@ def _check_outer(ns):
         traffic = _launch(ns, "outer_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
                           {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.outer(x, y)},
                           _OUTER_MISTAKES, (x, y), names=("x", "y"))
-        checked = within_budget(_BUDGET_OUTER, "outer_kernel", label, traffic,
-                                outer_budget(m, n, bm, bn), [_TILE_LOADED])
+        checked = check_traffic("outer_kernel", label, traffic,
+                                outer_budget(m, n, bm, bn), [_TILE_LOADED], says=_BUDGET_OUTER)
     return (f"{len(cases)} launches match the spec, with no stray access"
             + _traffic_note(checked, "x read once per column of tiles, y once per row of tiles, out written once"))
 
@@ -376,8 +376,9 @@ def _check_online(ns):
         traffic = _launch(ns, "online_softmax_kernel", label, _softmax_buffers(x), (rows,),
                           _SOFTMAX_ARGS + [["val", cols]], {"BLOCK_SIZE": block}, ["y"], {"y": specs.row_softmax(x)},
                           _ONLINE_MISTAKES, (x, block), names=("x", "BLOCK_SIZE"))
-        checked = within_budget(_BUDGET_ONLINE_SOFTMAX, "online_softmax_kernel", label, traffic,
-                                {"x": (2 * 4 * rows * cols, None), "y": (None, 4 * rows * cols)}, [_THIRD_PASS])
+        checked = check_traffic("online_softmax_kernel", label, traffic,
+                                {"x": (2 * 4 * rows * cols, None), "y": (None, 4 * rows * cols)}, [_THIRD_PASS],
+                                says=_BUDGET_ONLINE_SOFTMAX)
     return (f"{len(cases)} inputs (rows of several blocks, a partial last block, large logits) match the spec"
             + _traffic_note(checked, "each row read at most twice, written once"))
 
@@ -438,7 +439,7 @@ def _check_matmul(ns):
         traffic = _launch(ns, "matmul_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
                           {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, ["c"], {"c": specs.matmul(a, b)},
                           _MATMUL_MISTAKES, (a, b, bk), uses_dot=True, names=("A", "B", "BLOCK_K"))
-        checked = within_budget(_BUDGET_MATMUL, "matmul_kernel", label, traffic, matmul_budget(m, n, k, bm, bn))
+        checked = check_traffic("matmul_kernel", label, traffic, matmul_budget(m, n, k, bm, bn), says=_BUDGET_MATMUL)
     return (f"{len(cases)} launches (ragged M, N and K, a column-major B) match the spec, with no stray access"
             + _traffic_note(checked, "A read cdiv(N, BLOCK_N) times, B cdiv(M, BLOCK_M) times, C written once"))
 
@@ -500,9 +501,9 @@ def _check_causal(ns):
                           {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.causal_scores(s, scale)},
                           _CAUSAL_MISTAKES, (s, scale, bm, bn), names=("S", "scale", "BLOCK_M", "BLOCK_N"))
         budget = 4 * specs.tiles_touching_causal(n_q, n_k, bm, bn)
-        checked = within_budget(_BUDGET_CAUSAL_MASK, "causal_mask_kernel", label, traffic,
+        checked = check_traffic("causal_mask_kernel", label, traffic,
                                 {"s": (budget, None), "out": (None, 4 * n_q * n_k)},
-                                [_MASKED_READ])
+                                [_MASKED_READ], says=_BUDGET_CAUSAL_MASK)
     return (f"{len(cases)} launches (square, n_q > n_k, n_q < n_k, BLOCK_M != BLOCK_N) match the spec"
             + _traffic_note(checked, "S read only in tiles that keep an entry, out written once"))
 

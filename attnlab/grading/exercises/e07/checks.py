@@ -33,7 +33,7 @@ from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry,
                                   randn as _randn, value_of)
 from attnlab.grading.exercises.e07 import spec as specs
 from attnlab.grading.footprint import measured_call, peak_growth
-from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded, within_budget
+from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
 from attnlab.tiled import tiled_attention
 
 CHECKS = Registry()
@@ -454,7 +454,7 @@ def _flash_one(ns, label, q, k, v, causal, scale, bm, bn):
     budget = _forward_budget(b, n, d, causal, bm, bn)
     full_kv = _forward_budget(b, n, d, False, bm, bn)["k"][0]
     extra = [NOT_SKIPPED] if causal and traffic.get("k", {}).get("load_bytes", 0) >= full_kv > budget["k"][0] else []
-    return within_budget(_BUDGET_FLASH_FWD, "flash_fwd_kernel", label, traffic, budget, extra)
+    return check_traffic("flash_fwd_kernel", label, traffic, budget, extra, says=_BUDGET_FLASH_FWD)
 
 
 _EXP2 = Mistake("exp2-without-log2e", "exp2 is used without folding log2(e) into the scale: exp(x) = exp2(x * "
@@ -815,7 +815,7 @@ def _dkdv_one(ns, label, q, k, v, do, causal, scale, bm, bn):
     budget = _dkdv_budget(b, n, d, causal, bm, bn)
     full = _dkdv_budget(b, n, d, False, bm, bn)["q"][0]
     extra = [NOT_SKIPPED_BWD] if causal and traffic.get("q", {}).get("load_bytes", 0) >= full > budget["q"][0] else []
-    return within_budget(_BUDGET_FLASH_BWD_DKDV, "flash_bwd_dkdv_kernel", label, traffic, budget, extra)
+    return check_traffic("flash_bwd_dkdv_kernel", label, traffic, budget, extra, says=_BUDGET_FLASH_BWD_DKDV)
 
 
 PADDED_ROWS = Mistake("padded-rows-not-zeroed", "NaN or inf in dK or dV with a partial last query block: the rows "

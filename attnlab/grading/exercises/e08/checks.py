@@ -14,7 +14,7 @@ from attnlab.attention import block_sparse_reference, scaled_dot_product_attenti
 from attnlab.grading.core import (Fail, Mistake, Registry, clone, case_line, diagnose, gen as _gen, learner_of,
                                   mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e08 import spec as specs
-from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, labelled, run_guarded, within_budget
+from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, labelled, run_guarded
 from attnlab.mask_mods import MASK_MODS
 
 CHECKS = Registry()
@@ -438,8 +438,8 @@ def _check_sparse(ns):
                 why = _stray_loads(loads[name], _kv_allowed(visit, bn, n, d), name.upper())
                 if why:
                     raise Fail(f"`block_sparse_fwd_kernel` on {label}: {why}", [LOADS_SKIPPED])
-        traced = within_budget(_BUDGET_BLOCK_SPARSE_FWD, "block_sparse_fwd_kernel", label, traffic,
-                               _kv_budget(visit, bm, bn, n, d, bh)) or traced
+        traced = check_traffic("block_sparse_fwd_kernel", label, traffic,
+                               _kv_budget(visit, bm, bn, n, d, bh), says=_BUDGET_BLOCK_SPARSE_FWD) or traced
     done = f"{len(cases)} launches match block_sparse_reference (random, windowed and empty lists, ragged N)"
     if not traced:
         return done + "; that skipped blocks are never loaded, and the byte budget, are checked only in Triton's " \
@@ -608,7 +608,7 @@ def _check_flex(ns):
                 raise Fail(f"`flex_fwd_kernel` on {label}: {why}", [MASK_FOR_FULL])
         budget = _kv_budget(partial | full, bm, bn, n, d, B * H)
         budget["mask"] = (int(_tiles(partial, bm, bn, n, n).sum()), 0)  # int8: one byte per element of a partial tile
-        traced = within_budget(_BUDGET_FLEX_FWD, "flex_fwd_kernel", label, traffic, budget) or traced
+        traced = check_traffic("flex_fwd_kernel", label, traffic, budget, says=_BUDGET_FLEX_FWD) or traced
     done = (f"{len(cases)} launches match torch's flex_attention (sliding window, prefix-LM, documents, padding rows "
             f"that see nothing; ragged N)")
     if not traced:
