@@ -61,6 +61,9 @@ def _command_name(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    from attnlab.notebook_format import without_iri_checker
+
+    without_iri_checker()  # before a command imports nbformat (`lab` starts JupyterLab in a process of its own)
     name = _command_name(argv)
     parser = build_parser(load={name} if name in COMMANDS else set())
     if name in PASS_THROUGH:

@@ -73,3 +73,27 @@ def test_command_line_checks_and_rewrites(tmp_path, capsys):
     assert notebook_format.main([str(path)]) == 0
     assert notebook_format.main(["--check", str(path)]) == 0
     assert notebook_format.main([str(tmp_path / "missing.ipynb")]) == 2
+
+
+def test_without_the_iri_checker_nbformat_validates_as_before():
+    # the grader's worker and the `attnlab` command mark rfc3987_syntax absent before importing nbformat (3 s of
+    # Lark grammars for a format no notebook schema uses): a notebook nbformat rejects is still rejected
+    import subprocess
+    import sys
+
+    probe = ("import json, sys\n"
+             "from attnlab.notebook_format import without_iri_checker\n"
+             "without_iri_checker()\n"
+             "import nbformat\n"
+             "assert 'rfc3987_syntax' not in {n for n, m in sys.modules.items() if m is not None}\n"
+             f"good = nbformat.reads(open({str(NOTEBOOKS[0])!r}).read(), as_version=4)\n"
+             "nbformat.validate(good)\n"
+             "bad = json.loads(nbformat.writes(good))\n"
+             "bad['cells'][0]['cell_type'] = 'not-a-type'\n"
+             "try:\n"
+             "    nbformat.validate(nbformat.from_dict(bad))\n"
+             "except nbformat.ValidationError:\n"
+             "    print('rejected')\n")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "rejected"
