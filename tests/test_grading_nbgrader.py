@@ -73,12 +73,12 @@ def round_trip(tmp_path_factory):
     submissions[("rebinds-check", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_check_rebound.ipynb"
     submissions[("unsets-env", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_env_unset.ipynb"
     submissions[("rebinds-autograde", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_autograde_rebound.ipynb"
-    for student in sorted({s for s, _ in submissions}):
-        _nbgrader(course, "db", "student", "add", student)
+    # the students in one command (each nbgrader command is a process of its own); generate_assignment adds the
+    # assignment to the gradebook itself (its create_assignment, on by default)
+    (course / "students.csv").write_text("id\n" + "".join(f"{s}\n" for s in sorted({s for s, _ in submissions})))
+    _nbgrader(course, "db", "student", "import", str(course / "students.csv"))
     for exercise in EXERCISES:
-        assignment = f"ex{exercise[:2]}"
-        _nbgrader(course, "db", "assignment", "add", assignment)
-        _nbgrader(course, "generate_assignment", assignment, "--force")
+        _nbgrader(course, "generate_assignment", f"ex{exercise[:2]}", "--force")
     for (student, assignment), source in submissions.items():
         exercise = next(e for e in EXERCISES if e[:2] == assignment[2:])
         folder = course / "submitted" / student / assignment
