@@ -231,17 +231,18 @@ def _outcome(fn):
     return out
 
 
-def _call_with_grad(obj, args, kwargs, grad, grad_output):
-    """Call ``obj`` with the inputs at ``grad["inputs"]`` requiring grad, backpropagate ``grad_output``
-    from the output (``grad["output"]``: an index into a returned tuple, or None for the whole output)
-    and return {"out": the output (detached), "grads": [each input's .grad, None if it got none]}."""
+def backward(fn, args, kwargs, inputs, output, grad_output):
+    """Call ``fn`` with the arguments at positions ``inputs`` requiring grad and backpropagate ``grad_output``
+    from its output (``output``: an index into a returned tuple, or None for the whole output). Returns
+    (the output, detached; [each input's .grad, None if it got none]). The learner's function, the spec and
+    the mistakes all go through here, so the three are differentiated the same way."""
     import torch
 
     args = list(args)
-    for i in grad["inputs"]:
+    for i in inputs:
         args[i] = args[i].detach().clone().requires_grad_(True)
-    out = obj(*args, **kwargs)
-    y = out if grad.get("output") is None else out[grad["output"]]
+    out = fn(*args, **kwargs)
+    y = out if output is None else out[output]
     if not torch.is_tensor(y) or not y.requires_grad:
         raise TypeError("the output does not depend on the inputs through autograd: return the result of your "
                         "autograd.Function's apply (not a detached tensor)")
@@ -254,8 +255,13 @@ def _call_with_grad(obj, args, kwargs, grad, grad_output):
             return type(x)(detached(v) for v in x)
         return x
 
-    return {"out": detached(out), "grads": [None if args[i].grad is None else args[i].grad.detach()
-                                            for i in grad["inputs"]]}
+    return detached(out), [None if args[i].grad is None else args[i].grad.detach() for i in inputs]
+
+
+def _call_with_grad(obj, args, kwargs, grad, grad_output):
+    """{"out": the output (detached), "grads": [each input's .grad]} of :func:`backward` for a request's ``grad``."""
+    out, grads = backward(obj, args, kwargs, grad["inputs"], grad.get("output"), grad_output)
+    return {"out": out, "grads": grads}
 
 
 def _give_back_free_memory():

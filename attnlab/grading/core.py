@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnlab.grading.agent import backward
 from attnlab.grading.feedback import (case_line, counterexample, describe_inputs, first_difference,  # noqa: F401
                                       first_mismatch, parameter_names, wrap)
 
@@ -327,13 +328,7 @@ def check_with_gradients(learner, name, spec, cases, inputs, output=None, mistak
         got = value_of(results[i], name, label)
         if not isinstance(got, dict) or "out" not in got:
             raise Fail(f"`{name}` on {label}: the grader could not read the result")
-        a = list(clone(args))
-        for j in inputs:
-            a[j] = a[j].detach().requires_grad_(True)
-        out = spec(*a, **clone(kwargs))
-        y = out if output is None else out[output]
-        y.backward(grad_output)
-        want_out = out.detach() if torch.is_tensor(out) else type(out)(o.detach() for o in out)
+        want_out, want_grads = backward(spec, clone(args), clone(kwargs), inputs, output, grad_output)
         why = mismatch(got["out"], want_out, rtol, atol)
         if why:
             raise Fail("\n    ".join([f"`{name}` on {label} (forward): {why}",
@@ -343,31 +338,24 @@ def check_with_gradients(learner, name, spec, cases, inputs, output=None, mistak
         if not isinstance(grads, (list, tuple)) or len(grads) != len(inputs):
             raise Fail(f"`{name}` on {label}: expected one gradient per input ({', '.join(n.split()[-1] for n in names)}"
                        f"), the grader got {len(grads) if isinstance(grads, (list, tuple)) else 'none'}")
-        for j, gname, g in zip(inputs, names, grads):
+        for k, (gname, g, want) in enumerate(zip(names, grads, want_grads)):
             if g is None:
                 raise Fail(f"`{name}` on {label}: {gname} is None: the backward returned no gradient for it")
-            why = mismatch(g, a[j].grad, rtol, atol)
+            why = mismatch(g, want, rtol, atol)
             if why:
                 raise Fail("\n    ".join([f"`{name}` on {label}: {gname}: {why}",
                                           case_line(label, args, kwargs, spec)]),
-                           _diagnose_gradient(g, j, mistakes, args, kwargs, inputs, output, grad_output, rtol, atol))
+                           _diagnose_gradient(g, k, mistakes, args, kwargs, inputs, output, grad_output, rtol, atol))
     return len(cases)
 
 
-def _diagnose_gradient(got, j, mistakes, args, kwargs, inputs, output, grad_output, rtol, atol):
-    """The mistakes (differentiable wrong versions of the spec) whose gradient of argument ``j`` equals ``got``."""
+def _diagnose_gradient(got, k, mistakes, args, kwargs, inputs, output, grad_output, rtol, atol):
+    """The mistakes (differentiable wrong versions of the spec) whose gradient of the ``k``-th input equals ``got``."""
     found = []
     for m in mistakes:
-        if m.impl is None:
-            continue
         try:
-            a = list(clone(args))
-            for i in inputs:
-                a[i] = a[i].detach().requires_grad_(True)
-            out = m.impl(*a, **clone(kwargs))
-            y = out if output is None else out[output]
-            y.backward(grad_output)
-            if a[j].grad is not None and mismatch(got, a[j].grad, rtol, atol, equal_nan=True) is None:
+            want = m.impl and backward(m.impl, clone(args), clone(kwargs), inputs, output, grad_output)[1][k]
+            if want is not None and mismatch(got, want, rtol, atol, equal_nan=True) is None:
                 found.append(m)
         except Exception:
             continue
