@@ -32,14 +32,8 @@ _FILENAME = "<the notebook's @triton.jit functions>"
 
 
 def _decorator_name(node):
-    node = node.func if isinstance(node, ast.Call) else node
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
+    """``triton.jit`` for ``@triton.jit`` and ``@triton.jit(...)``: the dotted name, as written."""
+    return ast.unparse(node.func if isinstance(node, ast.Call) else node)
 
 
 def _is_constant(node):
