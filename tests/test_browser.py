@@ -143,7 +143,9 @@ def jupyterlab(tmp_path):
     # about Jupyter news?" pop-up is off through attnlab's own settings override, as in a learner's Lab
     env["JUPYTER_DATA_DIR"] = str(_data_dir(work))
     log = open(tmp_path / "jupyterlab.log", "w")
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+    from attnlab.lab import BOOT  # how `attnlab lab` starts it
+
+    cmd = [*BOOT, "--no-browser", f"--port={port}", "--ip=127.0.0.1",
            "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
            "--LabApp.extension_manager=readonly",
            f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",

@@ -134,7 +134,7 @@ def test_lab_passes_port_no_browser_and_other_options_to_jupyterlab(monkeypatch,
                  "--ip=0.0.0.0", "--IdentityProvider.token=secret"]) == 0
     assert main(["lab", "--dir", str(tmp_path / "lessons"), "--", "--ServerApp.base_url=/course/"]) == 0
     (first, cwd), (second, _) = calls
-    assert first[1:3] == ["-m", "jupyterlab"] and cwd == tmp_path
+    assert first[:3] == lab.BOOT and cwd == tmp_path
     assert "--port=8899" in first and "--no-browser" in first
     assert first[-2:] == ["--ip=0.0.0.0", "--IdentityProvider.token=secret"]
     assert second[-1] == "--ServerApp.base_url=/course/" and "--" not in second
