@@ -39,8 +39,10 @@ def variant(body, **flags):
     import types
 
     import triton
+    import triton.language
 
     fn = body.fn
+    flags = {k: triton.language.constexpr(v) for k, v in flags.items()}  # globals Triton's compiler accepts
     out = types.FunctionType(fn.__code__, {**fn.__globals__, **flags}, fn.__name__, fn.__defaults__, fn.__closure__)
     out.__annotations__ = dict(fn.__annotations__)
     return triton.jit(out)

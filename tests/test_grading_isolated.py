@@ -4,6 +4,8 @@ Triton code, and the launch, its bounds and its traffic are measured there."""
 
 import nbformat
 import pytest
+import triton
+import triton.language as tl
 
 from attnlab.grading import isolated
 from attnlab.grading.checks import run_check
@@ -38,7 +40,7 @@ def scale_kernel(x_ptr, y_ptr, n, alpha, BLOCK_SIZE: tl.constexpr):
 
 
 def test_only_kernels_and_numbers_cross():
-    text, names, defined = isolated.kernel_module([KERNEL, "def helper():\n    return 1\n"])
+    text, names, defined, refused = isolated.kernel_module([KERNEL, "def helper():\n    return 1\n"])
     assert names == {"scale_kernel"} and "helper" in defined
     assert "os.system" not in text and "SCALE_BLOCK = 64" in text and "@triton.jit" in text
 
@@ -75,3 +77,74 @@ def test_an_object_that_is_not_a_kernel_is_refused_and_a_skeleton_is_not_done(tm
     sources = [c.source for c in nb.cells if c.cell_type == "code"]
     result = run_check("masked-scale", _learner(tmp_path, sources))
     assert not result.passed and "not implemented yet" in result.message
+
+
+CONSTANTS = """import math
+import torch
+LOG2E = tl.constexpr(1 / math.log(2))
+NEG_INF = tl.constexpr(float("-inf"))
+ACC = tl.float32
+BLOCK = 64
+TWICE = BLOCK * 2
+BLOCK = 32
+NOT_A_CONSTANT = torch.ones(1)
+CALLS = print("runs")
+
+@triton.jit
+def kernel(x_ptr, BLOCK_N: tl.constexpr = TWICE):
+    pass
+
+@triton.jit
+def by_default(x_ptr, _cfg=exec("import os; os.system('echo default')")):
+    pass
+
+@triton.jit
+def by_annotation(x_ptr: print("annotation")):
+    pass
+"""
+
+
+def test_constants_cross_as_expressions_of_constants_and_code_in_a_def_line_is_refused():
+    """Python runs a def's default values and annotations when the def runs: a kernel whose def line holds code is
+    refused, never sent (it would run in the kernels' process before Triton sees anything)."""
+    text, names, defined, refused = isolated.kernel_module([CONSTANTS])
+    assert names == {"kernel"} and {"by_default", "by_annotation"} <= defined
+    assert "exec" not in text and "print" not in text and "torch" not in text and "NOT_A_CONSTANT" not in text
+    assert "LOG2E = tl.constexpr(1 / math.log(2))" in text and "NEG_INF = tl.constexpr(float('-inf'))" in text
+    assert "ACC = tl.float32" in text and "TWICE = 64 * 2" in text and "BLOCK = 32" in text
+    assert "BLOCK_N: tl.constexpr=64 * 2" in text  # the default as it was when the def ran
+    assert "exec(" in refused["by_default"] and "print('annotation')" in refused["by_annotation"]
+    assert all("runs when the `def` runs" in why for why in refused.values())
+    learner = _learner(Path("/nonexistent"), [CONSTANTS])
+    reply = learner.kernels.launch({"name": "by_default"})
+    assert "runs when the `def` runs" in reply["result"]["refused"]
+
+
+PLAIN_GLOBAL = 1.0
+CONSTEXPR_GLOBAL = tl.constexpr(1.0)
+
+
+@triton.jit
+def _reads_a_plain_global(x_ptr, y_ptr, n, alpha, BLOCK_SIZE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < n
+    tl.store(y_ptr + offs, PLAIN_GLOBAL * alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _reads_a_constexpr_global(x_ptr, y_ptr, n, alpha, BLOCK_SIZE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < n
+    tl.store(y_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask) * CONSTEXPR_GLOBAL, mask=mask)
+
+
+def test_the_inline_check_refuses_what_triton_s_compiler_refuses():
+    """The interpreter runs a kernel that reads a plain float global; Triton's compiler (a GPU, the grader) does
+    not: the inline check says so, as attnlab grade will, and a tl.constexpr global passes both."""
+    from attnlab.grading.core import LocalLearner
+
+    result = run_check("masked-scale", LocalLearner({"scale_kernel": _reads_a_plain_global}, forbidden=[]))
+    assert not result.passed and "Cannot access global variable PLAIN_GLOBAL" in result.message, result.message
+    assert "Triton's interpreter lets a kernel read it" in result.message
+    result = run_check("masked-scale", LocalLearner({"scale_kernel": _reads_a_constexpr_global}, forbidden=[]))
+    assert result.passed, result.message

@@ -212,6 +212,84 @@ def _run_launch(obj, req, before):
     return results
 
 
+_TL = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64", "int32": "i32",
+       "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
+
+
+def _signature(fn, args, kwargs):
+    """Triton's (signature, constexprs) of the function ``fn`` for one launch's arguments."""
+    import inspect
+
+    import torch
+
+    params = list(inspect.signature(fn).parameters.values())
+    sig, constexprs = {}, {}
+    values = dict(zip([p.name for p in params], args))
+    values.update(kwargs)
+    for i, p in enumerate(params):
+        annotation = p.annotation
+        is_constexpr = annotation is not inspect.Parameter.empty and "constexpr" in str(
+            getattr(annotation, "__name__", annotation))
+        value = values.get(p.name, p.default)
+        if is_constexpr or value is None or isinstance(value, bool):
+            sig[p.name], constexprs[(i,)] = "constexpr", value
+        elif torch.is_tensor(value):
+            sig[p.name] = "*" + _TL.get(str(value.dtype).replace("torch.", ""), "fp32")
+        elif isinstance(value, int):
+            sig[p.name] = "i64" if abs(value) >= 2**31 else "i32"
+        elif isinstance(value, float):
+            sig[p.name] = "fp32"
+        else:
+            raise TypeError(f"argument {p.name!r} of type {type(value).__name__} is not a Triton argument")
+    return sig, constexprs
+
+
+def verify(fn, args, kwargs):
+    """Lower ``fn`` (the plain Python function) to TTIR with Triton's frontend; raise if it is not Triton code."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import JITFunction
+
+    sig, constexprs = _signature(fn, args, kwargs)
+    target = GPUTarget("cuda", 80, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    source = ASTSource(JITFunction(fn), sig, constexprs)
+    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+
+
+def verifier(name, obj, req, verified):
+    """What runs before each launch of the kernel ``obj`` for ``req``: :func:`verify` once per signature (the keys
+    in ``verified``), raising :class:`Refused` with Triton's reason."""
+    fn = obj
+    while hasattr(fn, "fn"):  # @triton.jit, and @triton.autotune/heuristics around it in the learner's own process
+        fn = fn.fn
+
+    def verified_first(args):
+        key = (name, repr([(type(a).__name__, getattr(a, "dtype", None)) for a in args]),
+               repr(sorted(req.get("kwargs", {}).items())))
+        if key not in verified:
+            try:
+                verify(fn, args, req.get("kwargs", {}))
+            except Exception as exc:
+                why = describe_error(exc)
+                if "is not defined" in why:
+                    why += (" (the kernel's process holds only the notebook's @triton.jit functions and its module-"
+                            "level constants, such as X = tl.constexpr(1 / math.log(2)); pass anything else as an "
+                            "argument)")
+                elif "Cannot access global variable" in why:
+                    why += " (Triton's interpreter lets a kernel read it; Triton's compiler, as on a GPU, does not)"
+                raise Refused(f"`{name}` is not Triton code that Triton's compiler accepts: {why}") from None
+            verified.add(key)
+
+    return verified_first
+
+
 # ---------------------------------------------------------------------------------------
 # Requests
 # ---------------------------------------------------------------------------------------
@@ -311,5 +389,12 @@ def _handle(req, ns):
                 break  # the grader stops at the first failure
         return {"results": results}
     if op == "launch":
-        return {"result": _outcome(lambda: run_launch(obj, req))}
+        launched = []
+        result = _outcome(lambda: run_launch(obj, req, launched.append))
+        if req.get("verify") and "ok" in result and launched and hasattr(obj, "fn"):
+            # the inline check: a kernel that ran in the interpreter is also verified, as the grader's process
+            # does before it launches (a global that is not a tl.constexpr runs here, and not in Triton's compiler)
+            verified = _outcome(lambda: verifier(name, obj, req, set())(launched[0]))
+            result = result if "ok" in verified else verified
+        return {"result": result}
     raise ValueError(f"unknown request {op!r}")

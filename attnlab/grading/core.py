@@ -90,7 +90,7 @@ class LocalLearner:
     def launch(self, request):
         from attnlab.grading import agent
 
-        return agent.handle({**request, "op": "launch"}, self.ns)
+        return agent.handle({**request, "op": "launch", "verify": True}, self.ns)
 
 
 def learner_of(ns):

@@ -36,25 +36,75 @@ def _decorator_name(node):
     return ast.unparse(node.func if isinstance(node, ast.Call) else node)
 
 
-def _is_constant(node):
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool)):
-        return True
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return _is_constant(node.operand)
-    if isinstance(node, ast.Call) and _decorator_name(node) in ("tl.constexpr", "triton.language.constexpr"):
-        return len(node.args) == 1 and not node.keywords and _is_constant(node.args[0])
-    return False
+_CALLS = {"tl.constexpr", "triton.language.constexpr", "float", "int", "bool"}
+_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
+
+
+def _constant(node, known):
+    """``node`` with the constants it names (``known``: name -> expression) put in their place, when it is a
+    constant expression: numbers, strings, True/False/None, arithmetic of them, names of Triton and math
+    (``tl.float32``, ``math.pi``), and ``tl.constexpr(...)``, ``float(...)``, ``int(...)``, ``math.log(...)`` of
+    them; None otherwise. Evaluating one runs no code of the notebook's."""
+    if isinstance(node, ast.Constant):
+        return node if node.value is None or isinstance(node.value, (bool, int, float, str)) else None
+    if isinstance(node, ast.Name):
+        return known.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base, parts = node, []
+        while isinstance(base, ast.Attribute):
+            parts.append(base.attr)
+            base = base.value
+        plain = isinstance(base, ast.Name) and base.id in ("tl", "triton", "math")
+        return node if plain and not any(p.startswith("_") for p in parts) else None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = _constant(node.operand, known)
+        return operand and ast.UnaryOp(node.op, operand)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, _OPS):
+        left, right = _constant(node.left, known), _constant(node.right, known)
+        return left and right and ast.BinOp(left, node.op, right)
+    if isinstance(node, ast.Call) and not node.keywords:
+        name = ast.unparse(node.func)
+        if name in _CALLS or (name.startswith("math.") and name.count(".") == 1 and "._" not in name):
+            args = [_constant(a, known) for a in node.args]
+            return None if None in args else ast.Call(node.func, args, [])
+    return None
+
+
+def _when_defined(fn, known):
+    """Put the constants in ``fn``'s default values and annotations (Python evaluates them when the ``def`` runs,
+    before Triton sees the function); the first that is not a constant expression, as text, or None."""
+    a = fn.args
+    for owner, field in ([(a, "defaults"), (a, "kw_defaults")]):
+        values = getattr(owner, field)
+        for i, d in enumerate(values):
+            if d is not None:
+                values[i] = _constant(d, known)
+                if values[i] is None:
+                    return ast.unparse(d)
+    for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]:
+        if x is not None and x.annotation is not None:
+            value = _constant(x.annotation, known)
+            if value is None:
+                return ast.unparse(x.annotation)
+            x.annotation = value
+    if fn.returns is not None and _constant(fn.returns, known) is None:
+        return ast.unparse(fn.returns)
+    return None
 
 
 def kernel_module(sources):
-    """(module text, {kernel names}, {every name the cells define}) from the notebook's code cells
-    (a kernel whose body still raises NotImplementedError is also named "<name> (not implemented)").
+    """(module text, {kernel names}, {every name the cells define}, {kernel name: why it is refused}) from the
+    notebook's code cells (a kernel whose body still raises NotImplementedError is also named
+    "<name> (not implemented)").
 
     The text holds the ``@triton.jit`` functions (the last definition of each name wins, as when the
-    notebook runs top to bottom) and the module-level assignments of plain numbers; nothing else."""
+    notebook runs top to bottom) and the module-level assignments of plain numbers; nothing else. A kernel
+    whose default values or annotations are code (``_cfg=exec(...)`` would run when the ``def`` does) is
+    refused, not sent."""
+    from attnlab.grading.layout import _defined as defined_here
     from attnlab.grading.shortcuts import _parse
 
-    kernels, constants, defined, todo = {}, {}, set(), set()
+    kernels, constants, defined, todo, refused = {}, {}, set(), set(), {}
     for source in sources:
         tree = _parse(source)
         if tree is None:
@@ -62,84 +112,49 @@ def kernel_module(sources):
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 defined.add(node.name)
-            elif isinstance(node, ast.Assign):
-                defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            else:
+                defined |= defined_here(node)
             if isinstance(node, ast.FunctionDef) and any(_decorator_name(d) in _JIT for d in node.decorator_list):
                 node.decorator_list = [ast.parse("triton.jit", mode="eval").body]  # only Triton's own jit
+                constants.pop(node.name, None)
+                code = _when_defined(node, constants)
+                if code is not None:
+                    kernels.pop(node.name, None)
+                    refused[node.name] = (f"`{node.name}`: `{code}` is code that Python runs when the `def` runs, "
+                                          f"before Triton sees the kernel; a kernel's default values and "
+                                          f"annotations may only be constants: numbers, True/False/None, strings, "
+                                          f"Triton's own names (tl.constexpr) and module-level constants")
+                    continue
+                refused.pop(node.name, None)
                 kernels[node.name] = ast.unparse(node)
                 if any(isinstance(n, ast.Raise) and "NotImplementedError" in ast.unparse(n) for n in ast.walk(node)):
                     todo.add(node.name)
                 else:
                     todo.discard(node.name)
-                constants.pop(node.name, None)
-            elif isinstance(node, ast.FunctionDef) or isinstance(node, ast.ClassDef):
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 kernels.pop(node.name, None)  # redefined as something else: no longer a kernel
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                name = node.targets[0].id
-                kernels.pop(name, None)
-                if _is_constant(node.value):
-                    constants[name] = ast.unparse(node)
-                else:
+                refused.pop(node.name, None)
+                constants.pop(node.name, None)
+            else:
+                for name in defined_here(node):  # a module-level name: a constant, or no longer one
+                    kernels.pop(name, None)
+                    refused.pop(name, None)
                     constants.pop(name, None)
-    text = "\n\n".join(["import math", "import triton", "import triton.language as tl", *constants.values(),
+                target = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and len(target) == 1 and \
+                        isinstance(target[0], ast.Name) and node.value is not None:
+                    value = _constant(node.value, constants)
+                    if value is not None and len(ast.unparse(value)) < 4000:
+                        constants[target[0].id] = value
+    text = "\n\n".join(["import math", "import triton", "import triton.language as tl",
+                        *(f"{name} = {ast.unparse(value)}" for name, value in constants.items()),
                         *kernels.values()]) + "\n"
-    return text, set(kernels), defined | {f"{n} (not implemented)" for n in todo & set(kernels)}
+    return text, set(kernels), defined | {f"{n} (not implemented)" for n in todo & set(kernels)}, refused
 
 
 # ---------------------------------------------------------------------------------------
 # the fresh process
 # ---------------------------------------------------------------------------------------
-
-_TL = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64", "int32": "i32",
-       "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
-
-
-def _signature(fn, args, kwargs):
-    """Triton's (signature, constexprs) of the function ``fn`` for one launch's arguments."""
-    import inspect
-
-    import torch
-
-    params = list(inspect.signature(fn).parameters.values())
-    sig, constexprs = {}, {}
-    values = dict(zip([p.name for p in params], args))
-    values.update(kwargs)
-    for i, p in enumerate(params):
-        annotation = p.annotation
-        is_constexpr = annotation is not inspect.Parameter.empty and "constexpr" in str(
-            getattr(annotation, "__name__", annotation))
-        value = values.get(p.name, p.default)
-        if is_constexpr or value is None or isinstance(value, bool):
-            sig[p.name], constexprs[(i,)] = "constexpr", value
-        elif torch.is_tensor(value):
-            sig[p.name] = "*" + _TL.get(str(value.dtype).replace("torch.", ""), "fp32")
-        elif isinstance(value, int):
-            sig[p.name] = "i64" if abs(value) >= 2**31 else "i32"
-        elif isinstance(value, float):
-            sig[p.name] = "fp32"
-        else:
-            raise TypeError(f"argument {p.name!r} of type {type(value).__name__} is not a Triton argument")
-    return sig, constexprs
-
-
-def verify(fn, args, kwargs):
-    """Lower ``fn`` (the plain Python function) to TTIR with Triton's frontend; raise if it is not Triton code."""
-    from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.compiler.compiler import make_backend
-    from triton.runtime.jit import JITFunction
-
-    sig, constexprs = _signature(fn, args, kwargs)
-    target = GPUTarget("cuda", 80, 32)
-    backend = make_backend(target)
-    options = backend.parse_options({})
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    source = ASTSource(JITFunction(fn), sig, constexprs)
-    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
-
 
 def main(in_fd, out_fd):
     """The fresh process: the module text first, then launch requests."""
@@ -169,19 +184,7 @@ def _launch(req, space, names, verified, agent):
     if name not in names or name not in space:
         return {"missing": True}
     obj = space[name]
-
-    def verified_first(args):
-        key = (name, repr([(type(a).__name__, getattr(a, "dtype", None)) for a in args]),
-               repr(sorted(req.get("kwargs", {}).items())))
-        if key not in verified:
-            try:
-                verify(obj.fn, args, req.get("kwargs", {}))
-            except Exception as exc:
-                raise agent.Refused(f"`{name}` is not Triton code that Triton's compiler accepts: "
-                                    f"{agent.describe_error(exc)}") from None
-            verified.add(key)
-
-    return {"result": agent._outcome(lambda: agent.run_launch(obj, req, verified_first))}
+    return {"result": agent._outcome(lambda: agent.run_launch(obj, req, agent.verifier(name, obj, req, verified)))}
 
 
 # ---------------------------------------------------------------------------------------
@@ -197,7 +200,7 @@ class IsolatedKernels(Sandboxed):
 
     def __init__(self, sources, root, limits, timeout=120):
         super().__init__(Path(root) / "kernels", limits, timeout)
-        self.text, self.names, self.defined = kernel_module(sources)
+        self.text, self.names, self.defined, self.refused = kernel_module(sources)
         self.broken = None
 
     def _started(self):
@@ -205,6 +208,8 @@ class IsolatedKernels(Sandboxed):
 
     def launch(self, request):
         name = request["name"]
+        if name in self.refused:
+            return {"result": {"refused": self.refused[name]}}
         if f"{name} (not implemented)" in self.defined:  # the exercise's skeleton, untouched
             return {"result": {"raised": "NotImplementedError", "not_implemented": True}}
         if name not in self.names:
