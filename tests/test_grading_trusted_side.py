@@ -91,3 +91,52 @@ def test_a_submission_s_own_modules_never_run_in_the_worker(tmp_path):
     run = subprocess.run([sys.executable, "-m", "attnlab", "grade", "--help"], cwd=tmp_path, env=env,
                          capture_output=True, text=True)
     assert run.returncode == 0
+
+
+def test_a_frame_of_shared_lists_or_meta_tensors_is_not_believed():
+    import io
+    import struct
+
+    import torch
+
+    from attnlab.grading import frames
+
+    def received(obj):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return frames._receive(io.BytesIO(struct.pack("<Q", len(buffer.getvalue())) + buffer.getvalue()))
+
+    got = received({"out": torch.empty(3, 4, device="meta"), "fine": torch.ones(2)})
+    assert isinstance(got["out"], frames.Unsupported) and "meta device" in got["out"].type_name
+    assert torch.equal(got["fine"], torch.ones(2))
+    nested = [1]
+    for _ in range(24):  # 1.5 KB on the wire, 2**24 values unfolded
+        nested = [nested, nested]
+    with pytest.raises(ValueError, match="too many values"):
+        received(nested)
+
+
+@pytest.mark.skipif(sandbox.bwrap() is None, reason="no bubblewrap on this machine")
+def test_the_references_are_hidden_from_the_sandbox_as_source_and_as_bytecode(tmp_path):
+    """A byte-compiling install, or a checkout the grader wrote __pycache__ into, holds spec.pyc beside spec.py."""
+    import importlib.util
+    import py_compile
+
+    from attnlab.grading import exercises
+
+    spec = Path(exercises.__file__).resolve().parent / "e03" / "spec.py"
+    try:
+        py_compile.compile(str(spec), cfile=importlib.util.cache_from_source(str(spec)), doraise=True)
+    except OSError:
+        pytest.skip("the exercise packages are read-only here")
+    probe = ("import glob, os\n"
+             f"root = {str(spec.parent.parent)!r}\n"
+             "print(sorted(glob.glob(root + '/**/*.pyc', recursive=True)))\n"
+             f"print(os.path.getsize({str(spec)!r}), os.path.getsize(root + '/e03/__init__.py') > 0)\n")
+    work, runtime = tmp_path / "work", tmp_path / "runtime"
+    work.mkdir()
+    runtime.mkdir()
+    run = subprocess.run(sandbox.wrap_command([sys.executable, "-I", "-c", probe], str(work), str(runtime)),
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["[]", "0 True"]

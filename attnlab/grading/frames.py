@@ -85,11 +85,30 @@ def _plain(x, depth=0):
     return {"__unsupported__": type(x).__name__}
 
 
-def _restored(x):
+MAX_VALUES = 1_000_000  # lists, dicts and values in one frame, counted as visited (a shared list counts each time)
+
+
+def _restored(x, seen=None, depth=0):
+    """A frame's value as the checks read it. A tensor that holds no plain CPU data (``device="meta"`` has no data
+    at all and compares equal to anything of its shape; sparse, quantized, nested) is not an answer; a value nested
+    deeper than :func:`_plain` sends, or a few shared lists that unfold into more than ``MAX_VALUES``, is refused."""
+    import torch
+
+    seen = [0] if seen is None else seen
+    seen[0] += 1
+    if seen[0] > MAX_VALUES or depth > 40:
+        raise ValueError("a frame that unfolds into too many values or nests too deeply")
+    if isinstance(x, torch.Tensor):
+        if type(x) is not torch.Tensor or x.device.type != "cpu" or x.layout != torch.strided or x.is_quantized \
+                or x.is_nested:
+            return Unsupported("a tensor on the meta device (a shape, no values)" if x.device.type == "meta" else
+                               f"a {str(x.layout).replace('torch.', '')} tensor on {x.device.type} (only a dense "
+                               f"CPU tensor of values is compared)")
+        return x
     if isinstance(x, dict):
         if set(x) == {"__unsupported__"}:
             return Unsupported(x["__unsupported__"])
-        return {k: _restored(v) for k, v in x.items()}
+        return {k: _restored(v, seen, depth + 1) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return type(x)(_restored(v) for v in x)
+        return type(x)(_restored(v, seen, depth + 1) for v in x)
     return x

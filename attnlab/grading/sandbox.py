@@ -138,12 +138,21 @@ def _readable_roots():
     return [p for p in sorted(found) if not any(q != p and p.is_relative_to(q) for q in found)]
 
 
-def _hidden_files():
-    """The exercise packages' files but ``__init__.py``: the references and checks a sandboxed process never gets."""
+def _exercise_files():
+    """(the exercise packages' folder, [(path, shown)]): every file and folder of it but bytecode caches;
+    ``shown`` for the ``__init__.py`` of the folder and of each exercise package, None for a folder. The
+    references and checks (``shown`` False) are what a sandboxed process never gets, as source or as a
+    ``__pycache__`` ``.pyc`` (which a byte-compiling install or a writable checkout holds)."""
     from attnlab.grading import exercises
 
     root = Path(exercises.__file__).resolve().parent
-    return sorted(p for p in root.glob("*/**/*.py") if not (p.name == "__init__.py" and p.parent.parent == root))
+    entries = []
+    for p in sorted(root.rglob("*")):
+        if "__pycache__" in p.relative_to(root).parts:
+            continue
+        shown = None if p.is_dir() else p.name == "__init__.py" and p.parent in (root, *root.iterdir())
+        entries.append((p, shown))
+    return root, entries
 
 
 def _command(path, cmd, work, runtime, notebook, limits, probe=False):
@@ -170,10 +179,14 @@ def _command(path, cmd, work, runtime, notebook, limits, probe=False):
     if not probe:
         for folder in _readable_roots():
             args += parents(folder) + ["--ro-bind", str(folder), str(folder)]
+        # the exercise packages: a fresh read-only folder holding their __init__.py and an empty file for each other
         empty = Path(runtime) / "empty.py"
         empty.touch()
-        for hidden in _hidden_files():
-            args += ["--ro-bind", str(empty), str(hidden)]
+        root, entries = _exercise_files()
+        args += ["--size", str(mb), "--perms", "0755", "--tmpfs", str(root)]
+        for p, shown in entries:
+            args += ["--perms", "0755", "--dir", str(p)] if shown is None else ["--ro-bind", str(p if shown else empty), str(p)]
+        args += ["--remount-ro", str(root)]
         for dev in sorted(Path("/dev").glob("nvidia*")):  # a GPU stays usable
             args += ["--dev-bind", str(dev), str(dev)]
     args += parents(work)
