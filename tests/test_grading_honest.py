@@ -5,6 +5,8 @@ the learner's code here scores 0 with the reason; code on a ``%time`` line, priv
 spellings of a forbidden function, the references named by file path and a relabelled answer cell are
 all read by the syntax check."""
 
+from pathlib import Path
+
 import nbformat
 import torch
 
@@ -12,6 +14,8 @@ from attnlab.grading import core, shortcuts
 from attnlab.grading.checks import run_check
 from attnlab.grading.layout import learner_cell
 from attnlab.grading.parts import forbidden
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OWN_SOFTMAX = '''import math
 import torch
@@ -103,3 +107,38 @@ def test_exactly_one_gradient_per_input_is_required():
     result = core.run_part("p", lambda learner: core.check_with_gradients(learner, "f", lambda t: 2 * t, cases, [0]),
                            NoGradients())
     assert not result.passed and "one gradient per input" in result.message
+
+
+def test_a_scratch_comparison_with_the_forbidden_function_is_not_the_answer():
+    """What the syntax check reads of other cells: the statements that define what the answer uses (its helpers,
+    their helpers), never a scratch cell's comparison with torch.softmax nor a cell that only shares a parameter's
+    name with the answer (``x = ...`` for ``def softmax(x, ...)``)."""
+    answer = "def softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n    return _norm(e, dim)\n"
+    helper = "def _norm(e, dim):\n    return e / _total(e, dim)\n"
+    helpers_helper = "def _total(e, dim):\n    return torch.softmax(e, dim)\n"
+    scratch = "x = torch.randn(4, 5)\nprint((softmax(x) - torch.softmax(x, -1)).abs().max())\n"
+    loop = "for x in [torch.ones(3)]:\n    print(torch.softmax(x, -1))\n"
+    patterns = forbidden("stable-softmax")
+    code = ["import torch", answer, helper, scratch, loop]
+    assert shortcuts.uses(shortcuts.part_cells([helper, scratch, loop], ["softmax"], [answer]), patterns, code) == []
+    read = shortcuts.part_code([helper, helpers_helper, scratch, loop], ["softmax"], [answer])
+    assert [own for _text, own in read] == [True, False, False]
+    assert shortcuts.uses([read[2][0]], patterns, code) == [("torch.softmax", 2)]
+
+
+def test_a_solution_with_scratch_cells_and_an_edited_demo_keeps_its_points(tmp_path):
+    from attnlab.grading.scoring import grade_notebook
+
+    nb = nbformat.read(str(ROOT / "solutions" / "03_scaled_dot_product.ipynb"), as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "03-cell-11":  # a given demo, edited
+            cell.source = cell.source.replace("manual_seed(0)", "manual_seed(7)")
+            assert "manual_seed(7)" in cell.source
+    nb.cells.append(nbformat.v4.new_code_cell("x = torch.randn(4, 5)\n"
+                                              "print((softmax(x) - torch.softmax(x, -1)).abs().max())\n"
+                                              "q = k = v = torch.randn(1, 1, 3, 8)\n"
+                                              "print(torch.nn.functional.scaled_dot_product_attention(q, k, v))\n"))
+    path = tmp_path / "03_scaled_dot_product.ipynb"
+    nbformat.write(nb, str(path))
+    report = grade_notebook(path)
+    assert report["score"] == report["max_score"], [(p["name"], p["feedback"]) for p in report["parts"]]

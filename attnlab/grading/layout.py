@@ -163,11 +163,14 @@ def _names_in(node):
 
 
 def _defined(node):
+    """The names a statement binds in the namespace it runs in, a ``def`` inside ``if``/``try``/``with`` included."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return {(a.asname or a.name).split(".")[0] for a in node.names}
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    if isinstance(node, ast.Name):
+        return {node.id} if isinstance(node.ctx, ast.Store) else set()
+    return set().union(*(_defined(child) for child in ast.iter_child_nodes(node)))
 
 
 def _base(node):

@@ -48,7 +48,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     from attnlab.grading.checks import PARTS, run_check
     from attnlab.grading.generate import check_ids
     from attnlab.grading.parts import MANUAL, exercises, forbidden, points
-    from attnlab.grading.shortcuts import part_cells, uses
+    from attnlab.grading.shortcuts import names as defined_by
+    from attnlab.grading.shortcuts import part_code, uses
 
     EXERCISES, POINTS = exercises(), points()
     path = Path(path)
@@ -85,14 +86,17 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     given = given_sources(exercise)
 
-    # shortcuts, from the syntax of each part's learner cells and of every other learner cell that defines one of
-    # its functions or a name those cells read (``_sm = torch.softmax`` above the first answer cell, a relabelled answer)
+    # shortcuts, from the syntax of what each part's answer is made of: the statements of its learner cells, and of
+    # every other learner cell, that define its functions or a name they read (``_sm = torch.softmax`` above the
+    # first answer cell, a helper's helper, a relabelled answer), never a scratch comparison with torch.softmax
     shortcut = {}
     learners = [c.source for c in nb.cells if c.cell_type == "code" and learner_cell(c, "", given)]
     for p in parts:
         mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o == p
                 and learner_cell(c, p, given)]
-        found = uses(part_cells(learners, names[p], mine), forbidden(p), code)
+        found = [(name, f"line {line}" if own else f"line {line} of another cell of yours, which defines "
+                  f"{', '.join(f'`{n}`' for n in sorted(defined_by(text, 'defined')))}")
+                 for text, own in part_code(learners, names[p], mine) for name, line in uses([text], forbidden(p), code)]
         if found:
             shortcut[p] = found
 
@@ -172,7 +176,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         if r is None:
             feedback, passed = "not graded: " + ("; ".join(reasons) or "the notebook stopped before this part"), False
         elif p in shortcut:
-            calls = ", ".join(f"`{n}` (line {line})" for n, line in shortcut[p])
+            calls = ", ".join(f"`{n}` ({where})" for n, where in shortcut[p])
             feedback, passed = (f"the answer uses {calls}, which this part does not allow: write the computation "
                                 f"yourself (0 points)"), False
         else:

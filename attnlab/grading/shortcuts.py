@@ -22,6 +22,7 @@ Example::
 
 import ast
 import inspect
+import symtable
 import textwrap
 
 
@@ -58,6 +59,7 @@ def _parse(source):
                     if inner is not None:
                         ast.increment_lineno(inner, node.lineno - 1)
                         extra.extend(inner.body)
+    tree.text, tree.magic_from = source, len(tree.body)  # the code as IPython runs it; where the magics' code starts
     tree.body.extend(extra)
     return tree
 
@@ -225,8 +227,10 @@ def uses(sources, patterns, all_sources=None):
 
 
 def names(source, kind):
-    """The names ``source`` reads anywhere (kind ast.Name), or defines at its top level ("defined": not by a
-    plain ``import module``, which a scratch cell and an answer share without feeding it anything)."""
+    """The names ``source`` reads anywhere (kind ast.Name), reads from the notebook's namespace ("global": at its
+    top level, or in a function, class or lambda, as a global; not a parameter or a local), or defines at its top
+    level ("defined": not by a plain ``import module``, which a scratch cell and an answer share without feeding it
+    anything)."""
     from attnlab.grading.layout import _defined
 
     tree = _parse(source)
@@ -234,16 +238,63 @@ def names(source, kind):
         return set()
     if kind == "defined":
         return {n for node in tree.body if not isinstance(node, ast.Import) for n in _defined(node)}
+    if kind == "global":
+        try:
+            top = symtable.symtable(ast.unparse(tree), "<cell>", "exec")
+        except SyntaxError:  # parsed, not compiled (a `return` outside a function): every name it reads
+            return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        found, tables = set(), [top]
+        while tables:
+            table = tables.pop()
+            found |= {s.get_name() for s in table.get_symbols() if s.is_referenced() and (table is top or s.is_global())}
+            tables += table.get_children()
+        return found
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
+def _defining(source, wanted):
+    """``source`` with only its top-level statements that define one of ``wanted`` or store into one (the others
+    blank lines, so that a line number is still the cell's), or None when it has none. A ``print`` comparing with
+    ``torch.softmax``, or ``x = torch.randn(4)`` for a function whose parameter is ``x``, is not kept."""
+    from attnlab.grading.layout import _base, _defined
+
+    tree = _parse(source)
+    kept = [(i, node) for i, node in enumerate(tree.body if tree else []) if not isinstance(node, ast.Import) and (
+        _defined(node) & wanted or {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Attribute, ast.Subscript))
+                                    and isinstance(n.ctx, ast.Store)} & wanted)]
+    if not kept:
+        return None
+    text, lines = tree.text.splitlines(), {}
+    for i, node in kept:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        code = text[first - 1:node.end_lineno] if i < tree.magic_from else ast.unparse(node).splitlines()[:1]
+        lines.update(enumerate(code, first))
+    return "\n".join(lines.get(n, "") for n in range(1, max(lines) + 1)) + "\n"
+
+
+def part_code(learners, functions, mine=None):
+    """[(code, own)]: what a part's answer is read from. From its own cells (``mine``; default: the learner cells that
+    define one of its ``functions``; ``own`` True) and every other learner cell, the statements that define one of
+    those functions or a name they read from the notebook's namespace, and so on (``_sm = torch.softmax`` above the
+    answer, a helper of a helper, a relabelled answer cell). A scratch cell's comparison with ``torch.softmax``, or a
+    cell that only shares a parameter's name (``x = torch.randn(4)``), is not read."""
+    own = [s for s in learners if names(s, "defined") & set(functions)] if mine is None else list(mine)
+    pool = own + [s for s in learners if s not in own]
+    reads, taken = set(functions), {}
+    while True:
+        grown = False
+        for i, source in enumerate(pool):
+            text = _defining(source, reads)
+            if text is not None and text != taken.get(i):
+                taken[i], grown = text, True
+        if not grown:
+            return [(taken[i], i < len(own)) for i in sorted(taken)]
+        reads |= {n for text in taken.values() for n in names(text, "global")}
+
+
 def part_cells(learners, functions, mine=None):
-    """The cells a part's answer is read from: ``mine`` (its own cells; default: the learner cells that define one of
-    its ``functions``) and every other learner cell that defines one of those functions or a name they read
-    (``_sm = torch.softmax`` above the answer, a relabelled answer cell)."""
-    mine = [s for s in learners if names(s, "defined") & set(functions)] if mine is None else list(mine)
-    reads = set(functions) | {n for source in mine for n in names(source, ast.Name)}
-    return mine + [source for source in learners if source not in mine and names(source, "defined") & reads]
+    """The code of :func:`part_code`, without saying whose cell it came from."""
+    return [code for code, _own in part_code(learners, functions, mine)]
 
 
 def in_namespace(ns, functions, patterns, given=()):
