@@ -73,6 +73,9 @@ def round_trip(tmp_path_factory):
     submissions[("rebinds-check", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_check_rebound.ipynb"
     submissions[("unsets-env", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_env_unset.ipynb"
     submissions[("rebinds-autograde", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_autograde_rebound.ipynb"
+    # the same, with cells carrying every part id of exercise 06: graded as 06, and ex02's cells in the gradebook
+    # (where its kernel's rebound hidden tests wrote full marks) must still end at 0
+    submissions[("misidentified", "ex02")] = _misidentified(course)
     # the students in one command (each nbgrader command is a process of its own); generate_assignment adds the
     # assignment to the gradebook itself (its create_assignment, on by default)
     (course / "students.csv").write_text("id\n" + "".join(f"{s}\n" for s in sorted({s for s, _ in submissions})))
@@ -98,6 +101,22 @@ def round_trip(tmp_path_factory):
             "run": run}
 
 
+def _misidentified(course):
+    import nbformat
+
+    from attnlab.grading.parts import exercises
+
+    nb = nbformat.read(str(ROOT / "tests" / "hostile" / "nbgrader_autograde_rebound.ipynb"), as_version=4)
+    for part in exercises()["06_triton_primer"]:
+        cell = nbformat.v4.new_markdown_cell(f"notes on {part}")
+        cell.metadata["nbgrader"] = {"grade": False, "grade_id": f"{part}-answer-notes", "locked": False,
+                                     "schema_version": 3, "solution": False}
+        nb.cells.append(cell)
+    path = course / "misidentified.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
 def test_the_release_is_the_generated_exercise(round_trip):
     import nbformat
 
@@ -108,8 +127,10 @@ def test_the_release_is_the_generated_exercise(round_trip):
 
 
 def test_attnlab_grade_reads_nbgrader_s_layout(round_trip):
-    assert round_trip["run"].returncode == 0, round_trip["run"].stdout[-3000:] + round_trip["run"].stderr[-3000:]
-    assert "nbgrader:" not in round_trip["run"].stderr, round_trip["run"].stderr[-3000:]
+    # one problem, said and in the exit status: the notebook graded as another exercise than its assignment's
+    problems = [line for line in round_trip["run"].stderr.splitlines() if line.startswith("nbgrader:")]
+    assert round_trip["run"].returncode == 1 and len(problems) == 1, round_trip["run"].stderr[-3000:]
+    assert "misidentified" in problems[0] and "graded as 06_triton_primer" in problems[0] and "0 points" in problems[0]
     assert set(round_trip["attnlab"]) == set(round_trip["submissions"])
 
 
@@ -123,5 +144,5 @@ def test_nbgrader_scores_equal_attnlab_grade_s(round_trip):
 def test_solutions_score_full_and_cheats_score_nothing(round_trip):
     scores = {key: round_trip["nbgrader"][key] for key in round_trip["submissions"]}
     assert all(scores[("solution", a)] > 0 for a in {a for _, a in scores})
-    for student in ("untouched", "rebinds-check", "unsets-env", "rebinds-autograde"):
+    for student in ("untouched", "rebinds-check", "unsets-env", "rebinds-autograde", "misidentified"):
         assert all(v == 0 for (s, _), v in scores.items() if s == student), scores

@@ -86,10 +86,12 @@ def run(args):
     print(f"isolation: {sandbox.isolation()}")
     if getattr(args, "csv", None):
         _write_atomic(args.csv, csv_text(reports))
+    problems = []
     if getattr(args, "nbgrader_db", None):
         from attnlab.grading.nbgrader import write_gradebook
 
-        for problem in write_gradebook(args.nbgrader_db, reports):
+        problems = write_gradebook(args.nbgrader_db, reports)
+        for problem in problems:
             print(f"nbgrader: {problem}", file=sys.stderr)
     if getattr(args, "gradescope", None):
         _write_atomic(args.gradescope, json.dumps(gradescope_doc(reports, skipped), indent=2) + "\n")
@@ -97,7 +99,7 @@ def run(args):
         print("attnlab grade: nothing was graded" + (" (see the skipped files above)" if skipped else ""),
               file=sys.stderr)
         return 1
-    return 0 if len(graded) == len(reports) else 1
+    return 0 if len(graded) == len(reports) and not problems else 1
 
 
 if __name__ == "__main__":

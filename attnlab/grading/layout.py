@@ -48,7 +48,8 @@ def identify(nb, path):
     meta = nb.get("metadata", {}).get("attnlab", {}).get("exercise")
     meta = meta if meta in EXERCISES else None
     ids = {_grade_id(c) for c in nb.cells} - {None}
-    overlap = {ex: len(ids & set(parts)) + len({i for i in ids if any(i.startswith(p + "-answer") for p in parts)})
+    # how many of each exercise's parts the cells name (a part counts once, however many cells carry its id)
+    overlap = {ex: sum(p in ids or any(i.startswith(p + "-answer") for i in ids) for p in parts)
                for ex, parts in EXERCISES.items()}
     best = max(overlap, key=overlap.get)
     by_cells = best if overlap[best] > 0 else None

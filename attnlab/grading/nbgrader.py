@@ -106,8 +106,10 @@ def autograde(part_id, folder="."):
 
 
 def write_gradebook(db_url, reports):
-    """Set the score of every autograded part of ``reports`` (``attnlab grade``'s, with student and
-    assignment from nbgrader's layout) in nbgrader's gradebook at ``db_url``. Returns [problems]."""
+    """Set the score of every autograded cell that nbgrader's gradebook at ``db_url`` holds for each notebook of
+    ``reports`` (``attnlab grade``'s, with student and assignment from nbgrader's layout): the points attnlab grade
+    gave that part, or 0 where it gave none (a notebook that could not be graded, or one graded as another exercise:
+    whatever the student's kernel wrote there is replaced). Returns [problems]."""
     from nbgrader.api import Gradebook, MissingEntry
 
     from attnlab.grading.parts import MANUAL
@@ -119,21 +121,24 @@ def write_gradebook(db_url, reports):
             if not (student and assignment):
                 problems.append(f"{r['path']}: not in nbgrader's submitted/<student>/<assignment>/ layout")
                 continue
-            parts = [] if r.get("error") else [p for p in r["parts"] if not p.get("manual")]
-            if r.get("error"):  # could not be graded: every autograded cell of the notebook gets 0
+            try:  # every autograded cell nbgrader holds for the notebook: what attnlab grade scored, else 0
+                cells = [c.name for c in gb.find_notebook(notebook, assignment).grade_cells if c.name not in MANUAL]
+            except MissingEntry:
+                problems.append(f"{r['path']}: the gradebook has no notebook {notebook} in {assignment} "
+                                f"(run nbgrader autograde {assignment} first)")
+                continue
+            points = {} if r.get("error") else {p["name"]: p["points"] for p in r["parts"] if not p.get("manual")}
+            if points and set(cells) - set(points):
+                problems.append(f"{r['path']}: graded as {r.get('exercise')}, which has no part "
+                                f"{', '.join(sorted(set(cells) - set(points)))} of {assignment}: 0 points for them")
+            for name in cells:
                 try:
-                    cells = gb.find_notebook(notebook, assignment).grade_cells
+                    grade = gb.find_grade(name, notebook, assignment, student)
                 except MissingEntry:
-                    cells = []
-                parts = [{"name": c.name, "points": 0} for c in cells if c.name not in MANUAL]
-            for part in parts:
-                try:
-                    grade = gb.find_grade(part["name"], notebook, assignment, student)
-                except MissingEntry:
-                    problems.append(f"{r['path']}: no autograded result for {part['name']} in the gradebook "
+                    problems.append(f"{r['path']}: no autograded result for {name} in the gradebook "
                                     f"(run nbgrader autograde {assignment} first)")
                     continue
-                grade.auto_score = float(part["points"])
+                grade.auto_score = float(points.get(name, 0))
                 grade.manual_score = None
             gb.db.commit()
     return problems
