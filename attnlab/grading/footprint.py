@@ -157,18 +157,35 @@ def measured_call(learner, name, case, grad=None, flops=True):
     return reply, {"peak_bytes": peak_bytes, "flops": counter.get_total_flops() if counter is not None else None}
 
 
-def peak_growth(learner, name, case, label, what, grad=None):
-    """The peak memory growth (bytes) of one call of the learner's ``name`` on ``case``, after one unmeasured call
-    (the allocator grows on a first call; the process gives its free heap back at the end of every call request,
-    :func:`attnlab.grading.agent.handle`, so memory freed earlier cannot hide this call's). Raises Fail when the
-    call fails or the growth cannot be measured: a part that asks for a measured property (``what``: "that no
-    N x N matrix is held") is never credited unmeasured."""
-    from attnlab.grading.core import Fail, present, value_of
+def _other_values(case):
+    """``case`` with every floating tensor's values changed (halved and shifted): the same shapes and dtypes."""
+    import torch
 
-    learner_of(learner).call(name, [case], grad=grad)
+    if torch.is_tensor(case):
+        return case * 0.5 + 0.125 if case.is_floating_point() else case
+    if isinstance(case, (tuple, list)):
+        return type(case)(_other_values(v) for v in case)
+    return {k: _other_values(v) for k, v in case.items()} if isinstance(case, dict) else case
+
+
+def peak_growth(learner, name, case, label, what, grad=None, spec=None):
+    """The peak memory growth (bytes) of one call of the learner's ``name`` on ``case``, after one unmeasured call
+    on other values of the same shapes (the allocator grows on a first call; the process gives its free heap back at
+    the end of every call request, :func:`attnlab.grading.agent.handle`, so memory freed earlier cannot hide this
+    call's). With ``spec``, the measured call's result must be right too: a result remembered from the first call
+    is not this one. Raises Fail when the call fails or the growth cannot be measured: a part that asks for a
+    measured property (``what``: "that no N x N matrix is held") is never credited unmeasured."""
+    from attnlab.grading.core import Fail, clone, mismatch, present, value_of
+
+    learner_of(learner).call(name, [_other_values(case)], grad=grad)
     reply, cost = measured_call(learner, name, case, grad=grad, flops=False)
     present(reply, name)
-    value_of((reply.get("results") or [{"raised": "no result"}])[0], name, label)
+    got = value_of((reply.get("results") or [{"raised": "no result"}])[0], name, label)
+    if spec is not None and grad is None:
+        why = mismatch(got, spec(*clone(case[0]), **clone(case[1])), rtol=1e-3, atol=1e-4)
+        if why:
+            raise Fail(f"`{name}` on {label}: the call whose memory the grader measured returned a wrong result "
+                       f"({why}); a result kept from an earlier call is not this call's")
     if cost["peak_bytes"] is None:
         raise Fail(f"`{name}`: the grader could not measure the peak memory of the process your code ran in (no "
                    f"cgroup and no readable /proc/PID/status here), so it cannot tell {what}; the part scores 0 on "

@@ -279,7 +279,8 @@ def _check_memory(learner, name, seed, grad=None, case=None):
     """Fail when the peak memory of a call at N = PEAK_N (``case``, else :func:`_peak_case`) grows by more than
     PEAK_LIMIT, or cannot be measured."""
     case = case if case is not None else _peak_case(seed, grad=grad is not None)
-    peak = peak_growth(learner, name, case, f"B=1, N={PEAK_N}, d=16", "that no N x N matrix is held", grad=grad)
+    peak = peak_growth(learner, name, case, f"B=1, N={PEAK_N}, d=16", "that no N x N matrix is held", grad=grad,
+                       spec=getattr(specs, name))
     if peak > PEAK_LIMIT:
         raise Fail(f"`{name}` on B=1, N={PEAK_N}, d=16, block_m=block_n={PEAK_BLOCK}: the process's peak memory "
                    f"grew by {peak / 2**20:.1f} MiB during the call, where one N x N float32 matrix is "

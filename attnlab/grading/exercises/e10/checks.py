@@ -114,7 +114,8 @@ def _check_no_copy(learner):
     case = [(_randn(g, B, hq, 1, D), _randn(g, B, hkv, L, D), _randn(g, B, hkv, L, D),
              torch.tensor([L] * B, dtype=torch.int32)), {}]
     label = f"B={B}, H_q={hq}, H_kv={hkv}, one new query, D={D}, L={L}"
-    peak = peak_growth(learner, "decode_attention", case, label, "that the cache is not copied per query head")
+    peak = peak_growth(learner, "decode_attention", case, label, "that the cache is not copied per query head",
+                       spec=specs.decode_attention)
     cache = 2 * B * hkv * L * D * 4
     if peak > COPY_LIMIT:
         raise Fail(f"`decode_attention` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during "
