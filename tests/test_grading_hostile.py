@@ -110,6 +110,27 @@ def test_forged_results_score_nothing(graded, name):
     assert report["score"] == 0, json.dumps(report, indent=1)
 
 
+def test_code_in_a_kernel_s_def_line_never_runs_where_kernels_are_launched(graded):
+    # the kernels are empty: were the default's exec run in the kernels' process, its launcher would answer for them
+    parts = _parts(graded["reports"]["forge_default_06.ipynb"])
+    for part in ("softmax-kernel", "online-softmax-kernel"):
+        assert parts[part]["points"] == 0, parts[part]
+
+
+def test_meta_tensors_are_not_answers(graded):
+    report = graded["reports"]["forge_meta_03.ipynb"]
+    assert report["score"] == 0, json.dumps(report, indent=1)
+    assert "a tensor on the meta device" in _parts(report)["stable-softmax"]["feedback"]
+
+
+def test_a_forbidden_call_in_a_nested_def_or_a_helper_s_helper_is_read(graded):
+    parts = _parts(graded["reports"]["shortcut_nested_03.ipynb"])
+    assert parts["stable-softmax"]["points"] == 0 and "uses `torch.softmax`" in parts["stable-softmax"]["feedback"]
+    assert parts["scaled-attention"]["points"] == 0
+    assert "scaled_dot_product_attention` (line 2 of another cell of yours, which defines `_helper2`)" in \
+        parts["scaled-attention"]["feedback"]
+
+
 def test_a_launch_forged_in_the_kernel_s_process_scores_nothing(graded):
     parts = _parts(graded["reports"]["forge_launch.ipynb"])
     assert parts["masked-scale"]["points"] == 0 and "not implemented" in parts["masked-scale"]["feedback"]

@@ -388,6 +388,66 @@ _agent.handle = _forged
 sys.modules["attnlab.grading.agent"].handle = _forged
 """
 
+# a @triton.jit function whose default value is code: Python runs it when the def runs, so in the kernels' own
+# process (were it sent there) it would replace the launcher with one that answers from PyTorch
+FORGE_DEFAULT = '''import triton
+import triton.language as tl
+
+@triton.jit
+def _unused_helper(x_ptr, _cfg=exec("""
+import sys
+if __name__ == "attnlab_answer_kernels":
+    iso = sys.modules["attnlab.grading.isolated"]
+    real = iso._launch
+    def forged(req, space, names, verified, agent):
+        if req["name"] not in ("softmax_kernel", "online_softmax_kernel"):
+            return real(req, space, names, verified, agent)
+        x = req["buffers"]["x"]["data"].float()
+        n = 4 * x.numel()
+        run = {"outside_changed": {"x": 0, "y": 0}, "never_written": {"x": 0, "y": 0}, "traced": True,
+               "values": {"x": x, "y": x.softmax(-1)}, "loads_outside": {"x": 0, "y": 0}, "not_stored": {"x": 0, "y": 0},
+               "traffic": {"x": {"load_bytes": n, "store_bytes": 0, "load_elements": x.numel()},
+                           "y": {"load_bytes": 0, "store_bytes": n, "load_elements": 0}},
+               "loaded": {k: [] for k in req.get("loads", [])}}
+        return {"result": {"ok": [run for _ in req["sentinels"]]}}
+    iso._launch = forged
+""")):
+    pass
+'''
+EMPTY_KERNELS_06 = {
+    "softmax-kernel-answer": ("@triton.jit\ndef softmax_kernel(output_ptr, input_ptr, input_row_stride, output_row_stride, "
+                              "n_cols, BLOCK_SIZE: tl.constexpr):\n    pass\n"),
+    "online-softmax-kernel-answer": ("@triton.jit\ndef online_softmax_kernel(output_ptr, input_ptr, input_row_stride, "
+                                     "output_row_stride, n_cols, BLOCK_SIZE: tl.constexpr):\n    pass\n")}
+
+# a forbidden call that the syntax check must still find: a def inside `if`, and a helper's helper in other cells
+NESTED_03 = {"stable-softmax-answer": "# softmax is defined above\n",
+             "scaled-attention-answer": ("def scaled_dot_product_attention(q, k, v, scale=None):\n"
+                                         "    return _helper(q, k, v, scale)\n")}
+NESTED_CELLS = ["if True:\n    def softmax(x, dim=-1):\n        return torch.softmax(x, dim)\n",
+                "def _helper2(q, k, v, scale):\n    return F.scaled_dot_product_attention(q, k, v, scale=scale)\n",
+                "def _helper(q, k, v, scale):\n    return _helper2(q, k, v, scale)\n"]
+
+# answers that return tensors on the meta device (a shape, no data), sent by a patched frame writer
+FORGE_META = '''import torch
+import attnlab.grading.frames as _frames
+_plain = _frames._plain
+def _meta_plain(x, depth=0):
+    if isinstance(x, torch.Tensor) and x.is_meta:
+        return x
+    if type(x) in (tuple, list):
+        return type(x)(_meta_plain(v, depth + 1) for v in x)
+    if type(x) is dict:
+        return {k: _meta_plain(v, depth + 1) for k, v in x.items()}
+    return _plain(x, depth)
+_frames._plain = _meta_plain
+'''
+META_03 = {
+    "stable-softmax-answer": "def softmax(x, dim=-1):\n    return torch.empty(x.shape, device='meta')\n",
+    "softmax-backward-answer": "def softmax_backward(p, dp, dim=-1):\n    return torch.empty(p.shape, device='meta')\n",
+    "scaled-attention-answer": ("def scaled_dot_product_attention(q, k, v, scale=None):\n"
+                                "    return torch.empty(*q.shape[:-1], v.shape[-1], device='meta')\n")}
+
 SANDBOX_PROBES = {"sandbox_remount": REMOUNT, "sandbox_read_secrets": READ_SECRETS,
                   "sandbox_memory_children": MEMORY_CHILDREN, "sandbox_fill_disk": FILL_DISK,
                   "sandbox_print_flood": PRINT_FLOOD}
@@ -470,6 +530,14 @@ def probes():
     for exercise, edits in SHORTCUTS.items():
         nb = _edit(_load("exercises", exercise), edits)
         out[f"shortcut_{exercise[:2]}.ipynb"] = _insert_after_setup(nb, _imports(exercise))
+    out["forge_default_06.ipynb"] = _insert_after_setup(_edit(_load("exercises", "06_triton_primer"), EMPTY_KERNELS_06),
+                                                        FORGE_DEFAULT)
+    nb = _edit(_load("exercises", "03_scaled_dot_product"), NESTED_03)
+    for source in reversed(NESTED_CELLS):
+        nb = _insert_after_setup(nb, source)
+    out["shortcut_nested_03.ipynb"] = _insert_after_setup(nb, IMPORTS)
+    out["forge_meta_03.ipynb"] = _insert_after_setup(_edit(_load("exercises", "03_scaled_dot_product"), META_03),
+                                                     FORGE_META)
     for exercise, edits in FAKE_KERNELS.items():
         nb = _edit(_load("exercises", exercise), edits)
         out[f"fake_kernel_{exercise[:2]}.ipynb"] = _insert_after_setup(nb, _imports(exercise))
