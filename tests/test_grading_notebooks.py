@@ -65,7 +65,8 @@ BROKEN = {
     }),
     # the experiment's own code takes the library's attention, which the part forbids (its syntax shows it)
     "01_library_attention.ipynb": ("01_soft_alignment.ipynb", {
-        "alignment-crossing-answer": lambda s: "from attnlab.attention import masked_softmax\n" + s,
+        "alignment-crossing-answer": lambda s: "from attnlab.attention import masked_softmax\n" + s.replace(
+            "    ### BEGIN SOLUTION\n", "    ### BEGIN SOLUTION\n    sm = masked_softmax\n", 1),
     }),
 }
 
