@@ -8,6 +8,7 @@ all read by the syntax check."""
 from pathlib import Path
 
 import nbformat
+import pytest
 import torch
 
 from attnlab.grading import core, shortcuts
@@ -142,3 +143,22 @@ def test_a_solution_with_scratch_cells_and_an_edited_demo_keeps_its_points(tmp_p
     nbformat.write(nb, str(path))
     report = grade_notebook(path)
     assert report["score"] == report["max_score"], [(p["name"], p["feedback"]) for p in report["parts"]]
+
+
+@pytest.mark.parametrize("cells, answer, part", [
+    ([], "def softmax(x, dim=-1):\n    return x.softmax(dim)\n", "stable-softmax"),  # the learner's def is not a method
+    (["_ops = []\n", "_ops.append(torch.softmax)\n"], "def softmax(x, dim=-1):\n    return _ops[0](x, dim)\n",
+     "stable-softmax"),
+    (["def _init():\n    global _bw\n    _bw = torch._softmax_backward_data\n", "_init()\n"],
+     "def softmax_backward(p, dp, dim=-1):\n    return _bw(dp, p, dim, p.dtype)\n", "softmax-backward"),
+    (["match torch._softmax_backward_data:\n    case _bw:\n        pass\n"],
+     "def softmax_backward(p, dp, dim=-1):\n    return _bw(dp, p, dim, p.dtype)\n", "softmax-backward"),
+    (["from torch.nn.functional import *\n_sdpa = scaled_dot_product_attention\n"],
+     "def scaled_dot_product_attention(q, k, v, scale=None):\n    return _sdpa(q, k, v, scale=scale)\n",
+     "scaled-attention"),
+], ids=["tensor-method", "list-append", "global-in-a-function", "match-capture", "star-import"])
+def test_plain_python_routes_to_a_forbidden_function_are_read(cells, answer, part):
+    """Found by a red team: each of these reached a forbidden function past the syntax check."""
+    function = answer.split("(")[0][4:]
+    code = ["import torch\nimport torch.nn.functional as F\n", *cells, answer]
+    assert shortcuts.uses(shortcuts.part_cells(cells, [function], [answer]), forbidden(part), code) != []

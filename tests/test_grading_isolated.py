@@ -115,6 +115,11 @@ def test_constants_cross_as_expressions_of_constants_and_code_in_a_def_line_is_r
     assert "BLOCK_N: tl.constexpr=64 * 2" in text  # the default as it was when the def ran
     assert "exec(" in refused["by_default"] and "print('annotation')" in refused["by_annotation"]
     assert all("runs when the `def` runs" in why for why in refused.values())
+    # a constant may not rebind math, tl, triton or float, nor reach beyond Triton's dtypes and math's functions
+    shadow = ("math = triton.language.core.builtins\nX = math.exec('1')\nfloat = triton.language.core.builtins.exec\n"
+              "Y = float('2')\nZ = triton.knobs\n@triton.jit\ndef k(x, c=math.exec('3')):\n    pass\n")
+    text, names, defined, refused = isolated.kernel_module([shadow])
+    assert "builtins" not in text and "exec" not in text and "knobs" not in text and names == set() and "k" in refused
     learner = _learner(Path("/nonexistent"), [CONSTANTS])
     reply = learner.kernels.launch({"name": "by_default"})
     assert "runs when the `def` runs" in reply["result"]["refused"]

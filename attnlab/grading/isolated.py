@@ -36,37 +36,38 @@ def _decorator_name(node):
     return ast.unparse(node.func if isinstance(node, ast.Call) else node)
 
 
-_CALLS = {"tl.constexpr", "triton.language.constexpr", "float", "int", "bool"}
+_DTYPES = ("float16", "float32", "float64", "bfloat16", "int1", "int8", "int16", "int32", "int64", "uint8", "uint16",
+           "uint32", "uint64", "float8e4nv", "float8e5")
+# the names a constant may use: Triton's dtypes and constexpr, math's constants and functions, and nothing bound by
+# the notebook (a constant or kernel is never named math, tl, triton, float, int or bool)
+_NAMES = {f"{m}.{n}" for m in ("tl", "triton.language") for n in ("constexpr", *_DTYPES)} | {
+    f"math.{n}" for n in ("pi", "e", "tau", "inf", "nan")}
+_CALLS = {"tl.constexpr", "triton.language.constexpr", "float", "int", "bool"} | {
+    f"math.{n}" for n in ("log", "log2", "log10", "exp", "exp2", "sqrt", "ceil", "floor", "pow", "isqrt")}
+_RESERVED = {"math", "tl", "triton", "float", "int", "bool"}
 _OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
 
 
 def _constant(node, known):
     """``node`` with the constants it names (``known``: name -> expression) put in their place, when it is a
-    constant expression: numbers, strings, True/False/None, arithmetic of them, names of Triton and math
-    (``tl.float32``, ``math.pi``), and ``tl.constexpr(...)``, ``float(...)``, ``int(...)``, ``math.log(...)`` of
-    them; None otherwise. Evaluating one runs no code of the notebook's."""
+    constant expression: numbers, strings, True/False/None, arithmetic of them, Triton's dtypes and constexpr,
+    math's constants, and ``tl.constexpr(...)``, ``float(...)``, ``int(...)``, ``math.log(...)`` (and math's other
+    plain functions) of them; None otherwise. Evaluating one runs no code of the notebook's."""
     if isinstance(node, ast.Constant):
         return node if node.value is None or isinstance(node.value, (bool, int, float, str)) else None
     if isinstance(node, ast.Name):
         return known.get(node.id)
     if isinstance(node, ast.Attribute):
-        base, parts = node, []
-        while isinstance(base, ast.Attribute):
-            parts.append(base.attr)
-            base = base.value
-        plain = isinstance(base, ast.Name) and base.id in ("tl", "triton", "math")
-        return node if plain and not any(p.startswith("_") for p in parts) else None
+        return node if ast.unparse(node) in _NAMES else None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         operand = _constant(node.operand, known)
         return operand and ast.UnaryOp(node.op, operand)
     if isinstance(node, ast.BinOp) and isinstance(node.op, _OPS):
         left, right = _constant(node.left, known), _constant(node.right, known)
         return left and right and ast.BinOp(left, node.op, right)
-    if isinstance(node, ast.Call) and not node.keywords:
-        name = ast.unparse(node.func)
-        if name in _CALLS or (name.startswith("math.") and name.count(".") == 1 and "._" not in name):
-            args = [_constant(a, known) for a in node.args]
-            return None if None in args else ast.Call(node.func, args, [])
+    if isinstance(node, ast.Call) and not node.keywords and ast.unparse(node.func) in _CALLS:
+        args = [_constant(a, known) for a in node.args]
+        return None if None in args else ast.Call(node.func, args, [])
     return None
 
 
@@ -114,7 +115,8 @@ def kernel_module(sources):
                 defined.add(node.name)
             else:
                 defined |= defined_here(node)
-            if isinstance(node, ast.FunctionDef) and any(_decorator_name(d) in _JIT for d in node.decorator_list):
+            if isinstance(node, ast.FunctionDef) and any(_decorator_name(d) in _JIT for d in node.decorator_list) \
+                    and node.name not in _RESERVED:
                 node.decorator_list = [ast.parse("triton.jit", mode="eval").body]  # only Triton's own jit
                 constants.pop(node.name, None)
                 code = _when_defined(node, constants)
@@ -142,7 +144,7 @@ def kernel_module(sources):
                     constants.pop(name, None)
                 target = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and len(target) == 1 and \
-                        isinstance(target[0], ast.Name) and node.value is not None:
+                        isinstance(target[0], ast.Name) and target[0].id not in _RESERVED and node.value is not None:
                     value = _constant(node.value, constants)
                     if value is not None and len(ast.unparse(value)) < 4000:
                         constants[target[0].id] = value

@@ -165,13 +165,15 @@ def _names_in(node):
 
 def _defined(node):
     """The names a statement binds in the namespace it runs in, a ``def`` inside ``if``/``try``/``with`` included."""
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {node.name}
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):  # and what it declares global
+        return {node.name} | {n for g in ast.walk(node) if isinstance(g, ast.Global) for n in g.names}
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return {(a.asname or a.name).split(".")[0] for a in node.names}
     if isinstance(node, ast.Name):
         return {node.id} if isinstance(node.ctx, ast.Store) else set()
-    return set().union(*(_defined(child) for child in ast.iter_child_nodes(node)))
+    bound = {getattr(node, "name", None) or getattr(node, "rest", None)} - {None} \
+        if isinstance(node, (ast.MatchAs, ast.MatchStar, ast.MatchMapping, ast.ExceptHandler)) else set()  # case x:
+    return bound.union(*(_defined(child) for child in ast.iter_child_nodes(node)))
 
 
 def _base(node):

@@ -152,15 +152,16 @@ def _escapes(patterns):
 
 
 def defined_names(sources):
-    """Every function, method, class and attribute name the learner's cells define (def, class, self.x = ...)."""
+    """The method and attribute names the learner's cells define (a ``def`` in a ``class``, ``self.x = ...``): what
+    ``obj.x(...)`` may call. A module-level ``def softmax`` is not one (``x.softmax(dim)`` is still the Tensor's)."""
     out = set()
     for source in sources:
         tree = _parse(source)
         if tree is None:
             continue
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                out.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                out |= {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
                 out.add(node.attr)
     return out
@@ -193,7 +194,8 @@ def uses(sources, patterns, all_sources=None):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for a in node.names:
                     full = f"{node.module}.{a.name}"
-                    hit = next((p for p in patterns if _matches(full, p)), None)
+                    hit = next((p for p in patterns if _matches(full, p) or (
+                        a.name == "*" and p.startswith(node.module + "."))), None)
                     if hit:
                         found.append((full, node.lineno))
                 continue
@@ -252,16 +254,16 @@ def names(source, kind):
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
-def _defining(source, wanted):
-    """``source`` with only its top-level statements that define one of ``wanted`` or store into one (the others
-    blank lines, so that a line number is still the cell's), or None when it has none. A ``print`` comparing with
-    ``torch.softmax``, or ``x = torch.randn(4)`` for a function whose parameter is ``x``, is not kept."""
+def _defining(source, wanted, objects=frozenset()):
+    """``source`` with only its top-level statements that define one of ``wanted``, change one of them that is among
+    ``objects`` (the learner's own lists, dicts and namespaces: ``ops.append(torch.softmax)``), or star-import (the
+    others blank lines, so that a line number is still the cell's), or None when it has none. A ``print`` comparing
+    with ``torch.softmax``, or ``x = torch.randn(4)`` for a function whose parameter is ``x``, is not kept."""
     from attnlab.grading.layout import _base, _defined
 
     tree = _parse(source)
     kept = [(i, node) for i, node in enumerate(tree.body if tree else []) if not isinstance(node, ast.Import) and (
-        _defined(node) & wanted or {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Attribute, ast.Subscript))
-                                    and isinstance(n.ctx, ast.Store)} & wanted)]
+        _defined(node) & wanted or _changed(node) & wanted & objects or "*" in _defined(node))]
     if not kept:
         return None
     text, lines = tree.text.splitlines(), {}
@@ -272,19 +274,39 @@ def _defining(source, wanted):
     return "\n".join(lines.get(n, "") for n in range(1, max(lines) + 1)) + "\n"
 
 
+def _changed(node):
+    """The names a statement changes in place: ``d[k] = ...``, ``obj.x = ...``, ``ops.append(...)``, ``setattr(obj, ...)``."""
+    from attnlab.grading.layout import _base
+
+    out = {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store)}
+    for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+        if isinstance(call.func, ast.Attribute):
+            out.add(_base(call.func.value))  # a method of the object: ops.append(torch.softmax), d.update(f=...)
+        elif isinstance(call.func, ast.Name) and call.func.id in ("setattr", "delattr") and call.args:
+            out.add(_base(call.args[0]))
+    return out - {None}
+
+
 def part_code(learners, functions, mine=None):
     """[(code, own)]: what a part's answer is read from. From its own cells (``mine``; default: the learner cells that
     define one of its ``functions``; ``own`` True) and every other learner cell, the statements that define one of
     those functions or a name they read from the notebook's namespace, and so on (``_sm = torch.softmax`` above the
     answer, a helper of a helper, a relabelled answer cell). A scratch cell's comparison with ``torch.softmax``, or a
     cell that only shares a parameter's name (``x = torch.randn(4)``), is not read."""
+    from attnlab.grading.layout import _defined
+
     own = [s for s in learners if names(s, "defined") & set(functions)] if mine is None else list(mine)
     pool = own + [s for s in learners if s not in own]
+    objects = set()  # what the learner's cells bind other than by an import: their own objects
+    for source in pool:
+        tree = _parse(source)
+        objects |= {n for node in (tree.body if tree else []) if not isinstance(node, (ast.Import, ast.ImportFrom))
+                    for n in _defined(node)}
     reads, taken = set(functions), {}
     while True:
         grown = False
         for i, source in enumerate(pool):
-            text = _defining(source, reads)
+            text = _defining(source, reads, objects)
             if text is not None and text != taken.get(i):
                 taken[i], grown = text, True
         if not grown:
