@@ -75,8 +75,7 @@ def _when_defined(fn, known):
     """Put the constants in ``fn``'s default values and annotations (Python evaluates them when the ``def`` runs,
     before Triton sees the function); the first that is not a constant expression, as text, or None."""
     a = fn.args
-    for owner, field in ([(a, "defaults"), (a, "kw_defaults")]):
-        values = getattr(owner, field)
+    for values in (a.defaults, a.kw_defaults):
         for i, d in enumerate(values):
             if d is not None:
                 values[i] = _constant(d, known)
@@ -99,7 +98,7 @@ def kernel_module(sources):
     "<name> (not implemented)").
 
     The text holds the ``@triton.jit`` functions (the last definition of each name wins, as when the
-    notebook runs top to bottom) and the module-level assignments of plain numbers; nothing else. A kernel
+    notebook runs top to bottom) and the module-level constants (:func:`_constant`); nothing else. A kernel
     whose default values or annotations are code (``_cfg=exec(...)`` would run when the ``def`` does) is
     refused, not sent."""
     from attnlab.grading.layout import _defined as defined_here
@@ -111,10 +110,7 @@ def kernel_module(sources):
         if tree is None:
             continue
         for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                defined.add(node.name)
-            else:
-                defined |= defined_here(node)
+            defined |= defined_here(node)
             if isinstance(node, ast.FunctionDef) and any(_decorator_name(d) in _JIT for d in node.decorator_list) \
                     and node.name not in _RESERVED:
                 node.decorator_list = [ast.parse("triton.jit", mode="eval").body]  # only Triton's own jit

@@ -150,7 +150,7 @@ def _exercise_files():
     for p in sorted(root.rglob("*")):
         if "__pycache__" in p.relative_to(root).parts:
             continue
-        shown = None if p.is_dir() else p.name == "__init__.py" and p.parent in (root, *root.iterdir())
+        shown = None if p.is_dir() else p.name == "__init__.py" and root in (p.parent, p.parent.parent)
         entries.append((p, shown))
     return root, entries
 

@@ -259,7 +259,7 @@ def _defining(source, wanted, objects=frozenset()):
     ``objects`` (the learner's own lists, dicts and namespaces: ``ops.append(torch.softmax)``), or star-import (the
     others blank lines, so that a line number is still the cell's), or None when it has none. A ``print`` comparing
     with ``torch.softmax``, or ``x = torch.randn(4)`` for a function whose parameter is ``x``, is not kept."""
-    from attnlab.grading.layout import _base, _defined
+    from attnlab.grading.layout import _defined
 
     tree = _parse(source)
     kept = [(i, node) for i, node in enumerate(tree.body if tree else []) if not isinstance(node, ast.Import) and (
