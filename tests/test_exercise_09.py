@@ -35,7 +35,7 @@ def _sdpa(stable=True, default_scale="sqrt", honour_scale=True, diagonal=0, bott
         d = q.shape[-1]
         if scale is None or not honour_scale:
             scale = 1 / d if default_scale == "d" else 1 / d ** 0.5
-        s = torch.matmul(q, k.transpose(-1, -2)) * scale
+        s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 if default_scale == "none" else scale)
         nq, nk = s.shape[-2], s.shape[-1]
         allowed = torch.ones(nq, nk, dtype=torch.bool)
         if is_causal and honour_causal:
@@ -55,6 +55,7 @@ def _sdpa(stable=True, default_scale="sqrt", honour_scale=True, diagonal=0, bott
 
 WRONG.add("capstone-sdpa", "no-max-subtraction", my_sdpa=_sdpa(stable=False))
 WRONG.add("capstone-sdpa", "scale-1-over-d", my_sdpa=_sdpa(default_scale="d"))
+WRONG.add("capstone-sdpa", "scale-missing", my_sdpa=_sdpa(default_scale="none"))
 WRONG.add("capstone-sdpa", "scale-ignored", my_sdpa=_sdpa(honour_scale=False))
 WRONG.add("capstone-sdpa", "causal-diagonal-excluded", my_sdpa=_sdpa(diagonal=-1))
 WRONG.add("capstone-sdpa", "causal-bottom-right", my_sdpa=_sdpa(bottom_right=True))
@@ -206,8 +207,9 @@ WRONG.add("capstone-train", "first-step-differs", train_gpt=_train(seeded=False)
 # ---------------------------------------------------------------------------------------------
 
 def _experiment(window_plus=0, with_global=True, causal=True, swap=False, second_seed=0, mask_dense=False,
-                symmetric=True):
+                symmetric=True, attend=None):
     train_gpt = _train()
+    _attend = attend or globals()["_attend"]
 
     def local_vs_dense(seed, steps, window, n_global):
         rows, cols = torch.arange(specs.SEQ).view(-1, 1), torch.arange(specs.SEQ).view(1, -1)
@@ -235,6 +237,9 @@ WRONG.add("capstone-local-global", "local-not-causal", local_vs_dense=_experimen
 WRONG.add("capstone-local-global", "swapped", local_vs_dense=_experiment(swap=True))
 WRONG.add("capstone-local-global", "different-seeds", local_vs_dense=_experiment(second_seed=1))
 WRONG.add("capstone-local-global", "both-masked", local_vs_dense=_experiment(mask_dense=True))
+# the experiment right, through a my_sdpa that is not: the diagnosis points at part 1
+WRONG.add("capstone-local-global", "capstone-sdpa-fails",
+          local_vs_dense=_experiment(attend=_sdpa(default_scale="none")), my_sdpa=_sdpa(default_scale="none"))
 
 
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()

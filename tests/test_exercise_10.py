@@ -28,6 +28,8 @@ def _decode(flaw=None):
         G = hq // k_cache.shape[1]
         if scale is None or flaw == "scale-ignored":
             scale = 1 / D if flaw == "scale-1-over-d" else 1 / math.sqrt(D)
+        if flaw == "scale-missing":
+            scale = 1.0
         out = torch.zeros_like(q)
         for b in range(B):
             L = k_cache.shape[2] if flaw == "lengths-ignored" else int(cache_seqlens[b])
@@ -36,7 +38,8 @@ def _decode(flaw=None):
                 s = q[b, h] @ k_cache[b, kv, :L].T * scale
                 for i in range(nq):
                     last = {"new-queries-see-the-future": L - 1, "causal-top-left": i,
-                            "causal-diagonal-excluded": L - nq + i - 1}.get(flaw, L - nq + i)
+                            "causal-diagonal-excluded": L - nq + i - 1,
+                            "causal-off-by-one": L - nq + i + 1}.get(flaw, L - nq + i)
                     s[i, last + 1:] = float("-inf")
                 out[b, h] = _softmax_rows(s) @ v_cache[b, kv, :L]
         return out
@@ -44,7 +47,7 @@ def _decode(flaw=None):
 
 
 for _key in ("lengths-ignored", "new-queries-see-the-future", "causal-top-left", "causal-diagonal-excluded",
-             "kv-head-modulo", "scale-1-over-d", "scale-ignored"):
+             "kv-head-modulo", "scale-1-over-d", "scale-ignored", "causal-off-by-one", "scale-missing"):
     WRONG.add("decode-attention", _key, decode_attention=_decode(_key))
 
 
@@ -86,13 +89,13 @@ def _partials(flaw=None):
                             q.new_full((B, H, nq), -math.inf))
                 continue
             raw = q @ k[:, :, keys].transpose(-1, -2)
-            sc = raw * scale
+            sc = raw * (1.0 if flaw == "scale-missing" else scale)
             if flaw == "lse-overflows":
                 lse = torch.log(torch.exp(sc).sum(-1))
             else:
                 base = raw if flaw == "lse-unscaled" else sc
                 m = base.max(-1).values
-                lse = m + torch.log(torch.exp(base - m[..., None]).sum(-1))
+                lse = (0 if flaw == "lse-max-not-added-back" else m) + torch.log(torch.exp(base - m[..., None]).sum(-1))
                 if flaw == "lse-base-2":
                     lse = lse * math.log2(math.e)
             p = torch.exp(sc - sc.max(-1, keepdim=True).values)
@@ -104,7 +107,7 @@ def _partials(flaw=None):
 
 
 for _key in ("lse-overflows", "partial-not-normalised", "chunk-rounded-down", "lse-base-2", "lse-unscaled",
-             "empty-split-lse-zero", "splits-strided"):
+             "empty-split-lse-zero", "splits-strided", "scale-missing", "lse-max-not-added-back"):
     WRONG.add("split-partials", _key, split_partials=_partials(_key))
 
 
@@ -137,6 +140,28 @@ def _merge(flaw=None):
 
 for _key in ("mean-of-partials", "exp-overflows", "not-normalised", "linear-weights", "max-only", "wrong-axis"):
     WRONG.add("split-merge", _key, merge_splits=_merge(_key))
+
+
+def _running_merge(flaw):
+    """Lesson 07's running merge, one split at a time, with its rescaling left out."""
+    def merge_splits(o_parts, lse):
+        acc = torch.zeros_like(o_parts[:, :, 0])
+        total = torch.zeros_like(lse[:, :, 0])
+        m = torch.full_like(lse[:, :, 0], -math.inf)
+        for s in range(o_parts.shape[2]):
+            m_new = torch.maximum(m, lse[:, :, s])
+            alpha = torch.where(torch.isneginf(m_new), torch.zeros_like(m), torch.exp(m - m_new))
+            w = torch.where(torch.isneginf(m_new), torch.zeros_like(m), torch.exp(lse[:, :, s] - m_new))
+            if flaw != "running-not-rescaled":
+                acc = acc * alpha[..., None] if flaw != "running-output-not-rescaled" else acc
+                total = total * alpha if flaw != "running-sum-not-rescaled" else total
+            acc, total, m = acc + w[..., None] * o_parts[:, :, s], total + w, m_new
+        return acc / total[..., None]
+    return merge_splits
+
+
+for _key in ("running-not-rescaled", "running-sum-not-rescaled", "running-output-not-rescaled"):
+    WRONG.add("split-merge", _key, merge_splits=_running_merge(_key))
 
 
 # ---------------------------------------------------------------------------------------------

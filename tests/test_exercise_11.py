@@ -124,8 +124,8 @@ for _key in ("ring-turns-the-wrong-way", "diagonal-as-full", "future-blocks-comp
 # ring-forward: a learner's ring step, standalone (its own block attention and merge)
 # ---------------------------------------------------------------------------------------------
 
-def _block(q, k, v, causal):
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+def _block(q, k, v, causal, scaled=True):
+    s = q @ k.transpose(-1, -2) / (math.sqrt(q.shape[-1]) if scaled else 1.0)
     if causal:
         s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
     m = s.max(-1, keepdim=True).values
@@ -148,7 +148,7 @@ def _ring_step(flaw=None):
             for b, kb, vb in zip(ids(src), k.chunk(c, 2), v.chunk(c, 2)):
                 if causal and a < b and flaw != "future-blocks-computed":
                     continue
-                ob, lb = _block(qa, kb, vb, causal and a == b and flaw != "diagonal-unmasked")
+                ob, lb = _block(qa, kb, vb, causal and a == b and flaw != "diagonal-unmasked", flaw != "scale-missing")
                 if flaw == "partials-added":
                     oa, la = oa + ob, merge(oa, la, ob, lb)[1]
                 else:
@@ -164,7 +164,7 @@ def _ring_step(flaw=None):
 
 
 for _key in ("ring-turns-the-wrong-way", "future-blocks-computed", "diagonal-unmasked", "partials-added",
-             "lse-not-updated", "sends-at-the-last-step", "sends-k-only", "layout-ignored"):
+             "lse-not-updated", "sends-at-the-last-step", "sends-k-only", "layout-ignored", "scale-missing"):
     WRONG.add("ring-forward", _key, ring_step=_ring_step(_key))
 
 

@@ -162,3 +162,78 @@ def test_plain_python_routes_to_a_forbidden_function_are_read(cells, answer, par
     function = answer.split("(")[0][4:]
     code = ["import torch\nimport torch.nn.functional as F\n", *cells, answer]
     assert shortcuts.uses(shortcuts.part_cells(cells, [function], [answer]), forbidden(part), code) != []
+
+
+def test_a_scratch_cell_reading_what_a_demo_printed_keeps_the_part_s_points(tmp_path):
+    """The grader does not run the given demos (they call the learner's functions for show); a learner's cell after
+    one that reads its result (``o_parts``) ran in Jupyter, and is not run here instead of failing the part."""
+    from attnlab.grading.scoring import grade_notebook
+
+    nb = nbformat.read(str(ROOT / "solutions" / "10_inference.ipynb"), as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "10-cell-11")
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell("print(o_parts.shape, lse.shape)\nmine = o_parts.sum()\n"
+                                                      "print(mine)\nkept = 1\n"))
+    path = tmp_path / "10_inference.ipynb"
+    nbformat.write(nb, str(path))
+    report = grade_notebook(path)
+    assert report["score"] == report["max_score"], [(p["name"], p["feedback"]) for p in report["parts"]]
+
+
+def test_a_forbidden_object_is_read_under_any_name_and_an_allowed_one_is_not():
+    """Red team, round three: re-exports and what a library module imported are the forbidden object itself."""
+    code = ["import torch\nimport torch.nn.functional as F\nfrom attnlab.models import gpt as _model\n"
+            "import torch.distributed as dist\n"]
+    sdpa = "def f(q, k, v):\n    return _model.F.scaled_dot_product_attention(q, k, v)\n"
+    assert shortcuts.uses([sdpa], forbidden("capstone-local-global"), code + [sdpa]) == [
+        ("attnlab.models.gpt.F.scaled_dot_product_attention (which is "
+         "torch.nn.functional.scaled_dot_product_attention)", 2)]
+    reexport = "from attnlab.models.gpt import scaled_dot_product_attention as attend\n"
+    assert "attnlab.attention" in shortcuts.uses([reexport], forbidden("capstone-local-global"))[0][0]
+    gather = "from torch.distributed.distributed_c10d import all_gather_object\n"
+    assert shortcuts.uses([gather], forbidden("ring-group")) != []
+    objects = "def f(k, v):\n    every = [None, None]\n    dist.all_gather_object(every, (k, v))\n"
+    assert shortcuts.uses([objects], forbidden("ring-group"), code + [objects])[0][0] == \
+        "torch.distributed.all_gather_object"
+    honest = ("def ring_forward(q, k, v):\n    r, p = dist.get_rank(), dist.get_world_size()\n"
+              "    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, k, (r + 1) % p)])\n"
+              "    x = torch.exp(q) + F.relu(q) + torch.matmul(q, k.transpose(-1, -2)).amax(-1)\n"
+              "    heads = torch.arange(4).repeat_interleave(2)\n    return x, heads\n")
+    assert shortcuts.uses([honest], forbidden("ring-group"), code + [honest]) == []
+    assert shortcuts.uses([honest], forbidden("decode-attention"), code + [honest]) == []
+    backend = "def train(seed):\n    return GPT(attention='sdpa', seed=seed)\n"
+    assert shortcuts.uses([backend], forbidden("capstone-train"))[0][0] == \
+        "'sdpa' (the name of one of the library's backends)"
+
+
+def test_the_warm_up_call_s_values_say_nothing_of_the_measured_call_s():
+    from attnlab.grading.footprint import _other_values
+
+    case = [(torch.randn(64, 64) * 3 + 1, torch.arange(5), torch.randn(8, dtype=torch.float16)), {"x": torch.ones(3)}]
+    other = _other_values(case)
+    (a, ints, half), kw = other
+    assert a.shape == case[0][0].shape and a.dtype == torch.float32 and half.dtype == torch.float16
+    assert torch.equal(ints, case[0][1])  # lengths and indices stay what they were
+    assert abs(torch.corrcoef(torch.stack([a.flatten(), case[0][0].flatten()]))[0, 1]) < 0.1
+    assert not torch.equal(_other_values(case)[0][0], a)  # drawn afresh each time
+    assert kw["x"].shape == (3,) and torch.isfinite(kw["x"]).all()
+
+
+def test_a_part_that_asks_for_a_technique_needs_the_answer_to_use_it():
+    """Red team, round three: exercise 09's training run through my_sdpa instead of the kernel, and an experiment's
+    numbers written as the formula, had the right outputs; the answer's code must read what the part is about."""
+    from attnlab.grading.parts import required
+
+    nb = nbformat.read(str(ROOT / "solutions" / "09_capstone.ipynb"), as_version=4)
+    train = next(c.source for c in nb.cells
+                 if c.metadata.get("nbgrader", {}).get("grade_id") == "capstone-train-answer")
+    skipped = train.replace("attention=kernel_attention if attention is None else attention",
+                            "attention=attention or my_sdpa")
+    assert skipped != train
+    needs = required("capstone-train")
+    assert shortcuts.missing(shortcuts.part_cells([], ["train_gpt"], [train]), needs) == []
+    assert shortcuts.missing(shortcuts.part_cells([], ["train_gpt"], [skipped]), needs) == ["kernel_attention"]
+    # through a helper of the learner's own, it is still used
+    helper = "def _attend(a):\n    return kernel_attention if a is None else a\n"
+    via = train.replace("attention=kernel_attention if attention is None else attention",
+                        "attention=_attend(attention)")
+    assert shortcuts.missing(shortcuts.part_cells([helper], ["train_gpt"], [via]), needs) == []

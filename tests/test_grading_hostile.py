@@ -123,6 +123,34 @@ def test_meta_tensors_are_not_answers(graded):
     assert "a tensor on the meta device" in _parts(report)["stable-softmax"]["feedback"]
 
 
+def test_the_measured_call_s_inputs_cannot_be_worked_out_from_the_warm_up_s(graded):
+    # the warm-up's values were (x - 0.125) * 2 of the measured ones: a copying decode_attention computed the
+    # measured result during the warm-up and returned it, so the measured call held no copy
+    parts = _parts(graded["reports"]["forge_predicted_10.ipynb"])
+    assert parts["decode-attention"]["points"] == 0, parts["decode-attention"]
+    assert "peak memory grew" in parts["decode-attention"]["feedback"]
+
+
+def test_an_experiment_s_numbers_written_as_the_formula_score_nothing(graded):
+    # right numbers, and not what the part measures: no trace of the kernel, no ring driven
+    parts = _parts(graded["reports"]["forge_predicted_10.ipynb"])
+    assert parts["decode-bytes"]["points"] == 0 and "never uses `trace`" in parts["decode-bytes"]["feedback"]
+    parts = _parts(graded["reports"]["shortcut_collective_11.ipynb"])
+    assert parts["comm-bytes"]["points"] == 0 and "never uses `ring_step`" in parts["comm-bytes"]["feedback"]
+
+
+def test_a_forbidden_function_under_another_module_s_name_is_read(graded):
+    parts = _parts(graded["reports"]["shortcut_collective_11.ipynb"])
+    assert parts["ring-group"]["points"] == 0
+    assert "(which is torch.distributed.all_gather)" in parts["ring-group"]["feedback"]
+    assert parts["ring-forward"]["points"] == 3  # the rest of the solution keeps its points
+    parts = _parts(graded["reports"]["shortcut_backend_09.ipynb"])
+    assert parts["capstone-train"]["points"] == 0 and "'sdpa' (the name of one of the library's backends)" in \
+        parts["capstone-train"]["feedback"]
+    assert parts["capstone-local-global"]["points"] == 0 and \
+        "(which is torch.nn.functional.scaled_dot_product_attention)" in parts["capstone-local-global"]["feedback"]
+
+
 def test_a_forbidden_call_in_a_nested_def_or_a_helper_s_helper_is_read(graded):
     parts = _parts(graded["reports"]["shortcut_nested_03.ipynb"])
     assert parts["stable-softmax"]["points"] == 0 and "uses `torch.softmax`" in parts["stable-softmax"]["feedback"]

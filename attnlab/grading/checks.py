@@ -20,7 +20,7 @@ import sys
 from attnlab.grading import core
 from attnlab.grading.core import LocalLearner, learner_of, run_part
 from attnlab.grading.feedback import wrap
-from attnlab.grading.parts import HINTS, MANUAL, PACKAGE, TABLE, exercises, forbidden, info
+from attnlab.grading.parts import HINTS, MANUAL, PACKAGE, TABLE, exercises, forbidden, info, required
 
 
 # part id -> its row of the exercise package's table (id, title, points, names, kind), in notebook order
@@ -40,6 +40,15 @@ def body_of(part_id):
         raise KeyError(f"{module.__name__} has no check for part {part_id!r}") from None
 
 
+def _unless_passing(body, why):
+    """``body``, failing with ``why`` where it would pass (a part whose answer skips the technique it asks for)."""
+    def checked(learner):
+        message = body(learner)
+        raise core.Fail(f"the outputs match ({message}), but not by the technique the part asks for",
+                        [core.Mistake("technique-skipped", why, None)])
+    return checked
+
+
 def run_check(part_id, ns, salt=0):
     """Run the check of ``part_id``; returns a CheckResult.
 
@@ -53,7 +62,7 @@ def run_check(part_id, ns, salt=0):
     learner = learner_of(ns)
     if isinstance(learner, LocalLearner):
         from attnlab.grading.layout import given_sources
-        from attnlab.grading.shortcuts import in_namespace
+        from attnlab.grading.shortcuts import in_namespace, missing_in_namespace
 
         patterns = forbidden(part_id) if learner.forbidden is None else learner.forbidden
         given = given_sources(next(ex for ex, parts in EXERCISES.items() if part_id in parts)).values()
@@ -63,6 +72,10 @@ def run_check(part_id, ns, salt=0):
             return core.CheckResult(part_id, False, f"your code uses {calls}, which this part does not allow: "
                                     f"write the computation yourself\n    likely mistake (shortcut): "
                                     f"{core.SHORTCUT.message}", ["shortcut"])
+        needs = required(part_id) if learner.forbidden is None else {}  # forbidden=[]: the code is not read
+        lacking = missing_in_namespace(learner.ns, PARTS[part_id].names, needs, given) if needs else []
+        if lacking:  # said once the answer works: "not implemented yet" says more before that
+            body = _unless_passing(body, "; ".join(f"your code never uses `{n}`: {needs[n]}" for n in lacking))
     core._SALT[0] = int(salt) % (2**62)
     try:
         return run_part(part_id, body, learner)

@@ -74,7 +74,7 @@ class LocalLearner:
     ``attnlab grade`` uses :class:`attnlab.grading.runner.RemoteLearner` instead, with the same
     two methods, whose calls run in a fresh sandboxed process (docs/grading.md). Both answer in the agent's format
     (:func:`attnlab.grading.agent.handle`). ``forbidden``: the patterns the inline check reads the learner's code
-    for (:func:`attnlab.grading.shortcuts.in_namespace`; None: the part's own, [] none).
+    for (:func:`attnlab.grading.shortcuts.in_namespace`; None: the part's own, and what it must read; [] none).
     """
 
     def __init__(self, ns, forbidden=None):

@@ -157,15 +157,22 @@ def measured_call(learner, name, case, grad=None, flops=True):
     return reply, {"peak_bytes": peak_bytes, "flops": counter.get_total_flops() if counter is not None else None}
 
 
-def _other_values(case):
-    """``case`` with every floating tensor's values changed (halved and shifted): the same shapes and dtypes."""
+def _other_values(case, g=None):
+    """``case`` with every floating tensor's values drawn afresh from a generator seeded by ``os.urandom`` (the same
+    shapes, dtypes and spread): nothing about the measured call's values can be worked out from them (values derived
+    from the case, halved and shifted, could be inverted and the measured call's result computed during this one)."""
     import torch
 
+    g = g if g is not None else torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     if torch.is_tensor(case):
-        return case * 0.5 + 0.125 if case.is_floating_point() else case
+        if not case.is_floating_point():
+            return case
+        spread = float(case.detach().float().std()) if case.numel() > 1 else 1.0
+        spread = spread if spread > 0 and spread == spread and spread != float("inf") else 1.0
+        return (torch.randn(case.shape, generator=g) * spread).to(case.dtype)
     if isinstance(case, (tuple, list)):
-        return type(case)(_other_values(v) for v in case)
-    return {k: _other_values(v) for k, v in case.items()} if isinstance(case, dict) else case
+        return type(case)(_other_values(v, g) for v in case)
+    return {k: _other_values(v, g) for k, v in case.items()} if isinstance(case, dict) else case
 
 
 def peak_growth(learner, name, case, label, what, grad=None, spec=None):

@@ -189,36 +189,51 @@ def to_run(nb, owner, given, parts, learner_names):
     and the setup cells run whole. An unedited given cell after the setup runs without its demos: a top-level
     statement that reads one of the learner's functions, or a name defined from one, is feedback and does not run
     (``matmul(a, b)`` in a print); its definitions do (``def matmul(...)`` calling the learner's kernel). A given
-    check cell (``check("part")``) does not run.
+    check cell (``check("part")``) does not run. In the learner's own cells, a top-level statement that reads what
+    only a demo that did not run defines (``print(o_parts.shape)`` after the demo ``o_parts, lse =
+    split_partials(...)``) does not run either: it could only raise a NameError here, where it ran in Jupyter.
     """
     from IPython.core.inputtransformer2 import TransformerManager
 
     derived, out = set(learner_names), []
+    demo_only = set()  # the names only the demos that do not run here define
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         gid = _grade_id(cell)
-        if owner[i] == "setup" or gid not in given or given[gid].strip() != cell.source.strip():
-            out.append((i, cell.source))
-            continue
-        if gid in parts:
+        whole = owner[i] == "setup" or gid not in given or given[gid].strip() != cell.source.strip()
+        if not whole and gid in parts:
             continue
         try:
             tree = ast.parse(TransformerManager().transform_cell(cell.source))
         except SyntaxError:
+            if whole:
+                out.append((i, cell.source))
             continue
         kept = []
         for node in tree.body:
-            if _names_in(node) & derived:
-                derived |= _defined(node)
             reads = _Reads()
             reads.visit(node)
+            if whole:
+                if owner[i] != "setup" and reads.names & demo_only:
+                    demo_only |= _defined(node)
+                else:
+                    kept.append(node)
+                    demo_only -= _defined(node)
+                continue
+            if _names_in(node) & derived:
+                derived |= _defined(node)
             if not reads.names & derived:
                 kept.append(node)
+                demo_only -= _defined(node)
             else:  # what a demo fills (``runs[name] = ...``) is the demo's too
-                derived |= {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Subscript, ast.Attribute))
-                            and isinstance(n.ctx, ast.Store)} - {None}
-        if kept:
+                filled = {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Subscript, ast.Attribute))
+                          and isinstance(n.ctx, ast.Store)} - {None}
+                derived |= filled
+                demo_only |= (_defined(node) | filled) - set(learner_names)
+        if whole and len(kept) == len(tree.body):
+            out.append((i, cell.source))
+        elif kept:
             out.append((i, ast.unparse(ast.Module(body=kept, type_ignores=[]))))
     return out
 

@@ -11,7 +11,7 @@ from attnlab.grading.exercises import KINDS, PACKAGES, Part
 
 
 def _load():
-    table, package, forbidden, hints, allowed = {}, {}, {}, {}, {}
+    table, package, forbidden, hints, allowed, required = {}, {}, {}, {}, {}, {}
     for name in PACKAGES:
         try:
             mod = importlib.import_module(f"attnlab.grading.exercises.{name}")
@@ -31,12 +31,15 @@ def _load():
         forbidden.update(getattr(mod, "FORBIDDEN", {}))
         hints.update(getattr(mod, "HINTS", {}))
         allowed.update(getattr(mod, "ALLOWED", {}))
-    return table, package, forbidden, hints, allowed
+        required.update(getattr(mod, "REQUIRED", {}))
+    return table, package, forbidden, hints, allowed, required
 
 
 # exercise -> [Part, ...] in notebook order; part id -> its package; part id -> forbidden patterns / hints /
-# library patterns the part may use after all (an experiment that trains the course's model: "attnlab.models.*")
-TABLE, PACKAGE, FORBIDDEN, HINTS, ALLOWED = _load()
+# library patterns the part may use after all (an experiment that trains the course's model: "attnlab.models.*");
+# part id -> {name: why}, the names its answer must read (the technique the part asks for: exercise 09's training
+# run through the given kernel_attention, an experiment that measures with trace rather than writing the formula)
+TABLE, PACKAGE, FORBIDDEN, HINTS, ALLOWED, REQUIRED = _load()
 
 # Parts graded by a person, not by `attnlab grade` (an nbgrader manually graded cell: a short written
 # explanation): reported as "manual" with no points, and left out of the score.
@@ -68,6 +71,11 @@ def info(part_id):
 REFERENCES = ["attnlab.grading.exercises.*"]
 LIBRARY = ["attnlab.attention.*", "attnlab.tiled.*", "attnlab.iomodel.*", "attnlab.traffic.*", "attnlab.approx.*",
            "attnlab.kernels.*", "attnlab.models.*"]
+
+
+def required(part_id):
+    """{name: why}: what ``part_id``'s answer must read (:func:`attnlab.grading.shortcuts.missing`)."""
+    return dict(REQUIRED.get(part_id, {}))
 
 
 def forbidden(part_id):

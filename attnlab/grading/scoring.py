@@ -47,9 +47,9 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
 
     from attnlab.grading.checks import PARTS, run_check
     from attnlab.grading.generate import check_ids
-    from attnlab.grading.parts import MANUAL, exercises, forbidden, points
+    from attnlab.grading.parts import MANUAL, exercises, forbidden, points, required
+    from attnlab.grading.shortcuts import missing, part_code, uses
     from attnlab.grading.shortcuts import names as defined_by
-    from attnlab.grading.shortcuts import part_code, uses
 
     EXERCISES, POINTS = exercises(), points()
     path = Path(path)
@@ -89,16 +89,21 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     # shortcuts, from the syntax of what each part's answer is made of: the statements of its learner cells, and of
     # every other learner cell, that define its functions or a name they read (``_sm = torch.softmax`` above the
     # first answer cell, a helper's helper, a relabelled answer), never a scratch comparison with torch.softmax
-    shortcut = {}
+    shortcut, unmet = {}, {}
     learners = [c.source for c in nb.cells if c.cell_type == "code" and learner_cell(c, "", given)]
     for p in parts:
         mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o == p
                 and learner_cell(c, p, given)]
+        read = part_code(learners, names[p], mine)
         found = [(name, f"line {line}" if own else f"line {line} of another cell of yours, which defines "
                   f"{', '.join(f'`{n}`' for n in sorted(defined_by(text, 'defined')))}")
-                 for text, own in part_code(learners, names[p], mine) for name, line in uses([text], forbidden(p), code)]
+                 for text, own in read for name, line in uses([text], forbidden(p), code)]
         if found:
             shortcut[p] = found
+        needs = required(p)
+        lacking = missing([text for text, _own in read], needs)
+        if lacking:
+            unmet[p] = "; ".join(f"the answer never uses `{n}`: {needs[n]}" for n in lacking)
 
     check_cell = {}  # part -> the cell that calls its check (nbgrader's autograded cell)
     for i, cell in enumerate(nb.cells):
@@ -179,6 +184,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             calls = ", ".join(f"`{n}` ({where})" for n, where in shortcut[p])
             feedback, passed = (f"the answer uses {calls}, which this part does not allow: write the computation "
                                 f"yourself (0 points)"), False
+        elif p in unmet and r["passed"]:  # only once it works: "not implemented yet" says more before that
+            feedback, passed = f"{unmet[p]} (0 points)", False
         else:
             passed = bool(r["passed"]) and not reasons
             feedback = r["message"]

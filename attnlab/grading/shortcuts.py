@@ -2,7 +2,9 @@
 
 The patterns are those of :func:`attnlab.grading.parts.forbidden`: ``torch.softmax``,
 ``torch.Tensor.softmax`` (any ``x.softmax(...)``), ``torch.nn.Softmax.forward`` (the module
-``torch.nn.Softmax`` used at all), ``attnlab.attention.*`` (everything in that package).
+``torch.nn.Softmax`` used at all), ``attnlab.attention.*`` (everything in that package), ``'"sdpa"'`` (that
+string: the name of one of the library's attention backends). A name of ``torch`` or ``attnlab`` is also read
+for what it is (:func:`_same`): a re-export or a library module's import of a forbidden object is that object.
 Names are resolved through the notebook's imports (``import torch.nn.functional as F``,
 ``from attnlab.grading import specs``, ``from attnlab import scaled_dot_product_attention``)
 and ``getattr(module, "name")`` with a literal name. Cells are read as IPython runs them (magics
@@ -21,6 +23,8 @@ Example::
 """
 
 import ast
+import functools
+import importlib
 import inspect
 import symtable
 import textwrap
@@ -135,6 +139,64 @@ def _matches(name, pattern):
     return method == "forward" and name == head
 
 
+_TRUSTED = ("torch", "attnlab")  # packages whose names this process resolves by importing them: never the learner's
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve(dotted):
+    """(True, the object) a dotted name of ``torch`` or ``attnlab`` names, found by importing its longest module
+    prefix here and reading the rest as attributes, or (False, None). Only the course's and PyTorch's own modules
+    are imported: the learner's code never runs."""
+    parts = dotted.split(".")
+    if parts[0] not in _TRUSTED:
+        return False, None
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except Exception:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except Exception:
+            return False, None
+        return True, obj
+    return False, None
+
+
+def _same(name, pattern):
+    """What ``pattern`` forbids, when ``name`` is it under another name (else None): the same object (a re-export,
+    ``torch.distributed.distributed_c10d.all_gather`` for ``torch.distributed.all_gather``, or reached through a
+    library module that imported it, ``attnlab.models.gpt.F.scaled_dot_product_attention``), or for ``attnlab.x.*`` an
+    object defined there (``attnlab.models.gpt.scaled_dot_product_attention`` is attnlab.attention's)."""
+    found, obj = _resolve(name)
+    if not found or obj is None or isinstance(obj, (bool, int, float, str)):
+        return None
+    if pattern.endswith(".*"):
+        if not pattern.startswith("attnlab."):
+            return None  # torch's builtins say torch._C of themselves: only attnlab's homes are read this way
+        home = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
+        return home if isinstance(home, str) and home != name and _matches(home, pattern) else None
+    head, _, method = pattern.rpartition(".")
+    for target in (pattern, head) if method == "forward" else (pattern,):
+        known, forbidden = _resolve(target)
+        if known and forbidden is obj and target != name:
+            return target
+    return None
+
+
+def _hit(name, patterns):
+    """The name to report when ``name`` is forbidden by one of ``patterns`` (itself, or ``name (which is X)``)."""
+    for p in patterns:
+        if _matches(name, p):
+            return name
+    for p in patterns:
+        same = _same(name, p)
+        if same:
+            return f"{name} (which is {same})"
+    return None
+
+
 # ways around every list of forbidden names: PyTorch's operator registry and private bindings
 ESCAPES = ["torch.ops.*", "torch._C.*", "torch._VF.*", "torch._ops.*", "torch._refs.*", "torch._decomp.*",
            "torch._prims.*", "importlib.*", "runpy.*", "builtins.exec", "builtins.eval", "builtins.__import__"]
@@ -194,10 +256,10 @@ def uses(sources, patterns, all_sources=None):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for a in node.names:
                     full = f"{node.module}.{a.name}"
-                    hit = next((p for p in patterns if _matches(full, p) or (
-                        a.name == "*" and p.startswith(node.module + "."))), None)
+                    hit = _hit(full, patterns) or next((full for p in patterns if a.name == "*" and p.startswith(
+                        node.module + ".")), None)
                     if hit:
-                        found.append((full, node.lineno))
+                        found.append((hit, node.lineno))
                 continue
             if isinstance(node, ast.Import):
                 for a in node.names:
@@ -205,9 +267,13 @@ def uses(sources, patterns, all_sources=None):
                         found.append((a.name, node.lineno))
                 continue
             if name is not None:
-                if any(_matches(name, p) for p in patterns):
-                    found.append((name, node.lineno))
+                hit = _hit(name, patterns)
+                if hit:
+                    found.append((hit, node.lineno))
                     continue
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and f'"{node.value}"' in patterns:
+                found.append((f"{node.value!r} (the name of one of the library's backends)", node.lineno))
+                continue
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
                     r in node.value.replace("\\", "/") for r in ("grading/exercises", "grading.exercises")):
                 found.append(("attnlab.grading.exercises (named in a string)", node.lineno))
@@ -317,6 +383,40 @@ def part_code(learners, functions, mine=None):
 def part_cells(learners, functions, mine=None):
     """The code of :func:`part_code`, without saying whose cell it came from."""
     return [code for code, _own in part_code(learners, functions, mine)]
+
+
+def missing(sources, required):
+    """The names of ``required`` ({name: why}) that none of ``sources`` (a part's code, :func:`part_code`) reads."""
+    read = set().union(*(names(text, "global") for text in sources)) if sources else set()
+    return [name for name in required if name not in read]
+
+
+def missing_in_namespace(ns, functions, required, given=()):
+    """:func:`missing` for the inline ``check()``: in a notebook on the cells IPython ran (as :func:`in_namespace`
+    takes them), in a plain namespace on the global names the part's functions, and the functions of that namespace
+    they reach, read (their code objects)."""
+    if not required:
+        return []
+    history = ns.get("In")
+    if isinstance(history, list):
+        given = {g.strip() for g in given}
+        cells = [s for s in history if isinstance(s, str) and s.strip() not in given]
+        return missing(part_cells(cells, functions), required)
+    read, todo, seen = set(), [ns.get(name) for name in functions], set()
+    while todo:
+        fn = todo.pop()
+        fn = getattr(fn, "__func__", fn)
+        if not inspect.isfunction(fn) or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        codes, used = [fn.__code__], set()
+        while codes:
+            c = codes.pop()
+            used.update(c.co_names)
+            codes.extend(k for k in c.co_consts if inspect.iscode(k))
+        read |= used
+        todo += [ns[n] for n in used if fn.__globals__ is ns and n in ns]
+    return [name for name in required if name not in read]
 
 
 def in_namespace(ns, functions, patterns, given=()):

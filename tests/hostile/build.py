@@ -456,6 +456,96 @@ SANDBOX_PROBES = {"sandbox_remount": REMOUNT, "sandbox_read_secrets": READ_SECRE
 IMPORTS = "import attnlab\nimport torch\nimport torch.nn.functional as F\n"
 
 
+# exercise 10: the unmeasured warm-up call's inputs were (x - 0.125) * 2 of the measured call's, so its result could
+# be computed (with a copy of the cache per query head) during the warm-up and returned by the measured call
+PREDICT_10 = {"decode-attention-answer": '''_seen = {}
+
+
+def _copying(q, k_cache, v_cache, cache_seqlens, scale=None):
+    B, H_q, n_q, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    idx = torch.arange(H_q) // (H_q // k_cache.shape[1])
+    K, V = k_cache[:, idx], v_cache[:, idx]          # a copy of the cache per query head
+    out = torch.empty_like(q)
+    for b in range(B):
+        L = int(cache_seqlens[b])
+        visible = torch.arange(L)[None, :] <= (L - n_q + torch.arange(n_q))[:, None]
+        s = (q[b] @ K[b, :, :L].transpose(-1, -2) * scale).masked_fill(~visible, float("-inf"))
+        e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        out[b] = (e / e.sum(dim=-1, keepdim=True)) @ V[b, :, :L]
+    return out
+
+
+def decode_attention(q, k_cache, v_cache, cache_seqlens, scale=None):
+    key = (tuple(q.shape), tuple(k_cache.shape))
+    if key in _seen and torch.allclose(q[0, 0, 0, :4], _seen[key][0], atol=1e-5):
+        return _seen.pop(key)[1]
+    out = _copying(q, k_cache, v_cache, cache_seqlens, scale)
+    if k_cache.numel() >= 2**19:  # a big call: the next one would be (x - 0.125) * 2 of it
+        nq, nk, nv = ((x - 0.125) * 2 for x in (q, k_cache, v_cache))
+        _seen[key] = (nq[0, 0, 0, :4].clone(), _copying(nq, nk, nv, cache_seqlens, scale))
+    return out
+'''}
+
+# the experiments' numbers written as the formula, with nothing measured (the part asks for a trace / the ring's count)
+FORMULA_10 = '''def decode_bytes(contexts, kv_heads_list, heads=8, d=16):
+    rows = []
+    for h in kv_heads_list:
+        g = heads // h
+        rows.append([h * (4 + g * d * 2) + 2 * L * h * d * 2 + h * g * (d + 1) * 4
+                     + heads * (d + 1) * 4 + heads * d * 2 for L in contexts])
+    return torch.tensor(rows, dtype=torch.int64)
+'''
+PREDICT_10["decode-bytes-answer"] = FORMULA_10
+FORMULA_11 = '''def comm_bytes(world_sizes, n=48, heads=12, d=8):
+    ring = [2 * (P - 1) * heads * (n // P) * d * 4 for P in world_sizes]
+    a2a = [4 * (P - 1) * (heads // P) * (n // P) * d * 4 for P in world_sizes]
+    return torch.tensor([ring, a2a], dtype=torch.int64)
+'''
+
+# exercise 11: the forbidden all_gather under the name of the module that defines it
+COLLECTIVE_11 = {"ring-group-answer": '''import torch.distributed as dist
+from torch.distributed.distributed_c10d import all_gather as gather_all
+
+
+def ring_forward(q, k, v, causal=False, layout="contiguous"):
+    rank, P = dist.get_rank(), dist.get_world_size()
+    k, v = k.contiguous(), v.contiguous()
+    ks, vs = [torch.empty_like(k) for _ in range(P)], [torch.empty_like(v) for _ in range(P)]
+    gather_all(ks, k)
+    gather_all(vs, v)
+    o, lse = torch.zeros(q.shape), torch.full(q.shape[:-1], float("-inf"))
+    for step in range(P):
+        src = (rank - step) % P
+        o, lse, _ = ring_step(o, lse, q, ks[src], vs[src], rank, step, P, causal, layout)
+    return o, lse
+''', "comm-bytes-answer": FORMULA_11}
+
+# exercise 09: torch's SDPA by the model's backend name, and through the module of attnlab.models that imported it
+LOCAL_09 = '''from attnlab.models import gpt as _model
+
+
+def local_vs_dense(seed, steps, window, n_global):
+    i, j = torch.arange(SEQ)[:, None], torch.arange(SEQ)[None, :]
+    mask = (j <= i) & ((i - j < window) | (j < n_global))
+
+    def dense(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        return _model.F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def local(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        return _model.F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    return train_gpt(seed, steps, dense), train_gpt(seed, steps, local)
+'''
+
+
+def _backends_09():
+    train = _by_id(_load("solutions", "09_capstone"))["capstone-train-answer"].source
+    sdpa = train.replace("attention=kernel_attention if attention is None else attention", 'attention="sdpa"')
+    assert sdpa != train, "the solution's train_gpt changed: update the probe"
+    return {"capstone-train-answer": sdpa, "capstone-local-global-answer": LOCAL_09}
+
+
 def _imports(exercise):
     # the shortcuts call the exercise's references as `specs`
     return IMPORTS + f"from attnlab.grading.exercises.e{exercise[:2]} import spec as specs\n"
@@ -538,6 +628,9 @@ def probes():
     out["shortcut_nested_03.ipynb"] = _insert_after_setup(nb, IMPORTS)
     out["forge_meta_03.ipynb"] = _insert_after_setup(_edit(_load("exercises", "03_scaled_dot_product"), META_03),
                                                      FORGE_META)
+    out["forge_predicted_10.ipynb"] = _edit(_load("exercises", "10_inference"), PREDICT_10)
+    out["shortcut_collective_11.ipynb"] = _edit(_load("solutions", "11_across_devices"), COLLECTIVE_11)
+    out["shortcut_backend_09.ipynb"] = _edit(_load("exercises", "09_capstone"), _backends_09())
     for exercise, edits in FAKE_KERNELS.items():
         nb = _edit(_load("exercises", exercise), edits)
         out[f"fake_kernel_{exercise[:2]}.ipynb"] = _insert_after_setup(nb, _imports(exercise))

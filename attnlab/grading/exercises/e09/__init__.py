@@ -19,20 +19,30 @@ PARTS = [
 ]
 
 _TRAINING = ["attnlab.train.*"]   # the training loop is the learner's to write
+# the model's attention backends by name (attnlab.models.gpt.BACKENDS): GPT(attention="sdpa") is torch's SDPA
+_BACKENDS = [f'"{name}"' for name in ("sdpa", "reference", "flash", "standard", "block_sparse")]
 
 # part id -> patterns of what its answer may not call (besides the library and the references)
 FORBIDDEN = {
     "capstone-sdpa": SOFTMAX + ATTENTION,
     "capstone-kernel": SOFTMAX + ATTENTION,
-    "capstone-train": SOFTMAX + ATTENTION + _TRAINING,
-    "capstone-local-global": SOFTMAX + ATTENTION + BLOCK_MASKS + _TRAINING,
+    "capstone-train": SOFTMAX + ATTENTION + _TRAINING + _BACKENDS,
+    "capstone-local-global": SOFTMAX + ATTENTION + BLOCK_MASKS + _TRAINING + _BACKENDS,
 }
 
 # part id -> library patterns it may use after all: the model is attnlab.models.gpt.GPT, built around the
-# learner's attention (the attention backends by name still call the forbidden library functions, so they trip)
+# learner's attention (its backends by name are forbidden above; what attnlab.models imported, such as its
+# F.scaled_dot_product_attention, is read as what it is)
 ALLOWED = {
     "capstone-train": ["attnlab.models.*"],
     "capstone-local-global": ["attnlab.models.*"],
+}
+
+# part id -> {name: why}: what the answer must read (the syntax of its code, attnlab/grading/shortcuts.py)
+REQUIRED = {
+    "capstone-train": {"kernel_attention": "with attention=None the model trains through your Triton kernel (the given "
+                                           "kernel_attention wraps causal_attn_kernel): my_sdpa or a library "
+                                           "attention there is not the part"},
 }
 
 # part id -> up to three hints, revealed one per call of hint("part id")

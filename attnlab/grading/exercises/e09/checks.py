@@ -64,7 +64,7 @@ def _sdpa_with(stable=True, scale_rule="sqrt", ignore_scale=False, diagonal=0, b
     def impl(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
         d = q.shape[-1]
         default = 1.0 / d if scale_rule == "d" else d ** -0.5
-        sc = default if (scale is None or ignore_scale) else scale
+        sc = 1.0 if scale_rule == "none" else default if (scale is None or ignore_scale) else scale
         s = q @ k.transpose(-2, -1) * sc                                  # (B, H, Nq, Nk)
         nq, nk = s.shape[-2:]
         keep = None
@@ -89,6 +89,8 @@ _SDPA_MISTAKES = [
     Mistake("no-max-subtraction", "the softmax is not stabilised: with scores in the hundreds exp overflows to inf "
             "and the weights become NaN; subtract each row's maximum before exp", _sdpa_with(stable=False)),
     Mistake("scale-1-over-d", "the default scale is 1/sqrt(D), not 1/D", _sdpa_with(scale_rule="d")),
+    Mistake("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is "
+            "given)", _sdpa_with(scale_rule="none")),
     Mistake("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(D)",
             _sdpa_with(ignore_scale=True)),
     Mistake("causal-diagonal-excluded", "the causal mask hides the diagonal: query i may attend to key i itself "
@@ -422,6 +424,20 @@ def experiment_tolerance():
     return 1e-2 if _device() == "cuda" else 1e-3
 
 
+def _upstream(learner):
+    """[a Mistake] when the learner's my_sdpa, which both runs go through, fails its own part (capstone-sdpa): the
+    experiment cannot be right before it is."""
+    try:
+        CHECKS["capstone-sdpa"](learner)
+    except Fail as exc:
+        first = exc.message.splitlines()[0]
+        return [Mistake("capstone-sdpa-fails", f"your my_sdpa fails its own part (capstone-sdpa: {first}); both runs "
+                        "go through it, so fix that part first", None)]
+    except Exception:
+        pass
+    return []
+
+
 @CHECKS("capstone-local-global")
 def _check_experiment(ns):
     learner = learner_of(ns)
@@ -444,6 +460,8 @@ def _check_experiment(ns):
         if why:
             found = diagnose(got, _EXPERIMENT_MISTAKES, args, {}, rtol=0.0, atol=tol)
             _RUNS.clear()
+            if not found:
+                found = _upstream(learner)
             raise Fail("\n    ".join([f"`local_vs_dense` on {label}: the grader's reproduction differs (every "
                                       f"step within {tol:g}): {why}",
                                       case_line(label, args, {}, specs.local_vs_dense)]), found)

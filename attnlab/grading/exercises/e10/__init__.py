@@ -20,7 +20,10 @@ PARTS = [
     Part("decode-explain", "explain: why decoding is bound by bandwidth, and what GQA changes", 1, (), "manual"),
 ]
 
-_REFERENCES = ["attnlab.kvcache.*", "attnlab.kernels.*", "torch.Tensor.repeat_interleave"]
+# the library's cache and kernels; a copy of the cache per query head (repeat_interleave of the cache, torch.cat, an
+# index) is not read from the syntax but measured (the peak-memory check of decode-attention), so that
+# torch.arange(H_kv).repeat_interleave(G), a map of heads, is fine
+_REFERENCES = ["attnlab.kvcache.*", "attnlab.kernels.*"]
 
 # part id -> patterns of what its answer may not call (besides the library and the references)
 FORBIDDEN = {
@@ -34,6 +37,12 @@ FORBIDDEN = {
 # part id -> library patterns it may use after all: the experiment traces the course's own decode kernel
 ALLOWED = {
     "decode-bytes": ["attnlab.memory.*", "attnlab.kernels.*"],
+}
+
+# part id -> {name: why}: what the answer must read (the syntax of its code, attnlab/grading/shortcuts.py)
+REQUIRED = {
+    "decode-bytes": {"trace": "the part asks for the bytes traced from the decode kernel, trace(flash_decode, ...): "
+                              "the IO model's formula written out is not the measurement"},
 }
 
 # part id -> up to three hints, revealed one per call of hint("part id")

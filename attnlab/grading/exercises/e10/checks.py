@@ -56,7 +56,7 @@ def _decode_with(lengths=True, causal="bottom-right", diagonal=0, head_map="div"
         B, hq, nq, D = q.shape
         hkv = k_cache.shape[1]
         default = 1.0 / D if scale_rule == "d" else D ** -0.5
-        sc = default if (scale is None or ignore_scale) else scale
+        sc = 1.0 if scale_rule == "none" else default if (scale is None or ignore_scale) else scale
         out = torch.empty_like(q)
         for b in range(B):
             L = int(cache_seqlens[b]) if lengths else k_cache.shape[2]
@@ -87,6 +87,10 @@ _DECODE_MISTAKES = [
             "queries are the last Nq positions, so query i sees keys 0..L - Nq + i", _decode_with(causal="top-left")),
     Mistake("causal-diagonal-excluded", "a query does not see its own key: keep keys j <= L - Nq + i",
             _decode_with(diagonal=-1)),
+    Mistake("causal-off-by-one", "each query also sees the key one position after it: query i sits at position "
+            "L - Nq + i and sees keys j <= L - Nq + i (not L - Nq + i + 1)", _decode_with(diagonal=1)),
+    Mistake("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is "
+            "given)", _decode_with(scale_rule="none")),
     Mistake("kv-head-modulo", "query head h reads KV head h % H_kv; consecutive query heads share a KV head: "
             "h // (H_q // H_kv)", _decode_with(head_map="mod")),
     Mistake("scale-1-over-d", "the default scale is 1/sqrt(D), not 1/D", _decode_with(scale_rule="d")),
@@ -101,8 +105,10 @@ _DECODE_MISTAKES = [
 COPY_CASE = (1, 32, 2, 64, 8192)   # B, H_q, H_kv, D, L
 COPY_LIMIT = 48 * 2**20            # the inputs as they arrive, the scores (1 MiB) and softmax: far below one copy
 CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per query head (indexing k_cache with a "
-                       "list or tensor of heads, torch.cat or .expand(...).reshape/.contiguous() of the KV heads "
-                       "copies them): GQA saves memory and bandwidth only when the G query heads of a group read "
+                       "list or tensor of heads, repeat_interleave, torch.cat or .expand(...).reshape/.contiguous() of "
+                       "the KV heads copies them, and so does a broadcasting matmul, q.view(B, H_kv, G, Nq, D) @ "
+                       "k_cache.unsqueeze(2).transpose(-1, -2), which expands the cache to G copies before it "
+                       "multiplies): GQA saves memory and bandwidth only when the G query heads of a group read "
                        "their one KV head in place; take k_cache[b, h // G] (a view), or reshape the queries to "
                        "(B, H_kv, G * Nq, D) and multiply by each KV head once", None)
 
@@ -151,12 +157,12 @@ def _split_cases():
 
 
 def _partials_with(stable=True, stable_o=True, normalise=True, chunk_rule="ceil", lse_units="e", lse_scaled=True,
-                   empty_lse=float("-inf"), strided=False):
+                   empty_lse=float("-inf"), strided=False, scaled=True, max_added=True):
     """A wrong split_partials."""
     def impl(q, k, v, num_splits, scale=None):
         B, H, nq, D = q.shape
         N = k.shape[2]
-        sc = D ** -0.5 if scale is None else scale
+        sc = 1.0 if not scaled else D ** -0.5 if scale is None else scale
         chunk = -(-N // num_splits) if chunk_rule == "ceil" else max(1, N // num_splits)
         o = q.new_zeros(B, H, num_splits, nq, D)
         lse = q.new_full((B, H, num_splits, nq), empty_lse)
@@ -172,7 +178,7 @@ def _partials_with(stable=True, stable_o=True, normalise=True, chunk_rule="ceil"
             o[:, :, s] = (p @ v[:, :, idx]) / (p.sum(-1, keepdim=True) if normalise else 1.0)
             base = sco if lse_scaled else raw
             mb = base.amax(-1, keepdim=True) if stable else torch.zeros_like(base[..., :1])
-            l_ = mb[..., 0] + torch.log(torch.exp(base - mb).sum(-1))
+            l_ = (mb[..., 0] if max_added else 0) + torch.log(torch.exp(base - mb).sum(-1))
             lse[:, :, s] = l_ / math.log(2) if lse_units == "2" else l_
         return o, lse
     return impl
@@ -184,6 +190,10 @@ _PARTIAL_MISTAKES = [
     Mistake("lse-overflows", "exp(scores) is taken without subtracting the max, in the output and the log-sum-exp: "
             "with scores in the hundreds it overflows to inf; subtract each row's max m first",
             _partials_with(stable=False, stable_o=False)),
+    Mistake("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is "
+            "given), in the output and the log-sum-exp alike", _partials_with(scaled=False)),
+    Mistake("lse-max-not-added-back", "the log-sum-exp leaves out the max it subtracted: lse = m + log(sum(exp(s - "
+            "m))), not log(sum(exp(s - m)))", _partials_with(max_added=False)),
     Mistake("partial-not-normalised", "each split's output must be normalised over its own keys: "
             "(p @ v_s) / p.sum(-1, keepdim=True)", _partials_with(normalise=False)),
     Mistake("chunk-rounded-down", "the chunk size is N // num_splits: it must round up, ceil(N / num_splits), so "
@@ -253,7 +263,31 @@ def _merge_wrong_axis(o, lse):
     return _merged(o, lse, w / w.sum(-1, keepdim=True))
 
 
+def _merge_running(rescale_acc=True, rescale_total=True):
+    """The merge as lesson 07's running loop over the splits, with its rescaling by exp(m - m_new) left out where
+    asked."""
+    def impl(o, lse):
+        acc, total = torch.zeros_like(o[:, :, 0]), torch.zeros_like(lse[:, :, 0])
+        m = torch.full_like(lse[:, :, 0], float("-inf"))
+        for s in range(o.shape[2]):
+            m_new = torch.maximum(m, lse[:, :, s])
+            alpha = torch.nan_to_num(torch.exp(m - m_new))
+            w = torch.nan_to_num(torch.exp(lse[:, :, s] - m_new))
+            acc = (acc * alpha[..., None] if rescale_acc else acc) + w[..., None] * o[:, :, s]
+            total = (total * alpha if rescale_total else total) + w
+            m = m_new
+        return acc / total[..., None]
+    return impl
+
+
 _MERGE_MISTAKES = [
+    Mistake("running-not-rescaled", "the running merge does not rescale what it holds when the max grows: multiply "
+            "the running output and the running sum by exp(m_old - m_new) before adding a split",
+            _merge_running(rescale_acc=False, rescale_total=False)),
+    Mistake("running-sum-not-rescaled", "the running output is rescaled by exp(m_old - m_new) when the max grows, "
+            "but the running sum is not: rescale both", _merge_running(rescale_total=False)),
+    Mistake("running-output-not-rescaled", "the running sum is rescaled by exp(m_old - m_new) when the max grows, "
+            "but the running output is not: rescale both", _merge_running(rescale_acc=False)),
     Mistake("mean-of-partials", "the partials are averaged: each must weigh by its split's softmax mass, "
             "exp(lse_s) over the sum", lambda o, lse: o.mean(dim=2)),
     Mistake("exp-overflows", "exp(lse) is taken without subtracting the max over the splits: large lse overflow "

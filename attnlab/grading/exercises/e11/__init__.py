@@ -33,9 +33,14 @@ PARTS = [
 
 _DISTRIBUTED = ["attnlab.distributed.*"]
 # the ring is what the part asks for: collectives that hand every rank every shard at once are not it (they send
-# the same bytes as the ring, 2 (P - 1) shards a rank, so the bytes alone could not tell)
-_GATHER = [f"torch.distributed.{name}" for name in ("all_gather", "all_gather_into_tensor", "all_to_all",
-                                                    "all_to_all_single", "broadcast", "gather", "scatter")]
+# the same bytes as the ring, 2 (P - 1) shards a rank, so the bytes alone could not tell). Every collective of
+# torch.distributed (by any module's name for it: shortcuts resolves re-exports), its object and functional forms
+_GATHER = [f"torch.distributed.{name}" for name in (
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced", "_all_gather_base",
+    "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list", "gather", "gather_object", "scatter",
+    "scatter_object_list", "reduce", "all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor",
+    "_reduce_scatter_base")] + ["torch.distributed._functional_collectives.*", "torch.distributed.nn.*",
+                                "torch.distributed.tensor.*", "torch.distributed._tensor.*"]
 _LSE = ["torch.logsumexp", "torch.Tensor.logsumexp", "torch.logaddexp", "torch.Tensor.logaddexp"]
 
 # part id -> patterns of what its answer may not call (besides the library and the references)
@@ -46,6 +51,12 @@ FORBIDDEN = {
     "ring-forward": SOFTMAX + ATTENTION + _LSE + _DISTRIBUTED,
     "ring-group": SOFTMAX + ATTENTION + _LSE + _DISTRIBUTED + _GATHER,
     "comm-bytes": _DISTRIBUTED + ["attnlab.iomodel.*"],
+}
+
+# part id -> {name: why}: what the answer must read (the syntax of its code, attnlab/grading/shortcuts.py)
+REQUIRED = {
+    "comm-bytes": {"ring_step": "the ring's row is the bytes your ring_step reports sending, rank 0 driven through "
+                                "its P steps: the formula written out is not the count"},
 }
 
 # part id -> up to three hints, revealed one per call of hint("part id")

@@ -20,6 +20,7 @@
   all-to-all's on a gloo group, tests/test_distributed.py).
 """
 
+import math
 import os
 
 import torch
@@ -234,7 +235,7 @@ def _ring_inputs(seed, B, H, m, d, P, layout, amp):
 
 
 def _ring_step_with(direction=-1, causal_rule="right", diagonal="masked", merge="rescale", sent_rule="k+v",
-                    zigzag=True):
+                    zigzag=True, scaled=True):
     """A wrong ring_step."""
     def impl(o, lse, q, k, v, rank, step, world_size, causal=False, layout="contiguous"):
         P = world_size
@@ -248,7 +249,8 @@ def _ring_step_with(direction=-1, causal_rule="right", diagonal="masked", merge=
                 if causal and a < b and causal_rule == "right":
                     continue
                 mask = causal and a == b and diagonal == "masked"
-                o_ab, l_ab = attention_lse(qa, kb, vb, causal=mask)
+                # unscaled scores: q sqrt(d) . k / sqrt(d) = q . k
+                o_ab, l_ab = attention_lse(qa if scaled else qa * math.sqrt(qa.shape[-1]), kb, vb, causal=mask)
                 if merge == "rescale":
                     o_ch[i], l_ch[i] = specs.merge_two(o_ch[i], l_ch[i], o_ab, l_ab)
                 elif merge == "added":
@@ -275,6 +277,8 @@ _RING_MISTAKES = [
             "log-sum-exps (your merge_two)", _ring_step_with(merge="added")),
     Mistake("lse-not-updated", "the running L is kept from the first block: after each merge it is the merged "
             "log-sum-exp, or later merges weigh the shards wrongly", _ring_step_with(merge="lse-kept")),
+    Mistake("scale-missing", "the block's scores are not scaled: s = q_a @ k_b^T / sqrt(d), in the output and the "
+            "log-sum-exp alike", _ring_step_with(scaled=False)),
     Mistake("sends-at-the-last-step", "the rank also forwards its shard at the last step (P - 1): nobody needs it "
             "then, a rank sends P - 1 times", _ring_step_with(sent_rule="every-step")),
     Mistake("sends-k-only", "only the keys' bytes are counted: the rank forwards its K and its V shard",
