@@ -124,7 +124,10 @@ def _kernel_body(Q, K, V, O, stride_h, stride_n, n_ctx, scale, HEAD_DIM: tl.cons
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if RESCALE_SUM:
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+        else:
+            l_i = l_i + tl.sum(p, axis=1)
         if RESCALE:
             acc = acc * alpha[:, None] + tl.dot(p, v)
         else:
@@ -139,7 +142,7 @@ def _kernel_body(Q, K, V, O, stride_h, stride_n, n_ctx, scale, HEAD_DIM: tl.cons
 
 
 _KERNEL_OK = dict(LOOP=0, Q_TWICE=False, MASK_LOADS=True, SCALE=True, CAUSAL=True, DIAG=0, RESCALE=True,
-                  NORMALISE=True, MASK_STORE=True)
+                  RESCALE_SUM=True, NORMALISE=True, MASK_STORE=True)
 
 
 def _kernel(**flags):
@@ -147,6 +150,7 @@ def _kernel(**flags):
 
 
 WRONG.add("capstone-kernel", "acc-not-rescaled", causal_attn_kernel=_kernel(RESCALE=False))
+WRONG.add("capstone-kernel", "sum-not-rescaled", causal_attn_kernel=_kernel(RESCALE_SUM=False))
 WRONG.add("capstone-kernel", "scale-forgotten", causal_attn_kernel=_kernel(SCALE=False))
 WRONG.add("capstone-kernel", "not-normalised", causal_attn_kernel=_kernel(NORMALISE=False))
 WRONG.add("capstone-kernel", "causal-diagonal-excluded", causal_attn_kernel=_kernel(DIAG=-1))
@@ -175,9 +179,9 @@ def _train(zero=True, clip=True, lr=specs.LR, same_batch=False, opt="adam", step
             torch.optim.SGD(model.parameters(), lr=lr)
         g = torch.Generator().manual_seed(seed + batch_seed)
         out = []
-        for _ in range(steps):
+        for i in range(steps):
             if same_batch:
-                g = torch.Generator().manual_seed(seed + batch_seed)
+                g = torch.Generator().manual_seed(seed + batch_seed + (i if same_batch == "per-step" else 0))
             x, y = corpus.batch("train", specs.BATCH, specs.SEQ, g)
             loss = model(x, y)[1]
             if zero:
@@ -195,6 +199,7 @@ def _train(zero=True, clip=True, lr=specs.LR, same_batch=False, opt="adam", step
 WRONG.add("capstone-train", "grads-accumulate", train_gpt=_train(zero=False))
 WRONG.add("capstone-train", "no-clip", train_gpt=_train(clip=False))
 WRONG.add("capstone-train", "same-batch", train_gpt=_train(same_batch=True))
+WRONG.add("capstone-train", "generator-per-step", train_gpt=_train(same_batch="per-step"))
 WRONG.add("capstone-train", "wrong-lr", train_gpt=_train(lr=1e-3))
 WRONG.add("capstone-train", "no-update", train_gpt=_train(step=False))
 WRONG.add("capstone-train", "sgd", train_gpt=_train(opt="sgd"))

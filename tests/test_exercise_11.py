@@ -232,10 +232,14 @@ def _ring_forward(flaw=None):
                                                    dist.P2POp(dist.isend, v_held, nxt),
                                                    dist.P2POp(dist.irecv, k_next, prev),
                                                    dist.P2POp(dist.irecv, v_next, prev)])
+            if flaw == "computes-after-the-swap" and not last:   # waits and swaps first: computes what it received
+                for request in requests:
+                    request.wait()
+                k_held, v_held = k_next, v_next
             o, lse, _ = step_fn(o, lse, q, k_held, v_held, rank, step, P,
                                 causal and flaw != "causal-not-passed-on",
                                 "contiguous" if flaw == "layout-not-passed-on" else layout)
-            if not last or flaw == "sends-at-the-last-step":
+            if (not last or flaw == "sends-at-the-last-step") and flaw != "computes-after-the-swap":
                 for request in requests:
                     request.wait()
                 if flaw != "own-shard-every-step":
@@ -245,7 +249,7 @@ def _ring_forward(flaw=None):
 
 
 for _key in ("sent-to-the-previous-rank", "causal-not-passed-on", "layout-not-passed-on", "own-shard-every-step",
-             "ranks-hung", "sends-at-the-last-step"):
+             "ranks-hung", "sends-at-the-last-step", "computes-after-the-swap"):
     WRONG.add("ring-group", _key, ring_forward=_ring_forward(_key))
 
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()

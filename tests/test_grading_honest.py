@@ -237,3 +237,17 @@ def test_a_part_that_asks_for_a_technique_needs_the_answer_to_use_it():
     via = train.replace("attention=kernel_attention if attention is None else attention",
                         "attention=_attend(attention)")
     assert shortcuts.missing(shortcuts.part_cells([helper], ["train_gpt"], [via]), needs) == []
+
+
+@pytest.mark.parametrize("imports, call", [
+    ("from attnlab.memory import trace\n", "trace(f, x)"),
+    ("from attnlab.memory import trace as tr\n", "tr(f, x)"),
+    ("import attnlab.memory\n", "attnlab.memory.trace(f, x)"),
+    ("from attnlab import memory as mem\n", "mem.trace(f, x)"),
+], ids=["as-given", "alias", "module", "module-alias"])
+def test_a_required_library_function_is_found_under_any_name(imports, call):
+    answer = f"def decode_bytes(contexts, kv_heads_list, heads=8, d=16):\n    return {call}\n"
+    needs = {"attnlab.memory.trace": "why"}
+    assert shortcuts.missing(shortcuts.part_cells([], ["decode_bytes"], [answer]), needs, [imports, answer]) == []
+    formula = "def decode_bytes(contexts, kv_heads_list, heads=8, d=16):\n    return 2 * heads * d\n"
+    assert shortcuts.missing([formula], needs, [imports, formula]) == ["attnlab.memory.trace"]

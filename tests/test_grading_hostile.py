@@ -134,7 +134,8 @@ def test_the_measured_call_s_inputs_cannot_be_worked_out_from_the_warm_up_s(grad
 def test_an_experiment_s_numbers_written_as_the_formula_score_nothing(graded):
     # right numbers, and not what the part measures: no trace of the kernel, no ring driven
     parts = _parts(graded["reports"]["forge_predicted_10.ipynb"])
-    assert parts["decode-bytes"]["points"] == 0 and "never uses `trace`" in parts["decode-bytes"]["feedback"]
+    assert parts["decode-bytes"]["points"] == 0
+    assert "never uses `attnlab.memory.trace`" in parts["decode-bytes"]["feedback"]
     parts = _parts(graded["reports"]["shortcut_collective_11.ipynb"])
     assert parts["comm-bytes"]["points"] == 0 and "never uses `ring_step`" in parts["comm-bytes"]["feedback"]
 

@@ -101,7 +101,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         if found:
             shortcut[p] = found
         needs = required(p)
-        lacking = missing([text for text, _own in read], needs)
+        lacking = missing([text for text, _own in read], needs, code)
         if lacking:
             unmet[p] = "; ".join(f"the answer never uses `{n}`: {needs[n]}" for n in lacking)
 

@@ -385,24 +385,36 @@ def part_cells(learners, functions, mine=None):
     return [code for code, _own in part_code(learners, functions, mine)]
 
 
-def missing(sources, required):
-    """The names of ``required`` ({name: why}) that none of ``sources`` (a part's code, :func:`part_code`) reads."""
+def missing(sources, required, all_sources=None):
+    """The names of ``required`` ({name: why}) that none of ``sources`` (a part's code, :func:`part_code`) reads. A
+    dotted one (``attnlab.memory.trace``) is read under any name: an import's alias, the module's attribute."""
     read = set().union(*(names(text, "global") for text in sources)) if sources else set()
-    return [name for name in required if name not in read]
+    dotted = set()
+    if any("." in name for name in required):
+        local = aliases(list(all_sources if all_sources is not None else sources) + list(sources))
+        for text in sources:
+            tree = _parse(text)
+            for node in ast.walk(tree) if tree is not None else ():
+                if isinstance(node, (ast.Attribute, ast.Name)):
+                    name = _dotted(node, local)
+                    if name is not None:
+                        dotted.add(name)
+    return [name for name in required if name not in read and not (
+        "." in name and any(_matches(d, name) or _same(d, name) for d in dotted))]
 
 
 def missing_in_namespace(ns, functions, required, given=()):
     """:func:`missing` for the inline ``check()``: in a notebook on the cells IPython ran (as :func:`in_namespace`
-    takes them), in a plain namespace on the global names the part's functions, and the functions of that namespace
-    they reach, read (their code objects)."""
+    takes them), in a plain namespace on what the part's functions, and the functions of that namespace they
+    reach, read (their code objects: a global that is the required object counts, under any name)."""
     if not required:
         return []
     history = ns.get("In")
     if isinstance(history, list):
         given = {g.strip() for g in given}
         cells = [s for s in history if isinstance(s, str) and s.strip() not in given]
-        return missing(part_cells(cells, functions), required)
-    read, todo, seen = set(), [ns.get(name) for name in functions], set()
+        return missing(part_cells(cells, functions), required, cells)
+    read, objects, todo, seen = set(), [], [ns.get(name) for name in functions], set()
     while todo:
         fn = todo.pop()
         fn = getattr(fn, "__func__", fn)
@@ -415,8 +427,15 @@ def missing_in_namespace(ns, functions, required, given=()):
             used.update(c.co_names)
             codes.extend(k for k in c.co_consts if inspect.iscode(k))
         read |= used
+        objects += [fn.__globals__[n] for n in used if n in fn.__globals__]
         todo += [ns[n] for n in used if fn.__globals__ is ns and n in ns]
-    return [name for name in required if name not in read]
+
+    def found(name):
+        if "." not in name:
+            return name in read
+        known, obj = _resolve(name)
+        return name.rsplit(".", 1)[1] in read or (known and any(o is obj for o in objects))
+    return [name for name in required if not found(name)]
 
 
 def in_namespace(ns, functions, patterns, given=()):

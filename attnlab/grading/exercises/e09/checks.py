@@ -128,7 +128,7 @@ TILE_MODEL = 16                                                    # the tiles t
 
 
 def _kernel_model(q, k, v, scale, bm, bn, rescale=True, use_scale=True, causal="element", normalise=True,
-                  diagonal=0, bound="m"):
+                  diagonal=0, bound="m", rescale_sum=True):
     """The kernel's loop in PyTorch, program by program, with switches for the mistakes (q, k, v: (BH, N, D)).
 
     causal: "element" (right: the loop stops at the diagonal, future keys -inf), "block" (the loop stops at
@@ -160,7 +160,7 @@ def _kernel_model(q, k, v, scale, bm, bn, rescale=True, use_scale=True, causal="
             m_new = torch.maximum(m, s.amax(-1))
             alpha = torch.exp(m - m_new)
             p = torch.exp(s - m_new[..., None])
-            l = alpha * l + p.sum(-1)
+            l = (alpha * l if rescale_sum else l) + p.sum(-1)
             acc = (alpha[..., None] * acc if rescale else acc) + p @ vp[:, cols]
             m = m_new
         out[:, rows] = acc / l[..., None] if normalise else acc
@@ -174,6 +174,8 @@ def _kernel_mistake(**switches):
 _KERNEL_MISTAKES = [
     Mistake("acc-not-rescaled", "the accumulator is not rescaled when the running max grows: "
             "acc = acc * alpha[:, None] + tl.dot(p, v)", _kernel_mistake(rescale=False)),
+    Mistake("sum-not-rescaled", "the running sum is not rescaled when the running max grows (the accumulator is): "
+            "l_i = l_i * alpha + tl.sum(p, 1)", _kernel_mistake(rescale_sum=False)),
     Mistake("scale-forgotten", "the scores are not multiplied by `scale`", _kernel_mistake(use_scale=False)),
     Mistake("not-normalised", "the output is not divided by the running sum: store acc / l_i[:, None]",
             _kernel_mistake(normalise=False)),
@@ -286,9 +288,9 @@ def _train_with(zero_grad=True, clip=True, lr=None, reseed=False, optimizer="ada
                else torch.optim.SGD(model.parameters(), lr=rate))
         g = torch.Generator().manual_seed(seed)
         losses = []
-        for _ in range(steps):
+        for i in range(steps):
             if reseed:
-                g = torch.Generator().manual_seed(seed)
+                g = torch.Generator().manual_seed(seed + (i if reseed == "per-step" else 0))
             x, y = corpus.batch("train", specs.BATCH, specs.SEQ, g)
             _, loss = model(x, y)
             if zero_grad:
@@ -310,6 +312,9 @@ _TRAIN_MISTAKES = [
             "between backward and step", _train_with(clip=False)),
     Mistake("same-batch", "every step trains on the same batch: make the generator once, before the loop, "
             "and draw from it at each step", _train_with(reseed=True)),
+    Mistake("generator-per-step", "a new generator is made at every step (seeded with seed + i): the batches are "
+            "not the recipe's; make one torch.Generator().manual_seed(seed) before the loop and draw every batch "
+            "from it", _train_with(reseed="per-step")),
     Mistake("wrong-lr", "the learning rate is Adam's default 1e-3, not LR", _train_with(lr=1e-3)),
     Mistake("no-update", "the weights never change: call optimizer.step() after loss.backward() (and zero the "
             "gradients before backward, not between backward and step)", _train_with(update=False)),

@@ -41,8 +41,9 @@ ALLOWED = {
 
 # part id -> {name: why}: what the answer must read (the syntax of its code, attnlab/grading/shortcuts.py)
 REQUIRED = {
-    "decode-bytes": {"trace": "the part asks for the bytes traced from the decode kernel, trace(flash_decode, ...): "
-                              "the IO model's formula written out is not the measurement"},
+    "decode-bytes": {"attnlab.memory.trace": "the part asks for the bytes traced from the decode kernel, "
+                                             "trace(flash_decode, ...): the IO model's formula written out is not the "
+                                             "measurement"},
 }
 
 # part id -> up to three hints, revealed one per call of hint("part id")

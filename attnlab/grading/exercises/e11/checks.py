@@ -383,7 +383,7 @@ def _group_inputs(seed, B, H, m, d, P, layout):
     return q, k, v, [[shard(x, P, r, layout) for x in (q, k, v)] for r in range(P)]
 
 
-def _simulated_ring(direction=-1, causal_kept=True, layout_kept=True, rotate=True):
+def _simulated_ring(direction=-1, causal_kept=True, layout_kept=True, rotate=True, received_first=False):
     """A wrong ring forward, every rank of it played here with the reference's step: shards(list of [q, k, v] per
     rank), causal, layout -> [(O, L)] per rank."""
     def impl(shards, causal, layout):
@@ -392,7 +392,8 @@ def _simulated_ring(direction=-1, causal_kept=True, layout_kept=True, rotate=Tru
         for r, (q, _, _) in enumerate(shards):
             o, lse = torch.zeros(q.shape), torch.full(q.shape[:-1], float("-inf"))
             for t in range(P):
-                src = (r + direction * t) % P if rotate else r
+                held = min(t + 1, P - 1) if received_first else t  # waited and swapped before computing
+                src = (r + direction * held) % P if rotate else r
                 o, lse, _ = specs.ring_step(o, lse, q, shards[src][1], shards[src][2], r, t, P,
                                             causal and causal_kept, layout if layout_kept else "contiguous")
             out.append((o, lse))
@@ -411,6 +412,10 @@ _GROUP_MISTAKES = [
     Mistake("own-shard-every-step", "every step computes with the rank's own K/V shard: after waiting on the "
             "requests, the shard received (into its own buffers) is the one to hold at the next step",
             _simulated_ring(rotate=False)),
+    Mistake("computes-after-the-swap", "each step computes with the shard it has just received: wait on the requests "
+            "and swap the buffers *after* ring_step, so that step t computes with the shard held at step t (its own "
+            "at step 0); computed after the swap, the rank's own shard is never used and the last one twice",
+            _simulated_ring(received_first=True)),
 ]
 
 _DEADLOCK = Mistake("ranks-hung", "a rank waited for a transfer that never came (a deadlock): every isend needs "
