@@ -231,7 +231,16 @@ def test_a_part_that_asks_for_a_technique_needs_the_answer_to_use_it():
     assert skipped != train
     needs = required("capstone-train")
     assert shortcuts.missing(shortcuts.part_cells([], ["train_gpt"], [train]), needs) == []
-    assert shortcuts.missing(shortcuts.part_cells([], ["train_gpt"], [skipped]), needs) == ["kernel_attention"]
+    assert shortcuts.missing(shortcuts.part_cells([], ["train_gpt"], [skipped]), needs) == list(needs)
+    # the given name bound to something else is not the given one; the given class itself is
+    assert shortcuts.missing(shortcuts.part_cells([], ["train_gpt"], [train]), needs, rebound={"kernel_attention"}) \
+        == list(needs)
+    given = "def kernel_attention(q, k, v, **kw):\n    return KernelAttention.apply(q, k, v)\n"
+    assert shortcuts.rebound(["kernel_attention = my_sdpa\n"], [given]) == {"kernel_attention"}
+    assert shortcuts.rebound([given + "# my note\n"], [given]) == set()
+    apply = train.replace("attention=kernel_attention if attention is None else attention",
+                          "attention=attention or (lambda q, k, v, **kw: KernelAttention.apply(q, k, v))")
+    assert shortcuts.missing(shortcuts.part_cells([], ["train_gpt"], [apply]), needs) == []
     # through a helper of the learner's own, it is still used
     helper = "def _attend(a):\n    return kernel_attention if a is None else a\n"
     via = train.replace("attention=kernel_attention if attention is None else attention",
@@ -251,3 +260,47 @@ def test_a_required_library_function_is_found_under_any_name(imports, call):
     assert shortcuts.missing(shortcuts.part_cells([], ["decode_bytes"], [answer]), needs, [imports, answer]) == []
     formula = "def decode_bytes(contexts, kv_heads_list, heads=8, d=16):\n    return 2 * heads * d\n"
     assert shortcuts.missing([formula], needs, [imports, formula]) == ["attnlab.memory.trace"]
+
+
+def test_a_learner_s_own_assignment_of_a_name_a_demo_also_sets_runs(tmp_path):
+    """Round three, second pass: ``layout = "contiguous"`` in the learner's cell reads nothing, so it runs even
+    though a skipped demo also assigns ``layout``."""
+    import nbformat as nbf
+
+    from attnlab.grading.layout import to_run
+
+    nb = nbf.v4.new_notebook()
+    demo = "P, layout = 4, my_fn(2)\nprint(layout)\n"
+    mine = "layout = 'contiguous'\nprint(layout)\nx = layout + '!'\n"
+    reads = "print(P)\ny = 1\n"
+    nb.cells = [nbf.v4.new_code_cell(demo, metadata={"nbgrader": {"grade_id": "demo"}}),
+                nbf.v4.new_code_cell(mine), nbf.v4.new_code_cell(reads)]
+    ran = dict(to_run(nb, [None, None, None], {"demo": demo}, [], {"my_fn"}))
+    assert 0 not in ran                     # the demo calls the learner's function: not run
+    assert ran[1] == mine                   # the learner's assignment and what reads it run, whole
+    assert "print(P)" not in ran[2] and "y = 1" in ran[2]   # P only the demo made
+
+
+@pytest.mark.parametrize("answer, part", [
+    ('def f(q, k, v):\n    return F.__dict__["scaled_dot_product_attention"](q, k, v)\n', "capstone-sdpa"),
+    ('def f(q, k, v):\n    return vars(F)["scaled_dot_product_attention"](q, k, v)\n', "capstone-sdpa"),
+    ('def f(q, k, v):\n    return F.__getattribute__("scaled_dot_product_attention")(q, k, v)\n', "capstone-sdpa"),
+    ("def f(q, k, v):\n    return torch._scaled_dot_product_attention_math(q, k, v)[0]\n", "capstone-sdpa"),
+    ("def f(s):\n    return F.softmin(-s, -1)\n", "capstone-sdpa"),
+    ("def f(k):\n    dist.group.WORLD.allgather([[k]], [k]).wait()\n", "ring-group"),
+    ("def f(k):\n    dist.new_group().allgather([[k]], [k]).wait()\n", "ring-group"),
+    ("def f(fn, x, g):\n    return torch.func.vjp(fn, x)[1](g)\n", "tiled-backward"),
+    ("def f(seed):\n    mode = 'sdpa'\n    return GPT(attention=mode, seed=seed)\n", "capstone-train"),
+], ids=["dict", "vars", "getattribute", "private-math", "softmin", "group-world", "new-group", "func-vjp",
+        "backend-assigned"])
+def test_round_three_routes_to_a_forbidden_function_are_read(answer, part):
+    code = ["import torch\nimport torch.nn.functional as F\nimport torch.distributed as dist\n", answer]
+    assert shortcuts.uses([answer], forbidden(part), code) != []
+
+
+def test_a_backend_s_name_as_a_label_is_not_a_backend():
+    answer = ("def local_vs_dense(seed, steps, window, n_global):\n    runs = {}\n"
+              "    for name, fn in [('standard', dense), ('flash', local)]:\n"
+              "        runs[name] = train_gpt(seed, steps, fn)\n        print('reference', name == 'sdpa')\n"
+              "    return runs['standard'], runs['flash']\n")
+    assert shortcuts.uses([answer], forbidden("capstone-local-global"), [answer]) == []

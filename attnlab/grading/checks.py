@@ -20,7 +20,7 @@ import sys
 from attnlab.grading import core
 from attnlab.grading.core import LocalLearner, learner_of, run_part
 from attnlab.grading.feedback import wrap
-from attnlab.grading.parts import HINTS, MANUAL, PACKAGE, TABLE, exercises, forbidden, info, required
+from attnlab.grading.parts import HINTS, MANUAL, PACKAGE, TABLE, either, exercises, forbidden, info, required
 
 
 # part id -> its row of the exercise package's table (id, title, points, names, kind), in notebook order
@@ -75,7 +75,7 @@ def run_check(part_id, ns, salt=0):
         needs = required(part_id) if learner.forbidden is None else {}  # forbidden=[]: the code is not read
         lacking = missing_in_namespace(learner.ns, PARTS[part_id].names, needs, given) if needs else []
         if lacking:  # said once the answer works: "not implemented yet" says more before that
-            body = _unless_passing(body, "; ".join(f"your code never uses `{n}`: {needs[n]}" for n in lacking))
+            body = _unless_passing(body, "; ".join(f"your code never uses {either(n)}: {needs[n]}" for n in lacking))
     core._SALT[0] = int(salt) % (2**62)
     try:
         return run_part(part_id, body, learner)

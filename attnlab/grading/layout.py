@@ -159,6 +159,20 @@ class _Reads(ast.NodeVisitor):
         pass
 
 
+class _Loads(_Reads):
+    """The names a statement reads when it runs, less those it only assigns (``layout = "zigzag"`` reads nothing;
+    ``n += 1`` reads ``n``)."""
+
+    def visit_Name(self, node):
+        if not isinstance(node.ctx, ast.Store):
+            self.names.add(node.id)
+
+    def visit_AugAssign(self, node):
+        if isinstance(node.target, ast.Name):
+            self.names.add(node.target.id)
+        self.generic_visit(node)
+
+
 def _names_in(node):
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
@@ -215,7 +229,9 @@ def to_run(nb, owner, given, parts, learner_names):
             reads = _Reads()
             reads.visit(node)
             if whole:
-                if owner[i] != "setup" and reads.names & demo_only:
+                loads = _Loads()
+                loads.visit(node)
+                if owner[i] != "setup" and loads.names & demo_only:
                     demo_only |= _defined(node)
                 else:
                     kept.append(node)

@@ -78,6 +78,12 @@ def required(part_id):
     return dict(REQUIRED.get(part_id, {}))
 
 
+def either(key):
+    """How a REQUIRED key reads in feedback: "a|b|c" -> `a` (or `b`, `c`)."""
+    first, *others = key.split("|")
+    return f"`{first}`" + (f" (or {', '.join(f'`{o}`' for o in others)})" if others else "")
+
+
 def forbidden(part_id):
     """The patterns of what ``part_id``'s answer may not call (the library less what the part's ALLOWED lists)."""
     return REFERENCES + [p for p in LIBRARY if p not in ALLOWED.get(part_id, ())] + FORBIDDEN.get(part_id, [])

@@ -47,8 +47,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
 
     from attnlab.grading.checks import PARTS, run_check
     from attnlab.grading.generate import check_ids
-    from attnlab.grading.parts import MANUAL, exercises, forbidden, points, required
-    from attnlab.grading.shortcuts import missing, part_code, uses
+    from attnlab.grading.parts import MANUAL, either, exercises, forbidden, points, required
+    from attnlab.grading.shortcuts import missing, part_code, rebound, uses
     from attnlab.grading.shortcuts import names as defined_by
 
     EXERCISES, POINTS = exercises(), points()
@@ -91,6 +91,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     # first answer cell, a helper's helper, a relabelled answer), never a scratch comparison with torch.softmax
     shortcut, unmet = {}, {}
     learners = [c.source for c in nb.cells if c.cell_type == "code" and learner_cell(c, "", given)]
+    changed = rebound(learners, list(given.values()))  # a given name bound otherwise: not the given one
     for p in parts:
         mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o == p
                 and learner_cell(c, p, given)]
@@ -101,9 +102,9 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         if found:
             shortcut[p] = found
         needs = required(p)
-        lacking = missing([text for text, _own in read], needs, code)
+        lacking = missing([text for text, _own in read], needs, code, changed) if needs else []
         if lacking:
-            unmet[p] = "; ".join(f"the answer never uses `{n}`: {needs[n]}" for n in lacking)
+            unmet[p] = "; ".join(f"the answer never uses {either(n)}: {needs[n]}" for n in lacking)
 
     check_cell = {}  # part -> the cell that calls its check (nbgrader's autograded cell)
     for i, cell in enumerate(nb.cells):

@@ -106,18 +106,42 @@ def aliases(sources):
     return out
 
 
+def _member(node):
+    """(the object's expression, the name) for a member named by a literal string: ``getattr(x, "name")``,
+    ``x.__dict__["name"]``, ``vars(x)["name"]``, ``x.__dict__.get("name")``, ``x.__getattribute__("name")``; or
+    None."""
+    def literal(n):
+        return isinstance(n, ast.Constant) and isinstance(n.value, str)
+
+    if isinstance(node, ast.Subscript) and literal(node.slice):
+        v = node.value
+        if isinstance(v, ast.Attribute) and v.attr == "__dict__":
+            return v.value, node.slice.value
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "vars" and len(v.args) == 1:
+            return v.args[0], node.slice.value
+    if isinstance(node, ast.Call) and node.args:
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2 and literal(node.args[1]):
+            return node.args[0], node.args[1].value
+        if isinstance(f, ast.Attribute) and literal(node.args[0]) and (f.attr == "__getattribute__" or (
+                f.attr == "get" and isinstance(f.value, ast.Attribute) and f.value.attr == "__dict__")):
+            return (f.value if f.attr == "__getattribute__" else f.value.value), node.args[0].value
+    return None
+
+
 def _dotted(node, names):
     """The dotted name an expression refers to, resolved through ``names``, or None."""
     parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
-            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
-        base = _dotted(node.args[0], names)
-        if base is None:
-            return None
-        return ".".join([base, node.args[1].value, *reversed(parts)])
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+            continue
+        member = _member(node)
+        if member is None:
+            break
+        node, name = member
+        parts.append(name)
     if not isinstance(node, ast.Name) or node.id not in names:
         return None
     full = ".".join([names[node.id], *reversed(parts)])
@@ -229,6 +253,21 @@ def defined_names(sources):
     return out
 
 
+def _passed(tree):
+    """The ids of the values a tree hands on: an argument of a call (not ``print``'s), a parameter's default, the
+    value of an assignment. A string pattern (``'"sdpa"'``) is read there, not in a label (``("standard", run)``),
+    a comparison or a dict key."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id == "print"):
+            out += node.args + [k.value for k in node.keywords]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            out += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            out.append(node.value)
+    return {id(n) for n in out}
+
+
 def uses(sources, patterns, all_sources=None):
     """[(forbidden name, line)] in ``sources`` (cells), with imports read from ``all_sources``.
 
@@ -249,9 +288,10 @@ def uses(sources, patterns, all_sources=None):
             continue
         local = dict(names)
         local.update(aliases([source]))
+        passed = _passed(tree)
         for node in ast.walk(tree):
             name = None
-            if isinstance(node, (ast.Attribute, ast.Name, ast.Call)):
+            if isinstance(node, (ast.Attribute, ast.Name, ast.Call, ast.Subscript)):
                 name = _dotted(node, local)
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for a in node.names:
@@ -271,7 +311,8 @@ def uses(sources, patterns, all_sources=None):
                 if hit:
                     found.append((hit, node.lineno))
                     continue
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and f'"{node.value}"' in patterns:
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and f'"{node.value}"' in patterns \
+                    and id(node) in passed:
                 found.append((f"{node.value!r} (the name of one of the library's backends)", node.lineno))
                 continue
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
@@ -385,13 +426,19 @@ def part_cells(learners, functions, mine=None):
     return [code for code, _own in part_code(learners, functions, mine)]
 
 
-def missing(sources, required, all_sources=None):
-    """The names of ``required`` ({name: why}) that none of ``sources`` (a part's code, :func:`part_code`) reads. A
-    dotted one (``attnlab.memory.trace``) is read under any name: an import's alias, the module's attribute."""
+def missing(sources, required, all_sources=None, rebound=()):
+    """The keys of ``required`` ({name: why}; a key "a|b" is either name) that none of ``sources`` (a part's code,
+    :func:`part_code`) reads. A dotted name (``attnlab.memory.trace``) is read under any name: an import's alias,
+    the module's attribute, but not a function of the learner's own of that name. A plain one is read as itself,
+    unless ``rebound`` holds it (:func:`rebound`: ``kernel_attention = my_sdpa`` is not the given one)."""
+    everything = list(all_sources if all_sources is not None else sources) + list(sources)
     read = set().union(*(names(text, "global") for text in sources)) if sources else set()
+    wanted = [name for key in required for name in key.split("|")]
     dotted = set()
-    if any("." in name for name in required):
-        local = aliases(list(all_sources if all_sources is not None else sources) + list(sources))
+    if any("." in name for name in wanted):
+        own = {n.name for source in everything for n in ast.walk(_parse(source) or ast.Module(body=[], type_ignores=[]))
+               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))} | set(rebound)
+        local = {k: v for k, v in aliases(everything).items() if k not in own}
         for text in sources:
             tree = _parse(text)
             for node in ast.walk(tree) if tree is not None else ():
@@ -399,8 +446,32 @@ def missing(sources, required, all_sources=None):
                     name = _dotted(node, local)
                     if name is not None:
                         dotted.add(name)
-    return [name for name in required if name not in read and not (
-        "." in name and any(_matches(d, name) or _same(d, name) for d in dotted))]
+
+    def found(name):
+        if "." in name:
+            return any(_matches(d, name) or _same(d, name) for d in dotted)
+        return name in read and name not in rebound
+    return [key for key in required if not any(found(name) for name in key.split("|"))]
+
+
+def rebound(learners, given):
+    """The names the course's ``given`` cells define that a cell of ``learners`` binds otherwise: a top-level
+    statement defining one of them that is none of the given statements (``kernel_attention = my_sdpa``; an edited
+    given cell that keeps the definition does not count)."""
+    from attnlab.grading.layout import _defined
+
+    theirs = {}
+    for source in given:
+        tree = _parse(source)
+        for node in tree.body if tree is not None else ():
+            for name in _defined(node):
+                theirs.setdefault(name, set()).add(ast.dump(node))
+    out = set()
+    for source in learners:
+        tree = _parse(source)
+        for node in tree.body if tree is not None else ():
+            out |= {name for name in _defined(node) & theirs.keys() if ast.dump(node) not in theirs[name]}
+    return out
 
 
 def missing_in_namespace(ns, functions, required, given=()):
@@ -413,7 +484,7 @@ def missing_in_namespace(ns, functions, required, given=()):
     if isinstance(history, list):
         given = {g.strip() for g in given}
         cells = [s for s in history if isinstance(s, str) and s.strip() not in given]
-        return missing(part_cells(cells, functions), required, cells)
+        return missing(part_cells(cells, functions), required, cells, rebound(cells, given))
     read, objects, todo, seen = set(), [], [ns.get(name) for name in functions], set()
     while todo:
         fn = todo.pop()
@@ -435,7 +506,7 @@ def missing_in_namespace(ns, functions, required, given=()):
             return name in read
         known, obj = _resolve(name)
         return name.rsplit(".", 1)[1] in read or (known and any(o is obj for o in objects))
-    return [name for name in required if not found(name)]
+    return [key for key in required if not any(found(name) for name in key.split("|"))]
 
 
 def in_namespace(ns, functions, patterns, given=()):

@@ -27,8 +27,18 @@ PACKAGES = ["e01", "e02", "e03", "e04", "e05", "e06", "e07", "e08", "e09", "e10"
 # "Class.method": one method)
 SOFTMAX = ["torch.softmax", "torch.Tensor.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
            "torch.nn.Softmax.forward", "torch.log_softmax", "torch.Tensor.log_softmax",
-           "torch.nn.functional.log_softmax"]
+           "torch.nn.functional.log_softmax", "torch.nn.functional.softmin", "torch.nn.Softmin.forward",
+           "torch.nn.LogSoftmax.forward", "torch.nn.Softmax2d.forward", "torch.special.log_softmax",
+           "torch.sparse.softmax", "torch.sparse.log_softmax", "torch._safe_softmax"]
 ATTENTION = ["torch.nn.functional.scaled_dot_product_attention", "torch.nn.functional.multi_head_attention_forward",
-             "torch.nn.MultiheadAttention.forward", "torch.nn.attention.flex_attention.flex_attention"]
+             "torch.nn.MultiheadAttention.forward", "torch.nn.attention.flex_attention.flex_attention",
+             # the operators behind SDPA, and the modules that hold a MultiheadAttention
+             "torch._scaled_dot_product_attention_math", "torch._scaled_dot_product_flash_attention",
+             "torch._scaled_dot_product_flash_attention_for_cpu", "torch._scaled_dot_product_efficient_attention",
+             "torch._scaled_dot_product_cudnn_attention", "torch._fused_sdp_choice",
+             "torch.nn.Transformer.forward", "torch.nn.TransformerEncoderLayer.forward",
+             "torch.nn.TransformerDecoderLayer.forward", "torch.nn.TransformerEncoder.forward",
+             "torch.nn.TransformerDecoder.forward"]
 BLOCK_MASKS = ["torch.nn.attention.flex_attention.create_block_mask", "torch.nn.attention.flex_attention.create_mask"]
-AUTOGRAD = ["torch.autograd.grad", "torch.Tensor.backward", "torch.autograd.backward"]
+AUTOGRAD = ["torch.autograd.grad", "torch.Tensor.backward", "torch.autograd.backward", "torch.func.*",
+            "torch.autograd.functional.*", "torch._functorch.*"]

@@ -39,10 +39,10 @@ ALLOWED = {
 }
 
 # part id -> {name: why}: what the answer must read (the syntax of its code, attnlab/grading/shortcuts.py)
-REQUIRED = {
-    "capstone-train": {"kernel_attention": "with attention=None the model trains through your Triton kernel (the given "
-                                           "kernel_attention wraps causal_attn_kernel): my_sdpa or a library "
-                                           "attention there is not the part"},
+REQUIRED = {  # "a|b": either name
+    "capstone-train": {"kernel_attention|KernelAttention|kernel_forward|causal_attn_kernel":
+                       "with attention=None the model trains through your Triton kernel (the given kernel_attention "
+                       "wraps causal_attn_kernel): my_sdpa or a library attention there is not the part"},
 }
 
 # part id -> up to three hints, revealed one per call of hint("part id")

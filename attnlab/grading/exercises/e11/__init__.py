@@ -40,7 +40,13 @@ _GATHER = [f"torch.distributed.{name}" for name in (
     "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list", "gather", "gather_object", "scatter",
     "scatter_object_list", "reduce", "all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor",
     "_reduce_scatter_base")] + ["torch.distributed._functional_collectives.*", "torch.distributed.nn.*",
-                                "torch.distributed.tensor.*", "torch.distributed._tensor.*"]
+                                "torch.distributed.tensor.*", "torch.distributed._tensor.*",
+                                # a process group's own methods (group.allgather(...)): the ways to hold one
+                                "torch.distributed.group", "torch.distributed.GroupMember",
+                                "torch.distributed.new_group", "torch.distributed.new_subgroups",
+                                "torch.distributed.ProcessGroup",
+                                "torch.distributed.distributed_c10d._get_default_group",
+                                "torch.distributed.distributed_c10d._world"]
 _LSE = ["torch.logsumexp", "torch.Tensor.logsumexp", "torch.logaddexp", "torch.Tensor.logaddexp"]
 
 # part id -> patterns of what its answer may not call (besides the library and the references)
