@@ -169,12 +169,14 @@ WRONG.add("capstone-kernel", "out-of-bounds-store", causal_attn_kernel=_kernel(M
 # ---------------------------------------------------------------------------------------------
 
 _attend = _sdpa()  # the test's own attention, written by hand (the learner's kernel computes the same function)
+_not_causal = _sdpa(honour_causal=False)  # what a kernel without its causal mask computes
 
 
-def _train(zero=True, clip=True, lr=specs.LR, same_batch=False, opt="adam", step=True, batch_seed=0, seeded=True):
+def _train(zero=True, clip=True, lr=specs.LR, same_batch=False, opt="adam", step=True, batch_seed=0, seeded=True,
+           attend=None):
     def train_gpt(seed, steps, attention=None):
         corpus = specs._corpus()
-        model = GPT(**specs.TINY, attention=attention or _attend, seed=seed if seeded else None)
+        model = GPT(**specs.TINY, attention=attention or attend or _attend, seed=seed if seeded else None)
         optimizer = torch.optim.Adam(model.parameters(), lr=lr) if opt == "adam" else \
             torch.optim.SGD(model.parameters(), lr=lr)
         g = torch.Generator().manual_seed(seed + batch_seed)
@@ -200,6 +202,9 @@ WRONG.add("capstone-train", "grads-accumulate", train_gpt=_train(zero=False))
 WRONG.add("capstone-train", "no-clip", train_gpt=_train(clip=False))
 WRONG.add("capstone-train", "same-batch", train_gpt=_train(same_batch=True))
 WRONG.add("capstone-train", "generator-per-step", train_gpt=_train(same_batch="per-step"))
+# the loop right, through a kernel that is not (not causal): the diagnosis points at part 2
+WRONG.add("capstone-train", "capstone-kernel-fails", train_gpt=_train(attend=_not_causal),
+          causal_attn_kernel=_kernel(CAUSAL=False))
 WRONG.add("capstone-train", "wrong-lr", train_gpt=_train(lr=1e-3))
 WRONG.add("capstone-train", "no-update", train_gpt=_train(step=False))
 WRONG.add("capstone-train", "sgd", train_gpt=_train(opt="sgd"))
