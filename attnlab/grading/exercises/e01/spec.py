@@ -1,6 +1,6 @@
 """The references of exercise 01_soft_alignment: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 The softmax and its mask are the library's (``attnlab.attention.softmax``, ``masked_softmax``);
 what is specific to the exercise is the decomposition it asks for (score, then weights and
 context, then one decoder step) and the experiment: train the course's RNNsearch with an
@@ -14,7 +14,6 @@ from functools import lru_cache
 import torch
 
 from attnlab.attention import masked_softmax, softmax
-from attnlab.grading.hiding import hide
 
 
 def additive_scores(s, h, w, u, v):
@@ -131,6 +130,3 @@ def alignment_crossing(seed, steps=250):
     """Train RNNsearch with the additive attention from ``seed`` for ``steps`` steps; return
     ``(crossed, straight)`` (see ``swap_masses``)."""
     return swap_masses(probe_alignments(train_rnnsearch(seed, steps)))
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

@@ -1,6 +1,6 @@
 """The references of exercise 02_queries_keys_values: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 The maths has one home, the library (``attnlab.attention``): these functions only give it the
 signatures the exercise asks for. ``loop_vs_batched`` is the grader's own run of the timing experiment.
 """
@@ -11,7 +11,6 @@ import time
 import torch
 
 from attnlab import attention as _attention
-from attnlab.grading.hiding import hide
 
 
 def padding_mask(lengths, max_len):
@@ -86,6 +85,3 @@ def loop_vs_batched(sizes, d=32, seed=0, repeat=5):
         torch.set_num_threads(threads)
     return {"loop": torch.tensor(loop, dtype=torch.float64), "batched": torch.tensor(batched, dtype=torch.float64),
             "max_abs_diff": diff}
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

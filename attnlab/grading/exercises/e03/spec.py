@@ -1,6 +1,6 @@
 """The references of exercise 03_scaled_dot_product: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 The maths has one home, the library (``attnlab.attention``): the softmax and attention delegate to it,
 and the softmax's backward is autograd through the library's softmax. ``score_variance`` is the
 experiment the learner runs, as the grader runs it.
@@ -11,7 +11,6 @@ import math
 import torch
 
 from attnlab import attention as _attention
-from attnlab.grading.hiding import hide
 
 
 def softmax(x, dim=-1):
@@ -55,6 +54,3 @@ def score_variance(dims, n_pairs=8192, seed=0):
         raw = (q * k).sum(dim=-1)                  # (n,) one dot product per pair
         rows.append(torch.stack([raw.var(), (raw / math.sqrt(d)).var()]))
     return torch.stack(rows)                       # (len(dims), 2)
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

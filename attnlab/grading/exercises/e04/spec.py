@@ -1,6 +1,6 @@
 """The references of exercise 04_multi_head: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 Splitting, merging and the module itself are the library's ``attnlab.attention.MultiHeadAttention``;
 the costs are measured on it (on the meta device: shapes only, nothing allocated); the experiment
 trains the library's ``TinyTransformer``, which the notebook's ``TwoRelations`` mirrors.
@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import torch
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.grading.hiding import hide
 
 
 def _layout(d_model, num_heads):
@@ -100,6 +99,3 @@ def head_specialisation(seed, num_heads=2, steps=200):
     profile (h, 3): weight on i-1, on i-2, on the rest, sorted by the first column."""
     model, tokens = trained_model(seed, num_heads, steps)
     return profile(attention_weights(model, tokens))
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

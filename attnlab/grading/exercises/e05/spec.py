@@ -1,12 +1,11 @@
 """The references of exercise 05_quadratic_cost: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 Every count is the library's IO model (``attnlab.iomodel``: standard attention as Dao et al. 2022,
 Algorithm 0, three kernels); the experiment times the library's ``naive_attention``.
 """
 
 from attnlab import iomodel
-from attnlab.grading.hiding import hide
 
 MATMUL_SIZE = 1024           # the experiment's matmul: (1024, 1024) @ (1024, 1024), float32
 COPY_BYTES = 32 * 2**20      # the experiment's copy: 32 MiB of float32
@@ -72,6 +71,3 @@ def measure(seed, n, heads, d, repeats):
     finally:
         torch.set_num_threads(threads)
     return matmul, copy, naive
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

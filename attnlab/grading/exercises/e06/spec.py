@@ -1,12 +1,11 @@
 """The references of exercise 06_triton_primer: what the grader compares the learner's kernels with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 The general concepts come from the library (the row softmax, the causal mask, the tiled matmul's
 traffic model); what is here is specific to the puzzles. Memory budgets are in bytes.
 """
 
 from attnlab.attention import causal_mask, softmax
-from attnlab.grading.hiding import hide
 from attnlab.iomodel import matmul_io
 
 
@@ -61,6 +60,3 @@ def matmul_traffic(M, N, K, block, seed=0):
     """Bytes a float32 (block x block)-tiled matmul C (M, N) = A (M, K) @ B (K, N) reads: A once per column of
     tiles, B once per row of tiles (whatever the seed: the traffic depends on the shapes only)."""
     return matmul_io(M, N, K, 4, block, block).bytes_read
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

@@ -1,6 +1,6 @@
 """The references of exercise 07_flash_attention: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 FlashAttention itself has one home, :mod:`attnlab.tiled` (forward, log-sum-exp and the recomputing
 backward) and the shipped Triton kernel :func:`attnlab.kernels.flash_attention`; what is here is only
 the shape the exercise asks for (one leading batch dim, the log-sum-exp returned, one measurement).
@@ -11,7 +11,6 @@ and count the kernel's traffic against a budget (``checks.py``).
 
 import torch
 
-from attnlab.grading.hiding import hide
 from attnlab.tiled import tiled_attention
 
 
@@ -68,6 +67,3 @@ def forward_traffic(n, causal=False, block_m=16, block_n=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 1, n, 16, generator=g) for _ in range(3))
     return trace(flash_attention, q, k, v, causal=causal, block_m=block_m, block_n=block_n).total_bytes
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

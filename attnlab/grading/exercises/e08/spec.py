@@ -1,6 +1,6 @@
 """The references of exercise 08_block_sparse: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 The masks are ``attnlab.mask_mods``; the checks compare with PyTorch's own FlexAttention
 (``torch.nn.attention.flex_attention``: ``create_block_mask`` and ``flex_attention``, run eagerly
 on the CPU) and with ``attnlab.attention.block_sparse_reference``. What is here is specific to
@@ -10,7 +10,6 @@ the exercise: its ``create_block_mask`` contract, and the adapter the grader cal
 import torch
 
 from attnlab import mask_mods
-from attnlab.grading.hiding import hide
 from attnlab.mask_mods import MASK_MODS
 
 
@@ -67,6 +66,3 @@ def block_to_element_mask(block_mask, block_size, n_q, n_k):
     out = mask_mods.create_mask(mask_mods.tiles(table, block_sizes(block_size)), table.shape[0], 1, n_q, n_k,
                                 device=block_mask.device)
     return out.reshape(*lead, n_q, n_k)
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

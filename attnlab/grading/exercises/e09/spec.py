@@ -1,6 +1,6 @@
 """The references of exercise 09_capstone: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 The attention itself comes from the library (``attnlab.attention``) and the model from
 ``attnlab.models.gpt``; what is specific to the exercise is the tiny training recipe, the
 local-plus-global element mask and the experiment.
@@ -10,7 +10,6 @@ import torch
 
 from attnlab import mask_mods
 from attnlab.attention import scaled_dot_product_attention
-from attnlab.grading.hiding import hide
 from attnlab.models.gpt import GPT
 
 # the recipe the notebook states (its setup cell holds the same numbers; a test compares them)
@@ -90,6 +89,3 @@ def local_vs_dense(seed, steps, window, n_global):
         return scaled_dot_product_attention(q, k, v, mask=mask, causal=True)
 
     return train_gpt(seed, steps, dense), train_gpt(seed, steps, local)
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

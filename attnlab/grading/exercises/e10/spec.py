@@ -1,6 +1,6 @@
 """The references of exercise 10_inference: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 The maths has one home, the library: decoding attention is ``attnlab.kvcache.decode_reference``, a paged
 gather ``attnlab.kvcache.gather_cache``, the bytes of a decoding step ``attnlab.iomodel.decode_io`` (equal to
 the traced kernel, tests/test_kernels_decode.py). What is specific to the exercise: the split of the keys into
@@ -12,7 +12,6 @@ import math
 import torch
 
 from attnlab import iomodel
-from attnlab.grading.hiding import hide
 from attnlab.kvcache import decode_reference, gather_cache
 
 
@@ -60,6 +59,3 @@ def decode_bytes(contexts, kv_heads_list, heads=8, d=16):
     for each kv_heads (rows) and context length (columns); int64 (len(kv_heads_list), len(contexts))."""
     return torch.tensor([[iomodel.decode_io(1, heads, L, d, 2, kv_heads=h, num_splits=1).total_bytes
                           for L in contexts] for h in kv_heads_list], dtype=torch.int64)
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs

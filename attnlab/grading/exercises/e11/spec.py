@@ -1,6 +1,6 @@
 """The references of exercise 11_across_devices: what the grader compares the learner's answers with.
 
-Never shown in the exercise; hidden (stand-ins that raise) in a kernel that ``attnlab grade`` runs.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
 The maths has one home, the library: the merge is ``attnlab.distributed.merge_partials``, one block's (O, L)
 ``attnlab.distributed.attention_lse``, the layouts ``attnlab.distributed.shard_indices`` and ``chunk_ids``, and
 the bytes ``attnlab.iomodel.ring_attention_bytes`` and ``ulysses_attention_bytes`` (equal to what the real
@@ -13,7 +13,6 @@ import torch
 from attnlab import iomodel
 from attnlab.distributed import attention_lse, chunk_ids, merge_partials, shard_indices
 from attnlab.distributed.ring import _visible
-from attnlab.grading.hiding import hide
 
 # a block's kind in the schedule's table
 SKIPPED, DIAGONAL, FULL = 0, 1, 2
@@ -64,6 +63,3 @@ def comm_bytes(world_sizes, n=48, heads=12, d=8):
     return torch.tensor([[iomodel.ring_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes],
                          [iomodel.ulysses_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes]],
                         dtype=torch.int64)
-
-
-hide(globals())  # stand-ins that raise in a kernel `attnlab grade` runs
