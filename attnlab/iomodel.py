@@ -57,6 +57,11 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
   num_splits=1, page_size=None)``: one decoding step of ``kernels/flash_decode.py`` (split-K
   Flash-Decoding, GQA/MQA through ``kv_heads``, paged through ``page_size``), and
   ``kv_cache_bytes(tokens, layers, kv_heads, d, bytes_per_element)``: the cache's size.
+* ``decode_step_bytes(batch, context, *, params, layers, heads, d, kv_heads=None,
+  bytes_per_element=2, cache_bytes_per_token=None)``: a whole model's decoding step, the weights
+  (read once, shared by the batch) and each sequence's cache; ``decode_crossover_tokens(...)``:
+  the batch x context where the two reads are equal; ``mla_cache_bytes(tokens, layers, d_latent,
+  d_rope, bytes_per_element)``: multi-head latent attention's cache (``attnlab.mla``).
 
 Element sizes: Q, K, V, O, dO, dQ, dK, dV, S, P, dP, dS use ``bytes_per_element`` (2 for
 fp16/bf16, 4 for fp32); the per-row statistics L (log-sum-exp) and D = rowsum(dO * O) are
@@ -731,6 +736,85 @@ def decode_io(batch, heads, seqlens, d=64, bytes_per_element=2, *, kv_heads=None
                   4 * n_q * d * g * keys)
     merge = _part("decode_merge", batch * heads * s_ * n_q * (d + 1) * lse_bytes, batch * heads * n_q * d * e)
     return split + merge
+
+
+# Decoding a whole model: the weights (read once per step, shared by the batch) and each sequence's cache
+__all__ += ["mla_cache_bytes", "decode_step_bytes", "decode_crossover_tokens"]
+
+
+def mla_cache_bytes(tokens, layers=1, d_latent=512, d_rope=64, bytes_per_element=2) -> int:
+    """Bytes of a multi-head latent attention cache (DeepSeek-V2, ``attnlab.mla``) holding ``tokens``
+    tokens: per token and layer one latent of ``d_latent`` plus one rotary key of ``d_rope``, shared
+    by every head (against ``2 x kv_heads x d`` for :func:`kv_cache_bytes`).
+
+    Example: ``mla_cache_bytes(1, layers=1, d_latent=512, d_rope=64)  # 1,152: 576 fp16 elements``
+    """
+    for name, val in (("layers", layers), ("d_latent", d_latent), ("bytes_per_element", bytes_per_element)):
+        validate.integer(val, name)
+    validate.integer(d_rope, "d_rope", minimum=0)
+    validate.integer(tokens, "tokens", minimum=0)
+    return layers * (d_latent + d_rope) * bytes_per_element * tokens
+
+
+def _positive_number(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: expected a positive number, got {value!r}")
+    return value
+
+
+def decode_step_bytes(batch, context, *, params, layers, heads, d, kv_heads=None, bytes_per_element=2,
+                      cache_bytes_per_token=None) -> IO:
+    """One decoding step of a whole model for ``batch`` sequences of ``context`` cached tokens each:
+    an :class:`IO` with two parts.
+
+    * ``"weights"``: all ``params`` parameters read once, ``params x e`` bytes, **shared by the
+      batch** (every sequence's token is multiplied by the same matrices); FLOPs ``2 params`` per
+      sequence (a multiply-add per parameter).
+    * ``"kv_cache"``: **each sequence's** cache read, ``context x c`` bytes, and its new token's
+      entry written, ``c`` bytes, where ``c`` is the cache per token,
+      ``kv_cache_bytes(1, layers, kv_heads, d, e)`` unless ``cache_bytes_per_token`` is given (for
+      instance :func:`mla_cache_bytes`); FLOPs ``4 x context x d x heads x layers`` per sequence
+      (``q K^T`` and ``p V`` of every query head).
+
+    Per generated token: divide by ``batch``. The cache's read equals the weights' when
+    ``batch x context`` = :func:`decode_crossover_tokens`; below that the weights dominate (at batch 1
+    a 7B fp16 model reads about 13 GB of weights per token against 2 GiB of MHA cache at 4,096 tokens).
+    Activations, the embedding lookup and the logits' write are not counted.
+
+    Example: ``decode_step_bytes(8, 4096, params=6.7e9, layers=32, heads=32, d=128).parts["kv_cache"]``
+    """
+    kv_heads = heads if kv_heads is None else kv_heads
+    for name, val in (("batch", batch), ("layers", layers), ("heads", heads), ("kv_heads", kv_heads), ("d", d),
+                      ("bytes_per_element", bytes_per_element)):
+        validate.integer(val, name)
+    validate.integer(context, "context", minimum=0)
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads: expected a divisor of heads={heads}, got {kv_heads}")
+    _positive_number(params, "params")
+    if cache_bytes_per_token is None:
+        per_token = kv_cache_bytes(1, layers, kv_heads, d, bytes_per_element)
+    else:
+        per_token = validate.integer(cache_bytes_per_token, "cache_bytes_per_token")
+    weights = _part("weights", params * bytes_per_element, 0, 2 * params * batch)
+    cache = _part("kv_cache", batch * context * per_token, batch * per_token,
+                  4 * context * d * heads * layers * batch)
+    return weights + cache
+
+
+def decode_crossover_tokens(*, params, layers, d, kv_heads, bytes_per_element=2, cache_bytes_per_token=None) -> float:
+    """``batch x context`` at which one decoding step reads as many cache bytes as weight bytes:
+    ``params x e / c``, with ``c`` the cache bytes per token (as in :func:`decode_step_bytes`).
+
+    Example: ``decode_crossover_tokens(params=6.7e9, layers=32, d=128, kv_heads=32)  # about 25,600``
+    """
+    for name, val in (("layers", layers), ("kv_heads", kv_heads), ("d", d), ("bytes_per_element", bytes_per_element)):
+        validate.integer(val, name)
+    _positive_number(params, "params")
+    if cache_bytes_per_token is None:
+        per_token = kv_cache_bytes(1, layers, kv_heads, d, bytes_per_element)
+    else:
+        per_token = validate.integer(cache_bytes_per_token, "cache_bytes_per_token")
+    return params * bytes_per_element / per_token
 
 
 # ---------------------------------------------------------------------------------------
