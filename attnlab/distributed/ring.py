@@ -11,9 +11,11 @@ one shard at a time instead of one tile at a time (:func:`merge_partials`):
 
 The backward (an ``autograd.Function``) walks the same ring again. Every rank recomputes, per block, the
 probabilities from the *global* log-sum-exp it saved, ``P = exp(q k^T * scale - L)``, exactly as
-FlashAttention's backward does within one device (lesson 07), so no gradient through ``L`` is needed:
+FlashAttention's backward does within one device (lesson 07), so no gradient through the blocks' ``L`` is
+needed. The global ``L`` that ``return_lse`` gives is differentiable: its gradient ``dlse`` enters as
+``D - dlse`` (dL_i/dS_ij = P_ij), as in FlashAttention's backward:
 
-    dV += P^T dO,   dP = dO V^T,   dS = P * (dP - D) with D = rowsum(dO * O),
+    dV += P^T dO,   dP = dO V^T,   dS = P * (dP - D) with D = rowsum(dO * O) - dlse,
     dQ += dS K * scale,   dK += dS^T Q * scale
 
 dQ stays at home; the dK/dV of a shard are accumulated by every rank it visits and travel round the ring
@@ -171,6 +173,9 @@ class _Transfer:
     def __init__(self, tensors, group, trace, phase, tag):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         nxt, prv = _global(group, (rank + 1) % world), _global(group, (rank - 1) % world)
+        # gloo sends only contiguous tensors; q, k, v may be views (slices of a packed qkv, as
+        # ring-flash-attention passes them): what is sent is made contiguous (a copy only for such views)
+        tensors = [t.contiguous() for t in tensors]
         self.received = [torch.empty_like(t) for t in tensors]
         ops = [dist.P2POp(dist.isend, t, nxt, group, tag + i) for i, t in enumerate(tensors)]
         ops += [dist.P2POp(dist.irecv, b, prv, group, tag + i) for i, b in enumerate(self.received)]
@@ -244,15 +249,22 @@ class _RingAttention(torch.autograd.Function):
         lse = torch.cat([l_i for _, l_i in out], dim=-1)             # (B, H, n_local) float32
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.group, ctx.layout, ctx.trace = causal, group, layout, trace
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)                        # an unused output sends None, not zeros
         return o, lse
 
     @staticmethod
-    def backward(ctx, do, _dlse):
+    def backward(ctx, do, dlse):
+        validate.no_double_backward("ring_attention")
         q, k, v, o, lse = ctx.saved_tensors
         causal, group, layout, trace = ctx.causal, ctx.group, ctx.layout, ctx.trace
         rank, world = dist.get_rank(group), dist.get_world_size(group)
+        if do is None:                                           # only L was used
+            do = torch.zeros_like(o)
         delta = (do.float() * o.float()).sum(-1)                 # (B, H, n_local) D = rowsum(dO * O)
+        if dlse is not None:
+            # L_i = log sum_j exp(S_ij) has dL_i/dS_ij = P_ij, so a gradient into L adds dlse_i P_ij to dS_ij:
+            # dS = P * (dP - (D - dlse)), as in flash_attention's backward (its preprocess folds dlse into D)
+            delta = delta - dlse.float()                         # (B, H, n_local)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         rows = [(a, qa, dqa, doa, la, da) for (a, qa), (_, dqa), (_, doa), (_, la), (_, da) in zip(
             _blocks(rank, world, layout, q), _blocks(rank, world, layout, dq), _blocks(rank, world, layout, do),
@@ -304,6 +316,15 @@ def check_shards(q, k, v, group=None):
                          f"pad the sequence to a multiple of the world size); got {detail}")
 
 
+def scaled_query(q, scale):
+    """q such that attention at the default scale 1/sqrt(d) is attention of the given q at ``scale``:
+    ``q * (scale * sqrt(d))`` (q itself for None), so an ``attn_fn(q, k, v, causal)`` needs no scale argument.
+    Example: ``attention_lse(scaled_query(q, 0.3), k, v)  # softmax(0.3 q k^T) v``"""
+    scale = validate.scale(scale, q.shape[-1])
+    default = 1.0 / math.sqrt(q.shape[-1])
+    return q if scale == default else q * (scale / default)
+
+
 def _check_common(q, k, v, causal, group, trace):
     validate.qkv(q, k, v, same_length=True)
     validate.flag(causal, "causal")
@@ -316,16 +337,19 @@ def _check_common(q, k, v, causal, group, trace):
                            "started by torchrun (attnlab.distributed.init_from_env())")
 
 
-def ring_attention(q, k, v, causal=False, group=None, layout="contiguous", attn_fn=None, *, return_lse=False,
-                   trace=None):
+def ring_attention(q, k, v, causal=False, group=None, layout="contiguous", attn_fn=None, *, scale=None,
+                   return_lse=False, trace=None):
     """Exact attention over a sequence sharded across the ranks of ``group``; K/V shards travel round a ring.
 
     q, k, v: (B, H, n_local, d), this rank's shard of the sequence in ``layout`` ("contiguous": positions
     [rank n_local, (rank + 1) n_local); "zigzag": chunks rank and 2P - 1 - rank of 2P, see :func:`shard`);
-    every rank's shards have one shape. attn_fn: ``fn(q, k, v, causal) -> (O, L)`` for one block with scale
-    1/sqrt(d) (default :func:`flash_lse`, the course's Triton kernel; :func:`attention_lse` in plain PyTorch).
-    Returns O (B, H, n_local, d), differentiable (dQ, dK, dV equal single-device attention's), and with
-    ``return_lse`` also L (B, H, n_local) float32. ``trace``: a :class:`Trace` that records bytes and times.
+    every rank's shards have one shape; views with a contiguous last dim are fine (what travels is made
+    contiguous). attn_fn: ``fn(q, k, v, causal) -> (O, L)`` for one block with scale 1/sqrt(d) (default
+    :func:`flash_lse`, the course's Triton kernel; :func:`attention_lse` in plain PyTorch). scale: the softmax
+    scale, default 1/sqrt(d) (any other is applied by scaling q by ``scale * sqrt(d)``, so every ``attn_fn``
+    keeps its signature). Returns O (B, H, n_local, d), differentiable (dQ, dK, dV equal single-device
+    attention's), and with ``return_lse`` also L (B, H, n_local) float32, differentiable too. ``trace``: a
+    :class:`Trace` that records bytes and times. Double backward (``create_graph=True``) raises.
     Example: ``o = ring_attention(shard(q, P, rank), shard(k, P, rank), shard(v, P, rank), causal=True)``
     """
     validate.one_of(layout, "layout", LAYOUTS)
@@ -335,6 +359,7 @@ def ring_attention(q, k, v, causal=False, group=None, layout="contiguous", attn_
     if layout == "zigzag" and q.shape[-2] % 2:
         raise ValueError(f"q: the zigzag layout holds two equal chunks per rank, so the local sequence length must "
                          f"be even; got shape {tuple(q.shape)}")
+    q = scaled_query(q, scale)                                   # checks scale before any communication
     check_shards(q, k, v, group)
     o, lse = _RingAttention.apply(q, k, v, causal, group, layout, attn_fn or flash_lse, trace)
     return (o, lse) if return_lse else o

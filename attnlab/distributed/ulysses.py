@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from attnlab.iomodel import attention_flops
 
-from .ring import _check_common, _compute, check_shards, flash_lse
+from .ring import _check_common, _compute, check_shards, flash_lse, scaled_query
 
 __all__ = ["ulysses_attention", "seq_to_heads", "heads_to_seq"]
 
@@ -56,43 +56,48 @@ def _heads_to_seq(x, group, trace, phase):
 
 
 class _SeqToHeads(torch.autograd.Function):
+    # the backward applies the opposite Function (not the bare all-to-all), so that under create_graph=True the
+    # gradient has a graph too: an all-to-all is linear, and double backward through it is exact
     @staticmethod
-    def forward(ctx, x, group, trace):
+    def forward(ctx, x, group, trace, phase):
         ctx.group, ctx.trace = group, trace
-        return _seq_to_heads(x, group, trace, "forward")
+        return _seq_to_heads(x, group, trace, phase)
 
     @staticmethod
     def backward(ctx, grad):
-        return _heads_to_seq(grad, ctx.group, ctx.trace, "backward"), None, None
+        return _HeadsToSeq.apply(grad, ctx.group, ctx.trace, "backward"), None, None, None
 
 
 class _HeadsToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, trace):
+    def forward(ctx, x, group, trace, phase):
         ctx.group, ctx.trace = group, trace
-        return _heads_to_seq(x, group, trace, "forward")
+        return _heads_to_seq(x, group, trace, phase)
 
     @staticmethod
     def backward(ctx, grad):
-        return _seq_to_heads(grad, ctx.group, ctx.trace, "backward"), None, None
+        return _SeqToHeads.apply(grad, ctx.group, ctx.trace, "backward"), None, None, None
 
 
 def seq_to_heads(x, group=None, trace=None):
     """All-to-all (B, H, n/P, d) sequence shard -> (B, H/P, n, d) head shard, differentiable."""
-    return _SeqToHeads.apply(x, group, trace)
+    return _SeqToHeads.apply(x, group, trace, "forward")
 
 
 def heads_to_seq(x, group=None, trace=None):
     """All-to-all (B, H/P, n, d) head shard -> (B, H, n/P, d) sequence shard, differentiable."""
-    return _HeadsToSeq.apply(x, group, trace)
+    return _HeadsToSeq.apply(x, group, trace, "forward")
 
 
-def ulysses_attention(q, k, v, causal=False, group=None, attn_fn=None, *, trace=None):
+def ulysses_attention(q, k, v, causal=False, group=None, attn_fn=None, *, scale=None, trace=None):
     """Exact attention over a contiguously sharded sequence by two all-to-alls (DeepSpeed-Ulysses).
 
     q, k, v: (B, H, n_local, d), rank r's positions [r n_local, (r + 1) n_local) for all H heads, with H
     divisible by the world size P. attn_fn: ``fn(q, k, v, causal) -> (O, L)`` (default :func:`flash_lse`),
-    differentiable in O (the gradients flow through it by autograd). Returns O (B, H, n_local, d).
+    differentiable in O (the gradients flow through it by autograd; double backward too where ``attn_fn``
+    supports it, as :func:`attention_lse` does; the Triton kernel raises). scale: the softmax scale, default
+    1/sqrt(d) (applied by scaling q, see :func:`~attnlab.distributed.ring.scaled_query`). Returns O
+    (B, H, n_local, d).
     Example: ``o = ulysses_attention(shard(q, P, rank), shard(k, P, rank), shard(v, P, rank), causal=True)``
     """
     if attn_fn is not None and not callable(attn_fn):
@@ -103,6 +108,7 @@ def ulysses_attention(q, k, v, causal=False, group=None, attn_fn=None, *, trace=
         raise ValueError(f"q: all-to-all attention gives each rank heads / world_size heads, so the heads must divide "
                          f"by the world size; got {q.shape[1]} heads on {world} ranks (use ring_attention, or a "
                          f"world size that divides {q.shape[1]})")
+    q = scaled_query(q, scale)                                   # checks scale before any communication
     check_shards(q, k, v, group)
     qh, kh, vh = (seq_to_heads(t, group, trace) for t in (q, k, v))     # (B, H/P, n, d) each
     with _compute(trace, "forward"):
