@@ -48,7 +48,9 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
   grad_bytes_per_element=4)`` and ``ulysses_attention_bytes(batch, heads, n, d, world_size,
   bytes_per_element=2, *, backward=False)``: communication, not HBM: the bytes each rank sends (and
   receives) in ``attnlab.distributed``'s ring and all-to-all attention over a sequence of ``n`` sharded
-  on ``world_size`` ranks (see the section "Communication").
+  on ``world_size`` ranks (see the section "Communication"); both take ``kv_heads`` (grouped-query
+  attention), and ``allgather_attention_bytes(...)`` (same arguments) counts all-gather context
+  parallelism (Llama 3's).
 * ``MACHINES``: name -> :class:`Machine` (A100, H100, H200, T4, "this machine").
 * ``roofline(flops, bytes_moved, machine="A100")`` -> :class:`Roofline`: arithmetic
   intensity, the machine's ridge point, whether the work is memory- or compute-bound, and
@@ -636,7 +638,7 @@ def _check_comm(batch, heads, n, d, world_size, bytes_per_element):
 
 
 def ring_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *, backward=False,
-                         grad_bytes_per_element=4) -> int:
+                         grad_bytes_per_element=4, kv_heads=None) -> int:
     """Bytes each rank sends (and, by symmetry, receives) in ring attention over ``n`` positions on P ranks.
 
     A shard of K (or V) is ``batch * heads * (n / P) * d`` elements. Forward: every rank forwards a K and a
@@ -644,12 +646,14 @@ def ring_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *,
     again, plus the dK/dV accumulators (``grad_bytes_per_element``, float32), which travel one step behind
     and need P hops to come home: ``2 (P - 1)`` shards + ``2 P`` gradient shards. The ring uses one link per
     rank (to the next rank), so this is also the bytes per link. Independent of a causal mask (skipped
-    blocks still travel).
+    blocks still travel). ``kv_heads`` (None: ``heads``) is the number of K/V heads (grouped-query
+    attention): only K and V travel, so the bytes scale with ``kv_heads``, not with the query heads.
     Example: ``ring_attention_bytes(1, 8, 4096, 64, 4, 2)  # 2 * 3 * 8 * 1024 * 64 * 2 = 6291456``
     """
     _check_comm(batch, heads, n, d, world_size, bytes_per_element)
     validate.integer(grad_bytes_per_element, "grad_bytes_per_element")
-    shard = batch * heads * (n // world_size) * d                    # elements of one K (or V) shard
+    kv_heads = _check_kv_heads(heads, kv_heads)
+    shard = batch * kv_heads * (n // world_size) * d                 # elements of one K (or V) shard
     if world_size == 1:
         return 0                                                     # one rank: nothing leaves it
     if not backward:
@@ -658,7 +662,8 @@ def ring_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *,
             + 2 * world_size * shard * grad_bytes_per_element)
 
 
-def ulysses_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *, backward=False) -> int:
+def ulysses_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *, backward=False,
+                            kv_heads=None) -> int:
     """Bytes each rank sends (and receives) in all-to-all (DeepSpeed-Ulysses) attention on P ranks.
 
     Each all-to-all of a local ``batch * heads * (n / P) * d`` tensor keeps 1/P of it and sends the other
@@ -667,13 +672,45 @@ def ulysses_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2,
     link" (one link per device into a switched network): constant when n and P grow together, where the
     ring's grows with P. The forward moves q, k, v to head shards and O back (4 all-to-alls); the backward dO,
     then dQ, dK, dV (4 more), all in the inputs' dtype. ``backward`` returns the backward's bytes.
+    ``kv_heads`` (None: ``heads``, multi-head attention): with grouped-query attention K and V have fewer
+    heads. Where ``kv_heads >= P`` each rank gets ``kv_heads / P`` of them; where ``kv_heads < P`` (P a
+    multiple of ``kv_heads``) each KV head is replicated on the ``P / kv_heads`` ranks whose query heads
+    share it, so every rank receives one KV head: q and O move ``(P - 1) B (H/P) (n/P) d`` elements each, K
+    and V ``(P - 1) B max(kv_heads/P, 1) (n/P) d`` each. The query heads must still divide by P.
     Example: ``ulysses_attention_bytes(1, 8, 4096, 64, 4, 2)  # 4 * 3 * 2 * 1024 * 64 * 2 = 3145728``
     """
     _check_comm(batch, heads, n, d, world_size, bytes_per_element)
     if heads % world_size:
         raise ValueError(f"heads: expected a multiple of world_size = {world_size} (a head shard per rank), got {heads}")
-    per_link = batch * (heads // world_size) * (n // world_size) * d   # elements one rank sends one other rank
-    return 4 * (world_size - 1) * per_link * bytes_per_element
+    kv_heads = _check_kv_heads(heads, kv_heads)
+    if kv_heads % world_size and world_size % kv_heads:
+        raise ValueError(f"kv_heads: expected a multiple or a divisor of world_size = {world_size} (whole KV heads "
+                         f"per rank, or each replicated on world_size / kv_heads ranks), got {kv_heads}")
+    per_link = batch * (heads // world_size) * (n // world_size) * d   # q (or O) elements one rank sends one other
+    kv_link = batch * max(kv_heads // world_size, 1) * (n // world_size) * d   # K (or V) elements, likewise
+    return 2 * (world_size - 1) * (per_link + kv_link) * bytes_per_element
+
+
+__all__ += ["allgather_attention_bytes"]
+
+
+def allgather_attention_bytes(batch, heads, n, d, world_size, bytes_per_element=2, *, backward=False,
+                              grad_bytes_per_element=4, kv_heads=None) -> int:
+    """Bytes each rank sends (and receives) in all-gather context parallelism (Llama 3, arXiv:2407.21783,
+    section 3.3.2; :func:`attnlab.distributed.allgather_attention`) on P ranks.
+
+    Forward: one all-gather of K and one of V, each rank's ``batch * kv_heads * (n / P) * d`` shard reaching
+    the P - 1 others: ``2 (P - 1)`` shards, the ring's forward bytes, but all at once before the compute
+    (nothing to overlap them with) and the whole K and V then held on every rank. Backward: the gathered K
+    and V were kept, so only the reduce-scatter of dK and dV (``grad_bytes_per_element``, float32):
+    ``2 (P - 1)`` gradient shards. ``kv_heads`` (None: ``heads``) is the number of K/V heads.
+    Example: ``allgather_attention_bytes(1, 32, 4096, 128, 4, 2, kv_heads=8)  # 2 * 3 * 8 * 1024 * 128 * 2``
+    """
+    _check_comm(batch, heads, n, d, world_size, bytes_per_element)
+    validate.integer(grad_bytes_per_element, "grad_bytes_per_element")
+    kv_heads = _check_kv_heads(heads, kv_heads)
+    shard = batch * kv_heads * (n // world_size) * d                 # elements of one K (or V) shard
+    return 2 * (world_size - 1) * shard * (grad_bytes_per_element if backward else bytes_per_element)
 
 
 # ---------------------------------------------------------------------------------------
@@ -908,3 +945,65 @@ def roofline(flops, bytes_moved=None, machine="A100") -> Roofline:
     time_s = max(flops / machine.peak_flops, bytes_moved / machine.hbm_bandwidth)
     return Roofline(flops, bytes_moved, machine, ai, ridge, "memory" if ai < ridge else "compute", time_s,
                     min(machine.peak_flops, ai * machine.hbm_bandwidth))
+
+
+# ---------------------------------------------------------------------------------------
+# Selected-block attention (kernels/selected_attention.py): NSA's selection, DeepSeek Sparse Attention
+# ---------------------------------------------------------------------------------------
+__all__ += ["selected_attention_forward_io", "selected_attention_backward_io"]
+
+
+def _selected_visits(batch, heads, n_q, n_k, d, bytes_per_element, block_indices, block_size, causal, kv_heads):
+    """The tiles each query head visits, bool (B', heads or 1, nqb, nkb), the block size and kv_heads:
+    a query head walks its KV head's list, without the future blocks under causal."""
+    from attnlab.sparse import check_block_indices, selected_tiles
+
+    _check(batch, heads, n_q, n_k, d, bytes_per_element)
+    kv_heads = _check_kv_heads(heads, kv_heads)
+    validate.flag(causal, "causal")
+    block_size = check_block_indices(block_indices, block_size, n_q, n_k, batch=batch, kv_heads=kv_heads)
+    table = selected_tiles(block_indices, n_q, n_k, block_size, causal).cpu()    # (B', H_kv or 1, nqb, nkb)
+    if table.shape[1] > 1:
+        table = table.repeat_interleave(heads // kv_heads, dim=1)                 # (B', heads, nqb, nkb)
+    visits = int(table.sum()) * (batch // table.shape[0]) * (heads // table.shape[1])   # over all (b, query head)
+    return table, block_size, kv_heads, visits
+
+
+def selected_attention_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_indices,
+                                  block_size, causal=True, lse_bytes=4, kv_heads=None, grad=False) -> IO:
+    """``attnlab.kernels.selected_attention``'s forward for this ``block_indices``, exactly.
+
+    The flash forward summed over the selected tiles (a future block under ``causal`` is dropped
+    before launch, so it is not counted): per query head read Q (n_q d) and, per selected block,
+    its K and V (2 bs d; fewer for a ragged last block); write O (n_q d) and L (n_q, fp32). Plus the
+    int32 lists: one count per query block and one id per selected block, per query head (a GQA
+    group's heads each read their KV head's list). About n_q d + 2 n_q topk d elements per head:
+    linear in topk. ``kv_heads`` and ``grad`` as in :func:`flash_forward_io`.
+
+    Example: ``selected_attention_forward_io(1, 1, 256, d=64, block_indices=select_blocks(s, 2)[:, None], block_size=64)``
+    """
+    n_k = n_q if n_k is None else n_k
+    validate.flag(grad, "grad")
+    table, bs, _, visits = _selected_visits(batch, heads, n_q, n_k, d, bytes_per_element, block_indices, block_size,
+                                            causal, kv_heads)
+    fwd = _flash_fwd(batch, heads, n_q, n_k, d, bytes_per_element, bs, bs, False, table, False, lse_bytes, grad=grad)
+    lists = 4 * (batch * heads * table.shape[2] + visits)
+    return _part("selected_fwd", fwd.bytes_read + lists, fwd.bytes_written, fwd.flops)
+
+
+def selected_attention_backward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *, block_indices,
+                                   block_size, causal=True, lse_bytes=4, kv_heads=None) -> IO:
+    """``attnlab.kernels.selected_attention``'s backward for this ``block_indices``, exactly: the
+    flash backward (preprocess, dK/dV, dQ; :func:`flash_backward_io`) over the selected tiles, plus
+    the int32 lists: the dQ kernel reads the forward's (a count per query block, an id per selected
+    block, per query head), the dK/dV kernel the transposed ones (a count per key block and KV head,
+    and an id per selected tile for each query head of the group). Parts "bwd_preprocess",
+    "bwd_dkdv", "bwd_dq", one per kernel launch."""
+    n_k = n_q if n_k is None else n_k
+    table, bs, kv_heads, visits = _selected_visits(batch, heads, n_q, n_k, d, bytes_per_element, block_indices,
+                                                   block_size, causal, kv_heads)
+    bwd = _flash_bwd(batch, heads, n_q, n_k, d, bytes_per_element, bs, bs, False, table, False, lse_bytes,
+                     kv_heads=kv_heads)
+    nqb, nkb = table.shape[2], table.shape[3]
+    return (bwd + _part("bwd_dkdv", 4 * (batch * kv_heads * nkb + visits), 0)
+            + _part("bwd_dq", 4 * (batch * heads * nqb + visits), 0))
