@@ -11,6 +11,9 @@ against and that lesson 10 shows:
   KV heads repeated, and ``attnlab.attention.scaled_dot_product_attention`` run under the
   decoding mask (query ``i`` at position ``L - Nq + i`` sees keys ``<=`` it);
 * :func:`gather_cache`: one sequence's keys (or values) out of a contiguous or paged cache;
+* :func:`append_to_cache`: write each sequence's new keys and values at its current length
+  (contiguous or through the block table), what ``flash_attn_with_kvcache(k=, v=)`` does before
+  it attends;
 * :func:`to_paged`: a contiguous cache cut into pages of a pool, in a shuffled order, and the
   block table that finds them again (vLLM's PagedAttention, Kwon et al. 2023);
 * :func:`allocation_bytes`: what a contiguous cache (room for the longest request, for
@@ -34,7 +37,7 @@ import torch
 from attnlab import validate
 from attnlab.attention import scaled_dot_product_attention
 
-__all__ = ["decode_reference", "gather_cache", "to_paged", "allocation_bytes", "KVCache", "RollingCache"]
+__all__ = ["decode_reference", "gather_cache", "append_to_cache", "to_paged", "allocation_bytes", "KVCache", "RollingCache"]
 
 
 def gather_cache(cache, b, length, block_table=None):
@@ -53,6 +56,83 @@ def gather_cache(cache, b, length, block_table=None):
     kv = cache[pages]                                                     # (n_pages, H_kv, page_size, D)
     kv = kv.transpose(0, 1).reshape(cache.shape[1], n_pages * page_size, cache.shape[3])   # (H_kv, P * ps, D)
     return kv[:, :length]                                                 # (H_kv, L, D)
+
+
+def append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None):
+    """Write each sequence's new keys and values into the cache at its current length, in place.
+
+    k_cache, v_cache: (B, H_kv, S, D) contiguous, or a paged pool (num_pages, H_kv, page_size, D) with
+    ``block_table`` (B, max_pages) int32. k_new, v_new: (B, H_kv, N_new, D). cache_seqlens: (B,) int32,
+    each sequence's length *before* the append (flash-attn's ``cache_seqlens`` when it is given ``k=``
+    and ``v=``): sequence b's new token t goes to position ``cache_seqlens[b] + t``, in page
+    ``block_table[b, pos // page_size]`` at row ``pos % page_size`` when paged. Returns the lengths
+    after the append, ``cache_seqlens + N_new`` (B,) int32, which is what
+    :func:`attnlab.kernels.flash_decode` takes (its lengths count the new tokens, already written).
+
+    flash-attn folds this write into its decoding call (``flash_attn_with_kvcache(q, k_cache, v_cache,
+    k=k_new, v=v_new, cache_seqlens=...)``); here it is its own step, so that an attention call never
+    writes into its inputs and the lengths keep one meaning::
+
+        lens = append_to_cache(k_cache, v_cache, k_new, v_new, lens)    # the new tokens written
+        o = flash_decode(q, k_cache, v_cache, lens)                     # and attended to
+
+    Example: ``lens = append_to_cache(k_cache, v_cache, k1, v1, torch.tensor([5, 9], dtype=torch.int32))``
+    """
+    paged = block_table is not None
+    layout = "(num_pages, kv_heads, page_size, head_dim)" if paged else "(batch, kv_heads, capacity, head_dim)"
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        validate.tensor(x, name, 4, layout, floating=True)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache: expected shape {tuple(k_cache.shape)} like k_cache, got {tuple(v_cache.shape)}")
+    for name, x in (("k_new", k_new), ("v_new", v_new)):
+        validate.tensor(x, name, 4, "(batch, kv_heads, new tokens, head_dim)", floating=True)
+        validate.like(x, name, k_cache, "k_cache")
+    if v_new.shape != k_new.shape:
+        raise ValueError(f"v_new: expected shape {tuple(k_new.shape)} like k_new, got {tuple(v_new.shape)}")
+    B, H_kv, n_new, D = k_new.shape
+    if (k_cache.shape[1], k_cache.shape[3]) != (H_kv, D):
+        raise ValueError(f"k_new: expected (batch, {k_cache.shape[1]}, new tokens, {k_cache.shape[3]}) like the "
+                         f"cache's KV heads and head_dim, got shape {tuple(k_new.shape)}")
+    validate.tensor(cache_seqlens, "cache_seqlens", 1, "(batch,)", dtypes=(torch.int32,))
+    if cache_seqlens.shape[0] != B:
+        raise ValueError(f"cache_seqlens: expected shape ({B},), one length per sequence, got "
+                         f"{tuple(cache_seqlens.shape)}")
+    if cache_seqlens.device != k_cache.device:
+        raise ValueError(f"cache_seqlens: expected device {k_cache.device} (the cache's), got {cache_seqlens.device}")
+    lens = cache_seqlens.long()                                              # (B,)
+    if B and int(lens.min()) < 0:
+        raise ValueError(f"cache_seqlens: expected lengths >= 0, got {cache_seqlens.tolist()}")
+    if paged:
+        validate.tensor(block_table, "block_table", 2, "(batch, max_pages)", dtypes=(torch.int32,))
+        if block_table.shape[0] != B:
+            raise ValueError(f"block_table: expected {B} rows (one per sequence), got shape {tuple(block_table.shape)}")
+        if block_table.device != k_cache.device:
+            raise ValueError(f"block_table: expected device {k_cache.device} (the cache's), got {block_table.device}")
+        page_size = k_cache.shape[2]
+        capacity = block_table.shape[1] * page_size
+    else:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"k_new: expected batch {k_cache.shape[0]} like k_cache (or pass block_table for a "
+                             f"paged cache), got shape {tuple(k_new.shape)}")
+        capacity = k_cache.shape[2]
+    if B and int(lens.max()) + n_new > capacity:
+        raise ValueError(f"k_new: {n_new} new tokens after lengths {cache_seqlens.tolist()} pass the cache's "
+                         f"capacity of {capacity} tokens")
+    pos = lens[:, None] + torch.arange(n_new, device=k_cache.device)[None, :]   # (B, N_new) positions written
+    b = torch.arange(B, device=k_cache.device)[:, None].expand(B, n_new)       # (B, N_new) their sequence
+    if paged:
+        pages = block_table.long()[b, pos // page_size]                         # (B, N_new) the page of each
+        if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= k_cache.shape[0]):
+            raise ValueError(f"block_table: expected page numbers in [0, {k_cache.shape[0]}) for the pages written, "
+                             f"got [{int(pages.min())}, {int(pages.max())}]")
+        rows = pos % page_size                                                  # (B, N_new) the row in it
+        # cache[page, :, row] for every (b, t): advanced indices around the head slice -> (B, N_new, H_kv, D)
+        k_cache[pages, :, rows] = k_new.permute(0, 2, 1, 3)
+        v_cache[pages, :, rows] = v_new.permute(0, 2, 1, 3)
+    else:
+        k_cache[b, :, pos] = k_new.permute(0, 2, 1, 3)                          # (B, N_new, H_kv, D)
+        v_cache[b, :, pos] = v_new.permute(0, 2, 1, 3)
+    return (lens + n_new).to(torch.int32)
 
 
 def decode_reference(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None):

@@ -288,8 +288,10 @@ class _TiledAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
+        # once_differentiable only delays the error to a later backward and hands out a first-order gradient
+        # meanwhile: refuse create_graph=True here, as the kernels do
+        validate.no_double_backward("tiled_attention")
         q3, k3, v3, out3, lse3 = ctx.saved_tensors
         B, H, Nq, Nk, D, Dv = ctx.shapes
         work = q3.dtype
@@ -317,6 +319,7 @@ def tiled_attention(q, k, v, causal=False, scale=None, block_m=DEFAULT_BLOCK_M, 
     Returns out (B, H, Nq, Dv), or (out, lse) with ``lse`` (B, H, Nq) the natural log-sum-exp of
     each row's scaled scores (float32 for fp16/bf16 inputs; ``-inf`` for rows without keys, whose
     output is zero). Differentiable in out and lse; the backward pass recomputes P tile by tile.
+    Double backward (``create_graph=True``) raises a ``RuntimeError``.
 
     Example: ``out, lse = tiled_attention(q, k, v, causal=True, block_m=64, block_n=64, return_lse=True)``
     """

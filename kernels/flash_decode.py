@@ -276,6 +276,12 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, num_splits, block_table, s
     if hi > capacity:
         raise ValueError(f"cache_seqlens: expected lengths <= {capacity}, the cache's capacity, got {hi}")
     validate.integer(num_splits, "num_splits", allow_none=True)
+    if torch.is_grad_enabled():
+        for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            if x.requires_grad:
+                raise ValueError(f"{name}: flash_decode is inference only (its output carries no gradient), but "
+                                 f"{name} requires grad; call it under torch.no_grad() or pass {name}.detach(), or "
+                                 f"use attnlab.kvcache.decode_reference, which is differentiable")
     scale = validate.scale(scale, d)
     validate.interpreter_dtypes(use_interpreter, q=q, k_cache=k_cache, v_cache=v_cache)
     return scale, page_size, hi
@@ -298,6 +304,10 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits=None, block_t
     programs to fill the GPU's SMs (the CPU's cores in the interpreter), capped by the number
     of key blocks of the longest sequence. Each split covers ``CHUNK`` keys, the longest
     length divided by ``num_splits`` rounded up to whole blocks (pages when paged).
+
+    Inference only: with grad mode on, inputs that require grad raise a ``ValueError`` (the output
+    would carry no gradient). The new tokens' K and V are written before the call, by
+    :func:`attnlab.kvcache.append_to_cache` (flash-attn's ``k=``, ``v=`` of ``flash_attn_with_kvcache``).
 
     Example: ``o = flash_decode(q, k_cache, v_cache, torch.tensor([100, 37], dtype=torch.int32))``
     """

@@ -255,6 +255,7 @@ class _StandardAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        validate.no_double_backward("standard_attention")   # not a silent first-order gradient
         q, k, v, p = ctx.saved_tensors
         dq, dk, dv = _standard_backward(do, q, k, v, p, ctx.scale, ctx.blocks)
         return dq, dk, dv, None, None, None
@@ -279,6 +280,7 @@ def standard_attention(q, k, v, causal=False, scale=None, *, block_m=None, block
     q: (B, H, Nq, d), k and v: (B, H, Nk, d); d in 16, 32, 64, 128. Returns o (B, H, Nq, d).
     Softmax rows are held whole on chip up to 16384 keys (longer rows take two passes).
     S (B, H, Nq, Nk) is written in float32 for any input dtype, P in the inputs' dtype.
+    Double backward (``create_graph=True``) raises a ``RuntimeError``.
 
     Example: ``o = standard_attention(q, k, v, causal=True)``
     """

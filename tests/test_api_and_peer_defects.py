@@ -95,3 +95,78 @@ def test_ring_and_ulysses_on_views_with_scale_lse_gradient_and_double_backward()
         assert "double backward" in res.pop("ring double backward"), rank
         for key, err in res.items():
             assert err < 1e-5, (rank, key, err)   # attention_lse computes in float32
+
+
+# ------------------------------------------------------------------------------------------
+# double backward: a clear error, not a silent first-order gradient
+# ------------------------------------------------------------------------------------------
+
+def _double_backward(fn):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 20, 16, generator=g).requires_grad_() for _ in range(3))
+    (dq,) = torch.autograd.grad(fn(q, k, v).square().sum(), q, create_graph=True)
+    dq.sum().backward()
+
+
+@pytest.mark.parametrize("name", ["standard_attention", "tiled_attention", "flash_attention"])
+def test_double_backward_raises(name):
+    from attnlab import kernels, tiled
+    fn = {"standard_attention": lambda q, k, v: kernels.standard_attention(q, k, v, scale=0.3),
+          "tiled_attention": lambda q, k, v: tiled.tiled_attention(q, k, v, block_m=16, block_n=16),
+          "flash_attention": lambda q, k, v: kernels.flash_attention(q, k, v)}[name]
+    with pytest.raises(RuntimeError, match=f"{name}: double backward"):
+        _double_backward(fn)
+
+
+# ------------------------------------------------------------------------------------------
+# flash_decode: no silent gradient; the cache append of flash_attn_with_kvcache(k=, v=)
+# ------------------------------------------------------------------------------------------
+
+def test_flash_decode_refuses_inputs_that_need_gradients():
+    from attnlab.kernels import flash_decode
+    q, k, v = torch.randn(1, 2, 1, 16), torch.randn(1, 1, 32, 16), torch.randn(1, 1, 32, 16)
+    lens = torch.tensor([20], dtype=torch.int32)
+    for name in ("q", "k_cache", "v_cache"):
+        args = {"q": q, "k_cache": k, "v_cache": v}
+        args[name] = args[name].clone().requires_grad_()
+        with pytest.raises(ValueError, match=f"{name}: flash_decode is inference only"):
+            flash_decode(args["q"], args["k_cache"], args["v_cache"], lens)
+        with torch.no_grad():   # under no_grad it is fine
+            flash_decode(args["q"], args["k_cache"], args["v_cache"], lens)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_append_to_cache_then_decode_equals_the_reference_on_the_whole_sequence(paged):
+    from attnlab.kernels import flash_decode
+    from attnlab.kvcache import append_to_cache, decode_reference, to_paged
+    g = torch.Generator().manual_seed(2)
+    B, H_q, H_kv, S, D, n_new = 3, 4, 2, 48, 16, 3
+    full_k, full_v = torch.randn(B, H_kv, S, D, generator=g), torch.randn(B, H_kv, S, D, generator=g)
+    before = torch.tensor([0, 17, 45], dtype=torch.int32)          # an empty sequence, one mid-page, one at the end
+    after = before + n_new
+    k_new = torch.stack([full_k[b, :, int(before[b]):int(after[b])] for b in range(B)])   # (B, H_kv, n_new, D)
+    v_new = torch.stack([full_v[b, :, int(before[b]):int(after[b])] for b in range(B)])
+    # the cache holds the first `before` tokens (and garbage after them, which the append must overwrite)
+    k_cache, v_cache = torch.randn(B, H_kv, S, D, generator=g), torch.randn(B, H_kv, S, D, generator=g)
+    for b in range(B):
+        k_cache[b, :, :int(before[b])] = full_k[b, :, :int(before[b])]
+        v_cache[b, :, :int(before[b])] = full_v[b, :, :int(before[b])]
+    table = None
+    if paged:
+        k_cache, v_cache, table = to_paged(k_cache, v_cache, torch.full((B,), S), 16,
+                                           generator=torch.Generator().manual_seed(3))
+    untouched = k_cache.clone()
+    lens = append_to_cache(k_cache, v_cache, k_new, v_new, before, block_table=table)
+    assert lens.dtype == torch.int32 and lens.tolist() == after.tolist()
+    q = torch.randn(B, H_q, n_new, D, generator=g)
+    o = flash_decode(q, k_cache, v_cache, lens, block_table=table, scale=0.2)
+    ref = decode_reference(q, full_k, full_v, after, scale=0.2)
+    torch.testing.assert_close(o, ref, atol=2e-5, rtol=1e-5)
+    # exactly B * n_new token rows of the cache changed (nothing else was written)
+    changed = (k_cache != untouched).any(dim=-1)                    # (pages or B, H_kv, rows)
+    assert int(changed.sum()) == B * n_new * H_kv
+    with pytest.raises(ValueError, match="capacity"):
+        append_to_cache(k_cache, v_cache, k_new, v_new, lens + 40, block_table=table)
+    with pytest.raises(ValueError, match="k_new"):
+        append_to_cache(k_cache, v_cache, k_new[:, :1].expand(B, 2, n_new, D)[:, :, :, :8], v_new, before,
+                        block_table=table)
