@@ -188,8 +188,8 @@ def check_block_indices(block_indices, block_size, n_q, n_k, *, batch=None, kv_h
     nqb, nkb = n_blocks(n_q, block_size), n_blocks(n_k, block_size)
     b, h, rows, _ = block_indices.shape
     if rows != nqb or (batch is not None and b not in (1, batch)) or (kv_heads is not None and h not in (1, kv_heads)):
-        want_b = "batch" if batch is None else f"{batch} or 1"
-        want_h = "kv_heads" if kv_heads is None else f"{kv_heads} or 1"
+        want_b = "batch" if batch is None else (f"{batch} or 1" if batch > 1 else "1")
+        want_h = "kv_heads" if kv_heads is None else (f"{kv_heads} or 1" if kv_heads > 1 else "1")
         raise ValueError(f"block_indices: expected shape ({want_b}, {want_h}, {nqb}, topk) for {n_q} queries in blocks "
                          f"of {block_size}, got {tuple(block_indices.shape)}")
     if device is not None and block_indices.device != torch.device(device):
@@ -249,9 +249,13 @@ def selected_mask(block_indices, n_q, n_k, block_size, causal=True):
 
 
 def _expand_heads(x, heads):
-    """(B, H_kv or 1, ...) -> (B, heads, ...): each KV head repeated for its GQA group (a copy, as a
-    reference may)."""
-    return x if x.shape[1] in (1, heads) else x.repeat_interleave(heads // x.shape[1], dim=1)
+    """(B, H_kv, ...) -> (B, heads, ...): each KV head repeated for its GQA group (a view for one KV
+    head, else a copy, as a reference may)."""
+    if x.shape[1] == heads:
+        return x
+    if x.shape[1] == 1:
+        return x.expand(x.shape[0], heads, *x.shape[2:])
+    return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
 # ---------------------------------------------------------------------------------------------
