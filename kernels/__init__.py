@@ -12,6 +12,8 @@ memory traffic counted, the kernel with its traffic counted, the launching wrapp
 * ``flash_attention.py``: FlashAttention-2 forward and backward, as shipped.
 * ``block_mask.py`` (``create_block_mask`` from ``attnlab.mask_mods``) and ``block_sparse_attention.py``:
   block-sparse FlashAttention with full and partial blocks, as FlexAttention.
+* ``selected_attention.py``: attention over the key blocks a learned selector chose per query block
+  (NSA's selection, DeepSeek Sparse Attention), with ``attnlab.sparse`` as its reference side.
 * ``flash_decode.py``: decoding against a KV cache, split over the keys (Flash-Decoding), GQA, paged.
 
 On CUDA tensors the kernels run compiled; on CPU tensors they run in Triton's interpreter
@@ -38,12 +40,13 @@ from .block_mask import (
 from .block_sparse_attention import block_sparse_attention
 from .flash_attention import flash_attention
 from .flash_decode import flash_decode
+from .selected_attention import selected_attention
 from .softmax import softmax
 from .standard_attention import standard_attention
 from .vector_add import vector_add
 
 __all__ = [
-    "softmax", "standard_attention", "flash_attention", "flash_decode", "block_sparse_attention", "BlockMask",
+    "softmax", "standard_attention", "flash_attention", "flash_decode", "block_sparse_attention", "selected_attention", "BlockMask",
     "create_block_mask",
     "local_mask", "strided_mask", "global_mask", "causal_block_mask", "random_mask", "full_mask",
     "union", "intersection", "vector_add",
