@@ -27,13 +27,16 @@ Read top to bottom:
    chunk and a scan across chunks (Yang, Wang, Zhang, Shen and Kim, "Parallelizing Linear
    Transformers with the Delta Rule over Sequence Length", NeurIPS 2024): the WY / UT form.
    This is the plain path beside the kernel.
+5. ``recurrent_state_bytes`` and ``delta_rule_io``: the state's constant size, and the
+   kernel's exact HBM traffic and FLOPs.
 
 Conventions: q, k ``(B, H, N, d_k)``, v ``(B, H, N, d_v)``, beta and g ``(B, H, N)``, the state
 ``(B, H, d_k, d_v)`` (``S^T k`` reads it with a key, ``k u^T`` writes to it). Everything is
 computed in float32; outputs come back in q's dtype, states in float32. Causal by construction
 (a recurrence only sees the past). Bad input raises ``ValueError`` / ``TypeError`` naming the
 argument before any work. The state's bytes beside the KV cache's:
-``attnlab.iomodel.recurrent_state_bytes`` and ``attnlab.iomodel.kv_cache_bytes``.
+``recurrent_state_bytes`` (section 5) and ``attnlab.iomodel.kv_cache_bytes``; the kernel's
+traffic: ``delta_rule_io`` (kept beside the method, as ``attnlab.approx`` keeps its cost functions).
 
 Example::
 
@@ -55,6 +58,8 @@ __all__ = [
     "delta_rule_recurrent",
     "delta_rule_chunked",
     "check_delta_rule_inputs",
+    "recurrent_state_bytes",
+    "delta_rule_io",
 ]
 
 
@@ -286,3 +291,59 @@ def delta_rule_chunked(q, k, v, beta, g=None, *, scale=None, initial_state=None,
              + ((G_last[..., None] - G).exp()[..., None] * kc).transpose(-2, -1) @ U)  # (B, H, d_k, d_v)
     o = torch.cat(out, dim=2).to(q.dtype)                                 # (B, H, N, d_v)
     return (o, S) if output_final_state else o
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. What it costs: the state's bytes (constant) and the kernel's traffic
+# ---------------------------------------------------------------------------------------------
+
+def recurrent_state_bytes(layers=1, heads=1, d_k=64, d_v=None, bytes_per_element=4, *, normalizer=False) -> int:
+    """Bytes of a linear-attention / delta-rule state: layers x heads x d_k x d_v x bytes, whatever the length.
+
+    The counterpart of :func:`attnlab.iomodel.kv_cache_bytes`, which grows by one K and V row
+    per token: this does not grow at all. ``d_v`` None means ``d_k``; ``normalizer`` adds
+    Katharopoulos et al.'s z (d_k more numbers per head); states are float32 (4 bytes) here.
+    Example: ``recurrent_state_bytes(layers=48, heads=32, d_k=128, d_v=128)  # 100,663,296 B, any length``
+    """
+    d_v = d_k if d_v is None else d_v
+    for name, val in (("layers", layers), ("heads", heads), ("d_k", d_k), ("d_v", d_v),
+                      ("bytes_per_element", bytes_per_element)):
+        validate.integer(val, name)
+    validate.flag(normalizer, "normalizer")
+    return layers * heads * d_k * (d_v + int(normalizer)) * bytes_per_element
+
+
+def delta_rule_io(batch, heads, n, d_k=64, d_v=None, bytes_per_element=2, *, gate=True, initial_state=False,
+                  final_state=False, chunk_size=64, state_bytes_per_element=4):
+    """HBM bytes and FLOPs of ``attnlab.kernels.chunked_delta_rule``, exactly as ``attnlab.memory.trace`` counts them.
+
+    Per (batch, head): read q and k (n d_k each), v (n d_v), beta (n) and, with ``gate``, g (n),
+    in ``bytes_per_element``; with ``initial_state`` the d_k x d_v state (float32); write o
+    (n d_v) and, with ``final_state``, the state again. Nothing else: the state stays in
+    registers, so the traffic per token is the token's own q, k, v, beta, g and o.
+    FLOPs: the kernel's ``tl.dot`` matmuls on ceil(n / C) chunks of C = ``chunk_size`` rows
+    (a ragged last chunk still computes whole tiles), per chunk ``6 C^2 d_k + 4 C^2 d_v +
+    6 C d_k d_v`` (K K^T, T K, T V, W S, Q K^T, Q S, (QK^T) U, K^T U; 2 FLOPs a multiply-add);
+    the forward substitution's (C - 1) C^2 multiply-adds are vector work, not counted, like the
+    softmax's exponentials in :mod:`attnlab.iomodel`. Returns an :class:`attnlab.iomodel.IO`
+    with one part, ``"chunked_delta_rule"``.
+
+    Example: ``delta_rule_io(1, 16, 4096, d_k=128, d_v=128, final_state=True).total_bytes``
+    """
+    from attnlab.iomodel import IO
+
+    d_v = d_k if d_v is None else d_v
+    for name, val in (("batch", batch), ("heads", heads), ("n", n), ("d_k", d_k), ("d_v", d_v),
+                      ("bytes_per_element", bytes_per_element), ("chunk_size", chunk_size),
+                      ("state_bytes_per_element", state_bytes_per_element)):
+        validate.integer(val, name)
+    for name, val in (("gate", gate), ("initial_state", initial_state), ("final_state", final_state)):
+        validate.flag(val, name)
+    e, es, C = bytes_per_element, state_bytes_per_element, chunk_size
+    state = d_k * d_v * es                                                # bytes of one (batch, head)'s state
+    read = n * (2 * d_k + d_v + 1 + int(gate)) * e + int(initial_state) * state
+    written = n * d_v * e + int(final_state) * state
+    chunks = -(-n // C)
+    flops = chunks * (6 * C * C * d_k + 4 * C * C * d_v + 6 * C * d_k * d_v)
+    part = IO(read, written, flops)
+    return IO(part.bytes_read, part.bytes_written, part.flops, {"chunked_delta_rule": part}).scaled(batch * heads)

@@ -23,11 +23,13 @@ REPO_BRANCH = os.environ.get("ATTNLAB_REPO_BRANCH", "").strip() or "main"
 
 # the library API pages: (page name, title, modules documented on it)
 API_PAGES = [
-    ("attention", "Reference attention in PyTorch", ["attnlab.attention", "attnlab.tiled", "attnlab.approx"]),
+    ("attention", "Reference attention in PyTorch",
+     ["attnlab.attention", "attnlab.tiled", "attnlab.approx", "attnlab.linear_attention"]),
     ("kernels", "Triton kernels: attnlab.kernels",
      ["attnlab.kernels", "attnlab.kernels.vector_add", "attnlab.kernels.softmax",
       "attnlab.kernels.standard_attention", "attnlab.kernels.flash_attention",
-      "attnlab.kernels.block_mask", "attnlab.kernels.block_sparse_attention", "attnlab.kernels.flash_decode"]),
+      "attnlab.kernels.block_mask", "attnlab.kernels.block_sparse_attention", "attnlab.kernels.flash_decode",
+      "attnlab.kernels.delta_rule"]),
     ("memory", "Memory traffic: tracing and the IO model", ["attnlab.memory", "attnlab.iomodel", "attnlab.traffic"]),
     ("widgets", "Widgets", ["attnlab.widgets", "attnlab.widgets.attention_map", "attnlab.widgets.scaling",
                             "attnlab.widgets.memory_traffic", "attnlab.widgets.block_mask_editor"]),

@@ -285,6 +285,7 @@ NO_TENSORS = {
     "attnlab.iomodel.ulysses_attention_bytes": "sizes: a cost formula (errors in tests/test_distributed.py)",
     "attnlab.kernels.flash_decode.flash_decode": "its argument errors are tested in tests/test_kernels_decode.py",
     "attnlab.kernels.flash_decode.choose_num_splits": "sizes (called by flash_decode after its checks)",
+    "attnlab.kernels.delta_rule.chunked_delta_rule": "its argument errors are tested in tests/test_linear_attention.py",
     "attnlab.iomodel.matmul_io": "sizes: a cost formula",
     "attnlab.iomodel.attention_flops": "sizes: a cost formula",
     "attnlab.iomodel.standard_forward_io": "sizes: a cost formula",
