@@ -15,6 +15,7 @@ memory traffic counted, the kernel with its traffic counted, the launching wrapp
 * ``selected_attention.py``: attention over the key blocks a learned selector chose per query block
   (NSA's selection, DeepSeek Sparse Attention), with ``attnlab.sparse`` as its reference side.
 * ``flash_decode.py``: decoding against a KV cache, split over the keys (Flash-Decoding), GQA, paged.
+* ``delta_rule.py``: the gated delta rule (linear attention's state, corrected and decayed), chunkwise.
 
 On CUDA tensors the kernels run compiled; on CPU tensors they run in Triton's interpreter
 from the same source, with nothing to set (see ``_runtime.py``).
@@ -38,6 +39,7 @@ from .block_mask import (
     union,
 )
 from .block_sparse_attention import block_sparse_attention
+from .delta_rule import chunked_delta_rule
 from .flash_attention import flash_attention
 from .flash_decode import flash_decode
 from .selected_attention import selected_attention
@@ -49,5 +51,5 @@ __all__ = [
     "softmax", "standard_attention", "flash_attention", "flash_decode", "block_sparse_attention", "selected_attention", "BlockMask",
     "create_block_mask",
     "local_mask", "strided_mask", "global_mask", "causal_block_mask", "random_mask", "full_mask",
-    "union", "intersection", "vector_add",
+    "union", "intersection", "vector_add", "chunked_delta_rule",
 ]
