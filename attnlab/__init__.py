@@ -10,9 +10,43 @@ what is wrong. The Triton kernels live in the top-level ``kernels/`` folder and
 are imported as ``attnlab.kernels`` (see ``_kernels_path``).
 """
 
+import sys
 from importlib import import_module
+from importlib.machinery import PathFinder
 
 from attnlab import _kernels_path  # makes `attnlab.kernels` importable from a source checkout
+
+
+class _OnceTritonInterprets:
+    """Loads :mod:`attnlab._interp_hooks` right after Triton's interpreter module (which ``@triton.jit`` imports under
+    ``TRITON_INTERPRET=1``), so that a learner's own first launch already patches ``triton.language`` per thread and
+    undoes what each ``@triton.jit`` helper call patches. Without it, a kernel launched before any attnlab call (a
+    notebook's demo cell) left ``triton.language`` patched for the whole process, and the inline check's compile of a
+    correct kernel that used ``tl.max`` failed."""
+
+    name = "triton.runtime.interpreter"
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                import_module("attnlab._interp_hooks")   # installs its patches on import (a supported Triton)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+if "triton.runtime.interpreter" in sys.modules:
+    if "triton.language" in sys.modules:
+        import_module("attnlab._interp_hooks")
+elif not any(isinstance(f, _OnceTritonInterprets) for f in sys.meta_path):
+    sys.meta_path.insert(0, _OnceTritonInterprets())
 
 __version__ = "0.1.0"
 

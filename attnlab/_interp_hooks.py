@@ -460,6 +460,78 @@ def kernel_function(obj):
     return None
 
 
+_compiled_twins: dict = {}   # id(InterpretedFunction) -> (it, the JITFunction of the same Python function)
+
+
+def _compiled_twin(value):
+    """The ``JITFunction`` of an ``InterpretedFunction``'s Python function (made once, kept), else ``value``."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if type(value) is not InterpretedFunction:
+        return value
+    twin = _compiled_twins.get(id(value))
+    if twin is None:
+        accepted = inspect.signature(JITFunction.__init__).parameters
+        kwargs = {k: v for k, v in value.kwargs.items() if k in accepted}
+        twin = _compiled_twins[id(value)] = (value, JITFunction(value.fn, **kwargs))
+    return twin[1]
+
+
+@contextlib.contextmanager
+def compiled_frontend():
+    """Inside this block, on this thread, Triton's frontend (``ASTSource.make_ir``) lowers the Python function of
+    every ``InterpretedFunction`` it meets as the ``JITFunction`` of that function.
+
+    Under ``TRITON_INTERPRET=1`` (set by a notebook before ``import triton``) every ``@triton.jit`` function,
+    ``triton.language``'s own helpers included (``tl.max``, ``tl.sum``, ``tl.softmax``, ...), is an
+    ``InterpretedFunction``, and the frontend calls such a thing as plain Python on its IR values: any kernel that
+    used a reduction failed to lower (``'ir.value' object has no attribute 'data'``). The frontend meets every
+    function it calls as a global of the function it lowers (``CodeGenerator.gscope``), as the value of a name or an
+    attribute (:meth:`CodeGenerator.visit`), or as a tensor's
+    method (``x.max(0)``, :meth:`CodeGenerator.get_Attribute`), and the kernel's cache key meets each function it
+    names (:meth:`DependenciesFinder.record_reference`): the four are wrapped here, scoped to this thread."""
+    from triton.compiler.code_generator import BoundJITMethod, CodeGenerator, _is_triton_value
+    from triton.runtime.jit import DependenciesFinder
+
+    _scope_patches_to_threads()
+    init, visit, get_attribute = CodeGenerator.__init__, CodeGenerator.visit, CodeGenerator.get_Attribute
+    record_reference = DependenciesFinder.record_reference
+
+    def compiled_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.gscope = {name: _compiled_twin(value) for name, value in self.gscope.items()}
+
+    def compiled_visit(self, node):
+        return _compiled_twin(visit(self, node))
+
+    def compiled_get_attribute(self, lhs, attr):
+        value = get_attribute(self, lhs, attr)
+        if _is_triton_value(lhs):
+            # x.max(axis=0): tl.tensor's method is a wrapper of the free function (core._tensor_member_fn) when that
+            # function is not a JITFunction; its only free variable is that function
+            func = getattr(value, "__func__", None)
+            code = getattr(func, "__code__", None)
+            if code is not None and code.co_freevars == ("fn",) and func.__closure__:
+                inner = func.__closure__[0].cell_contents
+                if _compiled_twin(inner) is not inner:
+                    return BoundJITMethod(lhs, _compiled_twin(inner))
+        return _compiled_twin(value)
+
+    def compiled_record_reference(self, val, *args, **kwargs):
+        return record_reference(self, _compiled_twin(val), *args, **kwargs)
+
+    scope = _ThreadScope()
+    scope.set_attr(DependenciesFinder, "record_reference", compiled_record_reference)
+    scope.set_attr(CodeGenerator, "__init__", compiled_init)
+    scope.set_attr(CodeGenerator, "visit", compiled_visit)
+    scope.set_attr(CodeGenerator, "get_Attribute", compiled_get_attribute)
+    try:
+        yield
+    finally:
+        scope.restore()
+
+
 def is_interpreted(obj):
     """Whether ``obj`` is a kernel made by ``@triton.jit`` under ``TRITON_INTERPRET=1`` (Triton's interpreter)."""
     from triton.runtime.interpreter import InterpretedFunction
@@ -580,3 +652,17 @@ def nan_for_missing_other():
 
     with _access_layer(layer):
         yield
+
+
+# On import, on a supported Triton: a learner's own first launch (``kernel[grid](...)`` under TRITON_INTERPRET=1, before
+# any attnlab launch) must already patch triton.language per thread and restore it after each @triton.jit helper call.
+# Triton leaves a helper's patches in place (InterpretedFunction.__call__), process-wide, and a kernel lowered later
+# in the same process (the inline check's frontend run) then met the interpreter's tl.arange.
+def _install_on_import():
+    import triton
+
+    if interpreter_problem(getattr(triton, "__version__", "unknown"), np.__version__) is None:
+        _scope_patches_to_threads()
+
+
+_install_on_import()

@@ -252,6 +252,8 @@ def verify(fn, args, kwargs):
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import JITFunction
 
+    from attnlab._interp_hooks import compiled_frontend
+
     sig, constexprs = _signature(fn, args, kwargs)
     target = GPUTarget("cuda", 80, 32)
     backend = make_backend(target)
@@ -260,7 +262,8 @@ def verify(fn, args, kwargs):
     ir.load_dialects(context)
     backend.load_dialects(context)
     source = ASTSource(JITFunction(fn), sig, constexprs)
-    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+    with compiled_frontend():   # in a notebook that set TRITON_INTERPRET=1, tl.max & co. are interpreted functions
+        source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
 
 
 def verifier(name, obj, req, verified):

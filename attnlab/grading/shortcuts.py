@@ -474,6 +474,36 @@ def rebound(learners, given):
     return out
 
 
+def _current_cells(history, given):
+    """The learner's code as the notebook's namespace holds it now, from IPython's ``In``: the cells it ran, less the
+    ``given`` ones (``attnlab grade`` reads only the learner's, with the given cells as context), each cut to the
+    top-level statements that bind a name no later cell binds again. A ``decode_bytes`` rewritten in a new cell is
+    read from that cell alone, and an import the old cell also made stays (lines keep their numbers: what is cut
+    becomes blank lines)."""
+    from attnlab.grading.layout import _defined
+
+    given = {g.strip() for g in given}
+    cells, covered = [], set()
+    for source in reversed([s for s in history if isinstance(s, str) and s.strip() and s.strip() not in given]):
+        tree = _parse(source)
+        if tree is None:
+            continue
+        lines, kept, binds = tree.text.splitlines(), [], set()   # the cell as IPython runs it (magics transformed)
+        for node in tree.body[:tree.magic_from]:
+            bound = _defined(node)
+            if bound and not bound - covered:
+                first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
+                for i in range(first - 1, node.end_lineno):
+                    lines[i] = ""
+            else:
+                kept.append(node)
+                binds |= bound
+        if kept:
+            cells.insert(0, "\n".join(lines))
+        covered |= binds
+    return cells
+
+
 def missing_in_namespace(ns, functions, required, given=()):
     """:func:`missing` for the inline ``check()``: in a notebook on the cells IPython ran (as :func:`in_namespace`
     takes them), in a plain namespace on what the part's functions, and the functions of that namespace they
@@ -482,9 +512,8 @@ def missing_in_namespace(ns, functions, required, given=()):
         return []
     history = ns.get("In")
     if isinstance(history, list):
-        given = {g.strip() for g in given}
-        cells = [s for s in history if isinstance(s, str) and s.strip() not in given]
-        return missing(part_cells(cells, functions), required, cells, rebound(cells, given))
+        cells = _current_cells(history, given)
+        return missing(part_cells(cells, functions), required, cells + list(given), rebound(cells, given))
     read, objects, todo, seen = set(), [], [ns.get(name) for name in functions], set()
     while todo:
         fn = todo.pop()
@@ -518,15 +547,9 @@ def in_namespace(ns, functions, patterns, given=()):
     functions and of every function they reach (by a global name of their module or a closure), with the imports of
     the file it was written in; a name they reach that *is* a forbidden function is named too."""
     history = ns.get("In")
-    if isinstance(history, list):  # the latest cell defining each name, as the namespace holds it; not the given ones
-        given = {g.strip() for g in given}
-        cells, covered = [], set()
-        for source in reversed([s for s in history if isinstance(s, str) and s.strip() not in given]):
-            defined = names(source, "defined")
-            if defined - covered:
-                cells.insert(0, source)
-                covered |= defined
-        return uses(part_cells(cells, functions), patterns, cells)
+    if isinstance(history, list):
+        cells = _current_cells(history, given)
+        return uses(part_cells(cells, functions), patterns, cells + list(given))
     everything = list(patterns) + _escapes(patterns)
     found, sources, code, seen = [], [], [], set()
     todo = [ns.get(name) for name in functions]
