@@ -30,6 +30,11 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
   ``block_sparse_backward_io(...)``: the same kernels walking a BlockMask's lists, full and
   partial blocks (a partial one also reads its block_m x block_n int8 mask tile); with a
   ``BlockMask`` (or bool tile tensor) exact, with ``density`` the expected value.
+* ``selected_attention_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_element=2, *,
+  block_indices, block_size, causal=True, kv_heads=None, grad=False)`` and
+  ``selected_attention_backward_io(...)``: ``attnlab.kernels.selected_attention`` (NSA's
+  selection, DeepSeek Sparse Attention) for a given selection: the flash kernels over the selected
+  tiles only, plus the int32 lists (a count per query block, an id per selected block); linear in topk.
 * ``paper_standard_forward_io`` / ``paper_standard_backward_io(batch, heads, n, d=64,
   bytes_per_element=2, *, mask="additive", dropout=True)``: standard attention as Dao et al.
   2022's PyTorch baseline runs it, one kernel per operation (S, mask, softmax, dropout, PV; the
@@ -980,7 +985,7 @@ def selected_attention_forward_io(batch, heads, n_q, n_k=None, d=64, bytes_per_e
     group's heads each read their KV head's list). About n_q d + 2 n_q topk d elements per head:
     linear in topk. ``kv_heads`` and ``grad`` as in :func:`flash_forward_io`.
 
-    Example: ``selected_attention_forward_io(1, 1, 256, d=64, block_indices=select_blocks(s, 2)[:, None], block_size=64)``
+    Example: ``selected_attention_forward_io(1, 1, 256, d=64, block_indices=select_blocks(torch.randn(1, 4, 4), 2)[:, None], block_size=64)``
     """
     n_k = n_q if n_k is None else n_k
     validate.flag(grad, "grad")

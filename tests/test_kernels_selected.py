@@ -2,6 +2,7 @@
 interpreter; the lightning indexer and the top-k selection; the traced bytes against attnlab.iomodel."""
 
 import importlib
+import importlib.util
 
 import pytest
 import torch
@@ -321,3 +322,34 @@ def test_bad_arguments_of_the_reference_side_are_named():
         attention_mass_kept(q, k, bi + 1, block_size=16)
     with pytest.raises(ValueError, match="block_indices: expected shape"):
         io.selected_attention_forward_io(1, 2, 40, d=16, block_indices=bi.expand(1, 2, 3, 2), block_size=16, kv_heads=1)
+
+
+# --- the compiled path, without a GPU ----------------------------------------------------------------
+
+
+def test_native_gpu_path_compiles_without_a_gpu():
+    """The three kernels (fp16, ragged lengths, causal, a GQA group of 2) lowered for sm_90 (H100, H200)
+    with Triton's bundled toolchain, as benchmarks/gpu_compile_check.py does: the compiled path
+    builds, with pipelined loads and tensor cores, on a CPU machine."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "gpu_compile_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_compile_check", path)
+    check = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(check)
+    except ImportError as e:  # pragma: no cover - a triton build without its GPU backend
+        pytest.skip(f"no Triton GPU backend: {e}")
+    c = dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, DOT_PRECISION="tf32", EVEN_N=False)
+    for kernel, consts in [(sel_mod._sel_fwd_kernel, dict(c, KEEP_F32_O=True)),
+                           (sel_mod._sel_bwd_dkdv_kernel, dict(c, EVEN_M=False, GROUP=2)),
+                           (sel_mod._sel_bwd_dq_kernel, c)]:
+        sig, cx, attrs = check.signature(kernel, torch.float16, consts)
+        try:
+            compiled = check.compile_one(check.GPUTarget("cuda", 90, 32), kernel, sig, cx, 4, 2, attrs)
+        except (RuntimeError, FileNotFoundError) as e:  # pragma: no cover - toolchain missing from this triton build
+            if "ptxas" in str(e) or "not found" in str(e).lower():
+                pytest.skip(f"Triton's CUDA toolchain is not available: {e}")
+            raise
+        ptx = compiled.asm["ptx"]
+        assert compiled.metadata.shared <= 227 * 1024 and "cp.async" in ptx and "wgmma" in ptx, kernel.__name__
