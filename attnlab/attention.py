@@ -82,6 +82,39 @@ def _check_mha_inputs(query, key, value, d_model):
                          f"got shape {tuple(value.shape)}")
 
 
+def _torch_arguments(q, k, v, mask, causal, attn_mask, is_causal, enable_gqa, dropout_p):
+    """torch's SDPA arguments in this file's terms: (k, v with one KV head per query head, the bool mask,
+    causal, an additive float mask or None). A floating ``attn_mask`` is a bias whose -inf entries mask."""
+    validate.flag(enable_gqa, "enable_gqa")
+    validate.qkv(q, k, v, gqa=enable_gqa)
+    bias = None
+    if attn_mask is not None:
+        if mask is not None:
+            raise TypeError("attn_mask: pass the mask once, as mask= or as torch's attn_mask=, not both")
+        validate.tensor(attn_mask, "attn_mask")
+        if attn_mask.dtype == torch.bool:
+            mask = attn_mask
+        elif attn_mask.is_floating_point():
+            bias, mask = attn_mask.to(q.dtype), attn_mask != float("-inf")   # -inf entries mask their key
+        else:
+            raise TypeError(f"attn_mask: expected a bool tensor (True = attend) or a floating one (added to the "
+                            f"scores), got dtype {attn_mask.dtype}")
+        if attn_mask.device != q.device:
+            raise ValueError(f"attn_mask: expected device {q.device} (the device of q), got {attn_mask.device}")
+    if is_causal is not None:
+        validate.flag(is_causal, "is_causal")
+        if causal:
+            raise TypeError("is_causal: pass causality once, as causal= or as torch's is_causal=, not both")
+        causal = is_causal
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0:
+        raise ValueError(f"dropout_p: the reference attention has no dropout, expected 0.0, got {dropout_p!r}")
+    if k.shape[1] != q.shape[1]:                             # enable_gqa: each KV head serves H / H_kv query heads
+        group = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(group, dim=1)                # (B, H, Nk, D)
+        v = v.repeat_interleave(group, dim=1)                # (B, H, Nk, Dv)
+    return k, v, mask, causal, bias
+
+
 # ---------------------------------------------------------------------------------------------
 # 1. softmax
 # ---------------------------------------------------------------------------------------------
@@ -240,16 +273,23 @@ class AdditiveAttention(nn.Module):
 # 4. scaled dot-product attention
 # ---------------------------------------------------------------------------------------------
 
-def scaled_dot_product_attention(q, k, v, mask=None, causal=False, scale=None, return_weights=False):
-    """``softmax(q k^T * scale) v`` with optional bool mask and causal masking.
+def scaled_dot_product_attention(q, k, v, mask=None, causal=False, scale=None, return_weights=False, *,
+                                 attn_mask=None, is_causal=None, enable_gqa=False, dropout_p=0.0):
+    """``softmax(q k^T * scale) v`` with optional mask and causal masking.
 
     q: (B, H, Nq, D), k: (B, H, Nk, D), v: (B, H, Nk, Dv). mask: bool broadcastable to
     (B, H, Nq, Nk), True = attend. causal: top-left aligned (key j <= query i), combined with
     ``mask`` by AND. scale: default ``1/sqrt(D)``. Fully masked rows output zeros.
     Returns out (B, H, Nq, Dv), or (out, weights (B, H, Nq, Nk)) if ``return_weights``.
 
-    Example: ``out = scaled_dot_product_attention(q, k, v, causal=True)``
+    torch's names work too, as in ``torch.nn.functional.scaled_dot_product_attention``:
+    ``attn_mask`` (bool, True = attend, as ``mask``; or floating, added to the scores),
+    ``is_causal`` (as ``causal``), ``enable_gqa`` (k and v may have H_kv heads with H % H_kv == 0;
+    query head h reads KV head h // (H / H_kv)) and ``dropout_p`` (only 0.0: this is the reference).
+
+    Example: ``out = scaled_dot_product_attention(q, k, v, causal=True)  # or is_causal=True``
     """
+    k, v, mask, causal, bias = _torch_arguments(q, k, v, mask, causal, attn_mask, is_causal, enable_gqa, dropout_p)
     validate.qkv(q, k, v)
     scale = validate.scale(scale, q.shape[-1])
     validate.flag(causal, "causal")
@@ -260,6 +300,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, causal=False, scale=None, r
         if mask.device != q.device:
             raise ValueError(f"mask: expected device {q.device} (the device of q), got {mask.device}")
     scores = (q @ k.transpose(-2, -1)) * scale               # (B, H, Nq, Nk)
+    if bias is not None:
+        scores = scores + bias                               # (B, H, Nq, Nk) torch's additive float mask
     if causal:
         keep = causal_mask(Nq, Nk, device=q.device)          # (Nq, Nk)
         mask = keep if mask is None else mask & keep         # broadcasts to (B, H, Nq, Nk)

@@ -265,6 +265,12 @@ def _flash_backward(q, k, v, out, lse, dout, dlse, scale, causal, block_m, block
     return dq, dk, dv
 
 
+# public names for the lessons that show these functions (the private names stay); not in __all__: they are
+# the algorithm's inside (one head, or (BH, N, D) float tensors, unchecked), shown rather than called
+forward_reference, backward_reference = _forward_reference, _backward_reference
+flash_forward, flash_backward = _flash_forward, _flash_backward
+
+
 class _TiledAttention(torch.autograd.Function):
     """autograd wrapper: saves q, k, v, out and lse (never P), recomputes tiles in backward."""
 
@@ -306,7 +312,7 @@ class _TiledAttention(torch.autograd.Function):
 
 
 @validate.renamed_keywords(block_q="block_m", block_k="block_n")   # the README's "Changes" lists it
-def tiled_attention(q, k, v, causal=False, scale=None, block_m=DEFAULT_BLOCK_M, block_n=DEFAULT_BLOCK_N,
+def tiled_attention(q, k, v, causal=False, scale=None, block_m=DEFAULT_BLOCK_M, block_n=DEFAULT_BLOCK_N, *,
                     return_lse=False):
     """FlashAttention in PyTorch: exact attention without ever materialising the (Nq, Nk) matrices.
 

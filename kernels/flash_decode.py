@@ -55,7 +55,7 @@ from attnlab import validate
 
 from ._runtime import dot_precision, jit, use_interpreter
 
-__all__ = ["flash_decode", "choose_num_splits", "MAX_QUERIES"]
+__all__ = ["flash_decode", "choose_num_splits", "MAX_QUERIES", "decode_split_kernel", "decode_merge_kernel"]
 
 MAX_QUERIES = 16      # Nq, the new queries per step: 1 for sampling, a few for speculative decoding
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -183,6 +183,10 @@ def _decode_merge_kernel(
     # write Nq * d elements of O
     tl.store(O + b * stride_ob + h * stride_oh + offs_q[:, None] * stride_on + offs_d[None, :],
              o.to(O.dtype.element_ty), mask=rows[:, None])
+
+
+# public names for lessons that show or trace the kernels (the private names stay)
+decode_split_kernel, decode_merge_kernel = _decode_split_kernel, _decode_merge_kernel
 
 
 # ---------------------------------------------------------------------------------------

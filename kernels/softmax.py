@@ -22,7 +22,7 @@ from attnlab import validate
 
 from ._runtime import check_interpreter_dtype, jit, use_interpreter
 
-__all__ = ["softmax", "naive_softmax", "softmax_block_size", "rows_per_program", "MAX_FUSED_BLOCK"]
+__all__ = ["softmax", "naive_softmax", "softmax_block_size", "rows_per_program", "MAX_FUSED_BLOCK", "softmax_kernel"]
 
 
 def naive_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -108,6 +108,10 @@ def _softmax_kernel(
 INTERPRETER_TILE = 1 << 16
 
 
+# the kernel under a public name, for lessons that show or trace it (the private name stays)
+softmax_kernel = _softmax_kernel
+
+
 def softmax_block_size(n_cols: int) -> tuple[int, bool]:
     """(BLOCK, one_pass) the kernel uses for rows of ``n_cols`` elements."""
     block = triton.next_power_of_2(max(int(n_cols), 1))
@@ -151,15 +155,19 @@ def _check_softmax_input(x):
     check_interpreter_dtype(x=x)
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dimension with one fused Triton kernel.
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax along ``dim`` (the last by default, like :func:`attnlab.softmax`) with one fused Triton kernel.
 
     x: (..., N) float32 or float16 (bfloat16 on a GPU) -> same shape and dtype.
-    Rows that are entirely ``-inf`` give zeros.
+    Rows that are entirely ``-inf`` give zeros. Another ``dim`` is moved last for the kernel (a copy)
+    and back.
 
     Example: ``softmax(torch.randn(4, 1000))``
     """
     _check_softmax_input(x)
+    dim = validate.dim(dim, x)
+    if dim % x.dim() != x.dim() - 1:
+        return softmax(x.movedim(dim, -1)).movedim(-1, dim)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y2 = torch.empty_like(x2)
     _launch_softmax(x2, y2)

@@ -170,3 +170,46 @@ def test_append_to_cache_then_decode_equals_the_reference_on_the_whole_sequence(
     with pytest.raises(ValueError, match="k_new"):
         append_to_cache(k_cache, v_cache, k_new[:, :1].expand(B, 2, n_new, D)[:, :, :, :8], v_new, before,
                         block_table=table)
+
+
+# ------------------------------------------------------------------------------------------
+# one API: torch's argument names on the reference, return_lse keyword-only, softmax's dim
+# ------------------------------------------------------------------------------------------
+
+def test_reference_attention_takes_torchs_argument_names():
+    from attnlab import scaled_dot_product_attention as sdpa
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 5, 8, generator=g, dtype=torch.float64)
+    k, v = torch.randn(2, 2, 7, 8, generator=g, dtype=torch.float64), torch.randn(2, 2, 7, 3, generator=g,
+                                                                                  dtype=torch.float64)
+    bias = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    bias[1, 2:] = float("-inf")
+    keep = torch.rand(2, 1, 5, 7, generator=g) > 0.3
+    for kwargs in (dict(is_causal=True, scale=0.3), dict(attn_mask=keep), dict(attn_mask=bias, scale=1.7)):
+        got = sdpa(q, k, v, enable_gqa=True, **kwargs)
+        torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs).nan_to_num())
+    # the old names still work and mean the same
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    torch.testing.assert_close(sdpa(q, kk, vv, keep, True), sdpa(q, k, v, attn_mask=keep, is_causal=True,
+                                                                   enable_gqa=True))
+    with pytest.raises(TypeError, match="attn_mask"):
+        sdpa(q, kk, vv, mask=keep, attn_mask=keep)
+    with pytest.raises(TypeError, match="is_causal"):
+        sdpa(q, kk, vv, causal=True, is_causal=True)
+    with pytest.raises(ValueError, match="dropout_p"):
+        sdpa(q, kk, vv, dropout_p=0.1)
+    with pytest.raises(ValueError, match="k: expected"):
+        sdpa(q, k, v)                       # fewer KV heads without enable_gqa
+
+
+def test_return_lse_is_keyword_only_and_kernel_softmax_takes_dim():
+    from attnlab import kernels, tiled
+    from attnlab.distributed import ring
+    for fn in (kernels.flash_attention, kernels.block_sparse_attention, tiled.tiled_attention, ring.ring_attention):
+        import inspect
+        assert inspect.signature(fn).parameters["return_lse"].kind is inspect.Parameter.KEYWORD_ONLY, fn
+    x = torch.randn(3, 40, 5, generator=torch.Generator().manual_seed(5))
+    for dim in (-1, 1, 0, -3):
+        torch.testing.assert_close(kernels.softmax(x, dim=dim), torch.softmax(x, dim=dim))
+    with pytest.raises(ValueError, match="dim"):
+        kernels.softmax(x, dim=3)

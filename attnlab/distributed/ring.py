@@ -46,7 +46,7 @@ from attnlab.iomodel import attention_flops
 
 from .trace import Trace
 
-__all__ = ["ring_attention", "merge_partials", "attention_lse", "flash_lse", "block_backward", "shard", "unshard",
+__all__ = ["ring_attention", "RingAttention", "scaled_query", "merge_partials", "attention_lse", "flash_lse", "block_backward", "shard", "unshard",
            "shard_indices", "chunk_ids", "LAYOUTS"]
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -300,6 +300,9 @@ class _RingAttention(torch.autograd.Function):
                 k_cur, v_cur = transfer.wait()
         dk, dv = incoming.wait()                                 # our own shard's, back from its trip round the ring
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+
+
+RingAttention = _RingAttention   # a public name for the lesson that shows it (the private name stays)
 
 
 def check_shards(q, k, v, group=None):
