@@ -21,12 +21,13 @@ import pytest
 import torch
 
 import attnlab.kernels
-from attnlab import approx, attention, iomodel, mask_mods, measure, memory, validate
+from attnlab import approx, attention, iomodel, mask_mods, measure, memory, sparse, validate
 from attnlab.attention import block_sparse_reference, naive_attention, scaled_dot_product_attention
 from attnlab.kernels import (BlockMask, block_sparse_attention, flash_attention, full_mask, intersection, softmax,
                              standard_attention, union, vector_add)
 from attnlab.kernels._runtime import Kernel
 from attnlab.kernels.block_sparse_attention import prepare_block_mask
+from attnlab.kernels.selected_attention import selected_attention
 from attnlab.kernels.block_mask import create_block_mask
 from attnlab.kernels.flash_steps import (flash_backward_minimal, flash_forward_causal, flash_forward_loop,
                                          flash_forward_masked)
@@ -40,6 +41,10 @@ N, D = 32, 16
 
 def _full_block_mask():
     return BlockMask(torch.ones(1, 1, 2, 2, dtype=torch.bool), (16, 16))
+
+
+def _selection():   # block_indices for N = 32 in blocks of 16: query block 1 selects both key blocks
+    return torch.tensor([[[[0, -1], [0, 1]]]], dtype=torch.int32)
 
 
 # every public function that takes (q, k, v): name -> call(q, k, v, **kw)
@@ -57,6 +62,9 @@ ENTRY_POINTS = {
     "flash_forward_loop": lambda q, k, v, **kw: flash_forward_loop(q, k, v, block_m=16, block_n=16),
     "flash_forward_masked": lambda q, k, v, **kw: flash_forward_masked(q, k, v, block_m=16, block_n=16),
     "flash_forward_causal": lambda q, k, v, **kw: flash_forward_causal(q, k, v, block_m=16, block_n=16, **kw),
+    "selected_attention": lambda q, k, v, **kw: selected_attention(q, k, v, _selection(), block_size=16, **kw),
+    "selected_attention_reference":
+        lambda q, k, v, **kw: sparse.selected_attention_reference(q, k, v, _selection(), block_size=16, **kw),
 }
 # the function behind each ENTRY_POINTS row (for the coverage test at the end)
 QKV_FUNCTIONS = {
@@ -66,19 +74,20 @@ QKV_FUNCTIONS = {
     "performer_attention": approx.performer_attention, "flash_attention": flash_attention,
     "standard_attention": standard_attention, "block_sparse_attention": block_sparse_attention,
     "flash_forward_loop": flash_forward_loop, "flash_forward_masked": flash_forward_masked,
-    "flash_forward_causal": flash_forward_causal,
+    "flash_forward_causal": flash_forward_causal, "selected_attention": selected_attention,
+    "selected_attention_reference": sparse.selected_attention_reference,
 }
 assert set(QKV_FUNCTIONS) == set(ENTRY_POINTS)
 TAKES_SCALE = {"scaled_dot_product_attention", "naive_attention", "tiled_attention", "local_window_attention",
                "linformer_attention", "performer_attention", "flash_attention", "standard_attention",
-               "block_sparse_attention", "block_sparse_reference"}
+               "block_sparse_attention", "block_sparse_reference", "selected_attention", "selected_attention_reference"}
 # the Triton kernels need at least one position; the plain references follow torch's SDPA there
 # (no keys: every row outputs zeros), checked below
-KERNELS = {"flash_attention", "standard_attention", "block_sparse_attention", "flash_forward_loop",
+KERNELS = {"flash_attention", "standard_attention", "block_sparse_attention", "selected_attention", "flash_forward_loop",
            "flash_forward_masked", "flash_forward_causal"}
 TAKES_CAUSAL = {"scaled_dot_product_attention", "naive_attention", "tiled_attention", "flash_attention",
                 "standard_attention", "block_sparse_attention", "flash_forward_causal", "local_window_attention",
-                "performer_attention"}
+                "performer_attention", "selected_attention", "selected_attention_reference"}
 
 
 def _qkv():
@@ -240,6 +249,33 @@ OTHER_ROWS = [
      TypeError, "block_mask"),
     (iomodel.block_sparse_backward_io, "float mask",
      lambda: iomodel.block_sparse_backward_io(1, 1, 64, block_mask=torch.ones(1, 1, 1, 1)), TypeError, "block_mask"),
+    (iomodel.selected_attention_forward_io, "int64 block_indices",
+     lambda: iomodel.selected_attention_forward_io(1, 1, 32, d=16, block_indices=_selection().long(), block_size=16),
+     TypeError, "block_indices"),
+    (iomodel.selected_attention_backward_io, "id out of range",
+     lambda: iomodel.selected_attention_backward_io(1, 1, 32, d=16, block_indices=_selection() + 1, block_size=16),
+     ValueError, "block_indices"),
+    (sparse.indexer_scores, "non-tensor k_idx", lambda: sparse.indexer_scores(torch.randn(1, 2, 8, 4), [1.0]),
+     TypeError, "k_idx"),
+    (sparse.indexer_scores, "k_idx index_dim",
+     lambda: sparse.indexer_scores(torch.randn(1, 2, 8, 4), torch.randn(1, 8, 3)), ValueError, "k_idx"),
+    (sparse.indexer_block_scores, "weights shape",
+     lambda: sparse.indexer_block_scores(torch.randn(1, 2, 8, 4), torch.randn(1, 8, 4), torch.ones(3), block_size=4),
+     ValueError, "weights"),
+    (sparse.select_blocks, "integer scores", lambda: sparse.select_blocks(torch.ones(1, 2, 2, dtype=torch.long), 1),
+     TypeError, "block_scores"),
+    (sparse.select_blocks, "topk 0", lambda: sparse.select_blocks(torch.ones(1, 2, 2), 0), ValueError, "topk"),
+    (sparse.check_block_indices, "float ids", lambda: sparse.check_block_indices(_selection().float(), 16, 32, 32),
+     TypeError, "block_indices"),
+    (sparse.check_block_indices, "repeated id",
+     lambda: sparse.check_block_indices(torch.zeros(1, 1, 2, 2, dtype=torch.int32), 16, 32, 32), ValueError,
+     "block_indices"),
+    (sparse.selected_tiles, "block_size 8", lambda: sparse.selected_tiles(_selection(), 32, 32, 8), ValueError,
+     "block_size"),
+    (sparse.selected_mask, "too few query blocks", lambda: sparse.selected_mask(_selection(), 64, 32, 16), ValueError,
+     "block_indices"),
+    (sparse.attention_mass_kept, "non-tensor q",
+     lambda: sparse.attention_mass_kept([1.0], torch.randn(1, 1, 32, 16), _selection(), block_size=16), TypeError, "q"),
     (memory.trace, "not callable", lambda: memory.trace(3), TypeError, "fn"),
     (memory.trace_ops, "not callable", lambda: memory.trace_ops(3), TypeError, "fn"),
     (measure.peak_memory, "not callable", lambda: measure.peak_memory(3), TypeError, "fn"),
@@ -312,10 +348,11 @@ NO_TENSORS = {
     "attnlab.kernels.block_mask.causal_block_mask": "sizes",
     "attnlab.kernels.block_mask.random_mask": "sizes, a density and a seed",
     "attnlab.kernels.block_mask.full_mask": "sizes",
+    "attnlab.sparse.n_blocks": "two ints (a ceil division)",
 }
 
 PUBLIC_MODULES = ["attnlab.attention", "attnlab.tiled", "attnlab.approx", "attnlab.iomodel", "attnlab.memory",
-                  "attnlab.measure", "attnlab.kernels"] + [
+                  "attnlab.measure", "attnlab.sparse", "attnlab.kernels"] + [
     f"attnlab.kernels.{m.name}" for m in pkgutil.iter_modules(attnlab.kernels.__path__) if not m.name.startswith("_")]
 
 
