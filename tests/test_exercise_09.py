@@ -157,6 +157,30 @@ WRONG.add("capstone-kernel", "causal-diagonal-excluded", causal_attn_kernel=_ker
 WRONG.add("capstone-kernel", "causal-mask-missing", causal_attn_kernel=_kernel(CAUSAL=False))
 WRONG.add("capstone-kernel", "not-causal", causal_attn_kernel=_kernel(CAUSAL=False, LOOP=2))
 WRONG.add("capstone-kernel", "loop-bound-block-n", causal_attn_kernel=_kernel(LOOP=1))
+
+
+@triton.jit
+def _one_tile_kernel(Q, K, V, O, stride_h, stride_n, n_ctx, scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # no online softmax: one tile of 64 keys and a plain softmax over it, its loads stopped at the diagonal (within
+    # the traffic budget, and right while n_ctx <= 64)
+    pid_m, pid_h = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, 64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = pid_h * stride_h
+    q = tl.load(Q + base + offs_m[:, None] * stride_n + offs_d[None, :], mask=offs_m[:, None] < n_ctx, other=0.0)
+    seen = offs_n[:, None] < tl.minimum((pid_m + 1) * BLOCK_M, n_ctx)
+    k = tl.load(K + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=seen, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=seen, other=0.0)
+    s = tl.dot(q, tl.trans(k)) * scale
+    s = tl.where((offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < n_ctx), s, float("-inf"))
+    p = tl.exp(s - tl.max(s, axis=1)[:, None])
+    o = tl.dot(p, v) / tl.sum(p, axis=1)[:, None]
+    tl.store(O + base + offs_m[:, None] * stride_n + offs_d[None, :], o, mask=offs_m[:, None] < n_ctx)
+
+
+WRONG.add("capstone-kernel", "one-fixed-tile", causal_attn_kernel=_one_tile_kernel)
 # right values, traffic over budget
 WRONG.add("capstone-kernel", "dense-loop", causal_attn_kernel=_kernel(LOOP=2))
 WRONG.add("capstone-kernel", "extra-traffic", causal_attn_kernel=_kernel(Q_TWICE=True))

@@ -167,6 +167,13 @@ def _kernel_model(q, k, v, scale, bm, bn, rescale=True, use_scale=True, causal="
     return out
 
 
+def _one_tile(q, k, v, scale, bm, bn, width=64):
+    """Causal attention that sees only the first ``width`` keys: one fixed tile, no loop."""
+    n = q.shape[1]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return specs.my_sdpa(q[None], k[None], v[None], attn_mask=(j <= i) & (j < width), scale=scale)[0]
+
+
 def _kernel_mistake(**switches):
     return lambda q, k, v, scale, bm, bn: _kernel_model(q, k, v, scale, bm, bn, **switches)
 
@@ -188,6 +195,9 @@ _KERNEL_MISTAKES = [
     Mistake("causal-mask-missing", "the loop stops at the diagonal but no element mask is applied (neither the "
             "causal one nor keys past n_ctx)", _kernel_mistake(causal="block-tail")),
     Mistake("not-causal", "the kernel is not causal: every query sees every key", _kernel_mistake(causal="none")),
+    Mistake("one-fixed-tile", "the kernel reads one fixed tile of keys (64 here) with a plain softmax over it, "
+            "right only while n_ctx fits in the tile: loop over key blocks up to the diagonal with the online "
+            "softmax (running max, running sum, rescaled accumulator)", _one_tile),
     Mistake("loop-bound-block-n", "the loop ends at (pid_m + 1) * BLOCK_N: the last keys a query block may see "
             "end at (pid_m + 1) * BLOCK_M (the two differ when BLOCK_M != BLOCK_N)", _kernel_mistake(bound="n")),
 ]
@@ -206,7 +216,8 @@ def _kernel_cases():
             (2, 20, 16, 16, 16, 1.0, "BH=2, N=20 (a partial last block), D=16"),
             (1, 7, 16, 16, 16, 1.0, "BH=1, N=7 (shorter than one block), D=16"),
             (2, 48, 16, 16, 16, 8.0, "BH=2, N=48, D=16, large scores (the running max must rescale)"),
-            (2, 40, 32, 32, 16, 1.0, "BH=2, N=40, D=32, BLOCK_M=32 != BLOCK_N=16")]):
+            (2, 40, 32, 32, 16, 1.0, "BH=2, N=40, D=32, BLOCK_M=32 != BLOCK_N=16"),
+            (1, 100, 16, 16, 16, 1.0, "BH=1, N=100 (more keys than one tile of 64 holds), D=16")]):
         g = _gen(2000 + seed)
         q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
         cases.append((f"{what}, tiles {bm}x{bn}", q, k, v, bm, bn))

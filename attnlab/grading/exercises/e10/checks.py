@@ -225,7 +225,8 @@ def _merge_cases():
             ("partials of 3 splits of N=12 keys (B=1, H=2, one query)", _split_cases()[0], 0.0),
             ("partials with an empty split (lse = -inf) and 2 queries", _split_cases()[2], 0.0),
             ("partials from scores in the hundreds (lse ~ 300)", _split_cases()[3], 0.0),
-            ("3 splits, every lse shifted by +700 (exp(lse) overflows float32)", _split_cases()[1], 700.0)]):
+            ("3 splits, every lse shifted by +800 (exp(lse) overflows float32, and float64 past ~709)", _split_cases()[1],
+             800.0)]):
         o, lse = specs.split_partials(*case[1], **case[2])
         cases.append((label, (o, lse + shift), {}))
     g = _gen(10_200)
@@ -241,6 +242,11 @@ def _merged(o, lse, weights):
 def _merge_exp_unshifted(o, lse):
     w = torch.exp(lse)
     return _merged(o, lse, w / w.sum(2, keepdim=True))
+
+
+def _merge_exp_unshifted_float64(o, lse):
+    w = torch.exp(lse.double())                                            # exact up to lse ~ 709, inf past it
+    return _merged(o.double(), lse, w / w.sum(2, keepdim=True)).to(o.dtype)
 
 
 def _merge_unnormalised(o, lse):
@@ -292,6 +298,9 @@ _MERGE_MISTAKES = [
             "exp(lse_s) over the sum", lambda o, lse: o.mean(dim=2)),
     Mistake("exp-overflows", "exp(lse) is taken without subtracting the max over the splits: large lse overflow "
             "to inf and the weights become NaN", _merge_exp_unshifted),
+    Mistake("exp-overflows-float64", "exp(lse) is taken in float64 without subtracting the max over the splits: "
+            "float64 only postpones the overflow (exp is inf past lse ~ 709); subtract the max",
+            _merge_exp_unshifted_float64),
     Mistake("not-normalised", "the weights exp(lse_s - M) are not divided by their sum", _merge_unnormalised),
     Mistake("linear-weights", "the weights are lse_s / sum(lse): the mass of a split is exp(lse_s)", _merge_linear),
     Mistake("max-only", "only the split with the largest lse is kept: every split contributes its share",
