@@ -353,3 +353,32 @@ def test_native_gpu_path_compiles_without_a_gpu():
             raise
         ptx = compiled.asm["ptx"]
         assert compiled.metadata.shared <= 227 * 1024 and "cp.async" in ptx and "wgmma" in ptx, kernel.__name__
+
+
+# --- on a CUDA GPU (skipped here; ATTNLAB_GPU_TESTS_ON_CPU=1 dry-runs it in the interpreter, as tests/test_gpu.py) ---
+_GPU_DEV = "cpu" if __import__("os").environ.get("ATTNLAB_GPU_TESTS_ON_CPU") == "1" else "cuda"
+
+
+@pytest.mark.skipif(_GPU_DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("causal", [True, False])
+def test_selected_attention_on_gpu(dtype, causal):
+    if _GPU_DEV == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("bfloat16 runs on a GPU only")
+    n, nk, bs, d = 1000, 1000 if causal else 777, 64, 64
+    g = torch.Generator(device=_GPU_DEV).manual_seed(3)
+    q = torch.randn(2, 4, n, d, device=_GPU_DEV, generator=g).to(dtype).requires_grad_()
+    k, v = (torch.randn(2, 2, nk, d, device=_GPU_DEV, generator=g).to(dtype).requires_grad_() for _ in range(2))
+    scores = torch.randn(2, 2, -(-n // bs), -(-nk // bs), device=_GPU_DEV, generator=g)
+    bi = select_blocks(scores, 4, causal=causal)
+    o, lse = selected_attention(q, k, v, bi, block_size=bs, causal=causal, return_lse=True)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = selected_attention_reference(qf, kf, vf, bi, block_size=bs, causal=causal)
+    tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    assert o.dtype == dtype and o.device.type == _GPU_DEV
+    torch.testing.assert_close(o.float(), ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, _reference_lse(qf.detach(), kf.detach(), bi, bs, causal, d ** -0.5), atol=tol, rtol=tol)
+    do = torch.randn(o.shape, device=_GPU_DEV, generator=g)
+    for n_, a, b in zip(("dq", "dk", "dv"), torch.autograd.grad(o, (q, k, v), do.to(dtype)),
+                        torch.autograd.grad(ref, (qf, kf, vf), do)):
+        torch.testing.assert_close(a.float(), b, atol=5 * tol, rtol=5 * tol, msg=lambda m: f"{n_}: {m}")
