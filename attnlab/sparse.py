@@ -58,12 +58,13 @@ def n_blocks(n, block_size):
 def indexer_scores(q_idx, k_idx, weights=None, *, causal=True):
     """DSA's lightning indexer: I[t, s] = sum_j w[t, j] * ReLU(q_idx[t, j] . k_idx[s]).
 
-    DeepSeek-V3.2 (arXiv:2512.02556, Section 2.1, eq. 1) scores every preceding token ``s`` for
-    query token ``t`` with H_idx small heads: each head has its own query vector q_{t,j} and a
+    DeepSeek-V3.2 (arXiv:2512.02556; the DSA prototype, eq. (1)) scores every preceding token ``s``
+    for query token ``t`` with H_idx small heads: each head has its own query vector q_{t,j} and a
     weight w_{t,j}, both computed from the query token, and all heads share one key k_s per token;
-    ReLU rather than softmax, and FP8 there, keep it cheap. It is still O(N^2) pairs, but each
-    costs H_idx * d_idx multiply-adds (DSA: 64 heads of 128 in FP8) against the main attention's
-    full heads.
+    ReLU rather than softmax, and FP8 there, keep it cheap. It is still O(N^2) pairs, but each costs
+    H_idx * d_idx multiply-adds in FP8 (the released model: 64 indexer heads of 128, top 2048 tokens)
+    against the main attention's full heads. DSA then attends, under MLA's multi-query form, to the
+    top-k *tokens*; this course selects *blocks* (:func:`indexer_block_scores`), as NSA does.
 
     q_idx: (B, H_idx, N, d_idx); k_idx: (B, N_k, d_idx) (one key per token, shared by the heads);
     weights: None (all 1) or broadcastable to (B, H_idx, N) (for one constant per head pass
@@ -137,8 +138,8 @@ def select_blocks(block_scores, topk, *, causal=True):
     block_scores: floating (B, n_q_blocks, n_k_blocks) or (B, H_kv, n_q_blocks, n_k_blocks)
     (:func:`indexer_block_scores`; a head dim gives each KV head its own choice). topk: an int >= 1.
     A block scored -inf is never selected. Under ``causal``: a future block (j > i) is never
-    selected and the diagonal block (j == i, where it exists) always is (NSA keeps its local
-    window; a query must at least see itself). Where fewer than ``topk`` blocks can be chosen
+    selected and the diagonal block (j == i, where it exists) always is (a query must at least see
+    itself; NSA's selection likewise always keeps the initial and the local blocks). Where fewer than ``topk`` blocks can be chosen
     the remaining slots are -1. Each row lists its ids in ascending order, -1s last.
     Returns int32 of block_scores' leading dims + (n_q_blocks, topk).
 
