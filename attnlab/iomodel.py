@@ -64,6 +64,9 @@ Functions (all return an :class:`IO` with ``bytes_read``, ``bytes_written``, ``f
   num_splits=1, page_size=None)``: one decoding step of ``kernels/flash_decode.py`` (split-K
   Flash-Decoding, GQA/MQA through ``kv_heads``, paged through ``page_size``), and
   ``kv_cache_bytes(tokens, layers, kv_heads, d, bytes_per_element)``: the cache's size.
+* ``queries_per_read(heads, seqlen, d, ..., n_q=(1, 2, 4, 8, 16))`` and ``mixed_batch_io(requests, heads,
+  d, ...)``: decode_io with several queries per read of a cache (speculative verification, prefill
+  chunks batched with decodes).
 * ``decode_step_bytes(batch, context, *, params, layers, heads, d, kv_heads=None,
   bytes_per_element=2, cache_bytes_per_token=None)``: a whole model's decoding step, the weights
   (read once, shared by the batch) and each sequence's cache; ``decode_crossover_tokens(...)``:
@@ -778,6 +781,45 @@ def decode_io(batch, heads, seqlens, d=64, bytes_per_element=2, *, kv_heads=None
                   4 * n_q * d * g * keys)
     merge = _part("decode_merge", batch * heads * s_ * n_q * (d + 1) * lse_bytes, batch * heads * n_q * d * e)
     return split + merge
+
+
+__all__ += ["queries_per_read", "mixed_batch_io"]
+
+
+def queries_per_read(heads, seqlen, d=64, bytes_per_element=2, *, kv_heads=None, n_q=(1, 2, 4, 8, 16), num_splits=1):
+    """One sequence's decoding step with ``n`` queries per read of its cache, for each ``n`` of
+    ``n_q``: {n: :func:`decode_io`}. 1 is plain decoding; k + 1 verifies k drafted tokens at once
+    (speculative decoding, Leviathan et al. 2023); a chunk of a prompt is many. The cache's
+    ``2 seqlen d`` elements per KV head are read once whatever n is, the FLOPs grow with n:
+    the intensity (``.arithmetic_intensity``) grows about in proportion, the bytes per query
+    (``.total_bytes / n``) fall.
+
+    Example: ``{n: io.arithmetic_intensity for n, io in queries_per_read(32, 4096, 128, kv_heads=8).items()}``
+    """
+    ns = [n_q] if isinstance(n_q, int) and not isinstance(n_q, bool) else list(n_q)
+    return {n: decode_io(1, heads, seqlen, d, bytes_per_element, kv_heads=kv_heads, n_q=n, num_splits=num_splits)
+            for n in ns}
+
+
+def mixed_batch_io(requests, heads, d=64, bytes_per_element=2, *, kv_heads=None, num_splits=1, page_size=None) -> IO:
+    """A batch that mixes decodes and prefill chunks (continuous batching, Yu et al. 2022, Orca;
+    chunked prefill, Agrawal et al. 2024, Sarathi-Serve): ``requests`` lists ``(n_q, seqlen)``,
+    ``n_q`` new tokens of a sequence whose cache (the new tokens included) holds ``seqlen``.
+    The attention's traffic is each request's :func:`decode_io` summed, ``flash_decode`` run once
+    per request (or once per group of equal ``n_q``: the counts add over sequences). Each
+    request reads its own cache, so a decode stays at its low intensity beside a chunk; what
+    such batches share is the read of the weights in the linear layers (:func:`decode_step_bytes`).
+
+    Example: ``mixed_batch_io([(1, 4000), (1, 900), (16, 512)], 32, 128, kv_heads=8).arithmetic_intensity``
+    """
+    reqs = [(int(n), int(L)) for n, L in requests]
+    if not reqs:
+        raise ValueError("requests: expected at least one (n_q, seqlen) pair, got none")
+    total = IO(0, 0, 0)
+    for n, L in reqs:
+        total = total + decode_io(1, heads, L, d, bytes_per_element, kv_heads=kv_heads, n_q=n,
+                                  num_splits=num_splits, page_size=page_size)
+    return total
 
 
 # Decoding a whole model: the weights (read once per step, shared by the batch) and each sequence's cache
