@@ -78,15 +78,17 @@ HINTS = {
         "with page_size = pool.shape[2].",
         "The sequence uses ceil(length / page_size) pages: pages = block_table[b, :n_pages].long(); pool[pages] "
         "has shape (n_pages, H_kv, page_size, D).",
-        "Put the heads first before flattening the pages: pool[pages].transpose(0, 1) is (H_kv, n_pages, "
-        "page_size, D); reshape to (H_kv, n_pages * page_size, D), then keep the first `length` positions.",
+        "The answer is heads first, (H_kv, length, D), while the gathered pages are pages first: reorder the "
+        "dimensions so that one head's pages lie next to each other before merging the pages with their rows, "
+        "then keep only the positions the sequence has (the last page may be partly empty).",
     ],
     "decode-bytes": [
         "For each kv_heads and each L, build one step: q (1, heads, 1, d), k and v caches (1, kv_heads, L, d), "
         "float16, cache_seqlens = torch.tensor([L], dtype=torch.int32).",
-        "Trace the kernel: t = trace(flash_decode, q, k, v, lens, num_splits=1) (attnlab.memory.trace, "
-        "attnlab.kernels.flash_decode); num_splits=1 fixes the launch, so the count does not depend on the machine.",
-        "Record t.bytes_read + t.bytes_written (everything the step moves, reads and writes), one row per "
-        "kv_heads, one column per L: an int64 tensor of shape (len(kv_heads_list), len(contexts)).",
+        "Count what the decode kernel (attnlab.kernels.flash_decode) moves with attnlab.memory.trace, which "
+        "takes a function and its arguments and records every load and store; fix the kernel's number of splits "
+        "to one, so that the count does not depend on the machine's core count.",
+        "A step's traffic is what it reads and what it writes; one row per kv_heads, one column per L: an int64 "
+        "tensor of shape (len(kv_heads_list), len(contexts)).",
     ],
 }

@@ -90,8 +90,9 @@ HINTS = {
         "contiguous, (2, 2) for zigzag, torch.int64. Return (src, work).",
     ],
     "ring-forward": [
-        "Work chunk by chunk: the rank's queries are q.chunk(c, dim=2) with chunk ids of `rank`, the held k, v "
-        "are k.chunk(c, dim=2) with chunk ids of src = (rank - step) % P; skip a block when a < b under causal.",
+        "Work chunk by chunk: a shard holds n_c chunks (1 contiguous, 2 zigzag: your ring_schedule's work is "
+        "(n_c, n_c)); the rank's queries are q.chunk(n_c, dim=2) with chunk ids of `rank`, the held k, v are "
+        "k.chunk(n_c, dim=2) with chunk ids of src = (rank - step) % P; skip a block when a < b under causal.",
         "One block: s = q_a @ k_b^T / sqrt(d), top-left causal (j <= i) on a diagonal block; m = row max, "
         "p = exp(s - m), O_ab = (p @ v_b) / p.sum(-1), L_ab = m + log(p.sum(-1)); merge it into the running (O, L) "
         "of chunk a with your merge_two.",
