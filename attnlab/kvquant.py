@@ -236,7 +236,8 @@ def decode_losses(model, idx, caches):
     """
     model._check_idx(idx)
     if idx.shape[1] < 2:
-        raise ValueError(f"idx: expected at least 2 positions (a token and its successor), got shape {tuple(idx.shape)}")
+        raise ValueError(f"idx: expected at least 2 positions (a token and its successor), "
+                         f"got shape {tuple(idx.shape)}")
     losses = []
     for t in range(idx.shape[1] - 1):
         logits = model.decode_step(idx[:, t:t + 1], caches)[:, -1]        # (B, V)

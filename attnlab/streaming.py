@@ -161,7 +161,8 @@ def streaming_losses(model, idx, *, sinks=4, window=32, variants=VARIANTS):
         raise ValueError(f"model: expected rotary positions (positions='rope'), which can be numbered anew; "
                          f"got positions={model.config['positions']!r}")
     if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long or idx.dim() != 2 or idx.shape[1] < 2:
-        what = f"{idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+        what = (f"{idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor)
+                else type(idx).__name__)
         raise TypeError(f"idx: expected a (batch, seq >= 2) long tensor, got {what}")
     validate.integer(sinks, "sinks", minimum=0)
     validate.integer(window, "window")

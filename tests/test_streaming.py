@@ -109,7 +109,8 @@ def test_original_positions_and_dense_match_the_gpts_own_caches_inside_block_siz
     rolling = torch.stack([F.cross_entropy(model.decode_step(idx[:, t:t + 1], caches)[:, -1], idx[:, t + 1],
                                            reduction="none") for t in range(19)], dim=1)
     torch.testing.assert_close(losses["sinks + window, original positions"], rolling, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(losses["window"][:, :6], losses["dense"][:, :6], atol=1e-5, rtol=1e-5)   # nothing evicted yet
+    # nothing evicted for the first 6 steps, then the window loses what dense keeps
+    torch.testing.assert_close(losses["window"][:, :6], losses["dense"][:, :6], atol=1e-5, rtol=1e-5)
     assert (losses["window"][:, 6:] - losses["dense"][:, 6:]).abs().max() > 1e-3
 
 
