@@ -50,6 +50,11 @@ Choices, said plainly:
   off on every load and store (it reads and writes nothing, and zeros in K and V keep it
   out of the state). A ragged last chunk is masked the same way: its missing rows load
   ``k = v = beta = g = 0``, which gives them ``u = 0`` and no effect on the state;
+* the forward substitution loops over ``ROWS`` (= ``CHUNK``) passed as a runtime int, so the
+  compiler keeps it a loop instead of unrolling ``CHUNK - 1`` copies. Compiling for a GPU is
+  still slow at large tiles (sm_80, one try on a busy 2-core CPU: about 40 s for chunk 64 and
+  d_k = d_v = 64; about 7 minutes for 64 x 128 x 128 when the loop was unrolled), once per
+  configuration; the interpreter compiles nothing;
 * backward: the kernel is forward only. When an input requires grad, autograd
   recomputes the forward with the PyTorch chunked reference and differentiates that
   (correct, but with PyTorch's memory and speed); double backward raises.
@@ -93,6 +98,7 @@ MAX_HEAD_DIM = 256    # d_k and d_v: the state tile (d_k x d_v, padded) lives in
 def _chunked_delta_rule_kernel(
     Q, K, V, BETA, G, S0, O, ST,         # q, k (BH, N, d_k); v, o (BH, N, d_v); beta, g (BH, N); states (BH, d_k, d_v)
     N, D_K, D_V, scale,
+    ROWS,                                # = CHUNK, passed as a runtime int: the substitution loop is not unrolled
     CHUNK: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_G: tl.constexpr, HAS_S0: tl.constexpr, STORE_ST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -139,7 +145,7 @@ def _chunked_delta_rule_kernel(
         # place, one row per step, rows below i still holding M.
         kk = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION)                   # (C, C)
         X = tl.where(strict, -(beta[:, None] * kk * decay), 0.0)                      # (C, C) M
-        for i in range(1, CHUNK):
+        for i in range(1, ROWS):
             is_row = offs_c[:, None] == i                                            # (C, 1)
             m_i = tl.sum(tl.where(is_row, X, 0.0), 0)                                # (C,) row i of M
             x_i = m_i + tl.sum(m_i[:, None] * X, 0)                                  # (C,) sum over j < i only
@@ -197,7 +203,7 @@ def _launch(q, k, v, beta, g, scale, initial_state, output_final_state, chunk_si
     st = torch.empty((B, H, d_k, d_v), device=q.device, dtype=torch.float32) if output_final_state else None
     _chunked_delta_rule_kernel[(B * H,)](
         q, k, v, beta, g, s0, o, st,
-        N, d_k, d_v, scale,
+        N, d_k, d_v, scale, chunk_size,
         CHUNK=chunk_size,
         BLOCK_DK=max(16, triton.next_power_of_2(d_k)), BLOCK_DV=max(16, triton.next_power_of_2(d_v)),
         HAS_G=g is not None, HAS_S0=s0 is not None, STORE_ST=output_final_state,

@@ -306,3 +306,20 @@ def test_errors_of_the_kernel_only_and_of_linear_attention(monkeypatch):
     _check_error(lambda: linear_attention_recurrent(q, k, v, eps=-1.0), ValueError, "eps")
     _check_error(lambda: delta_rule_io(1, 1, 0), ValueError, "n")
     _check_error(lambda: recurrent_state_bytes(d_k=2.5), TypeError, "d_k")
+
+
+def test_the_kernel_compiles_for_a_gpu():
+    """No GPU here: lower the kernel to PTX and a cubin for sm_80 with Triton's bundled toolchain, with the
+    gate, both states and float16 inputs (the interpreter accepts code a GPU compile rejects, and back)."""
+    from test_interp_hooks import _compile_for_sm80
+
+    names = ["Q", "K", "V", "BETA", "G", "S0", "O", "ST", "N", "D_K", "D_V", "scale", "ROWS"]
+    signature = {n: "*fp16" if n in ("Q", "K", "V", "BETA", "G", "O") else "*fp32" for n in names[:8]}
+    signature.update(N="i32", D_K="i32", D_V="i32", scale="fp32", ROWS="i32")
+    constexprs = {"CHUNK": 16, "BLOCK_DK": 16, "BLOCK_DV": 32, "HAS_G": True, "HAS_S0": True, "STORE_ST": True,
+                  "DOT_PRECISION": "ieee"}
+    signature.update({n: "constexpr" for n in constexprs})
+    order = list(signature)
+    compiled = _compile_for_sm80(delta_rule_module._chunked_delta_rule_kernel, signature,
+                                 {(order.index(n),): value for n, value in constexprs.items()})
+    assert "ptx" in compiled.asm and "cubin" in compiled.asm
