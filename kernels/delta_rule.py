@@ -30,9 +30,10 @@ chunk (C rows, ``K``/``Q`` ``C x d_k``, ``V`` ``C x d_v``, ``G`` the cumulative 
 Memory traffic per (batch, head), counted in elements (``attnlab.linear_attention.delta_rule_io``
 counts exactly this in bytes, and ``attnlab.memory.trace`` measures it)::
 
-    naive (the recurrence as PyTorch ops, one kernel per op): the state S is read and
-      written at every token, about 4 d_k d_v elements per token - traffic that grows with
-      N d_k d_v, dwarfing the inputs;
+    naive (``delta_rule_recurrent``, one kernel per PyTorch op): the d_k x d_v state goes
+      through memory at every token - read and written by the decay, read by S^T k, read and
+      written by the update, read by S^T q: about 6 d_k d_v elements per token (plus the
+      products' temporaries), traffic that grows with N d_k d_v and dwarfs the inputs;
     this kernel: read N d_k (Q) + N d_k (K) + N d_v (V) + N (beta) + N (g, if given),
       d_k d_v fp32 (the initial state, if given); write N d_v (O), d_k d_v fp32 (the final
       state, if asked). Every input read once, the output written once, the state touched

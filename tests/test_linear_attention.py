@@ -187,10 +187,10 @@ def test_orthonormal_keys_with_beta_one_are_all_retrieved_by_every_implementatio
     v = torch.randn(1, 1, d_k, d_v, generator=gen)
     beta = torch.ones(1, 1, d_k)
     s0 = torch.randn(1, 1, d_k, d_v, generator=gen)
-    for S in (delta_rule_recurrent(k, k, v, beta, scale=1.0, initial_state=s0, output_final_state=True)[1],
-              delta_rule_chunked(k, k, v, beta, scale=1.0, initial_state=s0, output_final_state=True, chunk_size=4)[1],
-              chunked_delta_rule(k, k, v, beta, scale=1.0, initial_state=s0, output_final_state=True, chunk_size=16)[1]):
-        torch.testing.assert_close(k[0, 0] @ S[0, 0], v[0, 0], atol=1e-4, rtol=1e-4)
+    kw = dict(scale=1.0, initial_state=s0, output_final_state=True)
+    for _, S in (delta_rule_recurrent(k, k, v, beta, **kw), delta_rule_chunked(k, k, v, beta, chunk_size=4, **kw),
+                 chunked_delta_rule(k, k, v, beta, chunk_size=16, **kw)):
+        torch.testing.assert_close(k[0, 0] @ S[0, 0], v[0, 0], atol=1e-4, rtol=1e-4)   # S^T k_i = v_i for all i
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +229,8 @@ def test_delta_rule_io_hand_count_and_the_state_against_the_kv_cache():
     state = recurrent_state_bytes(layers=4, heads=8, d_k=64, d_v=64)
     assert state == 4 * 8 * 64 * 64 * 4
     assert recurrent_state_bytes(heads=2, d_k=3, d_v=5, bytes_per_element=2, normalizer=True) == 2 * 3 * 6 * 2
-    first = next(n for n in range(1, 10**6) if kv_cache_bytes(n, layers=4, kv_heads=8, d=64, bytes_per_element=2) > state)
+    first = next(n for n in range(1, 10**6)
+                 if kv_cache_bytes(n, layers=4, kv_heads=8, d=64, bytes_per_element=2) > state)
     assert first == 65                                                      # beyond 64 tokens the cache is larger
 
 
