@@ -21,6 +21,7 @@ _WIDGETS = {
     "ScalingExplorer": "attnlab.widgets.scaling",
     "MemoryTraffic": "attnlab.widgets.memory_traffic",
     "BlockMaskEditor": "attnlab.widgets.block_mask_editor",
+    "SelectionExplorer": "attnlab.widgets.selection",
 }
 
 __all__ = sorted(_WIDGETS)
