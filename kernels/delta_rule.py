@@ -32,8 +32,10 @@ counts exactly this in bytes, and ``attnlab.memory.trace`` measures it)::
 
     naive (``delta_rule_recurrent``, one kernel per PyTorch op): the d_k x d_v state goes
       through memory at every token - read and written by the decay, read by S^T k, read and
-      written by the update, read by S^T q: about 6 d_k d_v elements per token (plus the
-      products' temporaries), traffic that grows with N d_k d_v and dwarfs the inputs;
+      written by the update, read by S^T q: about 6 d_k d_v elements per token, and about
+      12 d_k d_v with the d_k x d_v temporaries of its broadcast products
+      (``attnlab.memory.trace_ops`` measures 12.3 at d_k = d_v = 64): traffic that grows
+      with N d_k d_v and dwarfs the inputs;
     this kernel: read N d_k (Q) + N d_k (K) + N d_v (V) + N (beta) + N (g, if given),
       d_k d_v fp32 (the initial state, if given); write N d_v (O), d_k d_v fp32 (the final
       state, if asked). Every input read once, the output written once, the state touched
