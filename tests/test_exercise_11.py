@@ -433,3 +433,20 @@ def test_a_rank_cannot_reach_the_other_ranks_arguments_in_the_request():
     case = [[[f"shard of rank {r}"], {}] for r in range(3)]
     outcomes = ranks.call_on_ranks(peek, [case], 3)[0]
     assert [o["ok"] for o in outcomes] == [[], [], []], outcomes
+
+
+def test_the_byte_limit_takes_a_message_sent_twice_and_refuses_a_send_at_the_last_step():
+    # under load one 8 KiB message in 5 to 10 groups travelled twice with TCP's RetransSegs unchanged, and correct
+    # rings lost the part; the limit sits halfway between the right ring and one that also sends at the last step
+    from attnlab import iomodel
+    from attnlab.grading.exercises.e11.checks import GROUP_CONFIGS, bytes_slack
+
+    for label, B, H, m, d, P, causal, layout in GROUP_CONFIGS:
+        want = P * iomodel.ring_attention_bytes(B, H, P * m, d, P, 4)
+        framing = 620 * P * (P - 1) // 2
+        message = B * H * m * d * 4                     # one shard of K (or of V)
+        if P == 1:
+            assert want == 0 and bytes_slack(want, P) == 0, label
+            continue
+        assert framing + 2 * message <= bytes_slack(want, P), label                    # twice sent, twice: kept
+        assert want / (P - 1) + framing >= bytes_slack(want, P) + 16 * 1024, label      # the last-step send: refused
