@@ -21,6 +21,12 @@ Read top to bottom:
    ``generate`` decodes with a KV cache per layer by default (``prefill`` then ``decode_step``):
    each token's K and V are computed and written once, and only the newest query attends;
    with ``attention="flash"`` that step runs ``attnlab.kernels.flash_decode``.
+5. Layer layouts (lesson 12): ``GPT(..., layout=[...])`` gives each layer a kind, ``"dense"``
+   (the layer above), ``"local"`` (:class:`LocalSelfAttention`: a window plus sinks),
+   ``"selected"`` (:class:`SelectedSelfAttention`: a lightning indexer picks key blocks) or
+   ``"delta"`` (:class:`GatedDeltaNet`: a constant-size state instead of a cache), so hybrids
+   such as Gemma 3's local:global or Qwen3-Next's delta:attention are one list
+   (:func:`layout_from_ratio`). ``layout=None`` is the model above, unchanged.
 
 Shapes: B batch, T positions, C = d_model, nh heads, hs = C // nh head size, V vocabulary.
 
@@ -29,6 +35,7 @@ Example::
     model = GPT(vocab_size=96, block_size=64, d_model=64, n_heads=4, n_layers=2, attention="flash", seed=0)
     logits, loss = model(x, y)                 # x, y: (B, T) long
     text_ids = model.generate(x[:1, :8], 100)  # (1, 108)
+    hybrid = GPT(96, 64, 32, 2, 4, layout=["delta", "delta", "delta", "dense"], seed=0)   # Qwen3-Next's 3:1
 """
 
 from __future__ import annotations
@@ -39,12 +46,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab import mask_mods
 from attnlab.attention import MultiHeadAttention, scaled_dot_product_attention
 from attnlab.kvcache import KVCache, RollingCache, decode_reference
 from attnlab.positions import Rotary, sinusoidal_positions
 
 __all__ = ["BACKENDS", "POSITIONS", "attention_backend", "sinusoidal_positions", "CausalSelfAttention", "Block",
-           "GPT"]
+           "GPT", "LAYER_KINDS", "LocalSelfAttention", "SelectedSelfAttention", "GatedDeltaNet", "DeltaState",
+           "LayerInputs", "layout_from_ratio"]
 
 BACKENDS = ("sdpa", "reference", "flash", "standard", "block_sparse")
 POSITIONS = ("learned", "sinusoidal", "rope")
@@ -219,13 +228,17 @@ class CausalSelfAttention(MultiHeadAttention):
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``.
 
-    forward(x (B, T, C)) -> (B, T, C); with ``return_weights`` also (B, nh, T, T).
+    forward(x (B, T, C)) -> (B, T, C); with ``return_weights`` also (B, nh, T, T). ``mixer``: a
+    module in attn's place (same ``forward(x, return_weights=False, cache=None)``), for layouts.
     """
 
-    def __init__(self, d_model, n_heads, d_mlp, attention="sdpa", block_mask=None, n_kv_heads=None, rotary=None):
+    def __init__(self, d_model, n_heads, d_mlp, attention="sdpa", block_mask=None, n_kv_heads=None, rotary=None,
+                 mixer=None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, attention, block_mask, n_kv_heads, rotary)
+        # mixer: another layer kind in attn's place (a layout's local, selected or delta layer)
+        self.attn = CausalSelfAttention(d_model, n_heads, attention, block_mask, n_kv_heads, rotary) \
+            if mixer is None else mixer
         self.ln_2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_mlp), nn.GELU(), nn.Linear(d_mlp, d_model))
 
@@ -240,6 +253,307 @@ class Block(nn.Module):
         x = x + a                                                         # (B, T, C) residual stream
         x = x + self.mlp(self.ln_2(x))                                    # (B, T, C)
         return (x, w) if return_weights else x
+
+
+# ---------------------------------------------------------------------------------------------
+# 3b. the other layer kinds of a layout (lesson 12): local, selected, delta
+# ---------------------------------------------------------------------------------------------
+
+LAYER_KINDS = ("dense", "local", "selected", "delta")
+
+
+def layout_from_ratio(kind_a, n_a, kind_b, n_b, n_layers):
+    """``n_a`` layers of ``kind_a`` then ``n_b`` of ``kind_b``, repeated and cut to ``n_layers``.
+
+    Gemma 3 interleaves 5 local layers per global one (arXiv:2503.19786, section 2.1);
+    Qwen3-Next 3 Gated DeltaNet layers per attention layer. A model with fewer layers than one
+    period keeps only the first kind: with 4 layers write the idea as 3:1.
+
+    Example: ``layout_from_ratio("local", 5, "dense", 1, 12)  # 5 local, 1 dense, 5 local, 1 dense``
+    """
+    for name, kind in (("kind_a", kind_a), ("kind_b", kind_b)):
+        if kind not in LAYER_KINDS:
+            raise ValueError(f"{name}: expected one of {LAYER_KINDS}, got {kind!r}")
+    _check_int("n_a", n_a, 0)
+    _check_int("n_b", n_b, 0)
+    _check_int("n_layers", n_layers, 1)
+    if n_a + n_b == 0:
+        raise ValueError("n_b: expected n_a + n_b >= 1, got 0 and 0")
+    period = [kind_a] * n_a + [kind_b] * n_b
+    return [period[i % len(period)] for i in range(n_layers)]
+
+
+def _check_layout(layout, n_layers):
+    if isinstance(layout, str) or not isinstance(layout, (list, tuple)):
+        raise TypeError(f"layout: expected a list of layer kinds from {LAYER_KINDS}, one per layer, "
+                        f"got {type(layout).__name__}")
+    if len(layout) != n_layers:
+        raise ValueError(f"layout: expected n_layers={n_layers} kinds, one per layer, got {len(layout)}")
+    for kind in layout:
+        if kind not in LAYER_KINDS:
+            raise ValueError(f"layout: expected kinds from {LAYER_KINDS}, got {kind!r}")
+    return list(layout)
+
+
+class LocalSelfAttention(CausalSelfAttention):
+    """Causal attention to the first ``sinks`` keys and the last ``window`` keys up to the query.
+
+    Key j is visible from query i when ``j <= i`` and (``j < sinks`` or ``i - j < window``):
+    ``attnlab.mask_mods.sink_window(sinks, window)``, the keys StreamingLLM keeps (Xiao et al.
+    2023) and ``attnlab.kvcache.RollingCache`` holds, so a decoding cache stops growing at
+    ``sinks + window`` tokens. Gemma 3's local layers are a window without sinks (``sinks=0``).
+    Training runs torch's SDPA under the element mask (``attention="reference"``: attnlab's
+    reference); the projections, heads and rotary are ``CausalSelfAttention``'s.
+    ``forward(x, cache=c)`` needs a ``RollingCache`` with the same sinks and window: the new
+    queries attend to what it keeps plus the new keys (exact for any number of new tokens), then
+    the new keys are appended and the oldest evicted.
+
+    forward(x (B, T, C)) -> (B, T, C); with ``return_weights`` also (B, nh, T, T).
+    Example: ``LocalSelfAttention(64, 4, window=16, sinks=4)(torch.randn(2, 40, 64))``
+    """
+
+    def __init__(self, d_model, n_heads, window, sinks=0, n_kv_heads=None, rotary=None, attention="sdpa"):
+        super().__init__(d_model, n_heads, "sdpa", None, n_kv_heads, rotary)
+        _check_int("window", window, 1)
+        _check_int("sinks", sinks, 0)
+        self.window, self.sinks = window, sinks
+        self.mask_mod = mask_mods.sink_window(sinks, window)
+        self.use_reference = attention == "reference"
+
+    def _attend(self, q, k, v, mask):
+        """q (B, nh, Tq, hs), k and v (B, nkv, Tk, hs), mask bool broadcastable to (Tq, Tk) -> (B, nh, Tq, hs)."""
+        k, v = self.expand_kv(k), self.expand_kv(v)                        # (B, nh, Tk, hs)
+        if self.use_reference:
+            return scaled_dot_product_attention(q, k, v, mask=mask)       # (B, nh, Tq, hs)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)    # (B, nh, Tq, hs)
+
+    def forward(self, x, return_weights=False, cache=None):
+        if cache is not None:
+            if not isinstance(cache, RollingCache) or (cache.sinks, cache.window) != (self.sinks, self.window):
+                raise ValueError(f"cache: a local layer needs a RollingCache with sinks={self.sinks}, "
+                                 f"window={self.window}, got {type(cache).__name__}")
+            start, Tn = cache.seen, x.shape[1]
+            q, k, v = self.qkv(x, start)                                  # (B, nh|nkv, Tn, hs)
+            pos_q = torch.arange(start, start + Tn, device=x.device)      # (Tn,) the new positions
+            kept = torch.tensor(cache.positions, dtype=torch.long, device=x.device)   # (kept,) what the cache holds
+            pos_k = torch.cat([kept, pos_q])                              # (kept + Tn,)
+            k_all = torch.cat([cache.k[:, :, :cache.length], k], dim=2)   # (B, nkv, kept + Tn, hs)
+            v_all = torch.cat([cache.v[:, :, :cache.length], v], dim=2)
+            mask = self.mask_mod(0, 0, pos_q[:, None], pos_k[None, :])    # (Tn, kept + Tn)
+            y = self._attend(q, k_all, v_all, mask)                       # (B, nh, Tn, hs)
+            cache.append(k, v)                                            # written once; the oldest evicted
+            return self.out_proj(self.merge_heads(y))                     # (B, Tn, C)
+        T = x.shape[1]
+        q, k, v = self.qkv(x)                                             # (B, nh|nkv, T, hs)
+        mask = mask_mods.create_mask(self.mask_mod, None, None, T, T, device=x.device)   # (1, 1, T, T)
+        if return_weights:
+            y, w = scaled_dot_product_attention(q, self.expand_kv(k), self.expand_kv(v), mask=mask,
+                                                return_weights=True)      # (B, nh, T, hs), (B, nh, T, T)
+            return self.out_proj(self.merge_heads(y)), w
+        return self.out_proj(self.merge_heads(self._attend(q, k, v, mask)))   # (B, T, C)
+
+
+class LayerInputs:
+    """What a ``"selected"`` layer keeps for decoding: its inputs so far, (B, length, C).
+
+    A selected layer decodes by recomputing itself over all its inputs (selection included) and
+    keeping the new rows: exact, and as costly as the full forward. A real DSA decode keeps the
+    whole KV cache plus the indexer's keys and reads only the top-k blocks
+    (``attnlab.hybrids.layout_bytes`` counts those bytes); this fallback keeps the code short.
+    """
+
+    def __init__(self, batch, d_model, *, dtype=torch.float32, device="cpu"):
+        self.x = torch.zeros(batch, 0, d_model, dtype=dtype, device=device)   # (B, 0, C)
+        self.length = 0
+
+    def append(self, x_new):
+        """x_new (B, Tn, C) -> all inputs (B, length, C)."""
+        self.x = torch.cat([self.x, x_new], dim=1)
+        self.length = self.x.shape[1]
+        return self.x
+
+
+class SelectedSelfAttention(CausalSelfAttention):
+    """Causal attention to the ``topk`` key blocks a lightning indexer scores highest (DSA's idea, NSA's blocks).
+
+    The indexer (DeepSeek-V3.2's, arXiv:2512.02556, eq. (1)): ``index_heads`` small heads of
+    ``index_dim``, its own projections of the layer input: a query per head ``q_idx`` (B, Hi, T, di),
+    one shared key per token ``k_idx`` (B, T, di) and a weight per head ``w`` (B, Hi, T);
+    ``attnlab.sparse.indexer_scores`` gives I[t, s] = sum_j w[t, j] ReLU(q_idx[t, j] . k_idx[s]).
+    Selection: ``attnlab.sparse.indexer_block_scores`` reduces I to (query block, key block) and
+    ``attnlab.sparse.select_blocks`` keeps the ``topk`` best key blocks of ``select_block``
+    positions (always the diagonal block, never a future one). **One choice per query block must
+    not look ahead**: a block's mean over its queries would let query t's keys depend on queries
+    t+1.. of its block (the next characters, the targets), so here each query block is scored by
+    its *first* query (its row repeated over the block), the latest position every query of the
+    block may see. The first query sees every key of the earlier blocks; keys of the diagonal
+    block only decide the diagonal block's score, which is always kept anyway.
+    Attention: ``attnlab.sparse.selected_attention_reference`` (``attention="flash"``: the Triton
+    kernel ``attnlab.kernels.selected_attention``), one selection shared by every head (DSA's
+    MQA form), GQA allowed.
+
+    Training the indexer (our choice, DSA's dense warm-up loss): top-k is not differentiable, so
+    the language-model loss never reaches the indexer. Instead, in training mode with gradients
+    on, the layer computes ``indexer_loss``: for every query t, KL(p_t || softmax(I[t, :])), where
+    p_t is the layer's *dense* causal attention of t averaged over heads (detached), and the
+    indexer reads a detached copy of the input, so this loss trains only the indexer and the
+    indexer only learns from it. ``GPT.forward`` adds it to the loss with zero value
+    (``loss + aux - aux.detach()``): the loss printed is the cross-entropy, its gradient carries both.
+
+    forward(x (B, T, C)) -> (B, T, C); with ``return_weights`` also (B, nh, T, T), zero outside
+    the selection. ``forward(x, cache=c)`` with a :class:`LayerInputs` recomputes the layer over
+    everything seen (decoding falls back to full recompute).
+    Example: ``SelectedSelfAttention(64, 4, topk=2, select_block=16)(torch.randn(2, 64, 64))``
+    """
+
+    def __init__(self, d_model, n_heads, topk=2, select_block=16, index_heads=2, index_dim=16, n_kv_heads=None,
+                 rotary=None, attention="sdpa"):
+        super().__init__(d_model, n_heads, "sdpa", None, n_kv_heads, rotary)
+        from attnlab import validate
+
+        _check_int("topk", topk, 1)
+        validate.power_of_two(select_block, "select_block")   # the kernels' tile: a power of two >= 16
+        _check_int("index_heads", index_heads, 1)
+        _check_int("index_dim", index_dim, 1)
+        self.topk, self.select_block, self.index_heads, self.index_dim = topk, select_block, index_heads, index_dim
+        self.index_q = nn.Linear(d_model, index_heads * index_dim, bias=False)   # a query per indexer head
+        self.index_k = nn.Linear(d_model, index_dim, bias=False)                 # one key per token
+        self.index_w = nn.Linear(d_model, index_heads, bias=False)               # a weight per indexer head
+        self.use_kernel = attention == "flash"
+        self.indexer_loss = None
+
+    def indexer(self, x):
+        """The indexer's q_idx (B, Hi, T, di), k_idx (B, T, di) and weights (B, Hi, T) of x (B, T, C)."""
+        B, T, _ = x.shape
+        q_idx = self.index_q(x).view(B, T, self.index_heads, self.index_dim).transpose(1, 2)   # (B, Hi, T, di)
+        return q_idx, self.index_k(x), self.index_w(x).transpose(1, 2)   # (B, T, di), (B, Hi, T)
+
+    def select(self, q_idx, k_idx, w):
+        """block_indices (B, 1, n_blocks, topk) int32: each query block's key blocks, chosen by its first query."""
+        from attnlab.sparse import indexer_block_scores, select_blocks
+
+        T, bs = q_idx.shape[2], self.select_block
+        first = torch.arange(T, device=q_idx.device) // bs * bs          # (T,) the first position of t's block
+        scores = indexer_block_scores(q_idx[:, :, first], k_idx, w[:, :, first], block_size=bs)   # (B, nqb, nkb)
+        return select_blocks(scores, self.topk)[:, None]                  # (B, 1, nqb, topk): one selection, all heads
+
+    def _indexer_kl(self, q, k, q_idx, k_idx, w):
+        """Mean over queries of KL(dense attention over heads || softmax of the indexer's scores)."""
+        from attnlab.sparse import indexer_scores
+
+        with torch.no_grad():
+            _, p = scaled_dot_product_attention(q, self.expand_kv(k), self.expand_kv(k), causal=True,
+                                                return_weights=True)     # (B, nh, T, T)
+            target = p.mean(1)                                            # (B, T, T) rows sum to 1
+        scores = indexer_scores(q_idx, k_idx, w, causal=True)             # (B, T, T), -inf in the future
+        logp = torch.log_softmax(scores, dim=-1).masked_fill(scores == float("-inf"), 0.0)   # (B, T, T)
+        return F.kl_div(logp, target, reduction="sum") / (target.shape[0] * target.shape[1])
+
+    def forward(self, x, return_weights=False, cache=None):
+        from attnlab.sparse import selected_attention_reference, selected_mask
+
+        if cache is not None:
+            if not isinstance(cache, LayerInputs):
+                raise ValueError(f"cache: a selected layer decodes from LayerInputs, got {type(cache).__name__}")
+            Tn = x.shape[1]
+            return self(cache.append(x))[:, -Tn:]                         # (B, Tn, C): the whole layer again
+        self.indexer_loss = None
+        q, k, v = self.qkv(x)                                             # (B, nh|nkv, T, hs)
+        q_idx, k_idx, w = self.indexer(x.detach())                        # the indexer learns only from its loss
+        with torch.no_grad():
+            block_indices = self.select(q_idx, k_idx, w)                  # (B, 1, nqb, topk) int32
+        if self.training and torch.is_grad_enabled():
+            self.indexer_loss = self._indexer_kl(q.detach(), k.detach(), q_idx, k_idx, w)
+        if return_weights:
+            T = x.shape[1]
+            mask = selected_mask(block_indices, T, T, self.select_block)  # (B, 1, T, T)
+            y, wts = scaled_dot_product_attention(q, self.expand_kv(k), self.expand_kv(v), mask=mask,
+                                                  return_weights=True)    # (B, nh, T, hs), (B, nh, T, T)
+            return self.out_proj(self.merge_heads(y)), wts
+        if self.use_kernel:
+            from attnlab.kernels import selected_attention
+
+            y = selected_attention(q, k, v, block_indices, block_size=self.select_block)   # (B, nh, T, hs)
+        else:
+            y = selected_attention_reference(q, k, v, block_indices, block_size=self.select_block)
+        return self.out_proj(self.merge_heads(y))                         # (B, T, C)
+
+
+class DeltaState:
+    """A delta layer's decoding state: S (B, H, d_k, d_v) float32, the same size after any number
+    of tokens (``nbytes``); ``length`` counts the tokens it has absorbed."""
+
+    def __init__(self, batch, heads, d_k, d_v, *, device="cpu"):
+        self.state = torch.zeros(batch, heads, d_k, d_v, dtype=torch.float32, device=device)
+        self.length = 0
+
+    @property
+    def nbytes(self):
+        return self.state.numel() * self.state.element_size()
+
+
+class GatedDeltaNet(MultiHeadAttention):
+    """A Gated DeltaNet layer (Yang, Kautz and Hatamizadeh, arXiv:2412.06464, ICLR 2025) in attention's place.
+
+    Per head, with ``attnlab.linear_attention``'s gated delta rule over a d_k x d_v state::
+
+        q_t, k_t = L2-normalised W_q x_t, W_k x_t       # unit keys: the delta rule's write is stable
+        v_t      = W_v x_t
+        beta_t   = sigmoid(w_beta . x_t)                # the write strength, in (0, 1)
+        g_t      = -exp(A_log) * softplus(w_a . x_t + dt_bias)   # log decay <= 0, alpha_t = exp(g_t)
+        o_t      = delta rule (S_t = alpha_t S_{t-1} + k_t u_t^T ...) read with q_t
+        out_t    = W_o (RMSNorm(o_t) * SiLU(W_gate x_t))   # per-head norm, then an output gate
+
+    g is Mamba-2's decay parameterisation, which Gated DeltaNet takes for its gate alpha_t (the
+    paper's section 3; its reference code in flash-linear-attention writes it as above, A drawn in
+    [1, 16] and softplus(dt_bias) in [0.001, 0.1] at init). Left out: the short causal convolution
+    Gated DeltaNet puts on q, k and v (with it, decoding would also carry the last few inputs) and
+    the SiLU on q and k. Training: ``delta_rule_chunked`` (PyTorch, differentiable); decoding: a
+    :class:`DeltaState`, ``delta_rule_recurrent`` for one new token, ``delta_rule_chunked`` from
+    the state for several. No positions are needed: the recurrence is causal and ordered.
+
+    forward(x (B, T, C)) -> (B, T, C). Example: ``GatedDeltaNet(64, 4)(torch.randn(2, 40, 64))``
+    """
+
+    def __init__(self, d_model, n_heads, chunk_size=32):
+        super().__init__(d_model, n_heads, bias=False)
+        _check_int("chunk_size", chunk_size, 1)
+        self.chunk_size = chunk_size
+        self.b_proj = nn.Linear(d_model, n_heads)                        # beta per head
+        self.a_proj = nn.Linear(d_model, n_heads)                        # the decay's rate per head
+        self.g_proj = nn.Linear(d_model, d_model)                        # the output gate
+        A = torch.empty(n_heads).uniform_(1, 16)                         # (nh,)
+        dt = torch.exp(torch.empty(n_heads).uniform_(math.log(1e-3), math.log(1e-1)))   # (nh,)
+        self.A_log = nn.Parameter(A.log())
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))   # softplus(dt_bias) = dt
+        self.o_norm = nn.RMSNorm(self.d_head, eps=1e-5)
+
+    def gates(self, x):
+        """beta (B, nh, T) in (0, 1) and g (B, nh, T) <= 0 of x (B, T, C)."""
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)             # (B, nh, T)
+        g = -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)   # (B, T, nh)
+        return beta, g.transpose(1, 2)                                    # (B, nh, T) x2
+
+    def forward(self, x, return_weights=False, cache=None):
+        from attnlab.linear_attention import delta_rule_chunked, delta_rule_recurrent
+
+        if return_weights:
+            raise ValueError("return_weights: a delta layer has no attention weights (it keeps a state, not keys)")
+        q = F.normalize(self.split_heads(self.q_proj(x)), dim=-1)        # (B, nh, T, hs) unit rows
+        k = F.normalize(self.split_heads(self.k_proj(x)), dim=-1)        # (B, nh, T, hs)
+        v = self.split_heads(self.v_proj(x))                              # (B, nh, T, hs)
+        beta, g = self.gates(x)                                           # (B, nh, T) x2
+        if cache is None:
+            o = delta_rule_chunked(q, k, v, beta, g, chunk_size=self.chunk_size)   # (B, nh, T, hs)
+        else:
+            if not isinstance(cache, DeltaState):
+                raise ValueError(f"cache: a delta layer decodes from a DeltaState, got {type(cache).__name__}")
+            rule = delta_rule_recurrent if x.shape[1] == 1 else delta_rule_chunked
+            kwargs = {} if x.shape[1] == 1 else {"chunk_size": self.chunk_size}
+            o, cache.state = rule(q, k, v, beta, g, initial_state=cache.state, output_final_state=True, **kwargs)
+            cache.length += x.shape[1]
+        gate = F.silu(self.split_heads(self.g_proj(x)))                   # (B, nh, T, hs)
+        return self.out_proj(self.merge_heads(self.o_norm(o) * gate))     # (B, T, C)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,11 +584,25 @@ class GPT(nn.Module):
     (with a KV cache: ``prefill(idx)`` then ``decode_step(token, caches)``).
     ``config`` holds the constructor's arguments (without the backend), to rebuild the model.
 
+    ``layout`` (lesson 12): None (every layer dense, the model above exactly) or one kind per
+    layer from ``LAYER_KINDS``: ``"dense"`` (causal softmax attention, this model's layer),
+    ``"local"`` (:class:`LocalSelfAttention`: the last ``window`` keys plus the first ``sinks``),
+    ``"selected"`` (:class:`SelectedSelfAttention`: ``topk`` key blocks of ``select_block``
+    positions picked by an indexer of ``index_heads`` heads of ``index_dim``) or ``"delta"``
+    (:class:`GatedDeltaNet`). ``attention`` is the dense layers' backend (``"flash"`` also runs
+    the selected layers through the Triton kernel); local layers run SDPA under their mask. Every
+    kind decodes with ``new_caches``/``decode_step``: a KV cache (dense), a ``RollingCache`` of
+    ``sinks + window`` (local), a constant ``DeltaState`` (delta); a selected layer recomputes
+    itself over its inputs (``LayerInputs``). ``attention_maps`` needs no delta layer.
+    Examples: ``layout=["local", "local", "local", "dense"]`` (Gemma 3's local:global, here 3:1),
+    ``layout=["delta", "delta", "delta", "dense"]`` (Qwen3-Next's 3:1), ``layout_from_ratio``.
+
     Example: ``logits, loss = GPT(96, 64, seed=0)(x, y)``
     """
 
     def __init__(self, vocab_size, block_size=128, d_model=64, n_heads=4, n_layers=2, d_mlp=None,
-                 positions="learned", attention="sdpa", block_mask=None, seed=None, n_kv_heads=None):
+                 positions="learned", attention="sdpa", block_mask=None, seed=None, n_kv_heads=None,
+                 layout=None, window=32, sinks=4, topk=2, select_block=16, index_heads=2, index_dim=16):
         super().__init__()
         d_mlp = 4 * d_model if d_mlp is None else d_mlp
         for name, value, least in (("vocab_size", vocab_size, 1), ("block_size", block_size, 1),
@@ -295,6 +623,11 @@ class GPT(nn.Module):
         if attention in ("flash", "standard", "block_sparse") and hs not in KERNEL_HEAD_DIMS:
             raise ValueError(f"n_heads: the {attention!r} kernel needs a head size d_model // n_heads in "
                              f"{KERNEL_HEAD_DIMS}, got {d_model} // {n_heads} = {hs}")
+        if layout is not None:
+            layout = _check_layout(layout, n_layers)
+            if block_mask is not None and any(kind != "dense" for kind in layout):
+                raise ValueError("block_mask: only a layout of dense layers takes a block mask (local layers "
+                                 "have their own window)")
         if seed is not None:
             _check_int("seed", seed, 0)
             rng_state = torch.random.get_rng_state()
@@ -303,6 +636,11 @@ class GPT(nn.Module):
                            n_layers=n_layers, d_mlp=d_mlp, positions=positions)
         if n_kv_heads is not None and n_kv_heads != n_heads:   # absent by default: lesson 09's config unchanged
             self.config["n_kv_heads"] = n_kv_heads
+        self.layout = layout
+        if layout is not None:   # absent without a layout, like n_kv_heads
+            self.config.update(layout=list(layout), window=window, sinks=sinks, topk=topk, select_block=select_block,
+                               index_heads=index_heads, index_dim=index_dim)
+            self.window, self.sinks = window, sinks
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.vocab_size, self.block_size, self.n_layers, self.n_heads = vocab_size, block_size, n_layers, n_heads
         self.attention = attention
@@ -312,8 +650,14 @@ class GPT(nn.Module):
         elif positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_positions(block_size, d_model), persistent=False)
         rotary = Rotary(hs, block_size) if positions == "rope" else None   # one rotation table, shared by the layers
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp, attention, block_mask, n_kv_heads, rotary)
-                                    for _ in range(n_layers))
+        if layout is None:
+            self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp, attention, block_mask, n_kv_heads, rotary)
+                                        for _ in range(n_layers))
+        else:
+            self.blocks = nn.ModuleList(
+                Block(d_model, n_heads, d_mlp, attention, block_mask, n_kv_heads, rotary,
+                      mixer=self._mixer(kind, d_model, n_heads, n_kv_heads, rotary, attention))
+                for kind in layout)
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)         # (V, C) weight
         self.lm_head.weight = self.tok_emb.weight                         # weight tying: one (V, C) matrix
@@ -323,6 +667,18 @@ class GPT(nn.Module):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layers))
         if seed is not None:
             torch.random.set_rng_state(rng_state)   # seeding the model leaves the caller's stream alone
+
+    def _mixer(self, kind, d_model, n_heads, n_kv_heads, rotary, attention):
+        """The attention-like module of one layer of a layout (None: a dense layer, made by Block)."""
+        c = self.config
+        if kind == "local":
+            return LocalSelfAttention(d_model, n_heads, c["window"], c["sinks"], n_kv_heads, rotary, attention)
+        if kind == "selected":
+            return SelectedSelfAttention(d_model, n_heads, c["topk"], c["select_block"], c["index_heads"],
+                                         c["index_dim"], n_kv_heads, rotary, attention)
+        if kind == "delta":
+            return GatedDeltaNet(d_model, n_heads)
+        return None
 
     @staticmethod
     def _init_weights(module):
@@ -342,6 +698,8 @@ class GPT(nn.Module):
         if attention in ("flash", "standard", "block_sparse") and hs not in KERNEL_HEAD_DIMS:
             raise ValueError(f"attention: the {attention!r} kernel needs a head size in {KERNEL_HEAD_DIMS}, got {hs}")
         for block in self.blocks:
+            if type(block.attn) is not CausalSelfAttention:   # a layout's local, selected or delta layer
+                continue
             block.attn.attend = attention_backend(attention, block_mask)
             block.attn.decode_attend = _decode_attend(attention)
             block.attn.block_mask = block_mask
@@ -384,6 +742,12 @@ class GPT(nn.Module):
             got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, torch.Tensor) else type(targets).__name__
             raise ValueError(f"targets: expected a long tensor of shape {tuple(idx.shape)} like idx, got {got}")
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))   # scalar
+        if self.layout is not None:
+            aux = [b.attn.indexer_loss for b in self.blocks
+                   if isinstance(b.attn, SelectedSelfAttention) and b.attn.indexer_loss is not None]
+            if aux:   # the selected layers' indexer losses: in the gradient, not in the value
+                aux = torch.stack(aux).sum()
+                loss = loss + (aux - aux.detach())
         return logits, loss
 
     @torch.no_grad()
@@ -404,16 +768,34 @@ class GPT(nn.Module):
         """One empty KV cache per layer, room for ``block_size`` positions: ``KVCache`` of
         (batch, n_kv_heads, block_size, hs); with ``window``, StreamingLLM's ``RollingCache``
         that keeps the first ``sinks`` (default 0) tokens and the last ``window``.
+        With a ``layout``, one per layer by its kind: ``KVCache`` (dense), ``RollingCache`` of the
+        model's sinks and window (local), ``LayerInputs`` (selected), ``DeltaState`` (delta).
 
         Example: ``caches = model.new_caches(1)``
         """
         p = self.tok_emb.weight
         hs = self.config["d_model"] // self.n_heads
+        if self.layout is not None:
+            if window is not None or sinks is not None:
+                raise ValueError("window: a layout's local layers keep their own window and sinks (the model's "
+                                 f"window={self.window}, sinks={self.sinks}); pass neither")
+            return [self._layer_cache(block.attn, batch, hs, p) for block in self.blocks]
         if window is not None:
             return [RollingCache(batch, self.n_kv_heads, hs, sinks=sinks or 0, window=window, dtype=p.dtype,
                                  device=p.device) for _ in self.blocks]
         return [KVCache(batch, self.n_kv_heads, self.block_size, hs, dtype=p.dtype, device=p.device)
                 for _ in self.blocks]
+
+    def _layer_cache(self, layer, batch, hs, p):
+        """One layer's decoding cache in a layout: by kind (see ``new_caches``)."""
+        if isinstance(layer, LocalSelfAttention):
+            return RollingCache(batch, self.n_kv_heads, hs, sinks=layer.sinks, window=layer.window, dtype=p.dtype,
+                                device=p.device)
+        if isinstance(layer, SelectedSelfAttention):
+            return LayerInputs(batch, self.config["d_model"], dtype=p.dtype, device=p.device)
+        if isinstance(layer, GatedDeltaNet):
+            return DeltaState(batch, self.n_heads, hs, hs, device=p.device)
+        return KVCache(batch, self.n_kv_heads, self.block_size, hs, dtype=p.dtype, device=p.device)
 
     @torch.no_grad()
     def decode_step(self, idx, caches):
@@ -427,6 +809,11 @@ class GPT(nn.Module):
         if self.config["positions"] != "rope" and start + idx.shape[1] > self.block_size:
             raise ValueError(f"idx: {self.config['positions']} positions stop at block_size={self.block_size}; "
                              f"{start} cached + {idx.shape[1]} new do not fit")
+        if self.layout is not None:   # every kind of layer takes several new tokens at once
+            x = self.embed(idx, start)                                    # (B, Tn, C)
+            for block, cache in zip(self.blocks, caches):
+                x = block(x, cache=cache)                                  # (B, Tn, C)
+            return self.lm_head(self.ln_f(x))                             # (B, Tn, V)
         if isinstance(caches[0], RollingCache) and idx.shape[1] > 1:    # a rolling cache evicts as it goes:
             for t in range(idx.shape[1]):                                 # feed it one token at a time
                 logits = self.decode_step(idx[:, t:t + 1], caches)
