@@ -41,6 +41,8 @@ def main(argv=None):
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors (as CI does)")
     parser.add_argument("-j", "--jobs", default="1", help="Sphinx's parallel jobs (default 1)")
     args = parser.parse_args(argv)
+    if not course_site.PUBLISHED:
+        print(course_site.UNPUBLISHED_NOTE, file=sys.stderr)
     start = time.perf_counter()
     status = build(args.dir, strict=args.strict, jobs=args.jobs, quiet=False)
     if status == 0:

@@ -46,12 +46,10 @@ autodoc_typehints = "none"  # signatures stay as written; types are in the docst
 # --- HTML -----------------------------------------------------------------------------------
 html_theme = "sphinx_book_theme"
 html_title = "attnlab: the attention course"
-html_theme_options = {
-    "repository_url": course_site.REPO_URL,
-    "repository_branch": course_site.REPO_BRANCH,
-    "use_repository_button": True,
-    "show_toc_level": 2,
-}
+html_theme_options = {"show_toc_level": 2}
+if course_site.PUBLISHED:   # else no repository button: it would open github.com/OWNER/attnlab
+    html_theme_options.update(repository_url=course_site.REPO_URL, repository_branch=course_site.REPO_BRANCH,
+                              use_repository_button=True)
 # the lessons' figures are drawn for a white page (matplotlib's defaults); a reader can still
 # switch to dark in the header
 html_context = {"default_mode": "light"}
@@ -89,13 +87,14 @@ def _prepare_notebook(app, docname, source):
     _widgets_as_pictures(nb)
     path = f"{folder}/{name}.ipynb"
     links = [f"[download the notebook](path:{name}.ipynb)"]
-    if folder == "lessons":
+    if folder == "lessons" and course_site.PUBLISHED:
         links.append(f"[open in Colab]({course_site.colab_url(path)}) (its first code cell installs the course "
                      "there, as the README's Colab cell does)")
-    else:
+    elif folder != "lessons":
         links.append("run it with `attnlab start` (copies the exercises to my-work/) and check it with "
                      "`attnlab grade`: see [grading](../docs/grading.md)")
-    links.append(f"[source]({course_site.source_url(path)})")
+    if course_site.PUBLISHED:
+        links.append(f"[source]({course_site.source_url(path)})")
     note = "\n\n:::{note}\n**Run it yourself:** " + " · ".join(links) + "\n:::\n\n"
     cells = nb["cells"]
     first = cells[0] if cells else None

@@ -7,7 +7,8 @@ Settings (environment variables, read once at import):
 
 * ``ATTNLAB_REPO_URL``: the repository the course is published from, a
   ``https://github.com/OWNER/REPO`` URL. Used by the lessons' "open in Colab" links and by
-  the Colab install cell. The default is a placeholder that says so.
+  the Colab install cell. Without it the site links to no repository at all (no Colab button, no source links,
+  no header icon: a placeholder address would be a dead link), and ``site/build.py`` says so.
 * ``ATTNLAB_REPO_BRANCH``: the branch those links open (default ``main``).
 """
 
@@ -20,6 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDER_URL = "https://github.com/OWNER/attnlab"
 REPO_URL = os.environ.get("ATTNLAB_REPO_URL", "").strip().rstrip("/") or PLACEHOLDER_URL
 REPO_BRANCH = os.environ.get("ATTNLAB_REPO_BRANCH", "").strip() or "main"
+PUBLISHED = REPO_URL != PLACEHOLDER_URL   # the site links to the repository only when it has an address
+UNPUBLISHED_NOTE = ("ATTNLAB_REPO_URL is not set: the site has no 'open in Colab', source or repository links. "
+                    "Set it to the course's https://github.com/OWNER/REPO to have them.")
 
 # the library API pages: (page name, title, modules documented on it)
 API_PAGES = [

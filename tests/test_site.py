@@ -169,6 +169,25 @@ def test_home_page_is_generated_from_the_readme():
         course_site.home_page("# t\n\nno table\n", [], [])
 
 
+def test_a_site_built_without_a_repository_address_links_to_no_placeholder(monkeypatch):
+    # `make site` on a fresh clone, ATTNLAB_REPO_URL unset: no link to github.com/OWNER/attnlab (the Colab button,
+    # the source link, the header icon), and build.py says why they are missing
+    env = {k: v for k, v in os.environ.items() if k not in ("ATTNLAB_REPO_URL", "ATTNLAB_REPO_BRANCH")}
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'site'); import conf, course_site; "
+                          "print(course_site.PUBLISHED, conf.html_theme_options)"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("False") and "repository" not in out.stdout, out.stdout
+    conf = _load("conf")
+    monkeypatch.setattr(conf.course_site, "PUBLISHED", False)
+    source = [json.dumps({"cells": [{"cell_type": "markdown", "source": "# Lesson\ntext", "metadata": {}}],
+                          "metadata": {}})]
+    conf._prepare_notebook(None, "lessons/07_flash_attention", source)
+    page = json.loads(source[0])["cells"][0]["source"]
+    assert "download the notebook" in page and "OWNER" not in page and "Colab" not in page and "source" not in page
+    assert "ATTNLAB_REPO_URL" in conf.course_site.UNPUBLISHED_NOTE
+
+
 def test_widget_outputs_become_their_picture_on_the_site():
     conf = _load("conf")
     view = {"model_id": "abc", "version_major": 2, "version_minor": 0}
