@@ -24,8 +24,9 @@ PYTEST_ARGS ?=
 
 .PHONY: lab test test-fast env docs-env nbgrader-env site clean-env exercises
 
+# LAB_ARGS go to `attnlab lab`: make lab LAB_ARGS="--no-browser --port 8890"
 lab: env
-	$(BIN)/attnlab lab
+	$(BIN)/attnlab lab $(LAB_ARGS)
 
 # --durations: the log ends with the 30 slowest tests, where CI's time goes
 test: env docs-env nbgrader-env
@@ -57,8 +58,15 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml $(CONSTRAINTS)
 # the nbgrader extra (tests/test_grading_nbgrader.py's round trip), added to .venv for make test
 nbgrader-env: $(VENV)/.nbgrader-installed
 
+# the tests use nbgrader's commands only: its Lab menu, Validate button, Create Assignment panel and server
+# extensions (which warn of a missing nbgrader_config.py) are switched off, so the learner's Lab after `make test`
+# is the same as after `make lab` (an instructor who wants them: jupyter labextension enable @jupyter/nbgrader)
+NBGRADER_SERVER_EXTENSIONS := $(addprefix nbgrader.server_extensions.,formgrader validate_assignment assignment_list course_list)
+
 $(VENV)/.nbgrader-installed: $(VENV)/.installed pyproject.toml $(CONSTRAINTS)
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[nbgrader]'
+	$(BIN)/jupyter server extension disable --sys-prefix $(NBGRADER_SERVER_EXTENSIONS) >/dev/null 2>&1
+	$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1
 	touch $@
 
 site: docs-env

@@ -121,6 +121,15 @@ def test_start_copies_and_never_overwrites(tmp_path, capsys):
     assert mine.read_text() == "my own work"
     assert f"kept    {EXERCISES[0].name}" in out and f"copied  {EXERCISES[1].name}" in out
     assert f"1 copied, {len(EXERCISES) - 1} kept" in out
+    # the command it says opens that folder, not the course's lessons/
+    import re
+    import shlex
+
+    from attnlab.lab import command
+
+    said = shlex.split(re.search(r"`attnlab lab (--dir [^`]+)`", out).group(1))
+    cmd = command(said[1], no_browser=True)
+    assert f"--ServerApp.root_dir={work.parent}" in cmd and "--LabApp.default_url=/lab/tree/my-work" in cmd
 
 
 def test_the_course_is_found_from_inside_it_and_by_option(tmp_path, monkeypatch):

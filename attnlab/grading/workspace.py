@@ -9,6 +9,7 @@ fresh copy of one exercise, rename or delete yours and run it again.
 Example: ``attnlab start`` then open ``my-work/01_soft_alignment.ipynb``.
 """
 
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -55,5 +56,7 @@ def run(args):
     for name in kept:
         print(f"kept    {name} (your copy exists: not overwritten)")
     print(f"{len(copied)} copied, {len(kept)} kept in {Path(args.dir).resolve()}")
-    print(f"open them with `attnlab lab` or JupyterLab; check your progress with `attnlab progress {args.dir}`")
+    where = shlex.quote(str(args.dir))  # `attnlab lab` alone serves the course's lessons/, not this folder
+    print(f"open them with `attnlab lab --dir {where}` (or JupyterLab in that folder); check your progress with "
+          f"`attnlab progress {where}`")
     return 0
