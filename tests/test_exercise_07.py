@@ -636,3 +636,10 @@ def test_hints_are_wrapped_like_the_rest_of_the_feedback(capsys):
     assert max(len(h) for h in hints) > WIDTH                      # there was something to wrap
     assert all(" ".join(hints[i].split()) in " ".join(w) for i, w in enumerate(words[:3]))  # no word lost
     checks._HINTS_SHOWN.pop("tiled-forward", None)
+
+
+def test_a_nan_byte_count_is_not_within_the_tolerance():
+    # `abs(got - want) > tol` is False for NaN: a NaN answer passed the traffic experiment
+    result = run_check("traffic-experiment", LocalLearner({"forward_traffic": lambda *a, **k: float("nan")},
+                                                          forbidden=[]))
+    assert not result.passed, result.message

@@ -200,8 +200,9 @@ def test_odd_names_in_nested_folders_are_found_and_identified(graded):
     plain = graded["reports"]["nested/deeper/my homework.ipynb"]
     assert plain["exercise"] == "03_scaled_dot_product" and plain["score"] == plain["max_score"]
     assert not plain.get("warnings")
-    misnamed = graded["reports"]["nested/05_quadratic_cost.ipynb"]
-    assert misnamed["exercise"] == "03_scaled_dot_product" and misnamed["score"] == misnamed["max_score"]
+    misnamed = graded["reports"]["nested/05_quadratic_cost.ipynb"]   # exercise 03's cells in 05's slot: credited
+    assert misnamed["exercise"] == "03_scaled_dot_product" and misnamed["score"] == 0      # to neither, and said
+    assert "filed as 05_quadratic_cost" in misnamed["error"]
     assert any("file name suggests 05_quadratic_cost" in w for w in misnamed["warnings"])
 
 

@@ -55,6 +55,47 @@ def test_gradescope_counts_each_exercise_once():
     assert doc["output"].count("not counted") == 2 and "02 copy.ipynb" in doc["output"]
 
 
+def test_the_grader_credits_only_what_the_instructor_names():
+    # Gradescope summed every exercise it found (a partial 03 beside a solved 02 scored 11 of 8)
+    from attnlab.grading.layout import manifest
+
+    assert manifest(["03"]) == ["03_scaled_dot_product"] and manifest(["02_queries_keys_values,3"]) == [
+        "02_queries_keys_values", "03_scaled_dot_product"]
+    with pytest.raises(ValueError, match="--exercise"):
+        manifest(["99"])
+
+    def rep(path, exercise, score, most):
+        return {"path": path, "exercise": exercise, "score": score, "max_score": most,
+                "parts": [{"name": "a-part", "points": score, "max_points": most, "feedback": ""}]}
+
+    solved_02, partial_03 = rep("s/02_queries_keys_values.ipynb", "02_queries_keys_values", 9, 9), \
+        rep("s/03_scaled_dot_product.ipynb", "03_scaled_dot_product", 2, 7)
+    doc = grade.gradescope_doc([solved_02, partial_03], [], expected=["03_scaled_dot_product"])
+    assert doc["score"] == 2 and [t["name"] for t in doc["tests"]] == ["03_scaled_dot_product: a-part"]
+    assert "not one this assignment grades" in doc["output"] and "02_queries_keys_values.ipynb" in doc["output"]
+    doc = grade.gradescope_doc([solved_02], [], expected=["03_scaled_dot_product"])
+    assert doc["score"] == 0 and doc["tests"][0]["name"] == "03_scaled_dot_product: no notebook" \
+        and doc["tests"][0]["max_score"] > 0
+
+
+def test_gradescope_output_needs_the_assignment_s_exercise(tmp_path, capsys):
+    from attnlab.cli import main as cli
+
+    assert cli(["grade", str(tmp_path), "--gradescope", str(tmp_path / "results.json")]) == 2
+    assert "--exercise" in capsys.readouterr().err and not (tmp_path / "results.json").exists()
+    assert cli(["grade", str(tmp_path), "--exercise", "99"]) == 2
+
+
+def test_a_notebook_filed_in_another_exercise_s_slot_is_not_credited(tmp_path):
+    # an exercise-02 notebook (solved) filed as 05_...: credited to neither, and said why
+    nb = nbformat.read(str(ROOT / "solutions" / "02_queries_keys_values.ipynb"), as_version=4)
+    path = tmp_path / "05_quadratic_cost.ipynb"
+    nbformat.write(nb, str(path))
+    report = scoring.grade_notebook(path)
+    assert report["score"] == 0 and "filed as 05_quadratic_cost" in report["error"], report
+    assert "02_queries_keys_values" in report["error"]
+
+
 def test_the_manual_part_says_1_point_not_1_points():
     assert reports.plural(1, "point") == "1 point" and reports.plural(2, "point") == "2 points"
 
@@ -109,6 +150,8 @@ def test_a_frame_of_shared_lists_or_meta_tensors_is_not_believed():
     got = received({"out": torch.empty(3, 4, device="meta"), "fine": torch.ones(2)})
     assert isinstance(got["out"], frames.Unsupported) and "meta device" in got["out"].type_name
     assert torch.equal(got["fine"], torch.ones(2))
+    repeated = received(torch.ones(1).expand(600_000_000))   # 4 bytes claiming 600 million values (2.4 GB)
+    assert isinstance(repeated, frames.Unsupported) and "repeats its memory" in repeated.type_name
     nested = [1]
     for _ in range(24):  # 1.5 KB on the wire, 2**24 values unfolded
         nested = [nested, nested]

@@ -104,6 +104,11 @@ def _restored(x, seen=None, depth=0):
             return Unsupported("a tensor on the meta device (a shape, no values)" if x.device.type == "meta" else
                                f"a {str(x.layout).replace('torch.', '')} tensor on {x.device.type} (only a dense "
                                f"CPU tensor of values is compared)")
+        if x.numel() * x.element_size() > x.untyped_storage().nbytes():
+            # a view that repeats its memory (stride 0: 4 bytes claiming 600 million values) would be materialised
+            # by the first comparison in the grader's process; :func:`_plain` sends a copy, which never repeats
+            return Unsupported(f"a tensor of {x.numel():,} values held in {x.untyped_storage().nbytes():,} bytes (a "
+                               f"view that repeats its memory; only a tensor holding its own values is compared)")
         return x
     if isinstance(x, dict):
         if set(x) == {"__unsupported__"}:

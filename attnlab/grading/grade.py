@@ -1,4 +1,4 @@
-"""``attnlab grade PATH... [--json FILE] [--csv FILE] [--gradescope FILE] [--nbgrader-db URL] [-j N]``: grade.
+"""``attnlab grade PATH... [--exercise NAME] [--json FILE] [--csv FILE] [--gradescope FILE] [--nbgrader-db URL] [-j N]``.
 
 The command; the work is done by :mod:`attnlab.grading.runner` (the sandboxed processes and the worker),
 :mod:`attnlab.grading.layout` (which exercise, which part owns a cell), :mod:`attnlab.grading.scoring`
@@ -26,7 +26,7 @@ import sys
 import threading
 
 from attnlab.grading import sandbox
-from attnlab.grading.layout import _grade_id, _layout, discover, identify, owners, who  # noqa: F401 (the API)
+from attnlab.grading.layout import _grade_id, _layout, discover, identify, manifest, owners, who  # noqa: F401
 from attnlab.grading.reports import _json_doc, _write_atomic, csv_text, format_report, gradescope_doc, sanitize
 from attnlab.grading.runner import DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, grade_in_subprocess
 from attnlab.grading.scoring import grade_notebook  # noqa: F401 (the API)
@@ -45,6 +45,9 @@ def add_arguments(parser):
                         help=f"seconds a whole notebook may run (default {DEFAULT_TIMEOUT})")
     parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
                         help=f"memory a notebook's kernel may allocate (default {DEFAULT_MEMORY_MB} MB)")
+    parser.add_argument("--exercise", action="append", default=[], metavar="NAME",
+                        help="the exercise the assignment grades (02 or 02_queries_keys_values; repeat for more): "
+                             "a notebook of any other exercise is reported and never credited; --gradescope needs it")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="notebooks graded at once (default 1)")
     parser.add_argument("--nbgrader-db", metavar="URL",
                         help="write each part's score into nbgrader's gradebook (e.g. sqlite:///course/gradebook.db), "
@@ -54,6 +57,15 @@ def add_arguments(parser):
 def run(args):
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
+    try:
+        expected = manifest(getattr(args, "exercise", None) or []) or None
+    except ValueError as exc:
+        print(f"attnlab grade: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "gradescope", None) and expected is None:
+        print("attnlab grade: --gradescope needs --exercise NAME: Gradescope's score is that exercise's, and a "
+              "submission may hold other notebooks", file=sys.stderr)
+        return 2
     sandbox.protect_grader()
     paths, skipped = discover(args.paths)
     for s in skipped:
@@ -64,6 +76,9 @@ def run(args):
     def one(p):
         report = grade_in_subprocess(p, args.cell_timeout, args.timeout, memory)
         report["student"], report["assignment"] = who(p)
+        if expected is not None and report.get("exercise") and report["exercise"] not in expected:
+            report.update(score=0, parts=[], error=f"exercise {report['exercise']}, not one this assignment grades "
+                                                   f"({', '.join(expected)}): not credited")
         return sanitize(report)
 
     if args.json:
@@ -94,7 +109,7 @@ def run(args):
         for problem in problems:
             print(f"nbgrader: {problem}", file=sys.stderr)
     if getattr(args, "gradescope", None):
-        _write_atomic(args.gradescope, json.dumps(gradescope_doc(reports, skipped), indent=2) + "\n")
+        _write_atomic(args.gradescope, json.dumps(gradescope_doc(reports, skipped, expected), indent=2) + "\n")
     if not graded:
         print("attnlab grade: nothing was graded" + (" (see the skipped files above)" if skipped else ""),
               file=sys.stderr)

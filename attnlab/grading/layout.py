@@ -62,6 +62,32 @@ def identify(nb, path):
     return chosen, warnings
 
 
+def slot_conflict(exercise, path):
+    """Why a notebook holding ``exercise`` may not be credited in the slot its file name names (``05_x.ipynb``
+    holding exercise 02's cells), or None. A file name of no exercise (``my answers.ipynb``) names no slot."""
+    from attnlab.grading.parts import exercises
+
+    slot = _stem_guess(path, exercises())
+    if exercise and slot and slot != exercise:
+        return (f"filed as {slot} (its file name) but it holds exercise {exercise}'s cells: not credited (submit "
+                f"{slot}'s own notebook, or give this one {exercise}'s name)")
+    return None
+
+
+def manifest(names):
+    """The exercises an instructor names (``--exercise 02`` or ``02_queries_keys_values``, repeatable or with
+    commas) as full names; ValueError naming ``--exercise`` for a name of no exercise."""
+    from attnlab.grading.parts import exercises
+
+    known, out = list(exercises()), []
+    for name in (n.strip() for item in names for n in item.split(",") if n.strip()):
+        found = [ex for ex in known if ex == name or ex[:2] == name.zfill(2)[:2] and name.isdigit()]
+        if len(found) != 1:
+            raise ValueError(f"--exercise: {name!r} is no exercise of the course ({', '.join(known)})")
+        out += [f for f in found if f not in out]
+    return out
+
+
 def _layout(ids, parts):
     """{grade_id: part, "setup" or None} for the cells of an exercise in their generated order."""
     answer_of = {}

@@ -102,16 +102,24 @@ def csv_text(reports):
     return out.getvalue()
 
 
-def gradescope_doc(reports, skipped):
+def gradescope_doc(reports, skipped, expected=None):
     """Gradescope's autograder results: one test per part, the total as the score.
 
-    Each exercise counts once: when a submission holds several notebooks of one exercise, the one
-    with the exercise's own file name (else the first by path) is scored and the others are listed
-    as duplicates, never added.
+    ``expected``: the exercises the assignment grades (``attnlab grade --exercise``, which ``--gradescope``
+    requires): only those count, a notebook of another exercise is listed and not added (a solved 02 beside a
+    partial 03 scored 11 of 8), and an expected exercise with no notebook is a test of 0 points. Each exercise
+    counts once: when a submission holds several notebooks of one exercise, the one with the exercise's own file
+    name (else the first by path) is scored and the others are listed as duplicates, never added.
     """
+    from attnlab.grading.parts import MANUAL, exercises, points
+
     tests, counted, duplicates = [], {}, []
     for r in sorted(reports, key=lambda r: (Path(r["path"]).stem != r.get("exercise"), str(r["path"]))):
         label = r.get("exercise") or Path(r["path"]).stem
+        if expected is not None and r.get("exercise") and r["exercise"] not in expected:
+            duplicates.append(f"{r['path']}: exercise {label}, not one this assignment grades "
+                              f"({', '.join(expected)}); not counted")
+            continue
         if r.get("exercise") in counted:
             duplicates.append(f"{r['path']}: another notebook of {label} (graded: {counted[label]}); not counted")
             continue
@@ -126,6 +134,10 @@ def gradescope_doc(reports, skipped):
                 continue
             tests.append({"name": f"{label}: {p['name']}", "score": p["points"], "max_score": p["max_points"],
                           "output": p["feedback"], "visibility": "visible"})
+    for exercise in [e for e in expected or () if e not in counted]:
+        most = sum(points()[p] for p in exercises()[exercise] if p not in MANUAL)
+        tests.append({"name": f"{exercise}: no notebook", "score": 0, "max_score": most,
+                      "output": f"no notebook of {exercise} was found in the submission", "visibility": "visible"})
     lines = [f"skipped {s['path']}: {s['reason']}" for s in skipped] + duplicates
     if not reports:
         lines.append("no notebook was graded: upload your exercise notebooks (.ipynb)")

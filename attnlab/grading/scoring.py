@@ -30,7 +30,7 @@ from pathlib import Path
 
 from attnlab.grading import sandbox
 from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout, given_sources, identify, learner_cell,
-                                    owners, to_run)
+                                    owners, slot_conflict, to_run)
 from attnlab.grading.reports import plural
 from attnlab.grading.isolated import IsolatedKernels
 from attnlab.grading.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, Dead, Functions,
@@ -70,6 +70,10 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
                           "no NN_ file name)"
         return report
     report["exercise"] = exercise
+    conflict = slot_conflict(exercise, path)
+    if conflict:   # an exercise-02 notebook filed in 05's slot is credited to neither
+        report["error"] = conflict
+        return report
     manual = [p for p in EXERCISES[exercise] if p in MANUAL]
     parts = [p for p in EXERCISES[exercise] if p not in MANUAL]
     report["max_score"] = sum(POINTS[p] for p in parts)

@@ -390,7 +390,7 @@ def _check_loop_timing(ns):
     if not 1 / LOOP_FACTOR <= loop_scale <= LOOP_FACTOR:
         raise Fail(f"`{name}` ({label}): your loop took {loop_scale:.3g} times the grader's at N={SIZES[-1]} "
                    f"(accepted: within a factor {LOOP_FACTOR})\n    {seen}", [M_FLAT if loop_scale < 1 else M_STEEP])
-    if abs(slope - g_slope) > SLOPE_TOL:
+    if not abs(slope - g_slope) <= SLOPE_TOL:    # NaN is never within it
         raise Fail(f"`{name}` ({label}): your loop's time grows as N^{slope:.2f}, the grader's as N^{g_slope:.2f} "
                    f"(accepted: within +-{SLOPE_TOL})\n    {seen}", [M_FLAT if slope < g_slope else M_STEEP])
     if not 1 / RATIO_FACTOR <= ratio / g_ratio <= RATIO_FACTOR:
