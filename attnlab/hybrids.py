@@ -21,7 +21,7 @@ Read top to bottom:
 
 Example::
 
-    rows = compare_layouts()                  # 4 layouts x 3 seeds, about 30 s on a laptop CPU
+    rows = compare_layouts()                  # 4 layouts x 3 seeds: about 35 s on one CPU core
     print(format_rows(rows))
 """
 
@@ -196,7 +196,8 @@ def compare_layouts(layouts=None, seeds=(0, 1, 2), steps=None, *, context=None, 
     prints each run as it ends.
 
     Each row: ``name``, ``layout``, ``val_loss`` (one per seed), ``mean``, ``spread`` (max - min
-    over seeds), ``std``, ``params``, ``seconds`` (training, all seeds), ``context``,
+    over seeds), ``std``, ``train_loss`` (each seed's loss at every step), ``params``, ``seconds``
+    (training and evaluation, all seeds), ``context``,
     ``held_bytes`` (cache and state for one sequence at ``context``, :func:`model_bytes`),
     ``held_bytes_per_token`` (held / context) and ``decode_bytes_per_token`` (read by one decoding step).
 
@@ -215,19 +216,20 @@ def compare_layouts(layouts=None, seeds=(0, 1, 2), steps=None, *, context=None, 
         corpus = load_corpus()
     rows = []
     for name, layout in layouts.items():
-        losses, seconds, model = [], 0.0, None
+        losses, curves, seconds, model = [], [], 0.0, None
         for seed in seeds:
             t0 = time.perf_counter()
-            model, valid, _ = train_layout(layout, seed, steps, corpus=corpus, **model_kwargs)
+            model, valid, history = train_layout(layout, seed, steps, corpus=corpus, **model_kwargs)
             seconds += time.perf_counter() - t0
             losses.append(valid)
+            curves.append(history["loss"])
             if verbose:
                 print(f"{name:>20}  seed {seed}: validation loss {valid:.4f}  ({time.perf_counter() - t0:.1f} s)")
         nbytes = model_bytes(model, context)
         rows.append({
             "name": name, "layout": list(layout), "val_loss": losses, "mean": statistics.fmean(losses),
             "spread": max(losses) - min(losses), "std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-            "params": model.num_parameters(), "seconds": seconds, "context": context,
+            "train_loss": curves, "params": model.num_parameters(), "seconds": seconds, "context": context,
             "held_bytes": nbytes["held"], "held_bytes_per_token": nbytes["held_per_token"],
             "decode_bytes_per_token": nbytes["read"],
         })

@@ -142,6 +142,20 @@ def test_selected_layer_is_the_reference_on_its_selection():
     torch.testing.assert_close(layer(x), want)
 
 
+def test_selected_layer_through_the_triton_kernel():
+    """attention="flash": the selected layers run attnlab.kernels.selected_attention (interpreted on a CPU)."""
+    x = tokens(2, 40)
+    ref = GPT(V, 48, 32, 2, 1, layout=["selected"], topk=2, select_block=16, seed=0)
+    kern = GPT(V, 48, 32, 2, 1, layout=["selected"], topk=2, select_block=16, seed=0, attention="flash")
+    assert kern.blocks[0].attn.use_kernel and not ref.blocks[0].attn.use_kernel
+    (la, loss_a), (lb, loss_b) = ref(x, x), kern(x, x)
+    torch.testing.assert_close(lb, la, atol=1e-5, rtol=1e-5)
+    loss_a.backward()
+    loss_b.backward()
+    for (name, pa), pb in zip(ref.named_parameters(), kern.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
 def test_selection_never_looks_ahead():
     """A query block's choice is its first query's: changing a later position of the block leaves
     every earlier output alone. The block's mean over its queries would not."""
