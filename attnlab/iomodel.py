@@ -797,6 +797,8 @@ def queries_per_read(heads, seqlen, d=64, bytes_per_element=2, *, kv_heads=None,
     Example: ``{n: io.arithmetic_intensity for n, io in queries_per_read(32, 4096, 128, kv_heads=8).items()}``
     """
     ns = [n_q] if isinstance(n_q, int) and not isinstance(n_q, bool) else list(n_q)
+    if not ns:
+        raise ValueError("n_q: expected a positive int or a non-empty list of them, got none")
     return {n: decode_io(1, heads, seqlen, d, bytes_per_element, kv_heads=kv_heads, n_q=n, num_splits=num_splits)
             for n in ns}
 
@@ -812,7 +814,12 @@ def mixed_batch_io(requests, heads, d=64, bytes_per_element=2, *, kv_heads=None,
 
     Example: ``mixed_batch_io([(1, 4000), (1, 900), (16, 512)], 32, 128, kv_heads=8).arithmetic_intensity``
     """
-    reqs = [(int(n), int(L)) for n, L in requests]
+    reqs = list(requests)
+    for r in reqs:
+        if not isinstance(r, (tuple, list)) or len(r) != 2:
+            raise ValueError(f"requests: expected (n_q, seqlen) pairs, got {r!r}")
+        validate.integer(r[0], "requests")                          # n_q >= 1
+        validate.integer(r[1], "requests")                          # seqlen >= 1
     if not reqs:
         raise ValueError("requests: expected at least one (n_q, seqlen) pair, got none")
     total = IO(0, 0, 0)

@@ -158,6 +158,11 @@ def error_bound(cache, x):
 
     Example: ``((kq.dequantize() - k).abs() <= error_bound(kq, k) * (1 + 1e-5)).all()``
     """
+    if not isinstance(cache, QuantizedCache):
+        raise TypeError(f"cache: expected a QuantizedCache (from quantize_cache), got {type(cache).__name__}")
+    validate.tensor(x, "x", 4, "(batch, kv_heads, seq, head_dim)", floating=True)
+    if x.shape != cache.codes.shape:
+        raise ValueError(f"x: expected the quantized cache's shape {tuple(cache.codes.shape)}, got {tuple(x.shape)}")
     scale = cache.scale_per_token()                                       # (B, H, S, 1)
     if cache.dtype == "int8":
         return (scale / 2).expand(x.shape)
@@ -234,6 +239,10 @@ def decode_losses(model, idx, caches):
 
     Example: ``decode_losses(model, idx, [QuantizedKVCache(1, 4, 128, 16) for _ in model.blocks]).mean()``
     """
+    from attnlab.models.gpt import GPT
+
+    if not isinstance(model, GPT):
+        raise TypeError(f"model: expected an attnlab.models.gpt.GPT, got {type(model).__name__}")
     model._check_idx(idx)
     if idx.shape[1] < 2:
         raise ValueError(f"idx: expected at least 2 positions (a token and its successor), "

@@ -103,6 +103,9 @@ class MLA(nn.Module):
 
     def queries(self, x, start=0):
         """q_C (B, H, T, d_head) and the rotated q_R (B, H, T, d_rope) of x's positions ``start ..``."""
+        validate.tensor(x, "x", 3, "(batch, tokens, d_model)", floating=True)
+        if x.shape[-1] != self.w_q.shape[1]:
+            raise ValueError(f"x: expected d_model={self.w_q.shape[1]} features (last dim), got shape {tuple(x.shape)}")
         B, T, _ = x.shape
         q = (x @ self.w_q.T).view(B, T, self.n_heads, self.d_head + self.d_rope).transpose(1, 2)
         q_c, q_r = q.split([self.d_head, self.d_rope], dim=-1)            # (B, H, T, d_head), (B, H, T, d_rope)

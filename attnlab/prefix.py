@@ -192,6 +192,8 @@ def prefix_sharing_blocks(prefix_len, suffix_lens, block_size):
     """
     validate.integer(prefix_len, "prefix_len", minimum=0)
     validate.integer(block_size, "block_size")
+    if not isinstance(suffix_lens, (list, tuple)):
+        raise TypeError(f"suffix_lens: expected a list of ints (one per sequence), got {type(suffix_lens).__name__}")
     suffix_lens = [validate.integer(s, "suffix_lens", minimum=0) for s in suffix_lens]
     if not suffix_lens:
         raise ValueError("suffix_lens: expected at least one sequence, got none")

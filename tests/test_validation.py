@@ -6,7 +6,8 @@ a message of one shape: ``<argument>: expected <what>, got <what came>``. Every 
 function that takes a tensor (or a block mask, or a function to run) has rows of its own below.
 
 Which functions: every name in the ``__all__`` of ``PUBLIC_MODULES`` (the reference attention,
-tiled, approx, iomodel, memory, measure and every module of ``attnlab.kernels``, found on disk).
+tiled, approx, iomodel, memory, measure, sparse, the decoding caches of lesson 10 (kvquant, streaming,
+prefix, mla) and every module of ``attnlab.kernels``, found on disk).
 Each must be a (q, k, v) entry point, have rows in ``OTHER_ROWS``, or be listed in
 ``NO_TENSORS`` with the reason, so a new public function without a row fails
 ``test_every_public_function_has_a_row``. (Models, data and widgets have their own tests.)
@@ -21,7 +22,9 @@ import pytest
 import torch
 
 import attnlab.kernels
-from attnlab import approx, attention, iomodel, mask_mods, measure, memory, sparse, validate
+from attnlab import (approx, attention, iomodel, kvquant, mask_mods, measure, memory, prefix, sparse, streaming,
+                     validate)
+from attnlab.mla import MLA
 from attnlab.attention import block_sparse_reference, naive_attention, scaled_dot_product_attention
 from attnlab.kernels import (BlockMask, block_sparse_attention, flash_attention, full_mask, intersection, softmax,
                              standard_attention, union, vector_add)
@@ -189,6 +192,20 @@ def _lse():
     return torch.zeros(1, 1, 64)
 
 
+def _cache():   # a KV cache (batch, kv_heads, seq, head_dim)
+    return torch.randn(1, 2, 20, 16)
+
+
+def _pool_with_sequence():
+    pool = prefix.PagedKVPool(4, 2, 16, 16)
+    pool.new_sequence()                     # id 0
+    return pool
+
+
+def _mla(d_rope=16):
+    return MLA(64, 4, d_head=16, d_latent=48, d_rope=d_rope, max_positions=32, seed=0)
+
+
 # (function, what is wrong, call, error type, the argument the message names)
 OTHER_ROWS = [
     (attention.softmax, "non-tensor", lambda: attention.softmax([1.0]), TypeError, "x"),
@@ -284,6 +301,76 @@ OTHER_ROWS = [
     (measure.scaling_sweep, "not a dict", lambda: measure.scaling_sweep([torch.exp], [16]), TypeError, "methods"),
     (measure.scaling_sweep, "no methods", lambda: measure.scaling_sweep({}, [16]), ValueError, "methods"),
     (measure.longest_sequence, "not callable", lambda: measure.longest_sequence(3, 2**20), TypeError, "fn"),
+    # cost formulas of decoding and context parallelism (lessons 10, 11)
+    (iomodel.allgather_attention_bytes, "kv_heads not a divisor",
+     lambda: iomodel.allgather_attention_bytes(1, 4, 64, 16, 2, kv_heads=3), ValueError, "kv_heads"),
+    (iomodel.allgather_attention_bytes, "bool world_size",
+     lambda: iomodel.allgather_attention_bytes(1, 4, 64, 16, True), TypeError, "world_size"),
+    (iomodel.queries_per_read, "n_q 0", lambda: iomodel.queries_per_read(4, 64, 16, n_q=(1, 0)), ValueError,
+     "n_q"),
+    (iomodel.queries_per_read, "no n_q", lambda: iomodel.queries_per_read(4, 64, 16, n_q=()), ValueError, "n_q"),
+    (iomodel.queries_per_read, "more queries than cached", lambda: iomodel.queries_per_read(4, 8, 16, n_q=16),
+     ValueError, "seqlens"),
+    (iomodel.mixed_batch_io, "not a pair", lambda: iomodel.mixed_batch_io([(1,)], 4, 16), ValueError, "requests"),
+    (iomodel.mixed_batch_io, "fractional n_q", lambda: iomodel.mixed_batch_io([(1.5, 10)], 4, 16), TypeError,
+     "requests"),
+    (iomodel.mixed_batch_io, "no requests", lambda: iomodel.mixed_batch_io([], 4, 16), ValueError, "requests"),
+    (iomodel.mla_cache_bytes, "d_latent 0", lambda: iomodel.mla_cache_bytes(1, d_latent=0), ValueError, "d_latent"),
+    (iomodel.mla_cache_bytes, "negative d_rope", lambda: iomodel.mla_cache_bytes(1, d_rope=-2), ValueError, "d_rope"),
+    (iomodel.decode_step_bytes, "negative params",
+     lambda: iomodel.decode_step_bytes(1, 10, params=-1, layers=1, heads=1, d=16), ValueError, "params"),
+    (iomodel.decode_step_bytes, "kv_heads not a divisor",
+     lambda: iomodel.decode_step_bytes(1, 10, params=1e6, layers=1, heads=4, d=16, kv_heads=3), ValueError,
+     "kv_heads"),
+    (iomodel.decode_crossover_tokens, "layers 0",
+     lambda: iomodel.decode_crossover_tokens(params=1e9, layers=0, d=16, kv_heads=1), ValueError, "layers"),
+    (iomodel.decode_crossover_tokens, "string params",
+     lambda: iomodel.decode_crossover_tokens(params="7B", layers=1, d=16, kv_heads=1), ValueError, "params"),
+    # an 8-bit KV cache (lesson 10, C37)
+    (kvquant.quantize_cache, "non-tensor", lambda: kvquant.quantize_cache([1.0]), TypeError, "x"),
+    (kvquant.quantize_cache, "int4", lambda: kvquant.quantize_cache(_cache(), dtype="int4"), ValueError, "dtype"),
+    (kvquant.quantize_cache, "block_size 0", lambda: kvquant.quantize_cache(_cache(), block_size=0), ValueError,
+     "block_size"),
+    (kvquant.dequantize, "a plain tensor", lambda: kvquant.dequantize(_cache()), TypeError, "cache"),
+    (kvquant.error_bound, "a plain tensor", lambda: kvquant.error_bound(_cache(), _cache()), TypeError, "cache"),
+    (kvquant.error_bound, "x of another shape",
+     lambda: kvquant.error_bound(kvquant.quantize_cache(_cache()), _cache()[:, :, :5]), ValueError, "x"),
+    (kvquant.bytes_per_token, "int4", lambda: kvquant.bytes_per_token(1, 1, 16, dtype="int4"), ValueError, "dtype"),
+    (kvquant.bytes_per_token, "layers 0", lambda: kvquant.bytes_per_token(0, 1, 16, dtype="int8"), ValueError,
+     "layers"),
+    (kvquant.decode_quantized, "float cache",
+     lambda: kvquant.decode_quantized(torch.randn(1, 2, 1, 16), _cache(), _cache(), torch.tensor([20])), TypeError,
+     "k_cache"),
+    (kvquant.QuantizedKVCache, "int4", lambda: kvquant.QuantizedKVCache(1, 2, 32, 16, quant="int4"), ValueError,
+     "quant"),
+    (kvquant.decode_losses, "not a GPT",
+     lambda: kvquant.decode_losses("x", torch.zeros(1, 5, dtype=torch.long), []), TypeError, "model"),
+    # StreamingLLM's rolling cache (lesson 10, C28)
+    (streaming.StreamingCache, "negative sinks", lambda: streaming.StreamingCache(1, 2, 16, sinks=-1, window=4),
+     ValueError, "sinks"),
+    (streaming.streaming_attend, "non-tensor q",
+     lambda: streaming.streaming_attend([1.0], streaming.StreamingCache(1, 2, 16, sinks=1, window=4)), TypeError,
+     "q"),
+    (streaming.streaming_attend, "not a StreamingCache",
+     lambda: streaming.streaming_attend(torch.randn(1, 2, 1, 16), "x"), TypeError, "cache"),
+    (streaming.streaming_losses, "not a GPT", lambda: streaming.streaming_losses("x", torch.zeros(1, 5).long()),
+     TypeError, "model"),
+    # prefix sharing on a paged cache (lesson 10, C36)
+    (prefix.PagedKVPool, "num_blocks 0", lambda: prefix.PagedKVPool(0, 1, 16, 16), ValueError, "num_blocks"),
+    (prefix.PagedKVPool, "non-tensor k_new", lambda: _pool_with_sequence().append(0, [1.0], _cache()[0]), TypeError,
+     "k_new"),
+    (prefix.PagedKVPool, "unknown sequence", lambda: _pool_with_sequence().fork(7), ValueError, "seq"),
+    (prefix.prefix_sharing_blocks, "negative prefix", lambda: prefix.prefix_sharing_blocks(-1, [3], 16), ValueError,
+     "prefix_len"),
+    (prefix.prefix_sharing_blocks, "an int of suffixes", lambda: prefix.prefix_sharing_blocks(3, 5, 16), TypeError,
+     "suffix_lens"),
+    (prefix.prefix_sharing_blocks, "no suffixes", lambda: prefix.prefix_sharing_blocks(3, [], 16), ValueError,
+     "suffix_lens"),
+    # multi-head latent attention (lesson 10, C34)
+    (MLA, "odd d_rope", lambda: _mla(d_rope=15), ValueError, "d_rope"),
+    (MLA, "non-tensor x", lambda: _mla()([1.0]), TypeError, "x"),
+    (MLA, "2-D x", lambda: _mla()(torch.randn(2, 64)), ValueError, "x"),
+    (MLA, "wrong width", lambda: _mla()(torch.randn(1, 3, 32)), ValueError, "x"),
 ]
 
 
@@ -349,10 +436,12 @@ NO_TENSORS = {
     "attnlab.kernels.block_mask.random_mask": "sizes, a density and a seed",
     "attnlab.kernels.block_mask.full_mask": "sizes",
     "attnlab.sparse.n_blocks": "two ints (a ceil division)",
+    "attnlab.kvquant.QuantizedCache": "a result of quantize_cache (its functions check what they are given)",
 }
 
 PUBLIC_MODULES = ["attnlab.attention", "attnlab.tiled", "attnlab.approx", "attnlab.iomodel", "attnlab.memory",
-                  "attnlab.measure", "attnlab.sparse", "attnlab.kernels"] + [
+                  "attnlab.measure", "attnlab.sparse", "attnlab.kvquant", "attnlab.streaming", "attnlab.prefix",
+                  "attnlab.mla", "attnlab.kernels"] + [
     f"attnlab.kernels.{m.name}" for m in pkgutil.iter_modules(attnlab.kernels.__path__) if not m.name.startswith("_")]
 
 
