@@ -265,7 +265,7 @@ LAYER_KINDS = ("dense", "local", "selected", "delta")
 def layout_from_ratio(kind_a, n_a, kind_b, n_b, n_layers):
     """``n_a`` layers of ``kind_a`` then ``n_b`` of ``kind_b``, repeated and cut to ``n_layers``.
 
-    Gemma 3 interleaves 5 local layers per global one (arXiv:2503.19786, section 2.1);
+    Gemma 3 interleaves 5 local layers per global one (arXiv:2503.19786, its architecture section);
     Qwen3-Next 3 Gated DeltaNet layers per attention layer. A model with fewer layers than one
     period keeps only the first kind: with 4 layers write the idea as 3:1.
 
