@@ -185,9 +185,12 @@ def test_the_inline_check_reads_the_cells_the_learner_ran_as_the_grader_reads_th
     fixed = "def context_vector(s, h, mask=None):\n    e = s.exp()\n    return e / e.sum(-1, keepdim=True), SWAPS\n"
     ns = {"In": ["", data, first, fixed], "context_vector": types.SimpleNamespace()}
     assert shortcuts.in_namespace(ns, ["context_vector"], patterns, given) == []
-    reads_model = {"In": ["", data, "def context_vector(s, h, mask=None):\n    return RNNsearch, SWAPS\n"]}
-    assert shortcuts.in_namespace(reads_model, ["context_vector"], patterns, given) == []
-    assert shortcuts.in_namespace(reads_model, ["context_vector"], patterns) != []  # without the given cells known
+    answer = "def context_vector(s, h, mask=None):\n    return RNNsearch, SWAPS\n"
+    reads_model = {"In": ["", data, answer]}
+    # the answer reads the course's model, which the given cell imports: the grader resolves it through the given
+    # cells (all of the notebook's code) and so does the inline check
+    assert shortcuts.uses([answer], patterns, given + [answer]) != []
+    assert shortcuts.in_namespace(reads_model, ["context_vector"], patterns, given) != []
     assert shortcuts.in_namespace(ns, ["context_vector"], patterns) == []  # SWAPS's statements import no model
     ns["In"] += ["import torch\n_sm = torch.softmax\n", "def context_vector(s, h, mask=None):\n    return _sm(s, -1)\n"]
     assert [n for n, _ in shortcuts.in_namespace(ns, ["context_vector"], patterns, given)] == ["torch.softmax"]

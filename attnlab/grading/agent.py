@@ -266,6 +266,34 @@ def verify(fn, args, kwargs):
         source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
 
 
+def outside_subset(fn):
+    """Why the Python function of a kernel is outside the Triton subset ``attnlab grade`` accepts
+    (:func:`attnlab.grading.isolated.not_triton`), read from its source with the names of its module: constants
+    (numbers, strings, Triton's constexpr and dtypes) and other kernels; None when it is inside, or when its source
+    cannot be read here (the grader reads it from the notebook's text)."""
+    import ast
+    import inspect
+    import textwrap
+
+    import triton.language as tl
+
+    from attnlab._interp_hooks import kernel_function
+    from attnlab.grading.triton_subset import not_triton
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef)), None)
+    if node is None:
+        return None
+    scope = fn.__globals__
+    kernels = {n for n, v in scope.items() if kernel_function(v) is not None}
+    constants = {n for n, v in scope.items() if n not in kernels and (
+        isinstance(v, (bool, int, float, str, tl.constexpr, tl.dtype)) or v is None)}
+    return not_triton(node, constants, kernels)
+
+
 def verifier(name, obj, req, verified):
     """What runs before each launch of the kernel ``obj`` for ``req``: :func:`verify` once per signature (the keys
     in ``verified``), raising :class:`Refused` with Triton's reason."""
@@ -277,6 +305,9 @@ def verifier(name, obj, req, verified):
         key = (name, repr([(type(a).__name__, getattr(a, "dtype", None)) for a in args]),
                repr(sorted(req.get("kwargs", {}).items())))
         if key not in verified:
+            why = outside_subset(fn)    # read first, as attnlab grade reads it (isolated.not_triton)
+            if why is not None:
+                raise Refused(f"`{name}` is not Triton code the grader accepts: {why}")
             try:
                 verify(fn, args, req.get("kwargs", {}))
             except Exception as exc:

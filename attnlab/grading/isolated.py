@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 
 from attnlab.grading.runner import Dead, Sandboxed, _receive, _send, frames
+from attnlab.grading.triton_subset import _CALLS, _NAMES, _language_names, not_triton
 
 _JIT = {"triton.jit", "jit", "triton.autotune", "triton.heuristics"}
 _FILENAME = "<the notebook's @triton.jit functions>"
@@ -36,14 +37,6 @@ def _decorator_name(node):
     return ast.unparse(node.func if isinstance(node, ast.Call) else node)
 
 
-_DTYPES = ("float16", "float32", "float64", "bfloat16", "int1", "int8", "int16", "int32", "int64", "uint8", "uint16",
-           "uint32", "uint64", "float8e4nv", "float8e5")
-# the names a constant may use: Triton's dtypes and constexpr, math's constants and functions, and nothing bound by
-# the notebook (a constant or kernel is never named math, tl, triton, float, int or bool)
-_NAMES = {f"{m}.{n}" for m in ("tl", "triton.language") for n in ("constexpr", *_DTYPES)} | {
-    f"math.{n}" for n in ("pi", "e", "tau", "inf", "nan")}
-_CALLS = {"tl.constexpr", "triton.language.constexpr", "float", "int", "bool"} | {
-    f"math.{n}" for n in ("log", "log2", "log10", "exp", "exp2", "sqrt", "ceil", "floor", "pow", "isqrt")}
 _RESERVED = {"math", "tl", "triton", "float", "int", "bool"}
 _OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
 
@@ -104,7 +97,7 @@ def kernel_module(sources):
     from attnlab.grading.layout import _defined as defined_here
     from attnlab.grading.shortcuts import _parse
 
-    kernels, constants, defined, todo, refused = {}, {}, set(), set(), {}
+    kernels, nodes, constants, defined, todo, refused = {}, {}, {}, set(), set(), {}
     for source in sources:
         tree = _parse(source)
         if tree is None:
@@ -125,6 +118,7 @@ def kernel_module(sources):
                     continue
                 refused.pop(node.name, None)
                 kernels[node.name] = ast.unparse(node)
+                nodes[node.name] = node
                 if any(isinstance(n, ast.Raise) and "NotImplementedError" in ast.unparse(n) for n in ast.walk(node)):
                     todo.add(node.name)
                 else:
@@ -144,6 +138,12 @@ def kernel_module(sources):
                     value = _constant(node.value, constants)
                     if value is not None and len(ast.unparse(value)) < 4000:
                         constants[target[0].id] = value
+    language = _language_names()
+    for name in [n for n in kernels if n not in todo]:   # the exercise's skeleton is said to be not implemented
+        why = not_triton(nodes[name], constants, kernels, language)
+        if why is not None:
+            del kernels[name]
+            refused[name] = f"`{name}` is not Triton code the grader accepts: {why}"
     text = "\n\n".join(["import math", "import triton", "import triton.language as tl",
                         *(f"{name} = {ast.unparse(value)}" for name, value in constants.items()),
                         *kernels.values()]) + "\n"

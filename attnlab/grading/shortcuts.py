@@ -268,6 +268,58 @@ def _passed(tree):
     return {id(n) for n in out}
 
 
+def _bound(tree, names):
+    """{name: dotted name} for what ``tree`` binds to a resolvable name by assignment, a parameter's default or the
+    walrus (``_t = torch``, ``def f(x, sm=torch.softmax)``, ``(F := torch.nn.functional)``): ordinary Python that
+    holds a forbidden object under another name. Followed to a fixed point, so ``a = torch; b = a.softmax`` works."""
+    out = {}
+    while True:
+        grown = False
+        known = {**names, **out}
+        for node in ast.walk(tree):
+            pairs = []
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                pairs = [(t.id, node.value) for t in targets if isinstance(t, ast.Name)]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                positional = a.posonlyargs + a.args
+                pairs = list(zip([x.arg for x in positional[len(positional) - len(a.defaults):]], a.defaults))
+                pairs += [(x.arg, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            for name, value in pairs:
+                dotted = _dotted(value, known)
+                if dotted is not None and out.get(name) != dotted and names.get(name) != dotted:
+                    out[name], grown = dotted, True
+        if not grown:
+            return out
+
+
+# reading a name the syntax cannot follow: refused outright in a part's code, whatever it reaches
+DYNAMIC = {"vars": "vars()", "globals": "globals()", "locals": "locals()", "compile": "compile()",
+           "__builtins__": "__builtins__", "breakpoint": "breakpoint()"}
+DYNAMIC_DOTTED = ("sys.modules", "operator.attrgetter", "operator.methodcaller", "builtins.getattr",
+                  "inspect.getmembers", "types.FunctionType", "types.CodeType")
+
+
+def _dynamic(node, local, shadowed):
+    """A description of ``node`` when it reaches an object by a name the syntax cannot read, else None: ``getattr``
+    with a computed name, ``vars()``, ``globals()``, ``sys.modules``, ``x.__dict__``, ``operator.attrgetter``, ..."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+            and node.func.id not in shadowed and len(node.args) >= 2 and not (
+                isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        return f"{node.func.id}() with a computed name"
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in DYNAMIC and node.id not in shadowed:
+        return DYNAMIC[node.id]
+    if isinstance(node, ast.Attribute) and node.attr in ("__dict__", "__globals__", "__builtins__", "__code__",
+                                                         "__closure__", "__subclasses__", "__getattribute__"):
+        return f".{node.attr}"
+    if isinstance(node, ast.Attribute):
+        dotted = _dotted(node, local)
+        if dotted is not None and any(dotted == d or dotted.startswith(d + ".") for d in DYNAMIC_DOTTED):
+            return dotted
+    return None
+
+
 def uses(sources, patterns, all_sources=None):
     """[(forbidden name, line)] in ``sources`` (cells), with imports read from ``all_sources``.
 
@@ -279,7 +331,7 @@ def uses(sources, patterns, all_sources=None):
     own = {n.name for source in everything for n in ast.walk(_parse(source) or ast.Module(body=[], type_ignores=[]))
            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     names = {k: v for k, v in {**BUILTINS, **aliases(everything)}.items() if k not in own}  # the learner's def wins
-    methods = {p.rsplit(".", 1)[1] for p in patterns if p.startswith("torch.Tensor.")} - mine
+    methods = {p.rsplit(".", 1)[1] for p in patterns if p.startswith("torch.Tensor.")}
     patterns = list(patterns) + _escapes(patterns)
     found = []
     for source in sources:
@@ -288,8 +340,14 @@ def uses(sources, patterns, all_sources=None):
             continue
         local = dict(names)
         local.update(aliases([source]))
+        local.update(_bound(tree, local))
+        shadowed = own | {k for k in aliases(everything + [source])}   # the learner's own `vars`, an imported one
         passed = _passed(tree)
         for node in ast.walk(tree):
+            dynamic = _dynamic(node, local, shadowed)
+            if dynamic is not None:
+                found.append((f"{dynamic} (a name the grader cannot read)", getattr(node, "lineno", 0)))
+                continue
             name = None
             if isinstance(node, (ast.Attribute, ast.Name, ast.Call, ast.Subscript)):
                 name = _dotted(node, local)
@@ -323,7 +381,9 @@ def uses(sources, patterns, all_sources=None):
                 # learner who resets it through /proc/self/clear_refs would hide an N x N matrix
                 found.append(("/proc/self/clear_refs (named in a string)", node.lineno))
                 continue
-            if isinstance(node, ast.Attribute) and node.attr in methods and _dotted(node, local) is None:
+            if isinstance(node, ast.Attribute) and node.attr in methods and _dotted(node, local) is None and not (
+                    node.attr in mine and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                # x.softmax(...) is the Tensor's; only self.softmax(...) in a class that defines one is the learner's
                 found.append((f"torch.Tensor.{node.attr}", node.lineno))
     # one report per name and line (an attribute chain matches at several depths)
     seen, out = set(), []

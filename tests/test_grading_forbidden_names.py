@@ -1,0 +1,48 @@
+"""A forbidden call is read by what the names hold, not by how it is spelled (docs/grading.md): an alias made by
+assignment, a parameter's default or the walrus is followed, a name the syntax cannot follow (getattr with a
+computed name, vars(), sys.modules, operator's getters, a dunder) is refused outright, and an unused class with a
+``softmax`` method no longer turns the ``x.softmax(...)`` rule off. Honest answers keep their points."""
+
+import pytest
+
+from attnlab.grading.shortcuts import uses
+
+PATTERNS = ["torch.softmax", "torch.Tensor.softmax", "torch.nn.functional.softmax"]
+
+FORGED = {
+    "assignment": "import torch\n_t = torch\ndef f(x):\n    return _t.softmax(x, -1)\n",
+    "a chain of assignments": "import torch\na = torch\nb = a.softmax\ndef f(x):\n    return b(x, -1)\n",
+    "a default argument": "import torch\ndef f(x, sm=torch.softmax):\n    return sm(x, -1)\n",
+    "a keyword-only default": "import torch.nn.functional as F\ndef f(x, *, sm=F.softmax):\n    return sm(x, -1)\n",
+    "the walrus": "import torch\ndef f(x):\n    return (t := torch).softmax(x, -1)\n",
+    "sys.modules": "import sys\ndef f(x):\n    return sys.modules['tor' + 'ch'].special.softmax(x, -1)\n",
+    "vars": "import torch\ndef f(x):\n    return vars(torch).get('soft' + 'max')(x, -1)\n",
+    "globals": "def f(x):\n    return globals()['tor' + 'ch'].softmax(x, -1)\n",
+    "operator.attrgetter": "import operator, torch\ndef f(x):\n    return operator.attrgetter('softmax')(torch)(x, -1)\n",
+    "operator.methodcaller": "import operator\ndef f(x):\n    return operator.methodcaller('softmax', -1)(x)\n",
+    "getattr with a computed name": "import torch\ndef f(x):\n    return getattr(torch, 'soft' + 'max')(x, -1)\n",
+    "__dict__": "import torch\ndef f(x):\n    return torch.__dict__['soft' + 'max'](x, -1)\n",
+    "an unused class with a softmax method": "class A:\n    def softmax(self):\n        pass\n\n"
+                                             "def f(x):\n    return x.softmax(-1)\n",
+}
+
+HONEST = {
+    "the max subtracted by hand": "import torch\ndef f(x):\n    m = x.amax(-1, keepdim=True)\n    e = torch.exp(x - m)\n"
+                                  "    return e / e.sum(-1, keepdim=True)\n",
+    "a method of the learner's own class": "class A:\n    def softmax(self, x):\n        e = x.exp()\n"
+                                           "        return e / e.sum(-1, keepdim=True)\n\n"
+                                           "    def __call__(self, x):\n        return self.softmax(x)\n",
+    "getattr with a literal name": "def f(x):\n    return getattr(x, 'shape')[0]\n",
+    "an alias of an allowed function": "import torch\nexp = torch.exp\ndef f(x):\n    e = exp(x - x.max())\n"
+                                       "    return e / e.sum()\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(FORGED))
+def test_a_forbidden_call_by_another_spelling_is_found(how):
+    assert uses([FORGED[how]], PATTERNS), how
+
+
+@pytest.mark.parametrize("how", sorted(HONEST))
+def test_honest_code_is_not_charged(how):
+    assert uses([HONEST[how]], PATTERNS) == [], how
