@@ -16,7 +16,7 @@ Read top to bottom:
    to q and k (``positions="rope"``), and a KV cache for decoding (lesson 10).
 3. ``Block``: pre-LayerNorm, ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``.
 4. ``GPT``: token embedding plus positions (learned, or Vaswani et al.'s sinusoids; or rotary,
-   inside attention), the blocks, a final LayerNorm and a read-out that shares its weights with
+   inside attention; or none, NoPE), the blocks, a final LayerNorm and a read-out that shares its weights with
    the token embedding (weight tying, Press and Wolf 2017), cross-entropy on the next token.
    ``generate`` decodes with a KV cache per layer by default (``prefill`` then ``decode_step``):
    each token's K and V are computed and written once, and only the newest query attends;
@@ -56,7 +56,7 @@ __all__ = ["BACKENDS", "POSITIONS", "attention_backend", "sinusoidal_positions",
            "LayerInputs", "layout_from_ratio"]
 
 BACKENDS = ("sdpa", "reference", "flash", "standard", "block_sparse")
-POSITIONS = ("learned", "sinusoidal", "rope")
+POSITIONS = ("learned", "sinusoidal", "rope", "none")
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)   # head sizes attnlab's Triton kernels support
 
 
@@ -572,7 +572,8 @@ class GPT(nn.Module):
 
     ``vocab_size`` tokens; at most ``block_size`` positions; ``d_model`` split over ``n_heads``
     heads; ``n_layers`` blocks with MLPs of width ``d_mlp`` (default ``4 * d_model``);
-    ``positions`` "learned", "sinusoidal" or "rope" (rotary, applied to q and k in every layer);
+    ``positions`` "learned", "sinusoidal", "rope" (rotary, applied to q and k in every layer) or
+    "none" (NoPE: no position at all; the causal mask still leaks order, Haviv et al. 2022);
     ``n_kv_heads`` key/value heads (default ``n_heads``; fewer is grouped-query attention, 1 is
     multi-query); ``attention`` one of ``BACKENDS`` or a callable
     ``fn(q, k, v, is_causal=True)``; ``block_mask`` for "block_sparse" (built for
@@ -726,8 +727,8 @@ class GPT(nn.Module):
         tok = self.tok_emb(idx)                                           # (B, T, C)
         if self.config["positions"] == "learned":
             return tok + self.pos_emb(pos)                                # (B, T, C)
-        if self.config["positions"] == "rope":
-            return tok                                                    # (B, T, C)
+        if self.config["positions"] in ("rope", "none"):
+            return tok                                                    # (B, T, C): nothing added
         return tok + self.pos_table[start:start + T]                      # (B, T, C)
 
     def forward(self, idx, targets=None):
