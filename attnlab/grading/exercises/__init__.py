@@ -21,7 +21,7 @@ Part = namedtuple("Part", "id title points names kind", defaults=((), "auto"))
 KINDS = ("auto", "experiment", "manual")
 
 # in course order; each is attnlab.grading.exercises.<package>
-PACKAGES = ["e01", "e02", "e03", "e04", "e05", "e06", "e07", "e08", "e09", "e10", "e11"]
+PACKAGES = ["e01", "e02", "e03", "e04", "e05", "e06", "e07", "e08", "e09", "e10", "e11", "e12"]
 
 # groups of what an answer may not call ("pkg.*": every function and class of pkg and its submodules;
 # "Class.method": one method)

@@ -1,0 +1,571 @@
+"""The checks of exercise 12_beyond_dense (one ``@CHECKS(part id)`` per graded part).
+
+- ``causal-topk``: the learner's selection against ``attnlab.sparse.select_blocks`` on random block scores
+  (3-D and 4-D, n_q_blocks != n_k_blocks, blocks scored -inf, topk larger than the blocks, all scores negative);
+- ``selected-kernel``: the learner's Triton kernel, launched by the grader under guard
+  (:func:`attnlab.grading.kernel_check.run_guarded`) on selections made by the library's ``select_blocks``,
+  against ``attnlab.sparse.selected_attention_reference``; in Triton's interpreter every load is recorded, so a
+  kernel that loads a key block its query block did not select fails, and the bytes are held to a budget:
+  Q read once, K and V of each selected block once per query block that selected it, O written once;
+- ``delta-recurrence``: the gated delta rule token by token against ``attnlab.linear_attention.delta_rule_recurrent``
+  (gates, d_k != d_v, an initial state, a scale), output and final state;
+- ``delta-chunked``: the chunkwise form against the same recurrence on ragged lengths and chunk sizes that do not
+  divide them (1, larger than N), and its peak memory at N = 4096 (:func:`attnlab.grading.footprint.peak_growth`):
+  an N x N matrix (the whole sequence as one chunk, or the parallel form) or a state kept per token is 64 MiB there,
+  and the part scores only under 24 MiB;
+- ``state-vs-cache``: the experiment's bytes, reproduced here by ``attnlab.iomodel.kv_cache_bytes`` and
+  ``attnlab.linear_attention.recurrent_state_bytes`` at parameters drawn from the grader's seed.
+
+**What "chunkwise" can and cannot mean to this grader.** The chunked form gives the recurrence's numbers (that is
+its point), so the outputs cannot tell a chunked function from a loop over the tokens. From outside the learner's
+process the grader sees only what the operating system reports: peak memory shows an N x N matrix and a state per
+token (the two ways a chunked answer goes wrong in memory), so both are checked. A loop over the tokens that keeps
+one state costs about as much memory as the chunked form and differs only in time (N steps of vector work instead
+of N / C of matmuls) and in operation counts; an operation count taken inside the learner's process is the learner's
+word, and CPU time on a shared machine is noise within a factor of a few: neither is used, so such a loop passes the
+check (the written part asks why it would be slow on a GPU). The syntax check refuses the library's delta rule and
+its kernel as the answer.
+"""
+
+import math
+
+import torch
+
+from attnlab.grading.core import Fail, Mistake, Registry, check_function, gen as _gen, randn as _randn
+from attnlab.grading.exercises.e12 import spec as specs
+from attnlab.grading.footprint import peak_growth
+from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, labelled, run_guarded
+
+CHECKS = Registry()
+
+NEG_INF = float("-inf")
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. the causal top-k selection
+# ---------------------------------------------------------------------------------------------
+
+def _topk_cases():
+    cases = []
+    for seed, (label, shape, topk, how) in enumerate([
+            ("B=1, 4 x 4 blocks, topk=2", (1, 4, 4), 2, "randn"),
+            ("B=2, H=2, 5 x 5 blocks, topk=3 (4-D: one selection per head)", (2, 2, 5, 5), 3, "randn"),
+            ("B=1, 6 x 6 blocks, topk=1: the diagonal only", (1, 6, 6), 1, "randn"),
+            ("B=2, 5 x 5 blocks, topk=3, every score negative", (2, 5, 5), 3, "negative"),
+            ("B=1, 6 x 6 blocks, topk=3, a third of the past blocks scored -inf", (1, 6, 6), 3, "holes"),
+            ("B=1, 3 x 3 blocks, topk=5 (more slots than key blocks)", (1, 3, 3), 5, "randn"),
+            ("B=1, 4 query blocks, 6 key blocks, topk=2", (1, 4, 6), 2, "randn"),
+            ("B=1, 6 query blocks, 4 key blocks, topk=2 (no diagonal block for query blocks 4 and 5)",
+             (1, 6, 4), 2, "randn")]):
+        g = _gen(12_000 + seed)
+        s = _randn(g, *shape)
+        if how == "negative":
+            s = s - 4.0
+        if how == "holes":
+            s = s.masked_fill(torch.rand(*shape, generator=g) < 0.33, NEG_INF)
+        cases.append((label, (s, topk), {}))
+    return cases
+
+
+def _select_with(future="-inf", diagonal="forced", free="-1", order="ascending", widen=True):
+    """A wrong select_blocks: future "-inf" | "zero" | "none"; diagonal "forced" | "free" | "masked";
+    free slots "-1" | "kept" | "zero"; order "ascending" | "rank" | "pad-first"; widen: pad to topk columns."""
+    def impl(block_scores, topk):
+        s = block_scores.float().clone()
+        nqb, nkb = s.shape[-2:]
+        i = torch.arange(nqb)[:, None]
+        j = torch.arange(nkb)[None, :]
+        future_mask = (j >= i) if diagonal == "masked" else (j > i)
+        if future != "none":
+            s = s.masked_fill(future_mask, NEG_INF if future == "-inf" else 0.0)
+        if diagonal == "forced":
+            s = s.masked_fill(j == i, float("inf"))
+        kk = min(topk, nkb)
+        values, ids = s.topk(kk, dim=-1)
+        unused = values == NEG_INF
+        if free == "kept":
+            unused = torch.zeros_like(unused)
+        if order == "rank":
+            ids = torch.where(unused, -1, ids)
+        elif order == "pad-first":
+            ids = torch.where(unused, -1, ids).sort(dim=-1).values
+        else:
+            ids = torch.where(unused, nkb, ids).sort(dim=-1).values
+            ids = torch.where(ids == nkb, 0 if free == "zero" else -1, ids)
+        if free == "zero":
+            ids = torch.where(ids < 0, 0, ids)
+        if widen and kk < topk:
+            ids = torch.cat([ids, ids.new_full((*ids.shape[:-1], topk - kk), 0 if free == "zero" else -1)], -1)
+        return ids.to(torch.int32)
+    return impl
+
+
+_TOPK_MISTAKES = [
+    Mistake("future-selected", "future key blocks are selected: a query block i may never select a block j > i "
+            "(its keys all come after its queries); give them -inf before ranking", _select_with(future="none")),
+    Mistake("future-masked-with-zero", "the future blocks are set to 0, not -inf: when the scores of the past are "
+            "negative a future block outranks them; mask with float('-inf')", _select_with(future="zero")),
+    Mistake("diagonal-not-kept", "the diagonal block (j == i) is not always selected: a query must at least see "
+            "itself, so give the diagonal +inf before ranking", _select_with(diagonal="free")),
+    Mistake("diagonal-masked-as-future", "the diagonal block is masked with the future (j >= i): it holds the query "
+            "itself and keys before it; only j > i is the future, and j == i is always kept",
+            _select_with(diagonal="masked")),
+    Mistake("unselectable-slots-kept", "a slot whose block was scored -inf (a future block, or one the indexer "
+            "ruled out) is kept as a real id: when fewer than topk blocks can be selected, the rest of the slots "
+            "are -1", _select_with(free="kept")),
+    Mistake("ids-not-sorted", "the ids are in the order of their scores: list them in ascending order, -1s last",
+            _select_with(order="rank")),
+    Mistake("padding-first", "the -1 slots come first: sort the real ids ascending and put the -1s after them "
+            "(sort with a stand-in larger than any id, e.g. n_k_blocks, then turn it into -1)",
+            _select_with(order="pad-first")),
+    Mistake("padding-zero", "the free slots hold 0, which is a real block id: mark them -1", _select_with(free="zero")),
+    Mistake("not-padded-to-topk", "with fewer key blocks than topk the answer has n_k_blocks columns: it always has "
+            "topk columns, the extra ones -1", _select_with(widen=False)),
+]
+
+
+@CHECKS("causal-topk")
+def _check_topk(ns):
+    n = check_function(ns, "select_blocks", specs.select_blocks, _topk_cases(), _TOPK_MISTAKES, rtol=0, atol=0)
+    return (f"{n} selections equal the indexer's causal top-k (3-D and 4-D scores, -inf blocks, negative scores, "
+            f"topk above the number of blocks, n_q_blocks != n_k_blocks)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. the selected-block kernel
+# ---------------------------------------------------------------------------------------------
+
+_BUDGET = "Q read once, K and V of each selected block once per query block that selected it, O written once"
+
+# (label, BH, N, D, BLOCK, topk, amplitude of q and k): the first two have no ragged block, so an out-of-bounds
+# load there comes from a -1 slot read as a block, not from the end of the sequence
+_KERNEL_CASES = [("BH=2, N=64, D=16, BLOCK=16, topk=1 (the diagonal block only)", 2, 64, 16, 16, 1, 1.0),
+                 ("BH=2, N=64, D=16, BLOCK=16, topk=2 (query block 0 has a -1 slot)", 2, 64, 16, 16, 2, 1.0),
+                 ("BH=2, N=50, D=16, BLOCK=16, topk=3, ragged N", 2, 50, 16, 16, 3, 1.0),
+                 ("BH=1, N=80, D=16, BLOCK=16, topk=5 (every past block: causal attention)", 1, 80, 16, 16, 5, 1.0),
+                 ("BH=3, N=72, D=32, BLOCK=16, topk=2, large scores", 3, 72, 32, 16, 2, 5.0),
+                 ("BH=2, N=70, D=16, BLOCK=32, topk=2, ragged N", 2, 70, 16, 32, 2, 1.0)]
+_KERNEL_SCALES = (0.3, 0.55, 0.2, 0.4, 0.12, 0.35)
+
+
+def _kernel_cases():
+    cases = []
+    for seed, (label, bh, n, d, bs, topk, amp) in enumerate(_KERNEL_CASES):
+        g = _gen(12_100 + seed)
+        q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
+        nqb = cdiv(n, bs)
+        block_indices = specs.select_blocks(_randn(g, bh, nqb, nqb), topk)     # (BH, nqb, topk), per head
+        scale = _KERNEL_SCALES[seed % len(_KERNEL_SCALES)]
+        cases.append((f"{label}, scale={scale}", q, k, v, scale, block_indices, bs))
+    return cases
+
+
+def _selected_with(pad="skip", causal="le", rescale=True, counter=False, head_zero=False, drop_last=False,
+                   scale_arg=True):
+    """A wrong kernel, as the kernel computes it: per (head, query block) lesson 07's online softmax over the
+    slots of its list, in slot order. q, k, v (BH, N, D); block_indices (BH, n_qb, topk)."""
+    def impl(q, k, v, scale, block_indices, block):
+        bh, n, d = q.shape
+        nqb = cdiv(n, block)
+        topk = block_indices.shape[-1]
+        if not scale_arg:
+            scale = d ** -0.5
+        kp, vp = k.new_zeros(bh, nqb * block, d), v.new_zeros(bh, nqb * block, d)
+        kp[:, :n], vp[:, :n] = k, v
+        qp = q.new_zeros(bh, nqb * block, d)
+        qp[:, :n] = q
+        out = torch.empty(bh, nqb * block, d)
+        for h in range(bh):
+            for m in range(nqb):
+                rows = torch.arange(m * block, (m + 1) * block)
+                m_i = torch.full((block,), NEG_INF)
+                l_i = torch.zeros(block)
+                acc = torch.zeros(block, d)
+                for slot in range(topk - 1 if drop_last else topk):
+                    j = slot if counter else int(block_indices[0 if head_zero else h, m, slot])
+                    if j < 0:
+                        if pad == "skip":
+                            continue
+                        j = 0
+                    if j >= nqb:   # past the keys: every load masked, every score -inf
+                        continue
+                    cols = torch.arange(j * block, (j + 1) * block)
+                    s = qp[h, rows] @ kp[h, cols].T * scale
+                    s = s.masked_fill(cols[None, :] >= n, NEG_INF)
+                    if causal == "le":
+                        s = s.masked_fill(cols[None, :] > rows[:, None], NEG_INF)
+                    elif causal == "lt":
+                        s = s.masked_fill(cols[None, :] >= rows[:, None], NEG_INF)
+                    m_new = torch.maximum(m_i, s.amax(1))
+                    m_safe = torch.where(m_new == NEG_INF, torch.zeros_like(m_new), m_new)
+                    alpha = torch.exp(m_i - m_safe)
+                    p = torch.exp(s - m_safe[:, None])
+                    l_i = l_i * alpha + p.sum(1)
+                    acc = (acc * alpha[:, None] if rescale else acc) + p @ vp[h, cols]
+                    m_i = m_new
+                out[h, rows] = acc / l_i[:, None]
+        return out[:, :n]
+    return impl
+
+
+_KERNEL_MISTAKES = [
+    Mistake("padding-as-block-zero", "a -1 slot is read as block 0 (tl.maximum(j, 0), or a where that maps it): "
+            "block 0 then counts once more in the softmax; skip a slot whose id is negative",
+            _selected_with(pad="zero")),
+    Mistake("causal-mask-missing", "no causal mask: on the diagonal block a query sees the keys after it; set "
+            "scores with offs_n[None, :] > offs_m[:, None] to -inf", _selected_with(causal="none")),
+    Mistake("causal-diagonal-excluded", "the causal mask also removes the query's own key (offs_n < offs_m): a "
+            "query sees keys j <= i, itself included", _selected_with(causal="lt")),
+    Mistake("acc-not-rescaled", "the accumulator is not rescaled when the running max grows: "
+            "acc = acc * alpha[:, None] + tl.dot(p, v)", _selected_with(rescale=False)),
+    Mistake("counter-as-block-index", "the loop counter is used as the block id: slot i holds the id "
+            "j = tl.load(block_indices + row * topk + i)", _selected_with(counter=True)),
+    Mistake("head-offset-forgotten", "every head reads head 0's selection: the list of program (pid_m, pid_h) starts "
+            "at block_indices + (pid_h * n_qb + pid_m) * topk", _selected_with(head_zero=True)),
+    Mistake("last-slot-skipped", "the last slot of each list is never visited: the loop runs over all topk slots, "
+            "range(0, topk)", _selected_with(drop_last=True)),
+    Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) written in?): "
+            "multiply the scores by `scale`", _selected_with(scale_arg=False)),
+]
+
+PADDING_READ = Mistake(
+    "padding-slot-read", "a -1 slot is loaded as a block: j = -1 points BLOCK rows before the head's first key, "
+    "outside K and V. Only a slot with j >= 0 is a selected block: do the loads and the update under `if j >= 0:`",
+    None)
+UNSELECTED_LOADED = Mistake(
+    "unselected-blocks-loaded", "the kernel loads K/V of key blocks its query block did not select: the output is "
+    "right, but the bytes are those of dense attention, which is what selection exists to avoid. Load only block "
+    "j = block_indices[..., i] for each slot with j >= 0", None)
+
+
+def _attention_buffers(q, k, v, pad_rows=16):
+    """q, k, v and the output o, each inside sentinel memory with ``pad_rows`` extra rows per head."""
+    return {"q": {"data": q, "pad_rows": pad_rows}, "k": {"data": k, "pad_rows": pad_rows},
+            "v": {"data": v, "pad_rows": pad_rows}, "o": {"shape": list(q.shape), "output": True, "pad_rows": pad_rows}}
+
+
+def _rows_in(j, block, n):
+    return max(0, min(n, (j + 1) * block) - j * block)
+
+
+def _stray(loaded, block_indices, block, n, what):
+    """None when each program loaded only rows of its own head's selected blocks, else a sentence."""
+    for (pid_m, pid_h), seen in sorted((tuple(p[:2]), s) for p, s in loaded.items()):
+        allowed = torch.zeros_like(seen)
+        for j in block_indices[pid_h, pid_m].tolist():
+            if j >= 0:
+                allowed[pid_h, j * block:min(n, (j + 1) * block)] = True
+        extra = seen & ~allowed
+        if extra.any():
+            return (f"program (pid_m={pid_m}, pid_h={pid_h}) loaded {int(extra.sum())} element(s) of `{what}` "
+                    f"outside the key blocks it selected ({[j for j in block_indices[pid_h, pid_m].tolist()]})")
+    return None
+
+
+@CHECKS("selected-kernel")
+def _check_kernel(ns):
+    traced = False
+    cases = _kernel_cases()
+    for label, q, k, v, scale, block_indices, bs in cases:
+        bh, n, d = q.shape
+        nqb, topk = block_indices.shape[-2:]
+        args = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None],
+                ["dev", block_indices.contiguous()], ["stride", "o", 0], ["stride", "o", 1], ["val", n], ["val", nqb],
+                ["val", topk], ["val", scale]]
+        loads, traffic = {"k": None, "v": None}, {}
+        try:
+            got = run_guarded(ns, "selected_attn_kernel", label, _attention_buffers(q, k, v), (nqb, bh), args,
+                              {"HEAD_DIM": d, "BLOCK": bs}, ["o"], loads=loads, traffic=traffic)["o"]
+        except Fail as exc:
+            if any(m.key == "out-of-bounds-load" for m in exc.mistakes) and n % bs == 0 and \
+                    bool((block_indices < 0).any()):
+                exc.mistakes.insert(0, PADDING_READ)   # no ragged block here: the stray rows are a -1 slot's
+            raise
+        want = specs.selected_attention(q, k, v, block_indices, bs, scale)
+        named, mistakes = labelled(("Q", "K", "V", "scale", "block_indices", "BLOCK"),
+                                   (q, k, v, scale, block_indices, bs), _KERNEL_MISTAKES)
+        kernel_failure(label, "selected_attn_kernel", got, want, mistakes, (), named, uses_dot=True)
+        if loads["k"] is not None:   # the interpreter recorded every load (no such record on a GPU)
+            for name in ("k", "v"):
+                why = _stray(loads[name], block_indices, bs, n, name.upper())
+                if why:
+                    raise Fail(f"`selected_attn_kernel` on {label}: {why}", [UNSELECTED_LOADED])
+        kv = sum(_rows_in(j, bs, n) for j in block_indices.flatten().tolist() if j >= 0) * d * 4
+        qo = bh * n * d * 4
+        try:
+            traced = check_traffic("selected_attn_kernel", label, traffic,
+                                   {"q": (qo, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, qo)}, says=_BUDGET) or traced
+        except Fail as exc:   # block 0 once more for every -1 slot: the signature of a -1 read as block 0
+            pads = int((block_indices < 0).sum())
+            if pads and traffic.get("k", {}).get("load_bytes", 0) - kv == pads * _rows_in(0, bs, n) * d * 4:
+                exc.mistakes.insert(0, _KERNEL_MISTAKES[0])
+            raise
+    done = (f"{len(cases)} launches match selected attention (causal, -1 slots, ragged N, topk up to every past "
+            f"block, a scale)")
+    if not traced:
+        return done + "; that unselected blocks are never loaded, and the byte budget, are checked only in " \
+                      "Triton's interpreter (CPU): skipped on this GPU"
+    return done + ", loading K and V of the selected blocks only, each once per query block"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3-4. the gated delta rule: inputs shared by both forms
+# ---------------------------------------------------------------------------------------------
+
+def _delta_inputs(g, B, H, N, dk, dv, gate="mild", init=False):
+    """q, k (unit-norm keys, as Gated DeltaNet normalises them), v, beta in (0, 1), g <= 0 (or None), state."""
+    q = _randn(g, B, H, N, dk)
+    k = torch.nn.functional.normalize(_randn(g, B, H, N, dk), dim=-1)
+    v = _randn(g, B, H, N, dv)
+    beta = torch.sigmoid(_randn(g, B, H, N))
+    gates = None if gate is None else torch.nn.functional.logsigmoid(_randn(g, B, H, N) + (3.0 if gate == "mild"
+                                                                                              else -2.0))
+    state = _randn(g, B, H, dk, dv, scale=0.5) if init else None
+    return q, k, v, beta, gates, state
+
+
+def _recurrence_cases():
+    cases = []
+    for seed, (label, (B, H, N, dk, dv), gate, init, scale) in enumerate([
+            ("B=1, H=1, N=6, d_k=d_v=4, no gate (g=None)", (1, 1, 6, 4, 4), None, False, None),
+            ("B=2, H=2, N=9, d_k=d_v=8, gated", (2, 2, 9, 8, 8), "mild", False, None),
+            ("B=1, H=2, N=7, d_k=4, d_v=6, gated, scale=0.3", (1, 2, 7, 4, 6), "mild", False, 0.3),
+            ("B=2, H=1, N=8, d_k=d_v=4, gated, an initial state", (2, 1, 8, 4, 4), "mild", True, None),
+            ("B=1, H=2, N=10, d_k=6, d_v=4, strong gates (g ~ -2), an initial state", (1, 2, 10, 6, 4), "strong",
+             True, None)]):
+        q, k, v, beta, gates, state = _delta_inputs(_gen(12_200 + seed), B, H, N, dk, dv, gate, init)
+        kwargs = {"g": gates, **({} if scale is None else {"scale": scale}),
+                  **({} if state is None else {"initial_state": state})}
+        cases.append((label, (q, k, v, beta), kwargs))
+    return cases
+
+
+def _read(S, x, transposed=False):
+    """S^T x for S (B, H, d_k, d_v) and x (B, H, d_k): (B, H, d_v); S x (sum over d_v) when ``transposed``."""
+    return (S * x[..., None, :]).sum(-1) if transposed else (x[..., None] * S).sum(-2)
+
+
+def _recurrence_with(gate="before", read_from="decayed", correct=True, out="after", exp_gate=True,
+                     read_transposed=False, state_transposed=False, scale_rule="arg", init=True):
+    """A wrong delta_recurrence, token by token."""
+    def impl(q, k, v, beta, g=None, scale=None, initial_state=None):
+        B, H, N, dk = q.shape
+        sc = dk ** -0.5 if (scale is None or scale_rule == "ignored") else scale
+        if scale_rule == "none":
+            sc = 1.0
+        S = initial_state.clone() if (initial_state is not None and init) else q.new_zeros(B, H, dk, v.shape[-1])
+        outs = []
+        for t in range(N):
+            a = None if g is None else (g[:, :, t].exp() if exp_gate else g[:, :, t])[:, :, None, None]
+            old = S
+            if gate == "before" and a is not None:
+                S = S * a
+            r = _read(S if read_from == "decayed" else old, k[:, :, t], read_transposed)
+            u = beta[:, :, t, None] * (v[:, :, t] - r) if correct else beta[:, :, t, None] * v[:, :, t]
+            if out == "before":
+                outs.append(_read(old, sc * q[:, :, t], read_transposed))
+            S = S + k[:, :, t, :, None] * u[:, :, None, :]
+            if gate == "after" and a is not None:
+                S = S * a
+            if out == "after":
+                outs.append(_read(S, sc * q[:, :, t], read_transposed))
+        return torch.stack(outs, 2), (S.transpose(-1, -2) if state_transposed else S)
+    return impl
+
+
+_RECURRENCE_MISTAKES = [
+    Mistake("gate-after-write", "the state is decayed after the write: exp(g_t) decays what came before token t, "
+            "so S = S * exp(g_t) comes first, then the read and the write", _recurrence_with(gate="after")),
+    Mistake("read-before-decay", "the correction reads the state before the decay: S^T k_t is read from the decayed "
+            "state, u_t = beta_t (v_t - (exp(g_t) S)^T k_t)", _recurrence_with(read_from="old")),
+    Mistake("no-delta-correction", "the write adds beta_t k_t v_t^T (linear attention's write): the delta rule writes "
+            "only the correction, u_t = beta_t (v_t - S^T k_t)", _recurrence_with(correct=False)),
+    Mistake("output-before-write", "the output reads the state before token t is written: o_t = S_t^T (scale q_t) "
+            "with S_t the state after this token's decay and write", _recurrence_with(out="before")),
+    Mistake("gate-not-exponentiated", "g is the log of the decay: multiply S by exp(g_t), not by g_t",
+            _recurrence_with(exp_gate=False)),
+    Mistake("read-transposed", "the state is read along the wrong axis: S is (d_k, d_v) and a key reads it as "
+            "S^T k, a sum over d_k ((k[..., None] * S).sum(-2)), not over d_v", _recurrence_with(read_transposed=True)),
+    Mistake("state-transposed", "the final state is returned as (d_v, d_k): return it (B, H, d_k, d_v), the layout "
+            "k u^T writes", _recurrence_with(state_transposed=True)),
+    Mistake("scale-missing", "the output is not scaled: o_t = S^T (scale q_t), scale = 1/sqrt(d_k) when none is given",
+            _recurrence_with(scale_rule="none")),
+    Mistake("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(d_k)",
+            _recurrence_with(scale_rule="ignored")),
+    Mistake("initial-state-ignored", "the state starts from zeros although an initial_state was given: start from "
+            "a copy of it", _recurrence_with(init=False)),
+]
+
+
+@CHECKS("delta-recurrence")
+def _check_recurrence(ns):
+    n = check_function(ns, "delta_recurrence", specs.delta_recurrence, _recurrence_cases(), _RECURRENCE_MISTAKES)
+    return f"{n} cases match the gated delta rule, output and final state (gates, d_k != d_v, initial states, a scale)"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. the chunkwise form
+# ---------------------------------------------------------------------------------------------
+
+def _chunked_cases():
+    cases = []
+    for seed, (label, (B, H, N, dk, dv, C), gate, init, scale) in enumerate([
+            ("B=1, H=1, N=10, d_k=d_v=4, chunks of 4 (4, 4, 2), gated", (1, 1, 10, 4, 4, 4), "mild", False, None),
+            ("B=2, H=2, N=37, d_k=d_v=8, chunks of 8, gated, an initial state", (2, 2, 37, 8, 8, 8), "mild", True,
+             None),
+            ("B=1, H=2, N=16, d_k=d_v=8, one chunk of 16, no gate", (1, 2, 16, 8, 8, 16), None, False, None),
+            ("B=1, H=1, N=5, d_k=d_v=4, chunk_size=8 > N, gated", (1, 1, 5, 4, 4, 8), "mild", False, None),
+            ("B=1, H=1, N=12, d_k=d_v=4, chunk_size=1", (1, 1, 12, 4, 4, 1), "mild", True, None),
+            ("B=1, H=2, N=23, d_k=4, d_v=6, chunks of 5, scale=0.7", (1, 2, 23, 4, 6, 5), "mild", False, 0.7),
+            ("B=1, H=1, N=64, d_k=d_v=8, chunks of 16, strong gates (g ~ -2), an initial state",
+             (1, 1, 64, 8, 8, 16), "strong", True, None)]):
+        q, k, v, beta, gates, state = _delta_inputs(_gen(12_300 + seed), B, H, N, dk, dv, gate, init)
+        kwargs = {**({} if scale is None else {"scale": scale}), **({} if state is None else {"initial_state": state})}
+        cases.append((label, (q, k, v, beta, gates, C), kwargs))
+    return cases
+
+
+def _chunked_with(cumulative=True, carry=True, inter=True, intra_diagonal=True, a_strict=True, ws0=True,
+                  tail=True, state_decay=True, key_decay=True, a_beta=True, q_decay=True):
+    """A wrong delta_chunkwise: the library's WY / UT form with one switch off."""
+    def impl(q, k, v, beta, g, chunk_size, scale=None, initial_state=None):
+        B, H, N, dk = q.shape
+        dv = v.shape[-1]
+        sc = dk ** -0.5 if scale is None else scale
+        gg = g if g is not None else torch.zeros_like(beta)
+        S = initial_state.clone() if initial_state is not None else q.new_zeros(B, H, dk, dv)
+        stop = N if tail else N - N % chunk_size
+        outs = []
+        for c0 in range(0, stop, chunk_size):
+            c1 = min(c0 + chunk_size, N)
+            C = c1 - c0
+            qc, kc, vc, bc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], beta[:, :, c0:c1]
+            G = gg[:, :, c0:c1].cumsum(-1) if cumulative else gg[:, :, c0:c1]
+            lower = torch.ones(C, C, dtype=torch.bool).tril()
+            decay = (G[..., :, None] - G[..., None, :]).masked_fill(~lower, NEG_INF).exp()
+            A = (kc @ kc.transpose(-2, -1)) * decay * (bc[..., None] if a_beta else 1.0)
+            A = A.tril(-1 if a_strict else 0)
+            I_A = A + torch.eye(C)
+            W = torch.linalg.solve_triangular(I_A, (bc * G.exp())[..., None] * kc, upper=False)
+            U = torch.linalg.solve_triangular(I_A, bc[..., None] * vc, upper=False) - (W @ S if ws0 else 0.0)
+            inter_o = ((G.exp()[..., None] * qc) if q_decay else qc) @ S
+            scores = (qc @ kc.transpose(-2, -1)) * decay
+            if not intra_diagonal:
+                scores = scores.tril(-1)
+            outs.append(sc * ((inter_o if inter else 0.0) + scores @ U))
+            if carry:
+                G_last = G[..., -1]
+                keys = ((G_last[..., None] - G).exp()[..., None] * kc) if key_decay else kc
+                S = (G_last.exp()[..., None, None] * S if state_decay else S) + keys.transpose(-2, -1) @ U
+        return torch.cat(outs, dim=2), S
+    return impl
+
+
+_CHUNKED_MISTAKES = [
+    Mistake("gate-not-cumulative", "the decays use g_i itself: inside a chunk the decay from token j to token i is "
+            "exp(G_i - G_j) with G = the cumulative sum of g from the chunk's start", _chunked_with(cumulative=False)),
+    Mistake("state-not-carried", "the state is not carried from one chunk to the next: after each chunk, S = "
+            "exp(G_C) S + (K exp(G_C - G))^T U", _chunked_with(carry=False)),
+    Mistake("inter-chunk-term-missing", "the outputs miss what the earlier chunks stored: o = scale (exp(G) Q S + "
+            "((Q K^T) * decay) U), the first term reads the state the chunk starts from", _chunked_with(inter=False)),
+    Mistake("intra-diagonal-excluded", "the chunk's own term leaves out i == j: token i's output reads its own "
+            "write, so ((Q K^T) * decay) keeps the diagonal (j <= i)", _chunked_with(intra_diagonal=False)),
+    Mistake("A-diagonal-included", "A keeps its diagonal: A is strictly lower triangular (j < i), and I + A has "
+            "ones on the diagonal", _chunked_with(a_strict=False)),
+    Mistake("ws0-term-missing", "U misses the state the chunk starts from: U = T diag(beta) V - W S, the write "
+            "corrects what S already returns for each key", _chunked_with(ws0=False)),
+    Mistake("ragged-tail-dropped", "the last, shorter chunk is dropped: chunk starts run range(0, N, C) and the "
+            "last chunk is N - c0 tokens long", _chunked_with(tail=False)),
+    Mistake("state-decay-missing", "the carried state is not decayed over the chunk: S_new = exp(G_C) S + ...",
+            _chunked_with(state_decay=False)),
+    Mistake("key-decay-missing", "the new state's writes are not decayed to the chunk's end: S_new = exp(G_C) S + "
+            "(K * exp(G_C - G_j))^T U", _chunked_with(key_decay=False)),
+    Mistake("beta-missing-in-A", "A has no beta: A[i, j] = beta_i exp(G_i - G_j) (k_i . k_j) for j < i",
+            _chunked_with(a_beta=False)),
+    Mistake("query-decay-missing", "the queries read the chunk's starting state without its decay: the first term is "
+            "exp(G_i) q_i^T S", _chunked_with(q_decay=False)),
+]
+
+# the technique, measured from outside the learner's code (attnlab/grading/footprint.py): at N = 4096, d_k = d_v =
+# 64, an N x N float32 matrix and a state per token are 64 MiB each; the inputs are 1 MiB each, the output 1 MiB
+PEAK_CASE = (1, 1, 4096, 64, 64, 64)   # B, H, N, d_k, d_v, chunk_size
+PEAK_LIMIT = 24 * 2**20
+NOT_CHUNKED = [
+    Mistake("whole-sequence-one-chunk", "an N x N matrix is held: the whole sequence is solved as one chunk (or the "
+            "parallel form over all N tokens); use chunk_size: the matrices of a chunk are C x C", None),
+    Mistake("state-kept-per-token", "a state is kept for every token (N x d_k x d_v): only the state at the current "
+            "chunk's start is needed, one (d_k, d_v) matrix per head", None),
+]
+
+
+def _check_peak(learner):
+    B, H, N, dk, dv, C = PEAK_CASE
+    q, k, v, beta, gates, _ = _delta_inputs(_gen(12_390), B, H, N, dk, dv, "mild")
+    label = f"B={B}, H={H}, N={N}, d_k=d_v={dk}, chunk_size={C}"
+    peak = peak_growth(learner, "delta_chunkwise", [(q, k, v, beta, gates, C), {}], label,
+                       "that no N x N matrix and no state per token is held", spec=specs.delta_chunkwise_fast)
+    if peak > PEAK_LIMIT:
+        raise Fail(f"`delta_chunkwise` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during the "
+                   f"call, where an N x N matrix is {4 * N * N / 2**20:.0f} MiB, a state per token "
+                   f"{4 * N * dk * dv / 2**20:.0f} MiB, and a chunkwise function holds C x C matrices and one state",
+                   NOT_CHUNKED)
+    return f"no N x N matrix and no state per token held at N={N} (peak memory growth under {PEAK_LIMIT // 2**20} MiB)"
+
+
+@CHECKS("delta-chunked")
+def _check_chunked(ns):
+    n = check_function(ns, "delta_chunkwise", specs.delta_chunkwise, _chunked_cases(), _CHUNKED_MISTAKES,
+                       rtol=1e-4, atol=1e-4)
+    return (f"{n} cases equal the recurrence (ragged N, chunk sizes 1 to > N, gates, initial states, d_k != d_v); "
+            f"{_check_peak(ns)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. the experiment: a state against a cache
+# ---------------------------------------------------------------------------------------------
+
+def _experiment_case():
+    g = _gen(12_400)
+    heads = [2, 4, 6][int(torch.randint(0, 3, (1,), generator=g))]
+    kv_heads = [h for h in range(1, heads) if heads % h == 0][-1]           # grouped-query: fewer KV heads
+    d = [8, 16, 32][int(torch.randint(0, 3, (1,), generator=g))]
+    contexts = sorted(int(x) + 1 for x in torch.randperm(400, generator=g)[:3])
+    return contexts, heads, kv_heads, d
+
+
+def _bytes_with(cache="kv", cache_e=2, cache_heads="kv", state_e=4, state="one", swapped=False):
+    def impl(contexts, heads, kv_heads, d):
+        h_cache = kv_heads if cache_heads == "kv" else heads
+        per_token = (1 if cache == "k" else 2) * h_cache * d * cache_e
+        c = torch.tensor([per_token * (1 if cache == "one-token" else L) for L in contexts], dtype=torch.int64)
+        one = heads * d * d * state_e
+        s = torch.tensor([one * (L if state == "per-token" else 1) for L in contexts], dtype=torch.int64)
+        return (s, c) if swapped else (c, s)
+    return impl
+
+
+_BYTES_MISTAKES = [
+    Mistake("cache-k-only", "only the keys are counted: the cache holds K and V", _bytes_with(cache="k")),
+    Mistake("cache-float32", "the cache is float16 here (2 bytes per element), not float32", _bytes_with(cache_e=4)),
+    Mistake("cache-query-heads", "the cache has one K and V head per KV head (kv_heads), not per query head: "
+            "grouped-query attention shares them", _bytes_with(cache_heads="q")),
+    Mistake("cache-one-token", "this is one token's cache: a decoding step at context L reads the cache of all L "
+            "tokens", _bytes_with(cache="one-token")),
+    Mistake("state-float16", "the state is float32 (4 bytes per element): the delta rule keeps it in float32",
+            _bytes_with(state_e=2)),
+    Mistake("state-per-token", "the state does not grow with the context: it is one (d, d) matrix per head whatever "
+            "L is (keep the final state, not one per token)", _bytes_with(state="per-token")),
+    Mistake("swapped", "the two rows are swapped: return (cache_bytes, state_bytes)", _bytes_with(swapped=True)),
+]
+
+
+@CHECKS("state-vs-cache")
+def _check_bytes(ns):
+    contexts, heads, kv_heads, d = _experiment_case()
+    label = f"contexts {contexts}, heads={heads}, kv_heads={kv_heads}, d={d}"
+    check_function(ns, "state_vs_cache", specs.state_vs_cache, [(label, (contexts, heads, kv_heads, d), {})],
+                   _BYTES_MISTAKES, rtol=0, atol=0)
+    cache, state = specs.state_vs_cache(contexts, heads, kv_heads, d)
+    cross = math.ceil(int(state[0]) / (int(cache[0]) // contexts[0]))
+    return (f"your measured bytes equal the grader's count exactly ({label}): the cache passes the state at "
+            f"L = {cross} tokens")
