@@ -183,3 +183,12 @@ def test_the_references_are_hidden_from_the_sandbox_as_source_and_as_bytecode(tm
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == ["[]", "0 True"]
+
+
+def test_without_a_cgroup_submissions_are_graded_one_at_a_time(tmp_path, monkeypatch, capsys):
+    # per-process and per-user limits cannot keep one submission's processes from a neighbour's share
+    from attnlab.cli import main as cli
+
+    monkeypatch.setattr(sandbox.Cgroup, "available", staticmethod(lambda: False))
+    cli(["grade", str(tmp_path), "-j", "3"])
+    assert "grading one notebook at a time" in capsys.readouterr().err

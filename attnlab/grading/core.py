@@ -248,6 +248,14 @@ def gen(seed):
     return torch.Generator().manual_seed((seed + _SALT[0] * 7919) % (2**63))
 
 
+def salted_ints(seed, *ranges):
+    """One int per inclusive ``(low, high)`` range, drawn from :func:`gen` ``(seed)``: sizes a notebook cannot know
+    before it is graded (the grader's salt is secret; the inline check's is 0). A part whose cases are all written
+    out could be answered by a table of them."""
+    g = gen(seed)
+    return tuple(int(torch.randint(low, high + 1, (1,), generator=g)) for low, high in ranges)
+
+
 def randn(g, *shape, scale=1.0):
     return torch.randn(*shape, generator=g) * scale
 

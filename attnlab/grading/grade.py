@@ -67,6 +67,13 @@ def run(args):
               "submission may hold other notebooks", file=sys.stderr)
         return 2
     sandbox.protect_grader()
+    jobs = max(1, args.jobs)
+    if jobs > 1 and not sandbox.Cgroup.available():
+        # without a cgroup the limits are per process and per user id: one submission's process flood or tmpfs
+        # pages would take a neighbour's share (its ring parts went from 13/13 to 6/13)
+        print(f"attnlab grade: -j {jobs} needs a cgroup per submission, which cannot be made here (not root, or no "
+              f"delegated cgroup): grading one notebook at a time", file=sys.stderr)
+        jobs = 1
     paths, skipped = discover(args.paths)
     for s in skipped:
         print(f"skipped {s['path']}: {s['reason']}", file=sys.stderr)
@@ -83,7 +90,7 @@ def run(args):
 
     if args.json:
         _write_atomic(args.json, json.dumps(_json_doc([], skipped), indent=2) + "\n")
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(one, p): p for p in paths}
         for future in as_completed(futures):
             report = future.result()

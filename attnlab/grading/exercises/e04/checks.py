@@ -6,7 +6,8 @@ import math
 import torch
 
 from attnlab.attention import causal_mask
-from attnlab.grading.core import Mistake, NotDone, Registry, check_function, check_in_order, gen as _gen, randn as _randn
+from attnlab.grading.core import (Mistake, NotDone, Registry, check_function, check_in_order, gen as _gen,
+                                  randn as _randn, salted_ints)
 from attnlab.grading.exercises.e04 import spec as specs
 
 CHECKS = Registry()
@@ -278,8 +279,13 @@ _FLOP_MISTAKES = [
 
 @CHECKS("mha-cost")
 def _check_cost(ns):
-    n = check_in_order(ns, "mha_parameters", specs.mha_parameters, _PARAM_CASES, _PARAM_MISTAKES)
-    n += check_in_order(ns, "mha_flops", specs.mha_flops, _FLOP_CASES, _FLOP_MISTAKES)
+    h, k = salted_ints(4100, (2, 6), (1, 9))
+    params = _PARAM_CASES + [(f"d_model={2 * h * k}, {h} heads", (2 * h * k, h), {})]
+    b, nq, nk, h, k = salted_ints(4101, (1, 3), (5, 60), (5, 60), (2, 6), (1, 8))
+    flops = _FLOP_CASES + [(f"batch={b}, n_q={nq}, n_k={nk}, d_model={2 * h * k}, {h} heads", (b, nq, nk, 2 * h * k, h),
+                            {})]
+    n = check_in_order(ns, "mha_parameters", specs.mha_parameters, params, _PARAM_MISTAKES)
+    n += check_in_order(ns, "mha_flops", specs.mha_flops, flops, _FLOP_MISTAKES)
     return f"{n} cases match torch's own counts (the parameters of the module, FlopCounterMode's FLOPs)"
 
 

@@ -3,7 +3,8 @@
 import math
 import numbers
 
-from attnlab.grading.core import Fail, Mistake, Registry, check_in_order, gen as _gen, learner_of, present, value_of
+from attnlab.grading.core import (Fail, Mistake, Registry, check_in_order, gen as _gen, learner_of, present,
+                                  salted_ints, value_of)
 from attnlab.grading.exercises.e05 import spec as specs
 
 CHECKS = Registry()
@@ -17,10 +18,11 @@ _ELEMENT_SIZES = [4, 2, 2, 1, 4, 2]
 
 def _size_cases(with_elem=False):
     cases = []
-    for i, (b, h, n, d, note) in enumerate(_SIZES):
+    b, h, n, d, e = salted_ints(1500, (1, 4), (1, 16), (3, 3000), (8, 160), (0, 2))   # and one size no one knows
+    for i, (b, h, n, d, note) in enumerate(_SIZES + [(b, h, n, d, "")]):
         label = f"batch={b}, heads={h}, n={n}, d={d}"
         if with_elem:
-            es = _ELEMENT_SIZES[i]
+            es = (_ELEMENT_SIZES + [(1, 2, 4)[e]])[i]
             cases.append((f"{label}, element_size={es}{note}", (b, h, n, d, es), {}))
         else:
             cases.append((f"{label}{note}", (b, h, n, d), {}))
@@ -142,7 +144,10 @@ _BOUND_MISTAKES = [
 def _check_intensity(ns):
     n = check_in_order(ns, "arithmetic_intensity", specs.arithmetic_intensity, _size_cases(True),
                        _INTENSITY_MISTAKES)
-    n += check_in_order(ns, "is_memory_bound", specs.is_memory_bound, _BOUND_CASES, _BOUND_MISTAKES)
+    i, f, bw = salted_ints(1501, (1, 400), (1, 300), (1, 40))
+    bound = _BOUND_CASES + [(f"intensity {i} FLOP/B on {f} TFLOP/s and {bw / 10:g} TB/s", (float(i), f * 1e12,
+                                                                                       bw * 1e11), {})]
+    n += check_in_order(ns, "is_memory_bound", specs.is_memory_bound, bound, _BOUND_MISTAKES)
     return f"{n} cases match the spec"
 
 
@@ -195,7 +200,10 @@ _PREDICT_CASES = [   # in this order, each wrong version fails first where it is
 
 @CHECKS("roofline-prediction")
 def _check_predict(ns):
-    n = check_in_order(ns, "predict_naive_time", specs.predict_naive_time, _PREDICT_CASES, _PREDICT_MISTAKES)
+    b, h, n, d, f, bw = salted_ints(1502, (1, 4), (1, 16), (16, 4096), (8, 160), (1, 500), (1, 300))
+    cases = _PREDICT_CASES + [(f"batch={b}, heads={h}, n={n}, d={d}, {f} TFLOP/s, {bw * 10} GB/s",
+                               (b, h, n, d, f * 1e12, bw * 1e10), {})]
+    n = check_in_order(ns, "predict_naive_time", specs.predict_naive_time, cases, _PREDICT_MISTAKES)
     return f"{n} cases match the spec"
 
 

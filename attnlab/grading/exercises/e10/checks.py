@@ -15,7 +15,7 @@ import math
 import torch
 
 from attnlab import iomodel
-from attnlab.grading.core import Fail, Mistake, Registry, check_function, gen as _gen, randn as _randn
+from attnlab.grading.core import Fail, Mistake, Registry, check_function, gen as _gen, randn as _randn, salted_ints
 from attnlab.grading.footprint import peak_growth
 from attnlab.grading.exercises.e10 import spec as specs
 from attnlab.kvcache import to_paged
@@ -404,8 +404,11 @@ _BYTES_MISTAKES = [
 
 @CHECKS("decode-bytes")
 def _check_bytes(ns):
+    first, second, kv = salted_ints(10_400, (3, 40), (41, 90), (0, 2))
     cases = [(f"contexts {CONTEXTS}, kv_heads {KV_HEADS}, {HEADS} query heads, d={D}",
-              (CONTEXTS, KV_HEADS), {"heads": HEADS, "d": D})]
+              (CONTEXTS, KV_HEADS), {"heads": HEADS, "d": D}),
+             (f"contexts {[first, second]}, kv_heads {[(4, 2, 1)[kv]]}, {HEADS} query heads, d={D}",
+              ([first, second], [(4, 2, 1)[kv]]), {"heads": HEADS, "d": D})]
     check_function(ns, "decode_bytes", specs.decode_bytes, cases, _BYTES_MISTAKES)
     table = specs.decode_bytes(CONTEXTS, KV_HEADS, HEADS, D)
     return (f"your traced bytes equal the IO model's to the byte; at L={CONTEXTS[-1]} MQA moves "

@@ -29,7 +29,7 @@ from attnlab import iomodel
 from attnlab.distributed import attention_lse, shard
 from attnlab.grading import ranks
 from attnlab.grading.core import (Fail, Mistake, Registry, check_function, clone, case_line, diagnose,
-                                  gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
+                                  gen as _gen, learner_of, mismatch, present, randn as _randn, salted_ints, value_of)
 from attnlab.grading.exercises.e11 import spec as specs
 
 CHECKS = Registry()
@@ -115,9 +115,11 @@ def _check_merge(ns):
 # ---------------------------------------------------------------------------------------------
 
 def _shard_cases():
+    p, m, r, z = salted_ints(11_100, (2, 6), (1, 9), (0, 5), (0, 1))    # a shard no notebook can know in advance
+    salted = (2 * p * m, p, r % p, ("contiguous", "zigzag")[z])
     return [(f"n={n}, world_size={p}, rank={r}, {layout}", (n, p, r), {"layout": layout}) for n, p, r, layout in [
         (8, 2, 1, "contiguous"), (12, 3, 2, "contiguous"), (8, 2, 0, "zigzag"), (8, 2, 1, "zigzag"),
-        (24, 3, 1, "zigzag"), (32, 4, 3, "zigzag"), (16, 4, 0, "zigzag"), (6, 1, 0, "zigzag")]]
+        (24, 3, 1, "zigzag"), (32, 4, 3, "zigzag"), (16, 4, 0, "zigzag"), (6, 1, 0, "zigzag"), salted]]
 
 
 def _positions_with(late="mirror", chunk="2P", order="early-first", zigzag=True, contiguous="chunk"):
@@ -163,11 +165,13 @@ def _check_positions(ns):
 # ---------------------------------------------------------------------------------------------
 
 def _schedule_cases():
+    p, r, t, z, c = salted_ints(11_200, (2, 7), (0, 6), (0, 6), (0, 1), (0, 1))
+    salted = [(r % p, p, t % p, ("contiguous", "zigzag")[z], bool(c))]
     return [(f"rank {r} of {p}, step {t}, {layout}, causal={causal}", (r, p, t), {"layout": layout, "causal": causal})
             for r, p, t, layout, causal in [
                 (0, 2, 0, "contiguous", True), (1, 3, 1, "contiguous", True), (0, 3, 1, "contiguous", True),
                 (2, 4, 3, "contiguous", False), (0, 2, 1, "zigzag", True), (1, 4, 2, "zigzag", True),
-                (3, 4, 1, "zigzag", True), (2, 3, 0, "zigzag", True), (1, 3, 2, "zigzag", False)]]
+                (3, 4, 1, "zigzag", True), (2, 3, 0, "zigzag", True), (1, 3, 2, "zigzag", False)] + salted]
 
 
 def _schedule_with(direction=-1, diagonal="diagonal", causal_rule="a>b", zigzag=True, transpose=False):
@@ -581,8 +585,11 @@ _BYTES_MISTAKES = [
 
 @CHECKS("comm-bytes")
 def _check_bytes(ns):
+    h, d, m = salted_ints(11_300, (1, 4), (2, 16), (1, 4))
+    sizes = [1, 2, 3, 4, 6]
     cases = [(f"world sizes {WORLD_SIZES}, n={N}, heads={HEADS}, d={D}", (WORLD_SIZES,),
-              {"n": N, "heads": HEADS, "d": D})]
+              {"n": N, "heads": HEADS, "d": D}),
+             (f"world sizes {sizes}, n={24 * m}, heads={12 * h}, d={d}", (sizes,), {"n": 24 * m, "heads": 12 * h, "d": d})]
     check_function(ns, "comm_bytes", specs.comm_bytes, cases, _BYTES_MISTAKES)
     table = specs.comm_bytes(WORLD_SIZES, N, HEADS, D)
     return (f"your counted bytes equal the IO model's to the byte; at P={WORLD_SIZES[-1]} a ring rank sends "
