@@ -4,6 +4,7 @@ chunked part's memory check catches an N x N matrix and a state per token; the e
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 import triton
@@ -303,14 +304,15 @@ test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
 # right answers written another way, shortcuts, and the checks' own claims
 # ---------------------------------------------------------------------------------------------
 
-def test_right_answers_written_another_way_pass():
-    for part, names in (("causal-topk", {"select_blocks": _select()}),
-                        ("selected-kernel", {"selected_attn_kernel": _kernel()}),
-                        ("delta-recurrence", {"delta_recurrence": _recurrence()}),
-                        ("delta-chunked", {"delta_chunkwise": _chunked()}),
-                        ("state-vs-cache", {"state_vs_cache": _measured()})):
-        result = run_check(part, LocalLearner(names, forbidden=[]))
-        assert result.passed, result.message
+@pytest.mark.parametrize("part, names", [
+    pytest.param("causal-topk", {"select_blocks": _select()}, id="causal-topk"),
+    pytest.param("selected-kernel", {"selected_attn_kernel": _kernel()}, id="selected-kernel"),
+    pytest.param("delta-recurrence", {"delta_recurrence": _recurrence()}, id="delta-recurrence"),
+    pytest.param("delta-chunked", {"delta_chunkwise": _chunked()}, id="delta-chunked"),
+    pytest.param("state-vs-cache", {"state_vs_cache": _measured()}, id="state-vs-cache")])
+def test_right_answers_written_another_way_pass(part, names):
+    result = run_check(part, LocalLearner(names, forbidden=[]))
+    assert result.passed, result.message
 
 
 def _refused(part, ns, name):
