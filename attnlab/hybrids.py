@@ -19,6 +19,9 @@ Read top to bottom:
 4. :func:`compare_layouts`: every layout over every seed, on the same batches, one row per layout;
    :func:`format_rows` prints them.
 
+At 150 steps the tiny model is early in training; ``benchmarks/hybrids.py`` runs the same
+comparison at 600 and 1500 steps (``benchmarks/hybrids_results.md``: the ranking holds).
+
 Example::
 
     rows = compare_layouts()                  # 4 layouts x 3 seeds: about 35 s on one CPU core
