@@ -33,7 +33,7 @@ API_PAGES = [
      ["attnlab.kernels", "attnlab.kernels.vector_add", "attnlab.kernels.softmax",
       "attnlab.kernels.standard_attention", "attnlab.kernels.flash_attention",
       "attnlab.kernels.block_mask", "attnlab.kernels.block_sparse_attention", "attnlab.kernels.flash_decode",
-      "attnlab.kernels.delta_rule"]),
+      "attnlab.kernels.delta_rule", "attnlab.kernels.selected_attention"]),
     ("memory", "Memory traffic: tracing and the IO model", ["attnlab.memory", "attnlab.iomodel", "attnlab.traffic"]),
     ("widgets", "Widgets", ["attnlab.widgets", "attnlab.widgets.attention_map", "attnlab.widgets.scaling",
                             "attnlab.widgets.memory_traffic", "attnlab.widgets.block_mask_editor"]),
