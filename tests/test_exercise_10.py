@@ -195,6 +195,57 @@ for _key in ("table-ignored", "wrong-row", "heads-not-first", "pages-rounded-dow
 
 
 # ---------------------------------------------------------------------------------------------
+# latent-decode: a learner's absorbed MLA decode, head by head, with one flaw each
+# ---------------------------------------------------------------------------------------------
+
+def _latent(flaw=None):
+    def latent_decode(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
+        B, H, d_h = q_nope.shape
+        width = {"scale-head-only": d_h, "scale-latent-width": c.shape[-1] + q_rope.shape[-1]}.get(
+            flaw, d_h + q_rope.shape[-1])
+        if scale is None or flaw == "scale-ignored":
+            scale = 1 / math.sqrt(width)
+        if flaw == "scale-missing":
+            scale = 1.0
+        if flaw == "up-projections-swapped":
+            w_uk, w_uv = w_uv, w_uk
+        scores = torch.empty(B, H, c.shape[1])
+        for h in range(H):
+            q_lat = q_nope[:, h] @ w_uk[h]                                  # (B, d_latent): W_UK_h^T q
+            s = torch.bmm(c, q_lat[:, :, None])[..., 0]                     # (B, L)
+            if flaw != "rope-forgotten":
+                s = s + torch.bmm(k_rope, q_rope[:, h, :, None])[..., 0]
+            scores[:, h] = s * scale
+        dim = 1 if flaw == "softmax-wrong-axis" else -1
+        e = torch.exp(scores - scores.max(dim, keepdim=True).values)
+        p = e if flaw == "not-normalised" else e / e.sum(dim, keepdim=True)
+        out = torch.empty_like(q_nope)
+        for h in range(H):
+            o_lat = torch.bmm(p[:, h, None], c)[:, 0]                       # (B, d_latent)
+            out[:, h] = o_lat @ w_uv[h].T                                   # (B, d_h)
+        return out
+    return latent_decode
+
+
+for _key in ("up-projections-swapped", "rope-forgotten", "scale-missing", "scale-head-only", "scale-latent-width",
+             "scale-ignored", "softmax-wrong-axis", "not-normalised"):
+    WRONG.add("latent-decode", _key, latent_decode=_latent(_key))
+
+
+def _expanded(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
+    """Right numbers, the unabsorbed decode: per-head K and V made from the latents; only the peak memory shows it."""
+    H, d_h = q_nope.shape[1], q_nope.shape[2]
+    scale = 1 / math.sqrt(d_h + q_rope.shape[-1]) if scale is None else scale
+    k = torch.cat([torch.einsum("hdc,blc->bhld", w_uk, c), k_rope[:, None].expand(-1, H, -1, -1)], -1)
+    v = torch.einsum("hdc,blc->bhld", w_uv, c)                             # (B, H, L, d_h)
+    s = torch.einsum("bhd,bhld->bhl", torch.cat([q_nope, q_rope], -1), k) * scale
+    return torch.einsum("bhl,bhld->bhd", _softmax_rows(s), v)
+
+
+WRONG.add("latent-decode", "expanded-kv", latent_decode=_expanded)
+
+
+# ---------------------------------------------------------------------------------------------
 # decode-bytes: the experiment, traced, with one flaw each
 # ---------------------------------------------------------------------------------------------
 
@@ -234,6 +285,7 @@ def test_right_answers_written_another_way_pass():
                         ("split-partials", {"split_partials": _partials()}),
                         ("split-merge", {"merge_splits": _merge()}),
                         ("paged-gather", {"gather_sequence": _gather()}),
+                        ("latent-decode", {"latent_decode": _latent()}),
                         ("decode-bytes", {"decode_bytes": _measured()})):
         result = run_check(part, LocalLearner(names, forbidden=[]))
         assert result.passed, result.message
@@ -252,6 +304,8 @@ def test_the_library_s_reference_and_torch_s_softmax_are_refused():
                                   kvcache.decode_reference(q, k, v, lens, scale=scale)}, "attnlab.kvcache.")
     _refused("paged-gather", {"gather_sequence": lambda pool, table, b, n: kvcache.gather_cache(pool, b, n, table)},
              "attnlab.kvcache.gather_cache")
+    _refused("latent-decode", {"latent_decode": lambda qn, qr, wk, wv, c, kr, scale=None: spec.latent_decode(
+        qn, qr, wk, wv, c, kr, scale=scale)}, "attnlab.grading.exercises.e10.spec.latent_decode")
     _refused("split-merge", {"merge_splits": lambda o, lse: (torch.softmax(lse, 2)[..., None] * o).sum(2)},
              "torch.softmax")
 

@@ -15,6 +15,8 @@ PARTS = [
     Part("split-partials", "split-K: one chunk of keys, its partial output and log-sum-exp", 2, ("split_partials",)),
     Part("split-merge", "merging the splits: lesson 07's rescaling", 2, ("merge_splits",)),
     Part("paged-gather", "a sequence out of a paged cache through its block table", 2, ("gather_sequence",)),
+    Part("latent-decode", "multi-head latent attention decoded absorbed: exact, reading only the latent cache", 3,
+         ("latent_decode",)),
     Part("decode-bytes", "experiment: traced bytes per token against context length for MHA, GQA, MQA", 1,
          ("decode_bytes",), "experiment"),
     Part("decode-explain", "explain: why decoding is bound by bandwidth, and what GQA changes", 1, (), "manual"),
@@ -31,6 +33,8 @@ FORBIDDEN = {
     "split-partials": SOFTMAX + ATTENTION + ["torch.logsumexp", "torch.Tensor.logsumexp"],
     "split-merge": SOFTMAX + ATTENTION + ["torch.logsumexp", "torch.Tensor.logsumexp"],
     "paged-gather": ["attnlab.kvcache.*"],
+    # the library's MLA decodes absorbed and unabsorbed; the decoding attention it calls is the kvcache's
+    "latent-decode": SOFTMAX + ATTENTION + _REFERENCES + ["attnlab.mla.*"],
     "decode-bytes": ["attnlab.iomodel.*"],
 }
 
@@ -81,6 +85,17 @@ HINTS = {
         "The answer is heads first, (H_kv, length, D), while the gathered pages are pages first: reorder the "
         "dimensions so that one head's pages lie next to each other before merging the pages with their rows, "
         "then keep only the positions the sequence has (the last page may be partly empty).",
+    ],
+    "latent-decode": [
+        "Head i's key is [W_UK_i c_j ; k_rope_j], so its nope score is q_nope_i . (W_UK_i c_j) = (W_UK_i^T q_nope_i) "
+        ". c_j: one small product per head on the query side, q_lat = torch.einsum('bhd,hdc->bhc', q_nope, w_uk), "
+        "(B, H, d_latent), and the cache c is never multiplied by W_UK.",
+        "Scores (B, H, L): q_lat against c plus q_rope against k_rope (both shared by every head: multi-query "
+        "attention with one 'KV head'), times scale, 1/sqrt(d_h + d_rope) when none is given (the width of the "
+        "unabsorbed key, not of the absorbed query); your own stable softmax over the L positions.",
+        "The values are the latents too: first the weighted sum of the cache, p @ c per head, (B, H, d_latent); "
+        "then each head's W_UV_i on that one vector (an einsum over d_latent). Never form W_UV_i c_j for every "
+        "position j: that is the per-head V the latent cache exists to avoid.",
     ],
     "decode-bytes": [
         "For each kv_heads and each L, build one step: q (1, heads, 1, d), k and v caches (1, kv_heads, L, d), "

@@ -6,6 +6,9 @@
 - ``split-partials`` and ``split-merge``: the two halves of split-K decoding, on uneven and empty chunks
   and on log-sum-exps in the hundreds;
 - ``paged-gather``: one sequence gathered from a shuffled pool of pages;
+- ``latent-decode``: the learner's absorbed decode of multi-head latent attention against the unabsorbed
+  reference (per-head K and V up-projected), at sizes from the salt, a scale, d_h other than d_latent; and its
+  peak memory at 32 heads over 8192 latents (expanding the per-head K and V fails);
 - ``decode-bytes``: the experiment's traced bytes, reproduced here by ``attnlab.iomodel.decode_io`` (which
   equals the trace to the byte).
 """
@@ -368,7 +371,108 @@ def _check_gather(ns):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. the experiment: bytes per token
+# 5. multi-head latent attention, decoded absorbed
+# ---------------------------------------------------------------------------------------------
+
+def _latent_inputs(g, B, H, d_h, d_lat, d_rope, L):
+    """q_nope, q_rope, w_uk, w_uv, c, k_rope with attnlab.mla's shapes; weights N(0, 1/d_lat) as MLA's."""
+    return (_randn(g, B, H, d_h), _randn(g, B, H, d_rope), _randn(g, H, d_h, d_lat, scale=d_lat ** -0.5),
+            _randn(g, H, d_h, d_lat, scale=d_lat ** -0.5), _randn(g, B, L, d_lat), _randn(g, B, L, d_rope))
+
+
+def _latent_cases():
+    B, H, L, d_lat = salted_ints(10_350, (1, 3), (2, 6), (3, 21), (4, 24))
+    cases = []
+    for seed, (label, sizes, scale) in enumerate([
+            ("B=1, H=2, d_h=4, d_latent=6, d_rope=2, L=5", (1, 2, 4, 6, 2, 5), None),
+            ("B=2, H=4, d_h=8, d_latent=12, d_rope=4, L=9", (2, 4, 8, 12, 4, 9), None),
+            ("B=1, H=3, d_latent=4 below d_h=8, d_rope=6, L=7", (1, 3, 8, 4, 6, 7), None),
+            (f"B={B}, H={H}, d_h=8, d_latent={d_lat}, d_rope=4, L={L}", (B, H, 8, d_lat, 4, L), None),
+            ("B=2, H=2, d_h=4, d_latent=8, d_rope=2, L=6, scale=0.3 (not 1/sqrt(d_h + d_rope))", (2, 2, 4, 8, 2, 6),
+             0.3)]):
+        args = _latent_inputs(_gen(10_360 + seed), *sizes)
+        cases.append((label, args, {} if scale is None else {"scale": scale}))
+    return cases
+
+
+def _latent_with(swap=False, rope=True, scale_rule="sum", ignore_scale=False, axis=-1, normalise=True):
+    """A wrong latent_decode, absorbed as asked, with one flaw."""
+    def impl(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
+        d_h, d_lat, d_rope = q_nope.shape[-1], c.shape[-1], q_rope.shape[-1]
+        if swap:
+            w_uk, w_uv = w_uv, w_uk
+        width = {"sum": d_h + d_rope, "head": d_h, "latent": d_lat + d_rope}.get(scale_rule, 1)
+        sc = 1.0 if scale_rule == "none" else width ** -0.5 if (scale is None or ignore_scale) else scale
+        q_lat = torch.einsum("bhd,hdc->bhc", q_nope, w_uk)                   # (B, H, d_latent)
+        s = torch.einsum("bhc,blc->bhl", q_lat, c)
+        if rope:
+            s = s + torch.einsum("bhr,blr->bhl", q_rope, k_rope)
+        s = s * sc
+        p = torch.exp(s - s.amax(axis, keepdim=True))
+        if normalise:
+            p = p / p.sum(axis, keepdim=True)
+        o_lat = torch.einsum("bhl,blc->bhc", p, c)                            # (B, H, d_latent)
+        return torch.einsum("hdc,bhc->bhd", w_uv, o_lat)                      # (B, H, d_h)
+    return impl
+
+
+_LATENT_MISTAKES = [
+    Mistake("up-projections-swapped", "W_UV is absorbed into the query and W_UK applied to the output: the keys are "
+            "W_UK_i c (q_lat = W_UK_i^T q_nope_i), the values W_UV_i c (applied to the weighted latent)",
+            _latent_with(swap=True)),
+    Mistake("rope-forgotten", "the scores leave out the decoupled rotary part: head i's key is [W_UK_i c_j ; "
+            "k_rope_j], so the score adds q_rope_i . k_rope_j to q_lat_i . c_j", _latent_with(rope=False)),
+    Mistake("scale-missing", "the scores are not scaled: multiply by scale (1/sqrt(d_h + d_rope) when none is "
+            "given)", _latent_with(scale_rule="none")),
+    Mistake("scale-head-only", "the default scale is 1/sqrt(d_h): the key head i scores with is [W_UK_i c ; k_rope], "
+            "d_h + d_rope wide, so 1/sqrt(d_h + d_rope)", _latent_with(scale_rule="head")),
+    Mistake("scale-latent-width", "the default scale is taken from the absorbed query's width, 1/sqrt(d_latent + "
+            "d_rope): absorbing W_UK changes how the scores are computed, not what they are; they are the unabsorbed "
+            "scores, scaled by 1/sqrt(d_h + d_rope)", _latent_with(scale_rule="latent")),
+    Mistake("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(d_h + d_rope)",
+            _latent_with(ignore_scale=True)),
+    Mistake("softmax-wrong-axis", "the softmax is over the heads (dim 1): each head's weights are over the L cached "
+            "positions (the last dim of the scores (B, H, L))", _latent_with(axis=1)),
+    Mistake("not-normalised", "the weights exp(s - max) are not divided by their sum over the positions",
+            _latent_with(normalise=False)),
+]
+
+# reading only the latent cache, measured from outside the learner's code (attnlab/grading/footprint.py): 32 heads of
+# d_h = 64 over 8192 latents of 64 + 16: the latent cache is 2.5 MiB, the per-head K (d_h + d_rope wide) and V
+# that the unabsorbed form makes are 144 MiB; the scores are 1 MiB
+LATENT_CASE = (1, 32, 64, 64, 16, 8192)   # B, H, d_h, d_latent, d_rope, L
+LATENT_LIMIT = 48 * 2**20
+EXPANDED_KV = Mistake("expanded-kv", "the per-head keys or values were made (W_UK_i c_j or W_UV_i c_j for every "
+                      "position j, or k_rope repeated per head): that is the unabsorbed decode, H x L x d_h numbers "
+                      "each, what the latent cache exists to avoid; absorb W_UK into the query, attend over c and "
+                      "k_rope as they are, and apply W_UV to each head's one weighted latent", None)
+
+
+def _check_latent_memory(learner):
+    B, H, d_h, d_lat, d_rope, L = LATENT_CASE
+    case = [_latent_inputs(_gen(10_390), *LATENT_CASE), {}]
+    label = f"B={B}, H={H}, d_h={d_h}, d_latent={d_lat}, d_rope={d_rope}, L={L}"
+    peak = peak_growth(learner, "latent_decode", case, label, "that only the latent cache is read",
+                       spec=specs.latent_decode)
+    latent = B * L * (d_lat + d_rope) * 4
+    expanded = B * H * L * (2 * d_h + d_rope) * 4
+    if peak > LATENT_LIMIT:
+        raise Fail(f"`latent_decode` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during the "
+                   f"call, where the latent cache is {latent / 2**20:.1f} MiB and the per-head K and V "
+                   f"{expanded / 2**20:.0f} MiB", [EXPANDED_KV])
+    return (f"only the latent cache is read (peak memory growth under {LATENT_LIMIT // 2**20} MiB at L={L}, {H} heads, "
+            f"where per-head K and V would be {expanded / 2**20:.0f} MiB)")
+
+
+@CHECKS("latent-decode")
+def _check_latent(ns):
+    n = check_function(ns, "latent_decode", specs.latent_decode, _latent_cases(), _LATENT_MISTAKES)
+    return (f"{n} cases equal the unabsorbed decode (per-head K and V up-projected), with a scale and d_h other than "
+            f"d_latent; {_check_latent_memory(ns)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. the experiment: bytes per token
 # ---------------------------------------------------------------------------------------------
 
 CONTEXTS, KV_HEADS, HEADS, D = [48, 130], [8, 2, 1], 8, 16

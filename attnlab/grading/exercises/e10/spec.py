@@ -4,7 +4,10 @@ Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`
 The maths has one home, the library: decoding attention is ``attnlab.kvcache.decode_reference``, a paged
 gather ``attnlab.kvcache.gather_cache``, the bytes of a decoding step ``attnlab.iomodel.decode_io`` (equal to
 the traced kernel, tests/test_kernels_decode.py). What is specific to the exercise: the split of the keys into
-chunks written in PyTorch, and the merge.
+chunks written in PyTorch, and the merge; and multi-head latent attention's decode with plain tensors for weights,
+whose reference is the *unabsorbed* form (every head's K and V up-projected from the latents, then the library's
+attention), so that the learner's absorbed answer is checked against the other way of computing it (the two are
+equal in ``attnlab.mla.MLA``, tests/test_mla.py).
 """
 
 import math
@@ -12,6 +15,7 @@ import math
 import torch
 
 from attnlab import iomodel
+from attnlab.attention import scaled_dot_product_attention
 from attnlab.kvcache import decode_reference, gather_cache
 
 
@@ -52,6 +56,19 @@ def gather_sequence(pool, block_table, b, length):
     """pool (num_pages, H_kv, page_size, D), block_table (B, max_pages) ints -> sequence b's first ``length``
     entries, (H_kv, length, D)."""
     return gather_cache(pool, b, length, block_table)
+
+
+def latent_decode(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
+    """One new query per sequence against an MLA latent cache (DeepSeek-V2 section 2.1; ``attnlab.mla``'s weights):
+    q_nope (B, H, d_h), q_rope (B, H, d_rope), w_uk and w_uv (H, d_h, d_latent) (head i's key W_UK_i c, value
+    W_UV_i c), c (B, L, d_latent), k_rope (B, L, d_rope) shared by the heads; every position is seen. Scale
+    1/sqrt(d_h + d_rope) unless given. Returns (B, H, d_h). Here unabsorbed: per-head K and V made, then attention."""
+    H = q_nope.shape[1]
+    k_nope = torch.einsum("hdc,blc->bhld", w_uk, c)                         # (B, H, L, d_h)
+    k = torch.cat([k_nope, k_rope[:, None].expand(-1, H, -1, -1)], dim=-1)  # (B, H, L, d_h + d_rope)
+    v = torch.einsum("hdc,blc->bhld", w_uv, c)                              # (B, H, L, d_h)
+    q = torch.cat([q_nope, q_rope], dim=-1)[:, :, None]                     # (B, H, 1, d_h + d_rope)
+    return scaled_dot_product_attention(q, k, v, scale=scale)[:, :, 0]      # (B, H, d_h)
 
 
 def decode_bytes(contexts, kv_heads_list, heads=8, d=16):
