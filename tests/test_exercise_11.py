@@ -175,12 +175,13 @@ for _key in ("ring-turns-the-wrong-way", "future-blocks-computed", "diagonal-unm
 def _measured(flaw=None):
     step_fn = _ring_step()
 
-    def comm_bytes(world_sizes, n=48, heads=12, d=8):
+    def comm_bytes(world_sizes, n=48, heads=12, d=8, kv_heads=None):
+        h_kv = heads if kv_heads is None or flaw == "kv-heads-ignored" else kv_heads
         table = torch.zeros(2, len(world_sizes), dtype=torch.int64)
         for col, P in enumerate(world_sizes):
-            q, k, v = torch.randn(1, heads, n, d), torch.randn(1, heads, n, d), torch.randn(1, heads, n, d)
+            q, k, v = torch.randn(1, h_kv, n, d), torch.randn(1, h_kv, n, d), torch.randn(1, h_kv, n, d)
             m = n // P
-            o, lse = torch.zeros(1, heads, m, d), torch.full((1, heads, m), -math.inf)
+            o, lse = torch.zeros(1, h_kv, m, d), torch.full((1, h_kv, m), -math.inf)
             ring = 0
             for t in range(P):
                 src = (0 - t) % P
@@ -191,21 +192,28 @@ def _measured(flaw=None):
                 ring += sent
                 if flaw == "ring-sends-every-step" and t == P - 1:
                     ring += 2 * ks.numel() * 4
-            local = q[:, :, :m]
-            pieces = local.chunk(P, dim=1)
             a2a = 0
-            for r, piece in enumerate(pieces):
-                if r == 0 and flaw != "all-to-all-sends-own-piece":
+            for local, kind in ((torch.zeros(1, heads, m, d), "q"), (k[:, :, :m], "k"), (v[:, :, :m], "v"),
+                                (torch.zeros(1, heads, m, d), "o")):
+                if kind == "o" and flaw == "all-to-all-output-forgotten":
                     continue
-                a2a += (local if flaw == "all-to-all-whole-shard" else piece).numel() * piece.element_size()
+                H = local.shape[1]
+                if H >= P or flaw == "kv-heads-not-replicated":
+                    pieces = list(local.chunk(P, dim=1))
+                else:                                            # each other rank gets its one shared KV head
+                    pieces = [local[:, r * H // P:r * H // P + 1] for r in range(P)]
+                for r, piece in enumerate(pieces):
+                    if r == 0 and flaw != "all-to-all-sends-own-piece":
+                        continue
+                    a2a += (local if flaw == "all-to-all-whole-shard" else piece).numel() * piece.element_size()
             table[0, col] = ring
-            table[1, col] = (3 if flaw == "all-to-all-output-forgotten" else 4) * a2a
+            table[1, col] = a2a
         return table.T if flaw == "transposed" else table
     return comm_bytes
 
 
 for _key in ("ring-sends-every-step", "ring-k-only", "all-to-all-sends-own-piece", "all-to-all-output-forgotten",
-             "all-to-all-whole-shard", "transposed"):
+             "all-to-all-whole-shard", "transposed", "kv-heads-ignored", "kv-heads-not-replicated"):
     WRONG.add("comm-bytes", _key, comm_bytes=_measured(_key))
 
 # ---------------------------------------------------------------------------------------------
@@ -377,9 +385,10 @@ def test_the_library_s_distributed_functions_and_softmax_are_refused():
 def test_the_io_model_is_refused_as_the_experiment():
     from attnlab import iomodel
 
-    def by_formula(world_sizes, n=48, heads=12, d=8):
-        return torch.tensor([[iomodel.ring_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes],
-                             [iomodel.ulysses_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes]])
+    def by_formula(world_sizes, n=48, heads=12, d=8, kv_heads=None):
+        return torch.tensor([[iomodel.ring_attention_bytes(1, heads, n, d, p, 4, kv_heads=kv_heads) for p in world_sizes],
+                             [iomodel.ulysses_attention_bytes(1, heads, n, d, p, 4, kv_heads=kv_heads)
+                              for p in world_sizes]])
 
     _refused("comm-bytes", {"comm_bytes": by_formula}, "attnlab.iomodel.")
 

@@ -109,10 +109,13 @@ HINTS = {
         "last step post nothing (on every rank alike). Return (o, lse).",
     ],
     "comm-bytes": [
-        "Ring: for world size P, shard q, k, v (1, heads, n, d) contiguously, drive rank 0 through its P steps with "
-        "your ring_step (k, v of rank (0 - t) % P at step t) and sum the `sent` it returns.",
+        "Ring: for world size P, shard q, k, v contiguously, drive rank 0 through its P steps with your ring_step (k, v "
+        "of rank (0 - t) % P at step t) and sum the `sent` it returns. Only K and V travel: give them kv_heads heads "
+        "(and the queries too, since ring_step attends head by head; they change nothing in `sent`).",
         "All-to-all: rank 0's local (1, heads, n/P, d) tensor is cut by heads into P pieces (.chunk(P, dim=1)); it "
-        "keeps its own piece and sends the other P - 1. Sum their bytes (numel * element_size).",
+        "keeps its own piece and sends the other P - 1. Sum their bytes (numel * element_size). K and V are cut the "
+        "same way while kv_heads >= P; below that, .chunk gives too few pieces: each other rank r still needs one "
+        "head, the KV head r * kv_heads // P its query heads share.",
         "Ulysses does four all-to-alls in the forward: q, k and v to head shards, and the output back (a head shard "
         "(1, heads/P, n, d) cut by positions). Return int64 (2, len(world_sizes)): ring row, then all-to-all.",
     ],

@@ -17,7 +17,8 @@
   docs/grading.md), elsewhere as the ranks report them (feedback). An ``all_gather`` sends the same bytes: the part
   forbids the collectives;
 - ``comm-bytes``: the experiment's counted bytes, reproduced by ``attnlab.iomodel`` (equal to the real ring's and
-  all-to-all's on a gloo group, tests/test_distributed.py).
+  all-to-all's on a gloo group, tests/test_distributed.py), with a salted case of fewer KV heads than query heads
+  (and than ranks at P = 8, where the all-to-all replicates each KV head).
 """
 
 import math
@@ -554,15 +555,18 @@ def _check_group(ns):
 WORLD_SIZES, N, HEADS, D = [1, 2, 3, 4], 48, 12, 8
 
 
-def _bytes_with(ring="2(P-1)", ulysses="4", keep=True, transpose=False):
-    def impl(world_sizes, n=48, heads=12, d=8):
+def _bytes_with(ring="2(P-1)", ulysses="4", keep=True, transpose=False, kv="right"):
+    def impl(world_sizes, n=48, heads=12, d=8, kv_heads=None):
+        h_kv = heads if kv_heads is None or kv == "ignored" else kv_heads
         rows = [[], []]
         for P in world_sizes:
-            shard_bytes = heads * (n // P) * d * 4
-            rows[0].append({"2(P-1)": 2 * (P - 1), "2P": 2 * P, "P-1": P - 1}[ring] * shard_bytes)
-            piece = shard_bytes // P if ulysses != "whole" else shard_bytes
+            head = (n // P) * d * 4                                       # bytes of one head of a local shard
+            rows[0].append({"2(P-1)": 2 * (P - 1), "2P": 2 * P, "P-1": P - 1}[ring] * h_kv * head)
             pieces = (P - 1) if keep else P
-            rows[1].append((3 if ulysses == "3" else 4) * pieces * piece)
+            q_heads = heads if ulysses == "whole" else heads // P         # heads of one piece of q (or O)
+            kv_piece = h_kv if ulysses == "whole" else max(h_kv // P, 1)  # heads of one piece of K (or V)
+            kv_sent = (min(h_kv, P) - 1) * kv_piece if kv == "not-replicated" else pieces * kv_piece
+            rows[1].append(((1 if ulysses == "3" else 2) * pieces * q_heads + 2 * kv_sent) * head)
         out = torch.tensor(rows, dtype=torch.int64)
         return out.T if transpose else out
     return impl
@@ -580,16 +584,26 @@ _BYTES_MISTAKES = [
             "1/P of it (heads / P of the heads)", _bytes_with(ulysses="whole")),
     Mistake("transposed", "rows are world sizes: row 0 is the ring, row 1 the all-to-all, one column per world "
             "size", _bytes_with(transpose=True)),
+    Mistake("kv-heads-ignored", "K and V are counted with all the query heads: with grouped-query attention they "
+            "have kv_heads heads, so the ring sends kv_heads / heads of the bytes, and so do the all-to-alls of K "
+            "and V (q and the output keep every head)", _bytes_with(kv="ignored")),
+    Mistake("kv-heads-not-replicated", "with fewer KV heads than ranks, K (and V) was cut into kv_heads pieces "
+            "(what .chunk(P, dim=1) gives then): every other rank still needs the KV head its query heads share, "
+            "one head of (n/P) positions to each of the P - 1 others", _bytes_with(kv="not-replicated")),
 ]
 
 
 @CHECKS("comm-bytes")
 def _check_bytes(ns):
-    h, d, m = salted_ints(11_300, (1, 4), (2, 16), (1, 4))
+    h, d, m, kv = salted_ints(11_300, (1, 4), (2, 16), (1, 4), (0, 2))
+    kv = (1, 2, 4)[kv]
     sizes = [1, 2, 3, 4, 6]
     cases = [(f"world sizes {WORLD_SIZES}, n={N}, heads={HEADS}, d={D}", (WORLD_SIZES,),
               {"n": N, "heads": HEADS, "d": D}),
-             (f"world sizes {sizes}, n={24 * m}, heads={12 * h}, d={d}", (sizes,), {"n": 24 * m, "heads": 12 * h, "d": d})]
+             (f"world sizes {sizes}, n={24 * m}, heads={12 * h}, d={d}", (sizes,), {"n": 24 * m, "heads": 12 * h, "d": d}),
+             (f"world sizes [1, 2, 4, 8], n={16 * m}, heads={8 * h}, d={d}, kv_heads={kv} (grouped-query; fewer "
+              f"KV heads than ranks at P=8)", ([1, 2, 4, 8],),
+              {"n": 16 * m, "heads": 8 * h, "d": d, "kv_heads": kv})]
     check_function(ns, "comm_bytes", specs.comm_bytes, cases, _BYTES_MISTAKES)
     table = specs.comm_bytes(WORLD_SIZES, N, HEADS, D)
     return (f"your counted bytes equal the IO model's to the byte; at P={WORLD_SIZES[-1]} a ring rank sends "

@@ -57,9 +57,10 @@ def ring_step(o, lse, q, k, v, rank, step, world_size, causal=False, layout="con
     return torch.cat(o_chunks, dim=2), torch.cat(l_chunks, dim=2), sent
 
 
-def comm_bytes(world_sizes, n=48, heads=12, d=8):
+def comm_bytes(world_sizes, n=48, heads=12, d=8, kv_heads=None):
     """The experiment: bytes one rank sends in the forward (batch 1, float32) for each world size, ring attention
-    (row 0) and all-to-all (row 1); int64 (2, len(world_sizes))."""
-    return torch.tensor([[iomodel.ring_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes],
-                         [iomodel.ulysses_attention_bytes(1, heads, n, d, p, 4) for p in world_sizes]],
-                        dtype=torch.int64)
+    (row 0) and all-to-all (row 1); int64 (2, len(world_sizes)). ``kv_heads`` (None: ``heads``): K and V have that
+    many heads (grouped-query attention), replicated in the all-to-all where fewer than the ranks."""
+    return torch.tensor([[iomodel.ring_attention_bytes(1, heads, n, d, p, 4, kv_heads=kv_heads) for p in world_sizes],
+                         [iomodel.ulysses_attention_bytes(1, heads, n, d, p, 4, kv_heads=kv_heads)
+                          for p in world_sizes]], dtype=torch.int64)
