@@ -33,8 +33,6 @@ from __future__ import annotations
 import statistics
 import time
 
-import torch
-
 from attnlab import validate
 from attnlab.iomodel import kv_cache_bytes
 from attnlab.linear_attention import recurrent_state_bytes

@@ -39,7 +39,8 @@ def main():
     p.add_argument("--out", default=None)
     args = p.parse_args()
     corpus = load_corpus()
-    parts = [f"# Hybrid layouts, trained longer (`python benchmarks/hybrids.py --steps {' '.join(map(str, args.steps))}`)",
+    command = f"python benchmarks/hybrids.py --steps {' '.join(map(str, args.steps))}"
+    parts = [f"# Hybrid layouts, trained longer (`{command}`)",
              "", f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
              f"{torch.__version__}, one thread per run. Recipe: `attnlab.hybrids.RECIPE` "
              f"({RECIPE['model']}), layouts `attnlab.hybrids.LAYOUTS`, seeds 0, 1, 2.", ""]

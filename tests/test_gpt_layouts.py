@@ -16,6 +16,15 @@ from attnlab.sparse import indexer_block_scores, select_blocks, selected_attenti
 V = 96
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices: one thread is faster, and does not stall when the CPU is shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tokens(B, T, seed=0):
     return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
 
@@ -148,6 +157,8 @@ def test_selected_layer_through_the_triton_kernel():
     ref = GPT(V, 48, 32, 2, 1, layout=["selected"], topk=2, select_block=16, seed=0)
     kern = GPT(V, 48, 32, 2, 1, layout=["selected"], topk=2, select_block=16, seed=0, attention="flash")
     assert kern.blocks[0].attn.use_kernel and not ref.blocks[0].attn.use_kernel
+    assert ref.set_attention("flash").blocks[0].attn.use_kernel
+    assert not ref.set_attention("sdpa").blocks[0].attn.use_kernel
     (la, loss_a), (lb, loss_b) = ref(x, x), kern(x, x)
     torch.testing.assert_close(lb, la, atol=1e-5, rtol=1e-5)
     loss_a.backward()
@@ -284,7 +295,7 @@ def test_set_attention_leaves_other_kinds_alone():
     before, _ = model(x)
     model.set_attention("reference")
     torch.testing.assert_close(model(x)[0], before, atol=1e-5, rtol=1e-5)
-    assert type(model.blocks[0].attn) is LocalSelfAttention
+    assert type(model.blocks[0].attn) is LocalSelfAttention and model.blocks[0].attn.use_reference
     maps = model.attention_maps(x)                                        # (2, 1, 2, 32, 32)
     assert maps.shape == (2, 1, 2, 32, 32)
     torch.testing.assert_close(maps.sum(-1), torch.ones(2, 1, 2, 32))

@@ -692,6 +692,8 @@ class GPT(nn.Module):
 
     def set_attention(self, attention, block_mask=None):
         """Swap every layer's attention for another backend (the weights stay). Returns ``self``.
+        In a layout: the dense layers'; "flash" also runs the selected layers through the Triton
+        kernel, "reference" the local layers through attnlab's reference; delta layers stay as they are.
 
         Example: ``model.set_attention("flash")``
         """
@@ -700,6 +702,10 @@ class GPT(nn.Module):
             raise ValueError(f"attention: the {attention!r} kernel needs a head size in {KERNEL_HEAD_DIMS}, got {hs}")
         for block in self.blocks:
             if type(block.attn) is not CausalSelfAttention:   # a layout's local, selected or delta layer
+                if isinstance(block.attn, SelectedSelfAttention):
+                    block.attn.use_kernel = attention == "flash"
+                elif isinstance(block.attn, LocalSelfAttention):
+                    block.attn.use_reference = attention == "reference"
                 continue
             block.attn.attend = attention_backend(attention, block_mask)
             block.attn.decode_attend = _decode_attend(attention)
