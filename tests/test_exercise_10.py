@@ -19,6 +19,43 @@ def _softmax_rows(s):
 
 
 # ---------------------------------------------------------------------------------------------
+# decode-cost: a learner's cost model, with one flaw each
+# ---------------------------------------------------------------------------------------------
+
+def _cost(flaw=None):
+    def decode_step_bytes(batch, context, params, layers, kv_heads, d, bytes_per_element=2):
+        e = {"element-size-ignored": 1, "bits-not-bytes": 8 * bytes_per_element}.get(flaw, bytes_per_element)
+        per_layer = kv_heads * d * e if flaw == "k-only" else 2 * kv_heads * d * e      # K and V of one token
+        per_token = per_layer if flaw == "cache-layers-missing" else per_layer * layers
+        tokens = context + 1 if flaw == "new-token-counted" else context
+        sequences = 1 if flaw == "cache-not-per-sequence" else batch
+        weights = 0 if flaw == "weights-forgotten" else params * e
+        if flaw == "weights-per-sequence":
+            weights *= batch
+        return weights + sequences * tokens * per_token
+    return decode_step_bytes
+
+
+def _crossover(flaw=None):
+    def crossover_tokens(params, layers, kv_heads, d, bytes_per_element=2):
+        weight_bytes = params if flaw == "crossover-weights-in-parameters" else params * bytes_per_element
+        kv = 1 if flaw == "crossover-k-only" else 2
+        cache_per_token = kv * kv_heads * d * (1 if flaw == "crossover-cache-in-elements" else bytes_per_element)
+        if flaw != "crossover-layers-missing":
+            cache_per_token *= layers
+        return cache_per_token / weight_bytes if flaw == "crossover-inverted" else weight_bytes / cache_per_token
+    return crossover_tokens
+
+
+for _key in ("weights-per-sequence", "k-only", "cache-layers-missing", "element-size-ignored", "bits-not-bytes",
+             "weights-forgotten", "cache-not-per-sequence", "new-token-counted"):
+    WRONG.add("decode-cost", _key, decode_step_bytes=_cost(_key))
+for _key in ("crossover-inverted", "crossover-k-only", "crossover-layers-missing", "crossover-weights-in-parameters",
+             "crossover-cache-in-elements"):
+    WRONG.add("decode-cost", _key, crossover_tokens=_crossover(_key))
+
+
+# ---------------------------------------------------------------------------------------------
 # decode-attention: a learner's loop, with one flaw each
 # ---------------------------------------------------------------------------------------------
 
@@ -281,7 +318,8 @@ test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
 # ---------------------------------------------------------------------------------------------
 
 def test_right_answers_written_another_way_pass():
-    for part, names in (("decode-attention", {"decode_attention": _decode()}),
+    for part, names in (("decode-cost", {"decode_step_bytes": _cost(), "crossover_tokens": _crossover()}),
+                        ("decode-attention", {"decode_attention": _decode()}),
                         ("split-partials", {"split_partials": _partials()}),
                         ("split-merge", {"merge_splits": _merge()}),
                         ("paged-gather", {"gather_sequence": _gather()}),
@@ -308,6 +346,17 @@ def test_the_library_s_reference_and_torch_s_softmax_are_refused():
         qn, qr, wk, wv, c, kr, scale=scale)}, "attnlab.grading.exercises.e10.spec.latent_decode")
     _refused("split-merge", {"merge_splits": lambda o, lse: (torch.softmax(lse, 2)[..., None] * o).sum(2)},
              "torch.softmax")
+
+
+def test_the_io_model_is_refused_as_the_cost_model():
+    from attnlab import iomodel
+
+    def by_library(batch, context, params, layers, kv_heads, d, bytes_per_element=2):
+        return params * bytes_per_element + batch * iomodel.kv_cache_bytes(context, layers, kv_heads, d,
+                                                                           bytes_per_element)
+
+    _refused("decode-cost", {"decode_step_bytes": by_library, "crossover_tokens": _crossover()},
+             "attnlab.iomodel.kv_cache_bytes")
 
 
 def test_the_io_model_is_refused_as_the_experiment():

@@ -10,6 +10,8 @@ EXERCISE = "10_inference"
 
 # in notebook order: Part(id, title, points, names of the learner's functions the check calls, kind)
 PARTS = [
+    Part("decode-cost", "what a decoding step reads: the weights once, each sequence's cache; where the two cross", 2,
+         ("decode_step_bytes", "crossover_tokens")),
     Part("decode-attention", "decoding attention over a cache: ragged lengths, new queries, shared KV heads", 3,
          ("decode_attention",)),
     Part("split-partials", "split-K: one chunk of keys, its partial output and log-sum-exp", 2, ("split_partials",)),
@@ -29,6 +31,8 @@ _REFERENCES = ["attnlab.kvcache.*", "attnlab.kernels.*"]
 
 # part id -> patterns of what its answer may not call (besides the library and the references)
 FORBIDDEN = {
+    # the library's cost model is the reference: decode_step_bytes, decode_crossover_tokens, kv_cache_bytes
+    "decode-cost": ["attnlab.iomodel.*"],
     "decode-attention": SOFTMAX + ATTENTION + _REFERENCES,
     "split-partials": SOFTMAX + ATTENTION + ["torch.logsumexp", "torch.Tensor.logsumexp"],
     "split-merge": SOFTMAX + ATTENTION + ["torch.logsumexp", "torch.Tensor.logsumexp"],
@@ -52,6 +56,15 @@ REQUIRED = {
 
 # part id -> up to three hints, revealed one per call of hint("part id")
 HINTS = {
+    "decode-cost": [
+        "Two reads make a step. Which of them does the batch share, and which does every sequence bring with it? "
+        "Write each as a count of numbers first, then turn numbers into bytes.",
+        "One token's entry in the cache: every layer keeps something for it, in every KV head, d numbers wide; "
+        "count everything that is stored per token and layer (what does attention read besides the keys?).",
+        "The crossover is a number of cached tokens, summed over the batch: set the caches' read, written as "
+        "(tokens) x (bytes per token), equal to the weights' read and solve for the tokens. Look at what happens "
+        "to bytes_per_element.",
+    ],
     "decode-attention": [
         "Work one sequence b at a time: L = int(cache_seqlens[b]); its keys are k_cache[b, :, :L] (H_kv, L, D). "
         "Positions past L are padding: never let a query see them.",

@@ -1,5 +1,8 @@
 """The checks of exercise 10_inference (one ``@CHECKS(part id)`` per graded part).
 
+- ``decode-cost``: the bytes a whole model's decoding step reads (weights once, each sequence's cache) and the
+  batch x context where the two reads cross, against ``attnlab.iomodel`` at Llama-2-7B's shape (batch 1 and 32),
+  a grouped-query model, fp32, and sizes from the salt;
 - ``decode-attention``: the learner's decoding attention against the library's reference over the cache,
   on ragged lengths with garbage past them, several new queries, grouped- and multi-query heads, a scale, and
   its peak memory at 32 query heads over 2 KV heads (a copy of the cache per query head fails);
@@ -27,7 +30,116 @@ CHECKS = Registry()
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. decoding attention over a cache
+# 1. what one decoding step reads: the weights and the caches
+# ---------------------------------------------------------------------------------------------
+
+LLAMA = (6.7e9, 32, 32, 128)                              # params, layers, kv_heads, d (Touvron et al. 2023)
+GQA8 = (6.7e9 - 32 * 2 * 4096 * (32 - 8) * 128, 32, 8, 128)  # lesson 10's what-if: K, V projections 4x narrower
+
+
+def _salted_model(seed):
+    """(params, layers, kv_heads, d, bytes_per_element, label) drawn from the salt."""
+    millions, layers, kv_heads, d, e = salted_ints(seed, (50, 9000), (2, 48), (1, 16), (0, 2), (0, 2))
+    d, e = (64, 96, 128)[d], (1, 2, 4)[e]
+    return (millions * 10**6, layers, kv_heads, d, e,
+            f"{millions}M params, {layers} layers, {kv_heads} KV heads, d={d}, bytes_per_element={e}")
+
+
+def _cost_cases():
+    batch, context = salted_ints(10_010, (2, 64), (1, 8192))
+    *model, e, label = _salted_model(10_011)
+    return [("Llama-2-7B-like (6.7e9 params, 32 layers, 32 KV heads, d=128, fp16), batch 1, context 4096",
+             (1, 4096, *LLAMA), {}),
+            ("Llama-2-7B-like, batch 32, context 512", (32, 512, *LLAMA), {}),
+            ("Llama-2-7B-like, batch 32, context 4096", (32, 4096, *LLAMA), {}),
+            (f"grouped-query ({GQA8[0]:,} params, 32 layers, 8 KV heads, d=128), batch 16, context 2048",
+             (16, 2048, *GQA8), {}),
+            ("GPT-2-small-like in fp32 (124M params, 12 layers, 12 KV heads, d=64), batch 4, context 1024",
+             (4, 1024, 124_000_000, 12, 12, 64), {"bytes_per_element": 4}),
+            (f"{label}, batch {batch}, context {context}", (batch, context, *model), {"bytes_per_element": e})]
+
+
+def _crossover_cases():
+    *model, e, label = _salted_model(10_012)
+    return [("Llama-2-7B-like (6.7e9 params, 32 layers, 32 KV heads, d=128, fp16)", LLAMA, {}),
+            (f"grouped-query ({GQA8[0]:,} params, 32 layers, 8 KV heads, d=128)", GQA8, {}),
+            ("GPT-2-small-like in fp32 (124M params, 12 layers, 12 KV heads, d=64)", (124_000_000, 12, 12, 64),
+             {"bytes_per_element": 4}),
+            (label, tuple(model), {"bytes_per_element": e})]
+
+
+def _per_token(layers, kv_heads, d, e, kv=2, with_layers=True):
+    return kv * (layers if with_layers else 1) * kv_heads * d * e
+
+
+def _cost_with(weights="once", kv=2, with_layers=True, e_rule="bytes", cache="per-sequence", tokens="context"):
+    """A wrong decode_step_bytes."""
+    def impl(batch, context, params, layers, kv_heads, d, bytes_per_element=2):
+        e = {"bytes": bytes_per_element, "ignored": 1, "bits": 8 * bytes_per_element}[e_rule]
+        c = _per_token(layers, kv_heads, d, e, kv, with_layers)
+        w = {"once": params * e, "per-sequence": batch * params * e, "none": 0}[weights]
+        n = context + 1 if tokens == "plus-new" else context
+        return w + (batch if cache == "per-sequence" else 1) * n * c
+    return impl
+
+
+def _crossover_with(inverted=False, kv=2, with_layers=True, units="bytes"):
+    """A wrong crossover_tokens."""
+    def impl(params, layers, kv_heads, d, bytes_per_element=2):
+        e = bytes_per_element
+        weights = params if units == "weights-in-params" else params * e
+        c = _per_token(layers, kv_heads, d, 1 if units == "cache-in-elements" else e, kv, with_layers)
+        return c / weights if inverted else weights / c
+    return impl
+
+
+_COST_MISTAKES = [
+    Mistake("weights-per-sequence", "the weights are counted once per sequence (times the batch): every sequence's "
+            "token meets the same matrices, so a step reads them once for the whole batch", _cost_with("per-sequence")),
+    Mistake("k-only", "only the keys are counted: the cache holds K and V, 2 x layers x kv_heads x d x e bytes per "
+            "token", _cost_with(kv=1)),
+    Mistake("cache-layers-missing", "the cache per token is counted for one layer: every layer has its own K and V, "
+            "2 x layers x kv_heads x d x e bytes per token", _cost_with(with_layers=False)),
+    Mistake("element-size-ignored", "elements are counted, not bytes: multiply the parameters and the cache's "
+            "entries by bytes_per_element", _cost_with(e_rule="ignored")),
+    Mistake("bits-not-bytes", "the element size is in bits (16 for fp16): bytes_per_element is already in bytes",
+            _cost_with(e_rule="bits")),
+    Mistake("weights-forgotten", "only the caches are counted: a step also reads every weight once, params x "
+            "bytes_per_element bytes", _cost_with("none")),
+    Mistake("cache-not-per-sequence", "one cache is counted for the whole batch: each of the batch's sequences has "
+            "its own cache of `context` tokens, read at every step", _cost_with(cache="shared")),
+    Mistake("new-token-counted", "context + 1 tokens are counted: the step reads the `context` cached tokens; the "
+            "new token's K and V entry is written, not read, and not counted here", _cost_with(tokens="plus-new")),
+]
+
+_CROSSOVER_MISTAKES = [
+    Mistake("crossover-inverted", "this is the cache's bytes per token over the weights' bytes: the crossover is "
+            "the number of cached tokens whose read equals the weights', params x e / (cache bytes per token)",
+            _crossover_with(inverted=True)),
+    Mistake("crossover-k-only", "the cache per token counts only the keys: K and V, 2 x layers x kv_heads x d x e bytes",
+            _crossover_with(kv=1)),
+    Mistake("crossover-layers-missing", "the cache per token is counted for one layer: 2 x layers x kv_heads x d x e "
+            "bytes", _crossover_with(with_layers=False)),
+    Mistake("crossover-weights-in-parameters", "the weights are counted in parameters and the cache in bytes: count both in "
+            "bytes (params x e), or both in elements", _crossover_with(units="weights-in-params")),
+    Mistake("crossover-cache-in-elements", "the weights are counted in bytes and the cache in elements: count both in bytes "
+            "(2 x layers x kv_heads x d x e per token), or both in elements", _crossover_with(units="cache-in-elements")),
+]
+
+
+@CHECKS("decode-cost")
+def _check_cost(ns):
+    n = check_function(ns, "decode_step_bytes", specs.decode_step_bytes, _cost_cases(), _COST_MISTAKES)
+    m = check_function(ns, "crossover_tokens", specs.crossover_tokens, _crossover_cases(),
+                       _CROSSOVER_MISTAKES)
+    one = specs.decode_step_bytes(1, 4096, *LLAMA)
+    return (f"{n} steps and {m} crossovers match: at batch 1 and 4,096 tokens the weights are "
+            f"{LLAMA[0] * 2 / one:.0%} of a 7B step; the caches' read passes the weights' past "
+            f"{specs.crossover_tokens(*LLAMA):,.0f} tokens (MHA), {specs.crossover_tokens(*GQA8):,.0f} (8 KV heads)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. decoding attention over a cache
 # ---------------------------------------------------------------------------------------------
 
 def _decode_cases():
@@ -141,7 +253,7 @@ def _check_decode(ns):
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. split-K: the partials
+# 3. split-K: the partials
 # ---------------------------------------------------------------------------------------------
 
 def _split_cases():
@@ -219,7 +331,7 @@ def _check_partials(ns):
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. the merge
+# 4. the merge
 # ---------------------------------------------------------------------------------------------
 
 def _merge_cases():
@@ -320,7 +432,7 @@ def _check_merge(ns):
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. the paged gather
+# 5. the paged gather
 # ---------------------------------------------------------------------------------------------
 
 def _paged_cases():
@@ -371,7 +483,7 @@ def _check_gather(ns):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. multi-head latent attention, decoded absorbed
+# 6. multi-head latent attention, decoded absorbed
 # ---------------------------------------------------------------------------------------------
 
 def _latent_inputs(g, B, H, d_h, d_lat, d_rope, L):
@@ -472,7 +584,7 @@ def _check_latent(ns):
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. the experiment: bytes per token
+# 7. the experiment: bytes per token
 # ---------------------------------------------------------------------------------------------
 
 CONTEXTS, KV_HEADS, HEADS, D = [48, 130], [8, 2, 1], 8, 16

@@ -1,7 +1,9 @@
 """The references of exercise 10_inference: what the grader compares the learner's answers with.
 
 Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
-The maths has one home, the library: decoding attention is ``attnlab.kvcache.decode_reference``, a paged
+The maths has one home, the library: the bytes a whole model's decoding step reads and their crossover are
+``attnlab.iomodel.decode_step_bytes`` (its ``bytes_read``: the new token's K and V entry is written, not read) and
+``attnlab.iomodel.decode_crossover_tokens``; decoding attention is ``attnlab.kvcache.decode_reference``, a paged
 gather ``attnlab.kvcache.gather_cache``, the bytes of a decoding step ``attnlab.iomodel.decode_io`` (equal to
 the traced kernel, tests/test_kernels_decode.py). What is specific to the exercise: the split of the keys into
 chunks written in PyTorch, and the merge; and multi-head latent attention's decode with plain tensors for weights,
@@ -17,6 +19,20 @@ import torch
 from attnlab import iomodel
 from attnlab.attention import scaled_dot_product_attention
 from attnlab.kvcache import decode_reference, gather_cache
+
+
+def decode_step_bytes(batch, context, params, layers, kv_heads, d, bytes_per_element=2):
+    """Bytes one decoding step of a whole model reads: the ``params`` weights once, shared by the batch, and each of
+    the ``batch`` sequences' K and V caches of ``context`` tokens, 2 x layers x kv_heads x d x e bytes per token.
+    The new token's K and V entry, written, is not counted (lesson 10 section 1: P e + B L c)."""
+    return iomodel.decode_step_bytes(batch, context, params=params, layers=layers, heads=kv_heads, d=d,
+                                     kv_heads=kv_heads, bytes_per_element=bytes_per_element).bytes_read
+
+
+def crossover_tokens(params, layers, kv_heads, d, bytes_per_element=2):
+    """batch x context at which the caches' read equals the weights': P e / c, a float."""
+    return iomodel.decode_crossover_tokens(params=params, layers=layers, d=d, kv_heads=kv_heads,
+                                           bytes_per_element=bytes_per_element)
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, scale=None):
