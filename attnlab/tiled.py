@@ -29,6 +29,15 @@ explain, and on a CPU it is genuinely fast (see ``benchmarks/cpu_attention.py``)
 - FlashAttention's own arithmetic trick: fold ``log2(e)`` into the scale and use ``exp2``
   (``exp(x) = 2^(x log2 e)``), several times cheaper than ``exp``.
 
+At a huge scale (``|scale| > HUGE_SCALE``) the scaled scores overflow float32 (``1e37 * 24 * log2 e`` is past
+3.4e38, and ``inf - inf`` is NaN), and the backward's ``exp(s - lse)`` subtracts two numbers of 1e31
+whose roundings alone are 1e24. There, and only there (see :func:`huge_scale`), the max is taken of the
+raw scores ``q k^T`` (times the scale's sign) and the scale multiplies *after* subtracting it, where
+``s - m <= 0`` can only go to ``-inf``; the lse is kept divided by ``|scale|``, so that ``s - lse`` is
+exactly 0 at a one-hot row's max (and rounded up where the row's other mass would round away, so that
+a recomputed P of exactly 1 means a one-hot row); and there dS is 0, the exact value, instead of
+``dP - D``'s rounding times the scale (1e24 at a scale of 1e30). The kernels in ``kernels/`` do the same.
+
 Conventions: tensors ``(B, H, N, D)``; ``causal=True`` is top-left aligned (query i sees keys
 j <= i, as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``), and blocks that lie
 entirely above the diagonal are skipped, never computed. With top-left alignment every query row sees
@@ -50,6 +59,19 @@ DEFAULT_BLOCK_M = 512
 DEFAULT_BLOCK_N = 512
 LOG2E = math.log2(math.e)   # exp(x) == exp2(x * LOG2E); exp2 is 2-4x cheaper than exp on this CPU
 LN2 = math.log(2.0)
+# |scale| above which scores are scaled after the max is subtracted (huge_scale). Below it, every scale a
+# model uses (1/sqrt(d), temperatures into the hundreds), the usual order (scale, then subtract) is kept bit
+# for bit. Above it that order loses P's precision, |s| * 2**-24 in each exponent of the backward: with
+# scores q.k of a few units (float32, d = 16 and 64, a loss on O and the lse) the kernels' gradients were off
+# by up to 1e-3 (relative) at a scale of 1e3, 2e-2 at 1e4, 2 at 1e6 and NaN at 1e37, against 2e-6 in the
+# other order, which at scales of 30 and 300 was about as exact as the usual one
+HUGE_SCALE = 2.0 ** 10
+
+
+def huge_scale(scale):
+    """Whether ``scale`` is so large that attention scales the scores after subtracting their max (the
+    kernels' ``HUGE_SCALE`` branch; see the module docstring). Example: ``huge_scale(1e30)  # True``"""
+    return abs(scale) > HUGE_SCALE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,19 +198,23 @@ def _run_blocks(program, n_blocks, device):
 
 
 def _flash_forward(q, k, v, scale, causal, block_m, block_n):
-    """q (BH, Nq, D), k (BH, Nk, D), v (BH, Nk, Dv), float32 -> out (BH, Nq, Dv), lse (BH, Nq)."""
+    """q (BH, Nq, D), k (BH, Nk, D), v (BH, Nk, Dv), float32 -> out (BH, Nq, Dv), lse (BH, Nq)
+    (divided by ``|scale|`` when :func:`huge_scale`: the backward's L)."""
     BH, Nq, _ = q.shape
     Nk, Dv = k.shape[1], v.shape[2]
     out = q.new_empty(BH, Nq, Dv)                                   # (BH, Nq, Dv)
     lse = q.new_empty(BH, Nq)                                       # (BH, Nq)
     kT = k.transpose(1, 2)                                          # (BH, D, Nk) a view
+    huge = huge_scale(scale)
+    # huge: q takes only the scale's sign, and the scale multiplies after the max (scores * scale overflow)
+    q_scale, exp_scale = (math.copysign(1.0, scale), abs(scale) * LOG2E) if huge else (scale * LOG2E, 1.0)
 
     def program(i):
         """One block of queries, rows [q0, q1), against all the key blocks it sees; all heads at once."""
         q0 = i * block_m
         q1 = min(q0 + block_m, Nq)
         # fold scale and log2(e) into q: scores come out in base-2 units, so exp2 replaces exp
-        qi = q[:, q0:q1] * (scale * LOG2E)                          # (BH, bm, D)
+        qi = q[:, q0:q1] * q_scale                                  # (BH, bm, D)
         m = q.new_full((BH, q1 - q0, 1), float("-inf"))             # (BH, bm, 1) running max
         l = q.new_zeros(BH, q1 - q0, 1)                             # (BH, bm, 1) running sum
         acc = q.new_zeros(BH, q1 - q0, Dv)                          # (BH, bm, Dv) running output
@@ -200,15 +226,20 @@ def _flash_forward(q, k, v, scale, causal, block_m, block_n):
             m_new = torch.maximum(m, s.amax(dim=2, keepdim=True))   # (BH, bm, 1)
             # rows with nothing seen yet keep m_new = -inf: shift by 0 so exp(-inf) = 0, not NaN
             shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # (BH, bm, 1)
-            p = s.sub_(shift).exp2_()                               # (BH, bm, bn) tile of P, in place
-            alpha = torch.exp2(m - shift)                           # (BH, bm, 1) rescale old stats
+            s.sub_(shift)
+            if huge:
+                s.mul_(exp_scale)                                   # (BH, bm, bn) <= 0: nothing overflows
+            p = s.exp2_()                                           # (BH, bm, bn) tile of P, in place
+            alpha = torch.exp2((m - shift) * exp_scale)             # (BH, bm, 1) rescale old stats
             l.mul_(alpha).add_(p.sum(dim=2, keepdim=True))          # (BH, bm, 1)
             acc.mul_(alpha).baddbmm_(p, v[:, k0:k1])                # (BH, bm, Dv) acc = alpha*acc + p v
             m = m_new
         seen = l > 0                                                # (BH, bm, 1) False only if Nk == 0
         out[:, q0:q1] = acc / torch.where(seen, l, torch.ones_like(l))            # (BH, bm, Dv)
-        lse2 = torch.where(seen, m + torch.log2(l), m.new_tensor(float("-inf")))  # (BH, bm, 1) base 2
-        lse[:, q0:q1] = lse2[..., 0] * LN2                          # (BH, bm) natural log-sum-exp
+        lse2 = torch.where(seen, m + torch.log2(l) / exp_scale, m.new_tensor(float("-inf")))  # (BH, bm, 1)
+        if huge:   # the row's other mass rounded away in m + log2(l) / exp_scale: round up, so P == 1 means one-hot
+            lse2 = torch.where((l > 1) & (lse2 == m), m + m.abs() * torch.finfo(m.dtype).eps, lse2)
+        lse[:, q0:q1] = lse2[..., 0] * (1.0 if huge else LN2)       # (BH, bm) natural (huge: / |scale|)
 
     _run_blocks(program, -(-Nq // block_m), q.device)
     return out, lse
@@ -231,8 +262,12 @@ def _flash_backward(q, k, v, out, lse, dout, dlse, scale, causal, block_m, block
         delta = delta - dlse[..., None]                             # (BH, Nq, 1)
     # rows with no keys (lse = -inf) have P = 0: use +inf so exp(s - lse) = 0; base 2 as in forward
     lse = torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)   # (BH, Nq)
-    lse2 = (lse * LOG2E)[..., None]                                 # (BH, Nq, 1)
-    q_scaled = q * (scale * LOG2E)                                  # (BH, Nq, D) base-2 scores
+    huge = huge_scale(scale)
+    if huge:   # as the forward: raw scores (times the scale's sign), the lse divided by |scale|
+        lse2, q_scaled = lse[..., None], q * math.copysign(1.0, scale)                  # (BH, Nq, 1), (BH, Nq, D)
+    else:
+        lse2 = (lse * LOG2E)[..., None]                             # (BH, Nq, 1)
+        q_scaled = q * (scale * LOG2E)                              # (BH, Nq, D) base-2 scores
 
     def program(j):
         """One block of keys, [k0, k1), against all the query blocks that see it; all heads at once."""
@@ -251,10 +286,15 @@ def _flash_backward(q, k, v, out, lse, dout, dlse, scale, causal, block_m, block
             if on_diagonal:
                 keep = _causal_keep(q0, q1 - q0, k0, k1 - k0, q.device)   # (bm, bn)
                 s.masked_fill_(~keep, float("-inf"))
-            p = s.sub_(lse2[:, q0:q1]).exp2_()                      # (BH, bm, bn) recomputed P tile
+            s.sub_(lse2[:, q0:q1])
+            if huge:   # scale after subtracting; P <= 1, so a rounding above the lse is capped at 0
+                s.mul_(abs(scale) * LOG2E).clamp_(max=0.0)
+            p = s.exp2_()                                           # (BH, bm, bn) recomputed P tile
             dvj.baddbmm_(p.transpose(1, 2), doi)                    # (BH, bn, Dv) dV_j += P^T dO_i
             dp = torch.bmm(doi, vj.transpose(1, 2))                 # (BH, bm, bn) dP = dO_i V_j^T
             ds = dp.sub_(delta[:, q0:q1]).mul_(p)                   # (BH, bm, bn) dS = P * (dP - D)
+            if huge and dlse is None:   # one-hot: dS = 0 (dP - D is a rounding, times the scale below)
+                ds.masked_fill_(p == 1.0, 0.0)
             dq[:, q0:q1].baddbmm_(ds, kj, alpha=scale)              # (BH, bm, D)  dQ_i += dS K_j * scale
             dkj.baddbmm_(ds.transpose(1, 2), qi, alpha=scale)       # (BH, bn, D)  dK_j += dS^T Q_i * scale
         dk[:, k0:k1] = dkj
@@ -291,6 +331,8 @@ class _TiledAttention(torch.autograd.Function):
         ctx.shapes, ctx.dtype = (B, H, Nq, Nk, D, Dv), dtype
         out = out3.reshape(B, H, Nq, Dv).to(dtype)                  # (B, H, Nq, Dv)
         lse = lse3.reshape(B, H, Nq)                                # (B, H, Nq) kept in the work dtype
+        if huge_scale(scale):
+            lse = lse * abs(scale)                                  # (B, H, Nq) natural: the forward kept lse / |scale|
         return out, lse
 
     @staticmethod

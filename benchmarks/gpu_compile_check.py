@@ -46,6 +46,9 @@ def signature(kernel, dtype, consts, ints=("H", "H_KV", "GROUP", "N_Q", "N_K"), 
     (cp.async), which is what decides whether a configuration fits. Without it a compile check
     under-counts shared memory."""
     params = list(inspect.signature(kernel.fn).parameters)
+    defaults = {n: p.default for n, p in inspect.signature(kernel.fn).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    consts = {**defaults, **consts}   # a constexpr with a default (HUGE_SCALE=False) takes it, as a launch does
     if consts.get("KEEP_F32_O") is False:   # the forward's float32 copy of O is None unless it is kept
         none = tuple(none) + ("O_F32",)
     sig, constexprs, attrs = {}, {}, {}

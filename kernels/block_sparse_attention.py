@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from attnlab import validate
+from attnlab.tiled import huge_scale
 
 from ._runtime import dot_precision, jit, use_interpreter
 from ._tuning import launch, native_options
@@ -65,6 +66,7 @@ def _bsa_fwd_kernel(
     DOT_PRECISION: tl.constexpr,         # NEW: no CAUSAL: causality is part of the mask
     EVEN_N: tl.constexpr,
     KEEP_F32_O: tl.constexpr,            # float16 inputs that need gradients: keep O unrounded for the backward
+    HUGE_SCALE: tl.constexpr = False,    # |scale| > attnlab.tiled.HUGE_SCALE: scale after the max (below)
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -87,6 +89,9 @@ def _bsa_fwd_kernel(
     # read BLOCK_M * d elements of Q, once
     q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
     qk_scale = sm_scale * LOG2E
+    # s = q.k * s_scale, P = exp2((s - m) * exp_scale). A huge scale would overflow s (inf - inf = NaN):
+    # there s is the raw score times the scale's sign, and the scale multiplies s - m <= 0 instead
+    s_scale, exp_scale = (tl.where(sm_scale < 0, -1.0, 1.0), tl.abs(qk_scale)) if HUGE_SCALE else (qk_scale, 1.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -110,7 +115,7 @@ def _bsa_fwd_kernel(
             k = tl.load(k_ptrs)
         else:
             k = tl.load(k_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * s_scale
         if not EVEN_N:   # (a mask made from a tile pattern may keep a ragged last block as full)
             s = tl.where(offs_n[None, :] < N_K, s, float("-inf"))
         if not is_full:  # NEW: a partial block: read its BLOCK_M * BLOCK_N int8 mask tile (and 1 int, its id)
@@ -119,8 +124,8 @@ def _bsa_fwd_kernel(
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # NEW: a row may have seen no key yet (m_new = -inf): subtract 0, not -inf, to avoid NaN
         m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_new_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_new_safe)
+        p = tl.math.exp2((s - m_new_safe[:, None]) * exp_scale)
+        alpha = tl.math.exp2((m_i - m_new_safe) * exp_scale)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         # read BLOCK_N * d elements of V
         if EVEN_N:
@@ -139,8 +144,11 @@ def _bsa_fwd_kernel(
         # write BLOCK_M * d float32 elements more: the backward's D = rowsum(dO * O) from a float16 O
         # loses dQ at large inputs (a rounding of O is a rounding of every D_i, multiplied by K in dQ)
         tl.store(O_F32 + o_offs, o, mask=offs_m[:, None] < N_Q)
-    # write BLOCK_M elements of L (NEW: -inf for a row that saw no key)
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    # write BLOCK_M elements of L (NEW: -inf for a row that saw no key; HUGE_SCALE: lse / |scale|, as flash's)
+    lse = m_i + tl.math.log2(l_safe) / exp_scale if HUGE_SCALE else (m_i + tl.math.log2(l_safe)) * LN2
+    if HUGE_SCALE:  # the row's other mass rounded away: round up, so that P == 1 means one-hot (flash_attention.py)
+        lse = tl.where((l_i > 1.0) & (lse == m_i), m_i + tl.abs(m_i) * 1.1920928955078125e-07, lse)
+    lse = tl.where(l_i == 0.0, float("-inf"), lse)
     tl.store(L + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
     # per program: read 1 Q tile, 2 tiles (K, V) per visited block, a mask tile per partial
     # block and 2 + visited ints of lists; write one O tile (two with KEEP_F32_O) and one L column
@@ -171,6 +179,8 @@ def _bsa_bwd_dkdv_kernel(
     GROUP: tl.constexpr,                 # query heads per KV head: the loop over them is unrolled
     DOT_PRECISION: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    HUGE_SCALE: tl.constexpr = False,    # as flash_attention.py's backward
+    ONE_HOT_ZERO: tl.constexpr = False,  # HUGE_SCALE and no gradient into the lse: dS = 0 in one-hot rows
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -185,6 +195,7 @@ def _bsa_bwd_dkdv_kernel(
     k = tl.load(K + b * stride_kb + h_kv * stride_kh + col0 * stride_kn + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
     v = tl.load(V + b * stride_vb + h_kv * stride_vh + col0 * stride_vn + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
     qk_scale = sm_scale * LOG2E
+    s_scale, exp_scale = (tl.where(sm_scale < 0, -1.0, 1.0), tl.abs(qk_scale)) if HUGE_SCALE else (qk_scale, 1.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     tile_offs_t = tl.arange(0, BLOCK_N)[:, None] + tl.arange(0, BLOCK_M)[None, :] * BLOCK_N   # NEW: a tile, transposed
@@ -218,10 +229,13 @@ def _bsa_bwd_dkdv_kernel(
             else:
                 q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
                 lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=0.0)
-            lse2 = lse * LOG2E
+            lse2 = lse if HUGE_SCALE else lse * LOG2E                  # HUGE_SCALE: in s's units already
             lse2 = tl.where(lse == float("-inf"), float("inf"), lse2)  # NEW: a row that saw no key: P = 0
-            s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
-            p_t = tl.math.exp2(s_t - lse2[None, :])
+            s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * s_scale
+            if HUGE_SCALE:  # subtract, then scale (the forward's order); P <= 1 against a rounding
+                p_t = tl.math.exp2(tl.minimum((s_t - lse2[None, :]) * exp_scale, 0.0))
+            else:
+                p_t = tl.math.exp2(s_t - lse2[None, :])
             if not (EVEN_M and EVEN_N):
                 p_t = tl.where((offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K), p_t, 0.0)
             if not is_full:  # NEW: read the partial block's mask tile, transposed
@@ -239,6 +253,8 @@ def _bsa_bwd_dkdv_kernel(
                 delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
             dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             ds_t = p_t * (dp_t - delta[None, :])
+            if ONE_HOT_ZERO:  # P == 1 in a one-hot row, whose dP - D is a rounding (flash_attention.py)
+                ds_t = tl.where((p_t == 1.0), 0.0, ds_t)
             dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
     dk = dk * sm_scale
     # write 2 * BLOCK_N * d elements (dK and dV)
@@ -265,6 +281,7 @@ def _bsa_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EVEN_N: tl.constexpr,
+    HUGE_SCALE: tl.constexpr = False, ONE_HOT_ZERO: tl.constexpr = False,   # as in the dK/dV kernel
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -281,11 +298,12 @@ def _bsa_bwd_dq_kernel(
     do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_don + rows[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
     lse = tl.load(L + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
-    lse2 = lse * LOG2E
+    lse2 = lse if HUGE_SCALE else lse * LOG2E                        # HUGE_SCALE: in s's units already
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse2)       # NEW: a row that saw no key: P = 0
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
     qk_scale = sm_scale * LOG2E
+    s_scale, exp_scale = (tl.where(sm_scale < 0, -1.0, 1.0), tl.abs(qk_scale)) if HUGE_SCALE else (qk_scale, 1.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     num_off = b * stride_numb + h * stride_numh + pid_m             # NEW
     idx_off = b * stride_idxb + h * stride_idxh + pid_m * stride_idxq
@@ -311,8 +329,11 @@ def _bsa_bwd_dq_kernel(
             k = tl.load(k_ptrs)
         else:
             k = tl.load(k_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        p = tl.math.exp2(s - lse2[:, None])
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * s_scale
+        if HUGE_SCALE:  # as in the dK/dV kernel
+            p = tl.math.exp2(tl.minimum((s - lse2[:, None]) * exp_scale, 0.0))
+        else:
+            p = tl.math.exp2(s - lse2[:, None])
         if not EVEN_N:
             p = tl.where(offs_n[None, :] < N_K, p, 0.0)
         if not is_full:  # NEW: the partial block's mask tile
@@ -324,6 +345,8 @@ def _bsa_bwd_dq_kernel(
             v = tl.load(v_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
+        if ONE_HOT_ZERO:  # as in the dK/dV kernel
+            ds = tl.where((p == 1.0), 0.0, ds)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
     dq = dq * sm_scale
     # write BLOCK_M * d elements
@@ -398,6 +421,7 @@ def _bsa_forward(q, k, v, bm, scale, needs_grad=False):
             H, H // k.shape[1], n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
             DOT_PRECISION=dot_precision(q.dtype), EVEN_N=n_k % block_n == 0, KEEP_F32_O=o32 is not None,
+            HUGE_SCALE=huge_scale(scale),
             **native_options(config),
         )
 
@@ -417,6 +441,7 @@ def _bsa_backward(do, dlse, q, k, v, o, lse, bm, scale):
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
     q_lists, sq, tiles, st = _lists(bm, B, H, transposed=True)
     kv_lists, skv, _, _ = _lists(bm, B, H)
+    huge = huge_scale(scale)
 
     def run_dkdv(config):
         _bsa_bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), B * H_kv)](
@@ -426,6 +451,7 @@ def _bsa_backward(do, dlse, q, k, v, o, lse, bm, scale):
             H_kv, n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, GROUP=H // H_kv, DOT_PRECISION=dot_precision(q.dtype),
             EVEN_M=n_q % block_m == 0, EVEN_N=n_k % block_n == 0,
+            HUGE_SCALE=huge, ONE_HOT_ZERO=huge and dlse is None,
             **native_options(config),
         )
 
@@ -436,7 +462,7 @@ def _bsa_backward(do, dlse, q, k, v, o, lse, bm, scale):
             lse.stride(0), lse.stride(1), *_strides(dq), *skv, *st,
             H, H // H_kv, n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype),
-            EVEN_N=n_k % block_n == 0,
+            EVEN_N=n_k % block_n == 0, HUGE_SCALE=huge, ONE_HOT_ZERO=huge and dlse is None,
             **native_options(config),
         )
 
@@ -454,7 +480,8 @@ class _BlockSparseAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o_saved, lse)   # o_saved: float32 for float16 inputs (D's precision)
         ctx.bm, ctx.scale = bm, scale
         ctx.set_materialize_grads(False)
-        return o, lse.squeeze(-1)
+        lse = lse.squeeze(-1)
+        return o, (lse * abs(scale) if huge_scale(scale) else lse)   # the kernel's L is lse / |scale| there
 
     @staticmethod
     def backward(ctx, do, dlse):

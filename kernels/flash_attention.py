@@ -24,7 +24,13 @@ What you learn here:
 * offsets are 64-bit where a program id (or a block's first row) times a stride can pass 2**31
   (``.to(tl.int64)`` on the batch, the head and the block start, as Triton's fused-attention
   tutorial does for the batch and head); offsets inside a block stay 32-bit, so the masks'
-  index vectors cost no extra registers.
+  index vectors cost no extra registers;
+* any finite scale: above ``attnlab.tiled.HUGE_SCALE`` (``HUGE_SCALE=True``, the wrapper's choice)
+  the scores times the scale can overflow float32 (``inf - inf`` is NaN), and the backward's
+  ``s - L``, a difference of two numbers near 1e31 at a scale of 1e30, is all rounding; there the max
+  is taken of the raw scores and the scale multiplies after subtracting it, L is kept divided by
+  ``|scale|`` (the wrapper multiplies it back), and dS is 0 in one-hot rows. Below it the arithmetic
+  is the usual one, bit for bit (``attnlab.tiled`` says why, with the same two orders in PyTorch).
 
 This file is lesson 07's step (c) (``flash_steps.fwd_causal_kernel``) plus what a GPU and the
 course need: any strides, Nq != Nk, ``exp2``, masks only on the blocks that need them, the
@@ -43,6 +49,7 @@ import triton
 import triton.language as tl
 
 from attnlab import validate
+from attnlab.tiled import huge_scale
 
 from ._runtime import dot_precision, jit, use_interpreter
 from ._tuning import INTERPRETER_BLOCKS, default_block_sizes, launch, native_options
@@ -83,6 +90,7 @@ def _attn_fwd_kernel(
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EVEN_N: tl.constexpr,                # Nk % BLOCK_N == 0: no key block runs past the end
     KEEP_F32_O: tl.constexpr,            # float16 inputs that need gradients: keep O unrounded for the backward
+    HUGE_SCALE: tl.constexpr = False,    # |scale| > attnlab.tiled.HUGE_SCALE: scale after the max (below)
 ):
     pid_m = tl.program_id(0)             # which block of BLOCK_M queries
     pid_bh = tl.program_id(1)            # which (batch, head)
@@ -100,8 +108,11 @@ def _attn_fwd_kernel(
     # read BLOCK_M * d elements of Q, once (rows past Nq are masked off and cost nothing)
     q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
     qk_scale = sm_scale * LOG2E          # fold log2(e) in: use exp2 below
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max (log2 units)
-    l_i = tl.zeros([BLOCK_M], tl.float32)                # running row sum of exp2(s - m_i)
+    # s = q.k * s_scale, P = exp2((s - m) * exp_scale). A huge scale would overflow s (inf - inf = NaN):
+    # there s is the raw score times the scale's sign, and the scale multiplies s - m <= 0 instead
+    s_scale, exp_scale = (tl.where(sm_scale < 0, -1.0, 1.0), tl.abs(qk_scale)) if HUGE_SCALE else (qk_scale, 1.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of s (log2 units; raw: HUGE_SCALE)
+    l_i = tl.zeros([BLOCK_M], tl.float32)                # running row sum of exp2((s - m_i) * exp_scale)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)      # running unnormalised output
 
     if CAUSAL:
@@ -120,7 +131,7 @@ def _attn_fwd_kernel(
             k = tl.load(k_ptrs)
         else:
             k = tl.load(k_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), on chip
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * s_scale   # (BLOCK_M, BLOCK_N), on chip
         # masks cost time on every element, so each is applied only to the blocks that need it
         if not EVEN_N:
             s = tl.where(offs_n[None, :] < N_K, s, float("-inf"))
@@ -130,8 +141,8 @@ def _attn_fwd_kernel(
         # online softmax: new max, rescale what was accumulated so far (every row sees key 0 in
         # the first block, so m_new is finite)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2((s - m_new[:, None]) * exp_scale)
+        alpha = tl.math.exp2((m_i - m_new) * exp_scale)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         # read BLOCK_N * d elements of V
         if EVEN_N:
@@ -149,8 +160,11 @@ def _attn_fwd_kernel(
         # write BLOCK_M * d float32 elements more: the backward's D = rowsum(dO * O) from a float16 O
         # loses dQ at large inputs (a rounding of O is a rounding of every D_i, multiplied by K in dQ)
         tl.store(O_F32 + o_offs, o, mask=offs_m[:, None] < N_Q)
-    # write BLOCK_M elements of L: log-sum-exp in natural-log units
-    lse = (m_i + tl.math.log2(l_i)) * LN2
+    # write BLOCK_M elements of L: log-sum-exp in natural-log units (HUGE_SCALE: divided by |scale|, in s's
+    # units, so that the backward's s - L is exactly 0 at a one-hot row's max; the wrapper multiplies it back)
+    lse = m_i + tl.math.log2(l_i) / exp_scale if HUGE_SCALE else (m_i + tl.math.log2(l_i)) * LN2
+    if HUGE_SCALE:  # the row's other mass rounded away in m + log2(l) / exp_scale: round up, so P == 1 means one-hot
+        lse = tl.where((l_i > 1.0) & (lse == m_i), m_i + tl.abs(m_i) * 1.1920928955078125e-07, lse)   # 2**-23: 1-2 ulps
     tl.store(L + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
     # per program: read (1 + 2 * visited blocks) tiles, write one O tile (two with KEEP_F32_O) and one L column.
     # per (batch, head), not causal: read Nq d + ceil(Nq / BLOCK_M) * 2 Nk d, write Nq d + Nq
@@ -167,6 +181,15 @@ attn_fwd_kernel = _attn_fwd_kernel   # a public name for lessons that show or tr
 # With dlse, the gradient of the log-sum-exp output (dL_i/dS_ij = P_ij), the softmax backward
 # dS = P * (dP - D) becomes dS = P * (dP - (D - dlse)): the preprocess kernel folds dlse into D,
 # and the other two kernels are unchanged.
+#
+# HUGE_SCALE: P = exp2(min((s - L) * exp_scale, 0)) from the raw scores and L / |scale| (the forward's
+# order; the cap: P <= 1, against a rounding of s above L). A recomputed P of exactly 1 marks a one-hot
+# row (the forward rounds L up, off the max, wherever the row has other mass). There D_i = dP_ij and the
+# exact dS_ij is 0, while the computed dP_ij - D_i is a rounding (two sums of the same products in
+# different orders) that dQ and dK multiply by the scale: at 1e30 that gave entries of 1e24 where the
+# exact gradient is 0. So without a gradient into the lse (ONE_HOT_ZERO) dS is 0 there; with one, D
+# holds dlse too and dS is left as computed (its exact value, dlse_i, is then as large as the
+# rounding's error is small).
 # ---------------------------------------------------------------------------------------
 @jit
 def _attn_bwd_preprocess_kernel(
@@ -210,6 +233,8 @@ def _attn_bwd_dkdv_kernel(
     GROUP: tl.constexpr,                 # query heads per KV head: the loop over them is unrolled
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,   # Nq % BLOCK_M == 0, Nk % BLOCK_N == 0
+    HUGE_SCALE: tl.constexpr = False,    # as the forward's (see above)
+    ONE_HOT_ZERO: tl.constexpr = False,  # HUGE_SCALE and no gradient into the lse: dS = 0 in one-hot rows
 ):
     # one program per (block of BLOCK_N keys, batch x KV head); it loops over the GROUP query
     # heads that read this KV head and, for each, over query blocks: dK and dV sum over both
@@ -226,6 +251,7 @@ def _attn_bwd_dkdv_kernel(
     k = tl.load(K + b * stride_kb + h_kv * stride_kh + col0 * stride_kn + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_rows, other=0.0)
     v = tl.load(V + b * stride_vb + h_kv * stride_vh + col0 * stride_vn + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_rows, other=0.0)
     qk_scale = sm_scale * LOG2E
+    s_scale, exp_scale = (tl.where(sm_scale < 0, -1.0, 1.0), tl.abs(qk_scale)) if HUGE_SCALE else (qk_scale, 1.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
 
@@ -256,8 +282,11 @@ def _attn_bwd_dkdv_kernel(
                 q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
                 lse = tl.load(l_base + offs_m, mask=offs_m < N_Q, other=0.0)
             # recompute P^T for this tile from Q, K and L (never stored in the forward)
-            s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale      # (BLOCK_N, BLOCK_M)
-            p_t = tl.math.exp2(s_t - lse[None, :] * LOG2E)
+            s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * s_scale       # (BLOCK_N, BLOCK_M)
+            if HUGE_SCALE:  # L is in s's units: subtract, then scale (the forward's order)
+                p_t = tl.math.exp2(tl.minimum((s_t - lse[None, :]) * exp_scale, 0.0))
+            else:
+                p_t = tl.math.exp2(s_t - lse[None, :] * LOG2E)
             if not (EVEN_M and EVEN_N):
                 p_t = tl.where((offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K), p_t, 0.0)
             if CAUSAL:
@@ -274,6 +303,8 @@ def _attn_bwd_dkdv_kernel(
                 delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
             dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # (dP)^T = V dO^T
             ds_t = p_t * (dp_t - delta[None, :])                                         # dS = P * (dP - D)
+            if ONE_HOT_ZERO:  # P == 1 in a one-hot row, whose dP - D is a rounding (see above)
+                ds_t = tl.where((p_t == 1.0), 0.0, ds_t)
             dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)             # dK += dS^T Q
     dk = dk * sm_scale
     # write 2 * BLOCK_N * d elements (dK and dV)
@@ -296,6 +327,7 @@ def _attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EVEN_N: tl.constexpr,
+    HUGE_SCALE: tl.constexpr = False, ONE_HOT_ZERO: tl.constexpr = False,   # as in the dK/dV kernel
 ):
     # one program per (block of BLOCK_M queries, batch x head); the same key blocks as the forward
     pid_m = tl.program_id(0)
@@ -313,10 +345,11 @@ def _attn_bwd_dq_kernel(
     do = tl.load(DO + b * stride_dob + h * stride_doh + row0 * stride_don + rows[:, None] * stride_don + offs_d[None, :], mask=q_rows, other=0.0)
     lse = tl.load(L + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=offs_m < N_Q, other=0.0)
-    lse2 = lse * LOG2E
+    lse2 = lse if HUGE_SCALE else lse * LOG2E                       # HUGE_SCALE: in s's units already
     k_base = K + b * stride_kb + h_kv * stride_kh
     v_base = V + b * stride_vb + h_kv * stride_vh
     qk_scale = sm_scale * LOG2E
+    s_scale, exp_scale = (tl.where(sm_scale < 0, -1.0, 1.0), tl.abs(qk_scale)) if HUGE_SCALE else (qk_scale, 1.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     # the same walk over key blocks as the forward kernel: written out again on purpose, so that
@@ -335,8 +368,11 @@ def _attn_bwd_dq_kernel(
             k = tl.load(k_ptrs)
         else:
             k = tl.load(k_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        p = tl.math.exp2(s - lse2[:, None])                  # recomputed P tile
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * s_scale
+        if HUGE_SCALE:  # as in the dK/dV kernel
+            p = tl.math.exp2(tl.minimum((s - lse2[:, None]) * exp_scale, 0.0))
+        else:
+            p = tl.math.exp2(s - lse2[:, None])              # recomputed P tile
         if not EVEN_N:
             p = tl.where(offs_n[None, :] < N_K, p, 0.0)
         if CAUSAL:
@@ -348,6 +384,8 @@ def _attn_bwd_dq_kernel(
             v = tl.load(v_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO V^T
         ds = p * (dp - delta[:, None])
+        if ONE_HOT_ZERO:  # as in the dK/dV kernel
+            ds = tl.where((p == 1.0), 0.0, ds)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dQ += dS K
     dq = dq * sm_scale
     # write BLOCK_M * d elements
@@ -420,7 +458,7 @@ def _flash_forward(q, k, v, causal, scale, block_m=None, block_n=None, needs_gra
             H, H // k.shape[1], n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
             CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
-            EVEN_N=n_k % bn == 0, KEEP_F32_O=o32 is not None,
+            EVEN_N=n_k % bn == 0, KEEP_F32_O=o32 is not None, HUGE_SCALE=huge_scale(scale),
             **native_options(config),
         )
 
@@ -441,6 +479,7 @@ def _flash_backward(do, dlse, q, k, v, o, lse, causal, scale, block_m=None, bloc
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
+    huge = huge_scale(scale)
 
     def run_dkdv(config):
         bm, bn = config["block_m"], config["block_n"]
@@ -453,6 +492,7 @@ def _flash_backward(do, dlse, q, k, v, o, lse, causal, scale, block_m=None, bloc
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, GROUP=H // H_kv,
             CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
             EVEN_M=n_q % bm == 0, EVEN_N=n_k % bn == 0,
+            HUGE_SCALE=huge, ONE_HOT_ZERO=huge and dlse is None,
             **native_options(config),
         )
 
@@ -466,7 +506,7 @@ def _flash_backward(do, dlse, q, k, v, o, lse, causal, scale, block_m=None, bloc
             H, H // H_kv, n_q, n_k, scale,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn,
             CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
-            EVEN_N=n_k % bn == 0,
+            EVEN_N=n_k % bn == 0, HUGE_SCALE=huge, ONE_HOT_ZERO=huge and dlse is None,
             **native_options(config),
         )
 
@@ -485,7 +525,8 @@ class _FlashAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o_saved, lse)   # o_saved: float32 for float16 inputs (D's precision)
         ctx.causal, ctx.scale, ctx.blocks_bwd = causal, scale, blocks_bwd
         ctx.set_materialize_grads(False)   # an unused lse sends None, not a tensor of zeros
-        return o, lse.squeeze(-1)
+        lse = lse.squeeze(-1)
+        return o, (lse * abs(scale) if huge_scale(scale) else lse)   # the kernel's L is lse / |scale| there
 
     @staticmethod
     def backward(ctx, do, dlse):

@@ -41,6 +41,10 @@ This kernel, per (batch, KV head), whatever the split count::
   merge kernel: per query head read num_splits Nq (d + 1) fp32, write Nq d (O).
 
 ``attnlab.iomodel.decode_io`` counts exactly this and ``attnlab.memory.trace`` measures it.
+Any finite scale: above ``attnlab.tiled.HUGE_SCALE`` (``HUGE_SCALE``) the split kernel takes the max of
+the raw scores and scales after subtracting it, as ``flash_attention.py`` does, and keeps each split's
+lse divided by ``|scale|``; the merge multiplies their differences by ``|scale|`` (``lse_scale``), and
+``return_splits`` hands back the natural lse.
 FLOPs: 4 G Nq L d per (batch, KV head), against 2 x 2 L d bytes of K and V in fp16: the
 arithmetic intensity is about G Nq FLOP per byte, far below any GPU's ridge point.
 """
@@ -52,6 +56,7 @@ import triton
 import triton.language as tl
 
 from attnlab import validate
+from attnlab.tiled import huge_scale
 
 from ._runtime import dot_precision, jit, use_interpreter
 
@@ -76,7 +81,7 @@ def _decode_split_kernel(
     stride_lb, stride_lh, stride_ls,              # L_PART (B, H_q, num_splits, Nq) fp32
     H_KV, N_Q, GROUP, CHUNK, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr, HUGE_SCALE: tl.constexpr = False,   # as flash_attention.py's
 ):
     pid_s = tl.program_id(0)             # which split: keys [pid_s * CHUNK, (pid_s + 1) * CHUNK)
     pid_bh = tl.program_id(1)            # which (batch, KV head)
@@ -98,6 +103,9 @@ def _decode_split_kernel(
                 mask=row_ok[:, None], other=0.0)
     q_pos = seqlen - N_Q + i             # each query's position in its sequence (decoding's alignment)
     qk_scale = sm_scale * LOG2E          # exp2 below, as in flash_attention.py
+    # s = q.k * s_scale, P = exp2((s - m) * exp_scale): a huge scale (HUGE_SCALE) would overflow s (inf - inf
+    # = NaN), so there s is the raw score times the scale's sign and the scale multiplies s - m <= 0 instead
+    s_scale, exp_scale = (tl.where(sm_scale < 0, -1.0, 1.0), tl.abs(qk_scale)) if HUGE_SCALE else (qk_scale, 1.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -120,15 +128,15 @@ def _decode_split_kernel(
             v_ptrs = V + b * stride_vp + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
         # read BLOCK_N * d elements of K (keys past this split's end masked off: they cost nothing)
         k = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # (BLOCK_M, BLOCK_N), on chip
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * s_scale    # (BLOCK_M, BLOCK_N), on chip
         # causal: query i sees the keys at positions <= its own (the last Nq keys are the queries')
         visible = key_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
         # online softmax (lesson 07). A row may see no key of this split: subtract 0, not -inf
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2((s - m_safe[:, None]) * exp_scale)
+        alpha = tl.math.exp2((m_i - m_safe) * exp_scale)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         # read BLOCK_N * d elements of V
         v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
@@ -137,7 +145,9 @@ def _decode_split_kernel(
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]            # this split's output, normalised over its own keys (0 if none)
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)   # natural log
+    # natural log (HUGE_SCALE: divided by |scale|, in s's units, where it cannot overflow; the merge scales back)
+    lse = m_i + tl.math.log2(l_safe) / exp_scale if HUGE_SCALE else (m_i + tl.math.log2(l_safe)) * LN2
+    lse = tl.where(l_i == 0.0, float("-inf"), lse)
     # write G * Nq * d fp32 (partial O) and G * Nq fp32 (its log-sum-exp)
     o_ptrs = O_PART + b * stride_ob + h_q[:, None] * stride_oh + pid_s * stride_os + i[:, None] * stride_on \
         + offs_d[None, :]
@@ -155,6 +165,7 @@ def _decode_merge_kernel(
     stride_lb, stride_lh, stride_ls,
     stride_ob, stride_oh, stride_on,
     H_Q, N_Q, NUM_SPLITS,
+    lse_scale,                           # the splits' lse are natural / lse_scale: 1, or |scale| (HUGE_SCALE)
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -174,8 +185,8 @@ def _decode_merge_kernel(
                       + offs_d[None, :], mask=rows[:, None], other=0.0)
         m_new = tl.maximum(m, lse)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_safe)       # rescale what was merged so far (lesson 07's alpha)
-        w = tl.exp(lse - m_safe)         # this split's weight: its softmax mass, exp(lse_s), rescaled
+        alpha = tl.exp((m - m_safe) * lse_scale)   # rescale what was merged so far (lesson 07's alpha)
+        w = tl.exp((lse - m_safe) * lse_scale)     # this split's weight: its softmax mass, exp(lse_s), rescaled
         acc = acc * alpha[:, None] + w[:, None] * o_s
         w_sum = w_sum * alpha + w
         m = m_new
@@ -339,7 +350,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits=None, block_t
         l_part.stride(0), l_part.stride(1), l_part.stride(2),
         H_kv, n_q, group, chunk, scale,
         HEAD_DIM=d, BLOCK_M=max(16, triton.next_power_of_2(group * n_q)), BLOCK_N=block_n,
-        PAGED=table is not None, DOT_PRECISION=dot_precision(q.dtype),
+        PAGED=table is not None, DOT_PRECISION=dot_precision(q.dtype), HUGE_SCALE=huge_scale(scale),
     )
     o = torch.empty_like(q)
     _decode_merge_kernel[(B * H_q,)](
@@ -347,7 +358,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens, *, num_splits=None, block_t
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3),
         l_part.stride(0), l_part.stride(1), l_part.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
-        H_q, n_q, num_splits,
+        H_q, n_q, num_splits, abs(scale) if huge_scale(scale) else 1.0,
         HEAD_DIM=d, BLOCK_Q=triton.next_power_of_2(n_q),
     )
+    if return_splits and huge_scale(scale):
+        l_part = l_part * abs(scale)     # natural log-sum-exps (the kernels kept them divided by |scale|)
     return (o, o_part, l_part) if return_splits else o
