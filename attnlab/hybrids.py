@@ -10,8 +10,8 @@ Read top to bottom:
 
 1. :func:`layer_bytes` and :func:`layout_bytes`: the bytes a layout keeps for one sequence at a
    given context (KV cache or state) and the bytes one decoding step reads from them, per
-   layer kind, from :func:`attnlab.iomodel.kv_cache_bytes` and
-   :func:`attnlab.linear_attention.recurrent_state_bytes`.
+   layer kind, from :func:`attnlab.iomodel.kv_cache_bytes`,
+   :func:`attnlab.iomodel.mla_cache_bytes` and :func:`attnlab.linear_attention.recurrent_state_bytes`.
 2. :data:`RECIPE` and :data:`LAYOUTS`: the tiny model (exercise 09's tiny GPT, longer sequences
    so that windows and blocks mean something) and the four layouts lesson 12 compares.
 3. :func:`train_layout`: one (layout, seed) run on the stdlib character corpus
@@ -34,7 +34,7 @@ import statistics
 import time
 
 from attnlab import validate
-from attnlab.iomodel import kv_cache_bytes
+from attnlab.iomodel import kv_cache_bytes, mla_cache_bytes
 from attnlab.linear_attention import recurrent_state_bytes
 from attnlab.models.gpt import GPT, LAYER_KINDS, layout_from_ratio
 
@@ -47,7 +47,7 @@ __all__ = ["layer_bytes", "layout_bytes", "model_bytes", "RECIPE", "LAYOUTS", "t
 # ---------------------------------------------------------------------------------------------
 
 def layer_bytes(kind, context, *, d_model, n_heads, n_kv_heads=None, window=32, sinks=4, topk=2, select_block=16,
-                index_dim=16, bytes_per_element=2, state_bytes_per_element=4):
+                index_dim=16, bytes_per_element=2, state_bytes_per_element=4, d_latent=None, d_rope=None):
     """(held, read): one layer's bytes kept for one sequence of ``context`` tokens, and read by one decoding step.
 
     With hs = d_model // n_heads and kv = n_kv_heads (default n_heads), ``c(n) = kv_cache_bytes(n,
@@ -60,7 +60,11 @@ def layer_bytes(kind, context, *, d_model, n_heads, n_kv_heads=None, window=32, 
       ``topk`` selected blocks of ``select_block`` keys: held = c(context) + context x index_dim x e,
       read = c(min(context, topk x select_block)) + context x index_dim x e;
     * ``"delta"``: a d_k x d_v state per head, whatever the context: held = read =
-      ``recurrent_state_bytes(1, n_heads, hs, hs, state_bytes_per_element)`` (float32 by default).
+      ``recurrent_state_bytes(1, n_heads, hs, hs, state_bytes_per_element)`` (float32 by default);
+    * ``"mla"`` (multi-head latent attention): one latent of ``d_latent`` and one rotary key of
+      ``d_rope`` per token, shared by the heads, all read by a step (the absorbed decode): held =
+      read = ``mla_cache_bytes(context, 1, d_latent, d_rope, bytes_per_element)``; ``d_latent`` and
+      ``d_rope`` are required for it (a ``GPT``'s are in its config: :func:`model_bytes`).
 
     Example: ``layer_bytes("local", 4096, d_model=32, n_heads=2, window=16, sinks=4)  # (2560, 2560)``
     """
@@ -76,6 +80,11 @@ def layer_bytes(kind, context, *, d_model, n_heads, n_kv_heads=None, window=32, 
     if d_model % n_heads:
         raise ValueError(f"n_heads: expected a divisor of d_model={d_model}, got {n_heads}")
     hs, e = d_model // n_heads, bytes_per_element
+    if kind == "mla":
+        if d_latent is None or d_rope is None:
+            raise ValueError(f"d_latent: an 'mla' layer's bytes need d_latent and d_rope, got {d_latent} and {d_rope}")
+        held = mla_cache_bytes(context, 1, d_latent, d_rope, e)
+        return held, held
 
     def cache(n):
         return kv_cache_bytes(n, 1, kv, hs, e)
@@ -118,7 +127,8 @@ def model_bytes(model, context, *, bytes_per_element=2, state_bytes_per_element=
         raise TypeError(f"model: expected an attnlab.models.gpt.GPT, got {type(model).__name__}")
     c = model.config
     layout = c.get("layout") or ["dense"] * c["n_layers"]
-    options = {k: c[k] for k in ("window", "sinks", "topk", "select_block", "index_dim") if k in c}
+    options = {k: c[k] for k in ("window", "sinks", "topk", "select_block", "index_dim", "d_latent", "d_rope")
+               if k in c}
     return layout_bytes(layout, context, d_model=c["d_model"], n_heads=c["n_heads"],
                         n_kv_heads=c.get("n_kv_heads"), bytes_per_element=bytes_per_element,
                         state_bytes_per_element=state_bytes_per_element, **options)

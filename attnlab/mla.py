@@ -132,9 +132,14 @@ class MLA(nn.Module):
         return self.w_uk, torch.einsum("chd,hdk->hck", w_o, self.w_uv)           # (H, C, d_latent)
 
     # -- training form ---------------------------------------------------------------------
-    def forward(self, x):
+    def forward(self, x, return_weights=False):
+        """x (B, T, C) -> (B, T, C); with ``return_weights`` also the weights (B, H, T, T)."""
         q_c, q_r = self.queries(x)                                        # (B, H, T, d_head), (B, H, T, d_rope)
         k, v = self.expand(self.latent(x))                                # (B, H, T, d_head + d_rope), (B, H, T, d_head)
+        if return_weights:
+            o, w = scaled_dot_product_attention(torch.cat([q_c, q_r], -1), k, v, causal=True, scale=self.scale,
+                                                return_weights=True)      # (B, H, T, d_head), (B, H, T, T)
+            return self.output(o), w
         o = scaled_dot_product_attention(torch.cat([q_c, q_r], -1), k, v, causal=True, scale=self.scale)
         return self.output(o)                                             # (B, T, C)
 

@@ -26,7 +26,9 @@ Read top to bottom:
    ``"selected"`` (:class:`SelectedSelfAttention`: a lightning indexer picks key blocks) or
    ``"delta"`` (:class:`GatedDeltaNet`: a constant-size state instead of a cache), so hybrids
    such as Gemma 3's local:global or Qwen3-Next's delta:attention are one list
-   (:func:`layout_from_ratio`). ``layout=None`` is the model above, unchanged.
+   (:func:`layout_from_ratio`). ``layout=None`` is the model above, unchanged. ``"mla"``
+   (:class:`LatentSelfAttention`: DeepSeek-V2's multi-head latent attention, ``attnlab.mla``)
+   caches one latent per token and decodes with its up-projections absorbed.
 
 Shapes: B batch, T positions, C = d_model, nh heads, hs = C // nh head size, V vocabulary.
 
@@ -49,11 +51,12 @@ from torch import nn
 from attnlab import mask_mods
 from attnlab.attention import MultiHeadAttention, scaled_dot_product_attention
 from attnlab.kvcache import KVCache, RollingCache, decode_reference
+from attnlab.mla import MLA
 from attnlab.positions import Rotary, sinusoidal_positions
 
 __all__ = ["BACKENDS", "POSITIONS", "attention_backend", "sinusoidal_positions", "CausalSelfAttention", "Block",
            "GPT", "LAYER_KINDS", "LocalSelfAttention", "SelectedSelfAttention", "GatedDeltaNet", "DeltaState",
-           "LayerInputs", "layout_from_ratio"]
+           "LayerInputs", "LatentSelfAttention", "LatentCache", "layout_from_ratio"]
 
 BACKENDS = ("sdpa", "reference", "flash", "standard", "block_sparse")
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
@@ -259,7 +262,7 @@ class Block(nn.Module):
 # 3b. the other layer kinds of a layout (lesson 12): local, selected, delta
 # ---------------------------------------------------------------------------------------------
 
-LAYER_KINDS = ("dense", "local", "selected", "delta")
+LAYER_KINDS = ("dense", "local", "selected", "delta", "mla")
 
 
 def layout_from_ratio(kind_a, n_a, kind_b, n_b, n_layers):
@@ -556,6 +559,100 @@ class GatedDeltaNet(MultiHeadAttention):
         return self.out_proj(self.merge_heads(self.o_norm(o) * gate))     # (B, T, C)
 
 
+class LatentCache:
+    """An ``"mla"`` layer's decoding cache: one latent plus one rotary key per token, shared by the heads.
+
+    ``c``: (B, 1, capacity, d_latent + d_rope), what ``attnlab.mla.MLA.latent`` makes, filled left
+    to right (one buffer: the latent is the keys *and* the values of the absorbed decode, so
+    ``KVCache``'s second buffer would be dead weight); ``length`` valid positions; ``writes``
+    positions written (each token once); ``nbytes`` the buffer's bytes,
+    ``attnlab.iomodel.mla_cache_bytes(capacity, 1, d_latent, d_rope, element size)`` per sequence.
+
+    Example: ``cache = LatentCache(1, 128, 48 + 16); cache.append(mla.latent(x))``
+    """
+
+    def __init__(self, batch, capacity, width, *, dtype=torch.float32, device="cpu"):
+        for name, val in (("batch", batch), ("capacity", capacity), ("width", width)):
+            _check_int(name, val, 1)
+        self.c = torch.zeros(batch, 1, capacity, width, dtype=dtype, device=device)   # (B, 1, capacity, W)
+        self.length = 0
+        self.writes = 0
+
+    @property
+    def capacity(self):
+        return self.c.shape[2]
+
+    @property
+    def nbytes(self):
+        return self.c.numel() * self.c.element_size()
+
+    def append(self, entries):
+        """entries (B, 1, Tn, W), written once at ``length ..``; returns the valid (B, 1, length, W)."""
+        T = entries.shape[2]
+        if entries.dim() != 4 or entries.shape[:2] != self.c.shape[:2] or entries.shape[3] != self.c.shape[3]:
+            raise ValueError(f"entries: expected ({self.c.shape[0]}, 1, new tokens, {self.c.shape[3]}), "
+                             f"got {tuple(entries.shape)}")
+        if self.length + T > self.capacity:
+            raise ValueError(f"entries: the cache holds {self.capacity} positions; {self.length} are used, "
+                             f"{T} more do not fit")
+        self.c[:, :, self.length:self.length + T] = entries               # written once, never again
+        self.length += T
+        self.writes += T
+        return self.c[:, :, :self.length]                                 # (B, 1, length, W)
+
+    def seqlens(self):
+        """(B,) int32: every sequence's valid length, for ``MLA.decode_absorbed``."""
+        return torch.full((self.c.shape[0],), self.length, dtype=torch.int32, device=self.c.device)
+
+
+class LatentSelfAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, section 2.1) as a layer kind: ``attnlab.mla.MLA``.
+
+    ``n_heads`` heads of ``d_model // n_heads`` (plus ``d_rope`` rotary dims each); per token one
+    latent of ``d_latent`` and one rotary key of ``d_rope`` shared by the heads, which is all
+    decoding keeps (:class:`LatentCache`). Training, prefill (an empty cache) and
+    ``return_weights`` run ``MLA.forward`` (K and V up-projected, causal); a step after the prefill
+    writes the new tokens' latents once and runs ``MLA.decode_absorbed``: W_UK folded into the
+    query, W_UV into the output, multi-query attention over the cache as stored
+    (``attnlab.kvcache.decode_reference``; ``attention="flash"``: ``attnlab.kernels.flash_decode``,
+    which needs ``d_latent + d_rope`` in 16, 32, 64, 128).
+
+    Positions: the layer's position is its own decoupled rotary key (``MLA.rotary``, angles for
+    ``max_positions``), applied whatever the model's ``positions=`` says; the model's rotary
+    table (of the dense layers' head size) is not used here. The projections are bias-free (the
+    paper's) and keep MLA's own initialisation, except ``w_o``, which ``GPT`` scales like every
+    residual projection.
+
+    forward(x (B, T, C)) -> (B, T, C); with ``return_weights`` also (B, nh, T, T).
+    Example: ``LatentSelfAttention(64, 4, d_latent=48, d_rope=16, max_positions=128)(torch.randn(2, 40, 64))``
+    """
+
+    def __init__(self, d_model, n_heads, d_latent, d_rope, max_positions, attention="sdpa"):
+        super().__init__()
+        self.mla = MLA(d_model, n_heads, d_head=d_model // n_heads, d_latent=d_latent, d_rope=d_rope,
+                       max_positions=max_positions)
+        self.use_kernel = attention == "flash"
+
+    @property
+    def width(self):
+        """Elements cached per token: d_latent + d_rope."""
+        return self.mla.d_latent + self.mla.d_rope
+
+    def forward(self, x, return_weights=False, cache=None):
+        if cache is None:
+            return self.mla(x, return_weights=return_weights)             # (B, T, C)[, (B, nh, T, T)]
+        if not isinstance(cache, LatentCache):
+            raise ValueError(f"cache: an mla layer decodes from a LatentCache, got {type(cache).__name__}")
+        start = cache.length                                              # the new tokens' first position
+        cache.append(self.mla.latent(x, start))                           # (B, 1, Tn, W): written once
+        if start == 0:                                                    # prefill: the training form
+            return self.mla(x)                                            # (B, Tn, C)
+        attend = None
+        if self.use_kernel:
+            from attnlab.kernels import flash_decode as attend
+        return self.mla.decode_absorbed(x, cache.c, cache.seqlens(), attend=attend)   # (B, Tn, C)
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. the model
 # ---------------------------------------------------------------------------------------------
@@ -595,6 +692,13 @@ class GPT(nn.Module):
     kind decodes with ``new_caches``/``decode_step``: a KV cache (dense), a ``RollingCache`` of
     ``sinks + window`` (local), a constant ``DeltaState`` (delta); a selected layer recomputes
     itself over its inputs (``LayerInputs``). ``attention_maps`` needs no delta layer.
+    ``"mla"`` (:class:`LatentSelfAttention`, DeepSeek-V2's multi-head latent attention): a latent
+    of ``d_latent`` (default ``4 * hs``, DeepSeek-V2's d_c = 4 d_h) and a rotary key of ``d_rope``
+    (default ``hs // 2`` made even, its d_h^R = d_h / 2) per token, a :class:`LatentCache`, decoded
+    with the up-projections absorbed. An mla layer always carries its own decoupled rotary key,
+    so a model with mla layers takes ``positions`` "rope" (DeepSeek-V2's choice: rotary in every
+    layer, nothing added to the embedding), "learned" or "sinusoidal" (added to the embedding as
+    usual, on top of the mla layers' rotary key), but not "none" (it would not be position-free).
     Examples: ``layout=["local", "local", "local", "dense"]`` (Gemma 3's local:global, here 3:1),
     ``layout=["delta", "delta", "delta", "dense"]`` (Qwen3-Next's 3:1), ``layout_from_ratio``.
 
@@ -603,7 +707,8 @@ class GPT(nn.Module):
 
     def __init__(self, vocab_size, block_size=128, d_model=64, n_heads=4, n_layers=2, d_mlp=None,
                  positions="learned", attention="sdpa", block_mask=None, seed=None, n_kv_heads=None,
-                 layout=None, window=32, sinks=4, topk=2, select_block=16, index_heads=2, index_dim=16):
+                 layout=None, window=32, sinks=4, topk=2, select_block=16, index_heads=2, index_dim=16,
+                 d_latent=None, d_rope=None):
         super().__init__()
         d_mlp = 4 * d_model if d_mlp is None else d_mlp
         for name, value, least in (("vocab_size", vocab_size, 1), ("block_size", block_size, 1),
@@ -629,6 +734,20 @@ class GPT(nn.Module):
             if block_mask is not None and any(kind != "dense" for kind in layout):
                 raise ValueError("block_mask: only a layout of dense layers takes a block mask (local layers "
                                  "have their own window)")
+        has_mla = layout is not None and "mla" in layout
+        if has_mla:
+            if positions == "none":
+                raise ValueError("positions: mla layers carry their own rotary key, so a model with them is not "
+                                 "position-free; use 'rope', 'learned' or 'sinusoidal', not 'none'")
+            d_latent = 4 * hs if d_latent is None else d_latent
+            d_rope = max(2, hs // 2 // 2 * 2) if d_rope is None else d_rope
+            _check_int("d_latent", d_latent, 1)
+            _check_int("d_rope", d_rope, 2)
+            if d_rope % 2:
+                raise ValueError(f"d_rope: expected an even number (rotary dims turn in pairs), got {d_rope}")
+            if attention == "flash" and d_latent + d_rope not in KERNEL_HEAD_DIMS:
+                raise ValueError(f"d_latent: the 'flash' decode of mla layers needs d_latent + d_rope in "
+                                 f"{KERNEL_HEAD_DIMS}, got {d_latent} + {d_rope}")
         if seed is not None:
             _check_int("seed", seed, 0)
             rng_state = torch.random.get_rng_state()
@@ -642,6 +761,8 @@ class GPT(nn.Module):
             self.config.update(layout=list(layout), window=window, sinks=sinks, topk=topk, select_block=select_block,
                                index_heads=index_heads, index_dim=index_dim)
             self.window, self.sinks = window, sinks
+        if has_mla:   # absent without mla layers: the other layouts' configs unchanged
+            self.config.update(d_latent=d_latent, d_rope=d_rope)
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.vocab_size, self.block_size, self.n_layers, self.n_heads = vocab_size, block_size, n_layers, n_heads
         self.attention = attention
@@ -664,8 +785,9 @@ class GPT(nn.Module):
         self.lm_head.weight = self.tok_emb.weight                         # weight tying: one (V, C) matrix
         self.apply(self._init_weights)
         for block in self.blocks:   # GPT-2: residual projections scaled by 1/sqrt(2 n_layers)
-            for proj in (block.attn.out_proj, block.mlp[2]):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layers))
+            out = block.attn.mla.w_o if isinstance(block.attn, LatentSelfAttention) else block.attn.out_proj.weight
+            for weight in (out, block.mlp[2].weight):
+                nn.init.normal_(weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layers))
         if seed is not None:
             torch.random.set_rng_state(rng_state)   # seeding the model leaves the caller's stream alone
 
@@ -679,6 +801,8 @@ class GPT(nn.Module):
                                          c["index_dim"], n_kv_heads, rotary, attention)
         if kind == "delta":
             return GatedDeltaNet(d_model, n_heads)
+        if kind == "mla":
+            return LatentSelfAttention(d_model, n_heads, c["d_latent"], c["d_rope"], self.block_size, attention)
         return None
 
     @staticmethod
@@ -693,19 +817,26 @@ class GPT(nn.Module):
     def set_attention(self, attention, block_mask=None):
         """Swap every layer's attention for another backend (the weights stay). Returns ``self``.
         In a layout: the dense layers'; "flash" also runs the selected layers through the Triton
-        kernel, "reference" the local layers through attnlab's reference; delta layers stay as they are.
+        kernel, "reference" the local layers through attnlab's reference, "flash" the mla layers' absorbed
+        decode through ``flash_decode``; delta layers stay as they are.
 
         Example: ``model.set_attention("flash")``
         """
         hs = self.config["d_model"] // self.n_heads
         if attention in ("flash", "standard", "block_sparse") and hs not in KERNEL_HEAD_DIMS:
             raise ValueError(f"attention: the {attention!r} kernel needs a head size in {KERNEL_HEAD_DIMS}, got {hs}")
+        if attention == "flash" and any(isinstance(b.attn, LatentSelfAttention) and b.attn.width not in KERNEL_HEAD_DIMS
+                                        for b in self.blocks):
+            raise ValueError(f"attention: the 'flash' decode of mla layers needs d_latent + d_rope in "
+                             f"{KERNEL_HEAD_DIMS}, got {self.config['d_latent']} + {self.config['d_rope']}")
         for block in self.blocks:
             if type(block.attn) is not CausalSelfAttention:   # a layout's local, selected or delta layer
                 if isinstance(block.attn, SelectedSelfAttention):
                     block.attn.use_kernel = attention == "flash"
                 elif isinstance(block.attn, LocalSelfAttention):
                     block.attn.use_reference = attention == "reference"
+                elif isinstance(block.attn, LatentSelfAttention):
+                    block.attn.use_kernel = attention == "flash"
                 continue
             block.attn.attend = attention_backend(attention, block_mask)
             block.attn.decode_attend = _decode_attend(attention)
@@ -776,7 +907,8 @@ class GPT(nn.Module):
         (batch, n_kv_heads, block_size, hs); with ``window``, StreamingLLM's ``RollingCache``
         that keeps the first ``sinks`` (default 0) tokens and the last ``window``.
         With a ``layout``, one per layer by its kind: ``KVCache`` (dense), ``RollingCache`` of the
-        model's sinks and window (local), ``LayerInputs`` (selected), ``DeltaState`` (delta).
+        model's sinks and window (local), ``LayerInputs`` (selected), ``DeltaState`` (delta),
+        ``LatentCache`` of (batch, 1, block_size, d_latent + d_rope) (mla).
 
         Example: ``caches = model.new_caches(1)``
         """
@@ -802,6 +934,8 @@ class GPT(nn.Module):
             return LayerInputs(batch, self.config["d_model"], dtype=p.dtype, device=p.device)
         if isinstance(layer, GatedDeltaNet):
             return DeltaState(batch, self.n_heads, hs, hs, device=p.device)
+        if isinstance(layer, LatentSelfAttention):
+            return LatentCache(batch, self.block_size, layer.width, dtype=p.dtype, device=p.device)
         return KVCache(batch, self.n_kv_heads, self.block_size, hs, dtype=p.dtype, device=p.device)
 
     @torch.no_grad()
