@@ -38,7 +38,7 @@ with :func:`attnlab.sparse.selected_mask`). Per (batch, head), with N queries an
     o = p @ v                               # read N^2 + N d;   write N d
     # about 6 N^2 elements, whatever topk is: the selection saves nothing
 
-The kernel, per (batch, query head) with ``kk`` selected blocks of ``bs`` keys per query block:
+The kernel, per (batch, query head) with ``kk`` selected blocks of ``bs`` keys per query block::
 
     read  N d (Q) + (N / bs) * kk * 2 bs d (K, V of the selected blocks)  =  N d + 2 N kk d
           + 4 bytes per query block (the count) + 4 bytes per selected block (its id)
