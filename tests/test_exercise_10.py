@@ -372,3 +372,22 @@ def test_the_io_model_is_refused_as_the_experiment():
 def test_the_grader_s_own_answers_are_refused():
     _refused("split-partials", {"split_partials": spec.split_partials},
              "attnlab.grading.exercises.e10.spec.split_partials")
+
+
+def test_the_latent_decode_reference_equals_the_unabsorbed_definition():
+    # the spec computes the decode absorbed (so it passes its own memory check); its definition is the unabsorbed form
+    from attnlab.attention import scaled_dot_product_attention
+    from attnlab.grading.exercises.e10 import spec
+
+    g = torch.Generator().manual_seed(5)
+    B, H, L, dh, dc, dr = 2, 3, 11, 8, 6, 4
+    q_nope, q_rope = torch.randn(B, H, dh, generator=g, dtype=torch.float64), torch.randn(B, H, dr, generator=g,
+                                                                                          dtype=torch.float64)
+    w_uk, w_uv = (torch.randn(H, dh, dc, generator=g, dtype=torch.float64) for _ in range(2))
+    c, k_rope = torch.randn(B, L, dc, generator=g, dtype=torch.float64), torch.randn(B, L, dr, generator=g,
+                                                                                     dtype=torch.float64)
+    k = torch.cat([torch.einsum("hdc,blc->bhld", w_uk, c), k_rope[:, None].expand(-1, H, -1, -1)], dim=-1)
+    v = torch.einsum("hdc,blc->bhld", w_uv, c)
+    for scale in (None, 0.3):
+        want = scaled_dot_product_attention(torch.cat([q_nope, q_rope], -1)[:, :, None], k, v, scale=scale)[:, :, 0]
+        torch.testing.assert_close(spec.latent_decode(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=scale), want)

@@ -17,7 +17,6 @@ import math
 import torch
 
 from attnlab import iomodel
-from attnlab.attention import scaled_dot_product_attention
 from attnlab.kvcache import decode_reference, gather_cache
 
 
@@ -78,13 +77,16 @@ def latent_decode(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
     """One new query per sequence against an MLA latent cache (DeepSeek-V2 section 2.1; ``attnlab.mla``'s weights):
     q_nope (B, H, d_h), q_rope (B, H, d_rope), w_uk and w_uv (H, d_h, d_latent) (head i's key W_UK_i c, value
     W_UV_i c), c (B, L, d_latent), k_rope (B, L, d_rope) shared by the heads; every position is seen. Scale
-    1/sqrt(d_h + d_rope) unless given. Returns (B, H, d_h). Here unabsorbed: per-head K and V made, then attention."""
-    H = q_nope.shape[1]
-    k_nope = torch.einsum("hdc,blc->bhld", w_uk, c)                         # (B, H, L, d_h)
-    k = torch.cat([k_nope, k_rope[:, None].expand(-1, H, -1, -1)], dim=-1)  # (B, H, L, d_h + d_rope)
-    v = torch.einsum("hdc,blc->bhld", w_uv, c)                              # (B, H, L, d_h)
-    q = torch.cat([q_nope, q_rope], dim=-1)[:, :, None]                     # (B, H, 1, d_h + d_rope)
-    return scaled_dot_product_attention(q, k, v, scale=scale)[:, :, 0]      # (B, H, d_h)
+    1/sqrt(d_h + d_rope) unless given. Returns (B, H, d_h).
+
+    Defined by the unabsorbed form (per-head K = [W_UK c, k_rope], V = W_UV c, then attention), computed here
+    absorbed, as the part asks (tests/test_exercise_10.py checks the two agree): the cache is read as it is."""
+    scale = (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 if scale is None else scale
+    q_lat = torch.einsum("bhd,hdc->bhc", q_nope, w_uk)                       # (B, H, d_latent): W_UK absorbed
+    s = (torch.einsum("bhc,blc->bhl", q_lat, c) + torch.einsum("bhr,blr->bhl", q_rope, k_rope)) * scale  # (B, H, L)
+    p = torch.softmax(s, dim=-1)                                              # (B, H, L)
+    context = torch.einsum("bhl,blc->bhc", p, c)                              # (B, H, d_latent)
+    return torch.einsum("bhc,hdc->bhd", context, w_uv)                        # (B, H, d_h): W_UV applied last
 
 
 def decode_bytes(contexts, kv_heads_list, heads=8, d=16):
