@@ -85,10 +85,12 @@ def _parts(report):
 
 
 def test_every_probe_is_graded_and_files_are_untouched(graded):
-    assert graded["run"].returncode == 0, graded["run"].stdout[-3000:] + graded["run"].stderr[-3000:]
+    # one notebook is not credited by design (exercise 03's cells filed as 05_quadratic_cost): the exit status says so
+    not_credited = {name for name, r in graded["reports"].items() if r.get("error")}
+    assert not_credited == {"nested/05_quadratic_cost.ipynb"}, {n: graded["reports"][n]["error"] for n in not_credited}
+    assert graded["run"].returncode == 1, graded["run"].stdout[-3000:] + graded["run"].stderr[-3000:]
     assert set(graded["reports"]) == set(build.probes())
     assert graded["before"] == graded["after"]
-    assert all(not r.get("error") for r in graded["reports"].values())
 
 
 def test_no_process_is_left_behind(graded):

@@ -73,8 +73,8 @@ def round_trip(tmp_path_factory):
     submissions[("rebinds-check", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_check_rebound.ipynb"
     submissions[("unsets-env", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_env_unset.ipynb"
     submissions[("rebinds-autograde", "ex02")] = ROOT / "tests" / "hostile" / "nbgrader_autograde_rebound.ipynb"
-    # the same, with cells carrying every part id of exercise 06: graded as 06, and ex02's cells in the gradebook
-    # (where its kernel's rebound hidden tests wrote full marks) must still end at 0
+    # the same, with cells carrying every part id of exercise 06: credited to neither, and ex02's cells in the
+    # gradebook (where its kernel's rebound hidden tests wrote full marks) must still end at 0
     submissions[("misidentified", "ex02")] = _misidentified(course)
     # the students in one command (each nbgrader command is a process of its own); generate_assignment adds the
     # assignment to the gradebook itself (its create_assignment, on by default)
@@ -127,10 +127,12 @@ def test_the_release_is_the_generated_exercise(round_trip):
 
 
 def test_attnlab_grade_reads_nbgrader_s_layout(round_trip):
-    # one problem, said and in the exit status: the notebook graded as another exercise than its assignment's
+    # one problem, said and in the exit status: the notebook in ex02's slot whose cells are exercise 06's is credited
+    # to neither (its file name is 02's), and every autograded cell of it gets 0
     problems = [line for line in round_trip["run"].stderr.splitlines() if line.startswith("nbgrader:")]
     assert round_trip["run"].returncode == 1 and len(problems) == 1, round_trip["run"].stderr[-3000:]
-    assert "misidentified" in problems[0] and "graded as 06_triton_primer" in problems[0] and "0 points" in problems[0]
+    assert "misidentified" in problems[0] and "filed as 02_queries_keys_values" in problems[0] \
+        and "06_triton_primer" in problems[0] and "0 points" in problems[0]
     assert set(round_trip["attnlab"]) == set(round_trip["submissions"])
 
 

@@ -127,6 +127,8 @@ def write_gradebook(db_url, reports):
                 problems.append(f"{r['path']}: the gradebook has no notebook {notebook} in {assignment} "
                                 f"(run nbgrader autograde {assignment} first)")
                 continue
+            if r.get("error"):   # not graded, or not credited (filed in another exercise's slot): said, and 0
+                problems.append(f"{r['path']}: {r['error']}: 0 points for every part of {assignment}")
             points = {} if r.get("error") else {p["name"]: p["points"] for p in r["parts"] if not p.get("manual")}
             if points and set(cells) - set(points):
                 problems.append(f"{r['path']}: graded as {r.get('exercise')}, which has no part "

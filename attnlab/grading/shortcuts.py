@@ -564,15 +564,25 @@ def _current_cells(history, given):
     return cells
 
 
+def _history_cells(ns, functions, given):
+    """:func:`_current_cells` of the notebook's ``In`` when a cell there defines one of ``functions``; else None, and
+    the function's own code is read instead (a plain namespace, or cells run without history: nbval and other
+    runners execute with ``store_history=False``, and ``In`` then holds none of them)."""
+    history = ns.get("In")
+    if not isinstance(history, list):
+        return None
+    cells = _current_cells(history, given)
+    return cells if any(names(c, "defined") & set(functions) for c in cells) else None
+
+
 def missing_in_namespace(ns, functions, required, given=()):
     """:func:`missing` for the inline ``check()``: in a notebook on the cells IPython ran (as :func:`in_namespace`
     takes them), in a plain namespace on what the part's functions, and the functions of that namespace they
     reach, read (their code objects: a global that is the required object counts, under any name)."""
     if not required:
         return []
-    history = ns.get("In")
-    if isinstance(history, list):
-        cells = _current_cells(history, given)
+    cells = _history_cells(ns, functions, given)
+    if cells is not None:
         return missing(part_cells(cells, functions), required, cells + list(given), rebound(cells, given))
     read, objects, todo, seen = set(), [], [ns.get(name) for name in functions], set()
     while todo:
@@ -606,9 +616,8 @@ def in_namespace(ns, functions, patterns, given=()):
     ``attnlab grade`` reads only the learner's); in a plain namespace, the source of each of the part's
     functions and of every function they reach (by a global name of their module or a closure), with the imports of
     the file it was written in; a name they reach that *is* a forbidden function is named too."""
-    history = ns.get("In")
-    if isinstance(history, list):
-        cells = _current_cells(history, given)
+    cells = _history_cells(ns, functions, given)
+    if cells is not None:
         return uses(part_cells(cells, functions), patterns, cells + list(given))
     everything = list(patterns) + _escapes(patterns)
     found, sources, code, seen = [], [], [], set()

@@ -497,9 +497,10 @@ FORMULA_10 = '''def decode_bytes(contexts, kv_heads_list, heads=8, d=16):
     return torch.tensor(rows, dtype=torch.int64)
 '''
 PREDICT_10["decode-bytes-answer"] = FORMULA_10
-FORMULA_11 = '''def comm_bytes(world_sizes, n=48, heads=12, d=8):
-    ring = [2 * (P - 1) * heads * (n // P) * d * 4 for P in world_sizes]
-    a2a = [4 * (P - 1) * (heads // P) * (n // P) * d * 4 for P in world_sizes]
+FORMULA_11 = '''def comm_bytes(world_sizes, n=48, heads=12, d=8, kv_heads=None):
+    kv = heads if kv_heads is None else kv_heads
+    ring = [2 * (P - 1) * kv * (n // P) * d * 4 for P in world_sizes]
+    a2a = [2 * (P - 1) * ((heads // P) + max(kv // P, 1)) * (n // P) * d * 4 for P in world_sizes]
     return torch.tensor([ring, a2a], dtype=torch.int64)
 '''
 
