@@ -671,6 +671,8 @@ def _learners(obj):
         return _is_learners(inspect.getsourcefile(obj))
     except TypeError:
         return False
+    except OSError:   # a class defined in a notebook cell has no file: the learner's (its source may be unreadable)
+        return getattr(obj, "__module__", None) == "__main__"
 
 
 def _filled(cell):
