@@ -24,6 +24,16 @@ settings.register_profile(
 settings.load_profile("attnlab")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a module of tiny models (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    faster on small matrices, and no stall when the 2-core CPU is shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def large_fp16_qkv():
     """A maker of float16 q, k, v (1, 2, n, d) of magnitude about 100 (as peers' edge-case suites use)

@@ -14,13 +14,7 @@ from attnlab.models.gpt import GPT, LatentCache, LatentSelfAttention, layout_fro
 V = 96
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is faster, and does not stall when the CPU is shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 def tokens(B, T, seed=0):
