@@ -1,36 +1,49 @@
 """The learner's function called on every rank of a real ``torch.distributed`` process group.
 
-:func:`call_on_ranks` runs in the process that holds the learner's names (under ``attnlab grade`` the sandboxed
-functions process, :mod:`attnlab.grading.runner`; for the inline ``check()`` the notebook's own kernel). The
-learner's functions live in that process's IPython namespace, so the ranks are made with ``os.fork()``: a spawned
-Python could not import them. Each child, for one case:
+:func:`call_on_ranks` runs in the process that holds the learner's names (for the inline ``check()``, the notebook's
+own kernel); :func:`serve` is the same for the sandboxed functions process under ``attnlab grade``
+(:mod:`attnlab.grading.runner`). The learner's functions live in that process's IPython namespace, so the ranks are
+made with ``os.fork()``: a spawned Python could not import them. A child is a copy of the process that forked it,
+so the ranks are forked *before* any of them has its arguments: each is then sent its own ``[args, kwargs]`` on a
+pipe of its own, and nothing of another rank's shard is in its memory (an at-fork hook, ``gc.get_objects()`` or a
+global of the notebook finds none). Under ``attnlab grade`` the shards do not even pass through the forking
+process's objects: the grader sends the request without them, waits for ``{"send": case}`` (every rank forked),
+then writes each rank's frame, which :func:`serve` moves into that rank's pipe with ``os.splice`` (kernel to kernel).
 
-1. asks the kernel to kill it when its parent dies, and sets ``torch.set_num_threads(1)`` before any tensor work
-   (a forked child must not enter the parent's OpenMP pool, and the ranks share this machine's cores);
+Each child, for one case:
+
+1. asks the kernel to kill it when its parent dies, closes every other rank's pipes, reads its own arguments
+   (one frame, :func:`attnlab.grading.frames._receive`), and sets ``torch.set_num_threads(1)`` before any tensor
+   work (a forked child must not enter the parent's OpenMP pool, and the ranks share this machine's cores);
 2. joins a gloo group through a ``torch.distributed.FileStore`` in a temporary folder of its own (no TCP store,
    no port to pick; inside the sandbox's network namespace the ranks' sockets are on its loopback only), and waits
    on that store until every rank has joined (a rank that left at once would break a peer still connecting);
 3. calls the function with its rank's ``[args, kwargs]``, its outcome written as :func:`agent._outcome` writes one;
-4. sends the outcome to the parent as one frame (:func:`attnlab.grading.frames._send`) on a pipe of its own, destroys the group and
-   leaves with ``os._exit`` (nothing of the parent's, no buffered stream, no ``atexit``, runs twice).
+4. sends the outcome to the parent as one frame (:func:`attnlab.grading.frames._send`) on a pipe of its own, destroys
+   the group and leaves with ``os._exit`` (nothing of the parent's, no buffered stream, no ``atexit``, runs twice).
 
 The parent reads every rank's frame until ``timeout`` seconds have passed; a rank that sent nothing by then (a
 deadlock: a send with no matching receive, a rank waiting on a peer that left) is reported as having hung, a rank
 whose pipe closed without a frame as having died. Then every child is killed and reaped, its folder removed: none
 outlives the call. What comes back is data, as in :func:`agent.handle`: the grader decides.
 
-A child is a copy of the process that holds the request: before it calls the function it blanks the request's list
-of the ranks' arguments, so that a rank reaches no other rank's shard as a Python object (its memory is still
-there to be read by a learner set on it; the grader's bytes, read from outside, see a rank that fetched the other
-shards so and sent nothing).
+What a rank still sees: its own shard; what the forking process held before the fork (the notebook's names, the
+earlier cases' outcomes, none of this case's inputs); the file descriptors it inherits (the grader's pipes, the
+write ends of the ranks forked before it). Ranks are processes of one machine: files, shared memory or a socket are
+channels between them that no fork can close (the bytes the grader reads on the sandbox's loopback count only the
+sockets), and code the learner runs in the forking process itself during the call sees what passes through it.
 """
 
 import ctypes
 import datetime
+import errno
+import fcntl
+import io
 import os
 import select
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import time
@@ -38,24 +51,87 @@ import time
 DEFAULT_TIMEOUT = 10.0  # seconds one case may take on all its ranks (gloo's own timeout: 5 s more, so a
 #                        deadlock is found here, as a hang, before gloo raises on a rank)
 MAX_RANKS = 8
+MAX_CASES = 64
+PIPE_SIZE = 2**20       # a rank's input pipe (Linux's default limit for an unprivileged process): a shard's frame
+#                         fits in it whole, so the parent hands it over without waiting for the rank to read
 
 
 def call_on_ranks(fn, cases, world_size, outcome=None, timeout=None):
     """For each case (a list of ``world_size`` [args, kwargs] pairs, rank 0 first) the list of the ranks'
     outcomes; stops after the first case where a rank did not return. ``outcome(body)``: how a rank writes its
-    outcome (the agent passes its ``_outcome``; default :func:`_result`)."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_RANKS:
-        raise ValueError(f"ranks: expected a number of ranks from 1 to {MAX_RANKS}, got {world_size!r}")
-    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    outcome (the agent passes its ``_outcome``; default :func:`_result`). The caller holds the cases, so a rank
+    forked here could find them in its memory: the request's own list is blanked in each child (the grader's
+    process uses :func:`serve`, where the forking process never holds them)."""
+    _check_world_size(world_size)
     results = []
     for case in cases:
         if not isinstance(case, (list, tuple)) or len(case) != world_size:
             raise ValueError(f"ranks: each case needs one [args, kwargs] per rank ({world_size}), got "
                              f"{len(case) if isinstance(case, (list, tuple)) else type(case).__name__}")
-        results.append(run_group(fn, case, timeout, outcome))
+
+        def feed(rank, fd, deadline, case=case):
+            stream = io.BytesIO()
+            _send(stream, list(case[rank]))
+            return _write_all(fd, stream.getvalue(), deadline)
+
+        results.append(run_group(fn, world_size, feed, timeout, outcome, forget=case))
         if any("ok" not in outcome for outcome in results[-1]):
             break  # the grader stops at the first failure
     return results
+
+
+def serve(req, ns, frames_in, frames_out, outcome=None, timeout=None):
+    """The functions process's answer to ``{"op": "ranks", "name", "ranks": P, "cases": count}``: for each case,
+    the P ranks are forked, ``{"send": case}`` asks the grader for its frames, and each of the P frames that follow
+    on ``frames_in`` (rank 0 first, one ``[args, kwargs]`` each) is moved into its rank's pipe without being read
+    here. Then ``{"results": [the ranks' outcomes per case]}`` as :func:`call_on_ranks`; ``{"missing": True}`` or
+    ``{"not_callable": type}`` where the name is not a function (nothing asked for)."""
+    name, world_size, count = req.get("name"), req.get("ranks"), req.get("cases")
+    _check_world_size(world_size)
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_CASES:
+        raise ValueError(f"ranks: expected a number of cases from 0 to {MAX_CASES}, got {count!r}")
+    if name not in ns:
+        return {"missing": True}
+    fn = ns[name]
+    if not callable(fn):
+        return {"not_callable": type(fn).__name__}
+    source = frames_in.fileno()  # read raw: the grader sends a case's frames only once asked, so nothing of them
+    #                              was read ahead into frames_in's buffer
+    results = []
+    for index in range(count):
+        def ready(index=index):
+            from attnlab.grading.frames import _send
+
+            _send(frames_out, {"send": index})
+
+        def feed(rank, fd, deadline):
+            (size,) = struct.unpack("<Q", _read_exact(source, 8))
+            if size > _max_frame():
+                raise ValueError(f"ranks: a frame of {size >> 20} MiB")
+            return _pour(source, fd, size, struct.pack("<Q", size), deadline)
+
+        results.append(run_group(fn, world_size, feed, timeout, outcome, ready=ready,
+                                 close=(frames_in.fileno(), frames_out.fileno())))
+        if any("ok" not in outcome for outcome in results[-1]):
+            break  # the grader stops at the first failure (and sends no later case)
+    return {"results": results}
+
+
+def _check_world_size(world_size):
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_RANKS:
+        raise ValueError(f"ranks: expected a number of ranks from 1 to {MAX_RANKS}, got {world_size!r}")
+
+
+def _send(stream, obj):
+    from attnlab.grading.frames import _send as send
+
+    send(stream, obj)
+
+
+def _max_frame():
+    from attnlab.grading.frames import MAX_FRAME
+
+    return MAX_FRAME
 
 
 def _result(body):
@@ -68,32 +144,48 @@ def _result(body):
         return {"raised": describe_exception(exc), "not_implemented": isinstance(exc, NotImplementedError)}
 
 
-def run_group(fn, per_rank, timeout=None, outcome=None):
-    """The outcomes of ``fn(*args, **kwargs)`` on the ranks of one fresh gloo group, one per [args, kwargs]."""
-    world_size = len(per_rank)
+def run_group(fn, world_size, feed, timeout=None, outcome=None, ready=None, forget=None, close=()):
+    """The outcomes of ``fn(*args, **kwargs)`` on the ranks of one fresh gloo group.
+
+    Every rank is forked first; then ``ready()`` (where given) and ``feed(rank, fd, deadline)`` for each rank in
+    turn, which writes that rank's [args, kwargs] frame into ``fd``, its pipe (False: the rank did not take it). A
+    child closes ``close`` (the grader's pipes) and the other ranks' pipes, and blanks the list ``forget``."""
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     folder = tempfile.mkdtemp(prefix="attnlab-ranks-")
-    children = []  # (pid, read end of its pipe)
+    children = []  # (pid, write end of its input pipe or None once fed, read end of its outcome pipe)
     parent = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        for rank, (args, kwargs) in enumerate(per_rank):
-            read_fd, write_fd = os.pipe()
+        for rank in range(world_size):
+            in_read, in_write = os.pipe()
+            out_read, out_write = os.pipe()
             pid = os.fork()
             if pid == 0:  # the child: never returns
-                os.close(read_fd)
-                for _, other in children:
-                    os.close(other)
-                if isinstance(per_rank, list):  # the other ranks' shards, out of this rank's reach (it has its own)
-                    per_rank[:] = [None] * world_size
-                _rank_main(fn, rank, world_size, args, kwargs, os.path.join(folder, "store"), write_fd, timeout,
+                _close(in_write, out_read, *close, *(fd for _, w, r in children for fd in (w, r)))
+                if isinstance(forget, list):
+                    forget[:] = [None] * len(forget)
+                _rank_main(fn, rank, world_size, in_read, os.path.join(folder, "store"), out_write, timeout,
                            parent, outcome or _result)
-            os.close(write_fd)
-            children.append((pid, read_fd))
-        return _collect(children, timeout)
+            os.close(in_read)  # a rank forked later never holds this one's input
+            os.close(out_write)
+            children.append([pid, in_write, out_read])
+        # every rank exists: only now does any of them get its arguments, each on its own pipe
+        if ready is not None:
+            ready()
+        deadline = time.monotonic() + timeout
+        for rank, child in enumerate(children):
+            try:
+                fcntl.fcntl(child[1], fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            except (OSError, AttributeError):
+                pass
+            os.set_blocking(child[1], False)
+            feed(rank, child[1], deadline)
+            os.close(child[1])
+            child[1] = None
+        return _collect([(pid, out_read) for pid, _, out_read in children], timeout)
     finally:
-        for pid, read_fd in children:
+        for pid, in_write, out_read in children:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -102,11 +194,85 @@ def run_group(fn, per_rank, timeout=None, outcome=None):
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
-            os.close(read_fd)
+            _close(out_read, in_write)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout, parent, outcome_of):
+def _close(*fds):
+    for fd in fds:
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _read_exact(fd, size):
+    """``size`` bytes from the pipe ``fd`` (blocking: the grader writes them); EOFError if it closes first."""
+    out = b""
+    while len(out) < size:
+        block = os.read(fd, size - len(out))
+        if not block:
+            raise EOFError("the grader closed its pipe in the middle of a rank's frame")
+        out += block
+    return out
+
+
+def _wait_writable(fd, deadline):
+    left = deadline - time.monotonic()
+    return left > 0 and bool(select.select([], [fd], [], left)[1])
+
+
+def _write_all(fd, data, deadline):
+    """Write ``data`` into the non-blocking pipe ``fd`` by ``deadline``; False where the rank left or never read."""
+    view = memoryview(data)
+    while view:
+        if not _wait_writable(fd, deadline):
+            return False
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            continue
+        except OSError:  # EPIPE: the rank is gone
+            return False
+    return True
+
+
+def _pour(source, fd, size, head, deadline):
+    """Move the ``size`` bytes that follow on the pipe ``source`` into the non-blocking pipe ``fd``, after ``head``,
+    with ``os.splice``: from pipe to pipe in the kernel, never through this process's memory (where the kernel has no
+    splice, copied through it: every rank is forked already). What the rank does not take by ``deadline`` (it left,
+    or never reads) is read off ``source`` and dropped, so that the next frame starts where it should."""
+    delivered, splice = _write_all(fd, head, deadline), hasattr(os, "splice")
+    left = size
+    while left:
+        select.select([source], [], [])  # the grader writes the frame at once
+        if delivered and _wait_writable(fd, deadline):
+            if splice:
+                try:
+                    moved = os.splice(source, fd, left, flags=os.SPLICE_F_NONBLOCK)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                        splice = False  # no splice between these pipes (a seccomp filter): copied instead
+                        continue
+                    delivered = False   # EPIPE: the rank is gone
+                    continue
+            else:
+                block = os.read(source, min(left, 1 << 16))
+                delivered = _write_all(fd, block, deadline)
+                moved = len(block)
+        else:
+            delivered = False
+            moved = len(os.read(source, min(left, 1 << 16)))
+        if not moved:
+            raise EOFError("the grader closed its pipe in the middle of a rank's frame")
+        left -= moved
+    return delivered
+
+
+def _rank_main(fn, rank, world_size, in_fd, store_path, write_fd, timeout, parent, outcome_of):
     """One rank, in the forked child."""
     code = 1
     try:
@@ -119,8 +285,12 @@ def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout
         import torch
         import torch.distributed as dist
 
-        from attnlab.grading.frames import _send
+        from attnlab.grading.frames import _receive, _send
 
+        with os.fdopen(in_fd, "rb") as stream:  # this rank's own [args, kwargs], sent once every rank was forked
+            args, kwargs = _receive(stream)
+        if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
+            raise TypeError("a rank's arguments are [args, kwargs]")
         torch.set_num_threads(1)
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the loopback: the only interface inside the sandbox
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -157,8 +327,6 @@ def _rank_main(fn, rank, world_size, args, kwargs, store_path, write_fd, timeout
         pass
     finally:
         os._exit(code)
-
-
 def _written():
     """Bytes this process has written through write(2)/writev(2) so far (``wchar`` of /proc/self/io, all its threads:
     gloo's sockets are written there), or None where the kernel does not count them."""

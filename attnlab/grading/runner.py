@@ -70,7 +70,7 @@ def main(in_fd, out_fd):
     frames_in, frames_out = frames(in_fd, out_fd)
     from IPython.core.interactiveshell import InteractiveShell
 
-    from attnlab.grading import agent
+    from attnlab.grading import agent, ranks
 
     shell = InteractiveShell.instance()
     shell.ask_exit = lambda: setattr(shell, "exit_now", True)  # what exit() calls (a terminal's shell has it)
@@ -82,6 +82,8 @@ def main(in_fd, out_fd):
         try:
             if req.get("op") == "run":
                 reply = _status(shell.run_cell(req["source"], store_history=True), shell)
+            elif req.get("op") == "ranks":  # the ranks are forked first, then asked for their shards (ranks.serve)
+                reply = ranks.serve(req, shell.user_ns, frames_in, frames_out, agent._outcome)
             else:
                 reply = agent.handle(req, shell.user_ns)
         except BaseException as exc:  # the learner's object failing oddly: reported, never fatal here
@@ -147,7 +149,9 @@ class Sandboxed:
     def _started(self):
         """What a fresh process is sent before the first request."""
 
-    def _exchange(self, req, budget, what):
+    def _exchange(self, req, budget, what, frames_for=None):
+        """Send ``req``, read the reply; where the process answers ``{"send": key}`` (ranks.serve: its ranks are
+        forked), the frames ``frames_for(key)`` go to it first (it raises on a key it does not know)."""
         proc = self.proc
         watchdog = threading.Timer(budget, proc.kill)  # a request that never ends: its process is killed
         watchdog.start()
@@ -155,6 +159,10 @@ class Sandboxed:
             if req is not None:
                 _send(proc.frames[0], req)
             reply = _receive(proc.frames[1])
+            while frames_for is not None and isinstance(reply, dict) and set(reply) == {"send"}:
+                for frame in frames_for(reply["send"]):
+                    _send(proc.frames[0], frame)
+                reply = _receive(proc.frames[1])
             if not isinstance(reply, dict):
                 raise TypeError("the reply is not a dict")
             return reply
@@ -167,8 +175,8 @@ class Sandboxed:
         finally:
             watchdog.cancel()
 
-    def ask(self, req, what="stopped during the call"):
-        """One request: the reply dict; raises Dead."""
+    def ask(self, req, what="stopped during the call", frames_for=None):
+        """One request: the reply dict; raises Dead. ``frames_for``: see :meth:`_exchange`."""
         if self.proc is None:
             try:
                 self._start()
@@ -177,7 +185,7 @@ class Sandboxed:
             except Exception as exc:
                 self.stop()
                 raise Dead(f"no process could be started ({type(exc).__name__}: {exc})")
-        return self._exchange(req, self._budget(), what)
+        return self._exchange(req, self._budget(), what, frames_for)
 
     def stop(self):
         proc, self.proc, self.pid = self.proc, None, None
@@ -255,11 +263,23 @@ class RemoteLearner:
     def call(self, name, cases, grad=None, ranks=None):
         if self.broke is not None:
             return {"agent_error": f"an earlier call {self.broke}"}
-        req = {"op": "call", "name": name, "cases": cases, "ranks": ranks}
+        frames_for = None
+        if ranks:  # the shards travel only once the process has forked its ranks, each to its own (ranks.serve)
+            if any(len(case) != ranks for case in cases):
+                raise ValueError(f"ranks: each case needs one [args, kwargs] per rank ({ranks})")
+            req, asked = {"op": "ranks", "name": name, "cases": len(cases), "ranks": ranks}, []
+
+            def frames_for(index):
+                if type(index) is not int or index != len(asked) or index >= len(cases):
+                    raise TypeError(f"the process asked for the shards of case {index!r} out of turn")
+                asked.append(index)
+                return [[args, kwargs] for args, kwargs in cases[index]]
+        else:
+            req = {"op": "call", "name": name, "cases": cases, "ranks": None}
         if grad is not None:
             req["grad"] = grad
         try:
-            return self.runner.ask(req)
+            return self.runner.ask(req, frames_for=frames_for)
         except Dead as exc:
             self.broke = str(exc)
             return {"agent_error": self.broke}
