@@ -4,6 +4,7 @@ shortcuts are refused, and the variance experiment is reproduced within its stat
 import math
 import re
 
+import pytest
 import torch
 
 from attnlab.grading.checks import run_check
@@ -136,6 +137,9 @@ WRONG.add("variance-experiment", "same-draw", score_variance=_experiment(same=Tr
 WRONG.add("variance-experiment", "seed-ignored", score_variance=_experiment(seeded=False))
 WRONG.add("variance-experiment", "seed-fixed", score_variance=_experiment(fixed_seed=0))
 WRONG.add("variance-experiment", "wrong-structure", score_variance=_experiment(result=lambda rows: rows[-1]))
+WRONG.add("variance-experiment", "biased-variance", score_variance=_experiment(stat=lambda x: x.var(correction=0)))
+WRONG.add("variance-experiment", "theory-not-measured",
+          score_variance=lambda dims, n_pairs=8192, seed=0: torch.tensor([[float(d), 1.0] for d in dims]))
 
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
 
@@ -144,8 +148,47 @@ def test_a_list_instead_of_a_tensor_passes():
     assert run_check("variance-experiment", {"score_variance": _experiment(result=lambda rows: rows)}).passed
 
 
-def test_other_honest_draws_pass_within_the_stated_tolerance():
-    # k drawn before q, float64, one draw for all d: not the recipe, the same experiment: within 15%
+def test_round_off_differences_pass():
+    # the recipe's draws, computed another way (einsum, the variance in float64): only round-off differs
+    def score_variance(dims, n_pairs=8192, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        rows = []
+        for d in dims:
+            q, k = torch.randn(n_pairs, d, generator=g), torch.randn(n_pairs, d, generator=g)
+            raw = torch.einsum("nd,nd->n", q, k).double()
+            rows.append(torch.stack([raw.var(), (raw * d ** -0.5).var()]))
+        return torch.stack(rows)
+
+    result = run_check("variance-experiment", {"score_variance": score_variance})
+    assert result.passed, result.message
+    assert "grows as d^" in result.message
+
+
+@pytest.mark.parametrize("salt", [12345, 987654321])
+def test_the_honest_experiment_passes_under_secret_salts(salt):
+    result = run_check("variance-experiment", {"score_variance": _experiment()}, salt=salt)
+    assert result.passed, result.message
+
+
+def test_the_textbook_values_score_nothing():
+    # d and 1, what the theory predicts, returned without running anything
+    theory = lambda dims, n_pairs=8192, seed=0: torch.tensor([[float(d), 1.0] for d in dims])  # noqa: E731
+    result = run_check("variance-experiment", {"score_variance": theory}, salt=4242)
+    assert not result.passed and "theory-not-measured" in result.diagnosis, result.message
+
+    # the theory with seed-dependent noise of a plausible size: not the grader's draws either
+    def noisy(dims, n_pairs=8192, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        t = torch.tensor([[float(d), 1.0] for d in dims])
+        return t * (1 + 0.02 * torch.randn(t.shape, generator=g))
+
+    result = run_check("variance-experiment", {"score_variance": noisy}, salt=4242)
+    assert not result.passed and "other-draws" in result.diagnosis, result.message
+
+
+def test_other_draws_of_the_same_experiment_score_nothing():
+    # k drawn before q, float64, one draw for all d: an honest experiment, but not the given seed's draws, which
+    # is all the grader can check
     def score_variance(dims, n_pairs=8192, seed=0):
         g = torch.Generator().manual_seed(seed)
         both = torch.randn(2, n_pairs, max(dims), generator=g, dtype=torch.float64)
@@ -157,8 +200,21 @@ def test_other_honest_draws_pass_within_the_stated_tolerance():
         return torch.stack(rows)
 
     result = run_check("variance-experiment", {"score_variance": score_variance})
-    assert result.passed, result.message
-    assert "grows as d^" in result.message
+    assert not result.passed and "other-draws" in result.diagnosis, result.message
+
+
+def test_the_sizes_depend_on_the_salt():
+    from attnlab.grading import core
+    from attnlab.grading.exercises.e03 import checks
+
+    seen = set()
+    for salt in (0, 1, 2):
+        core._SALT[0] = salt
+        try:
+            seen.add(repr(checks._sizes()))
+        finally:
+            core._SALT[0] = 0
+    assert len(seen) == 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,4 +289,4 @@ def test_a_right_experiment_reports_the_reproduced_quantities():
     result = run_check("variance-experiment", LocalLearner({"score_variance": _experiment()}, forbidden=[]))
     assert result.passed, result.message
     exponent = float(re.search(r"Var\(q\.k\) grows as d\^([0-9.]+)", result.message).group(1))
-    assert 0.9 <= exponent <= 1.1 and "reproducible from the seed" in result.message
+    assert 0.9 <= exponent <= 1.1 and "reproduces the grader's" in result.message
