@@ -1,15 +1,12 @@
 """Exercise 02 (queries, keys and values): wrong implementations fail their check with the matching diagnosis,
-shortcuts are refused, and the timing experiment's tolerances hold."""
+shortcuts are refused, and the loop of the timing experiment is scored on its values only."""
 
 import math
-import time
 
 import pytest
 import torch
 
 from attnlab.grading.checks import run_check
-from attnlab.grading.core import LocalLearner
-from attnlab.grading.exercises.e02 import spec
 from mistakes import Wrong
 
 WRONG = Wrong()
@@ -154,90 +151,76 @@ WRONG.add("attention-row", "no-max-subtraction", attention_row=_row(stable=False
 
 
 # ---------------------------------------------------------------------------------------------
-# loop-timing: learners' experiments (each times its own functions; here the references stand in for them)
+# loop-timing: the learner's loop, verified from its values; timings are the grader's own and never scored
 # ---------------------------------------------------------------------------------------------
 
-def _best(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def _loop(pick=lambda b, h, i: (b, h, i), heads=None, part=1):
+    """A learner's loop_attention (calling attention_row) with one thing changed."""
+    def loop_attention(q, k, v):
+        out = torch.zeros(*q.shape[:-1], v.shape[-1] if part == 1 else k.shape[-2])
+        for b in range(q.shape[0]):
+            for h in range(q.shape[1] if heads is None else heads):
+                for i in range(q.shape[2]):
+                    out[b, h, i] = attention_row(q[pick(b, h, i)], k[b, h], v[b, h])[part]
+        return out
+    return loop_attention
 
 
-def _experiment(row=spec.attention_row, fixed_n=None, unit=1.0, swap=False, diff=None, per_query=False,
-                result=None):
-    """A learner's loop_vs_batched with one thing changed."""
-    def loop(q, k, v):
-        out = torch.empty(q.shape[2], v.shape[-1])
-        for i in range(q.shape[2]):
-            out[i] = row(q[0, 0, i], k[0, 0], v[0, 0])[1]
-        return out[None, None]
-
-    def run(sizes, d, seed, repeat):
-        g = torch.Generator().manual_seed(seed)
-        loops, batched, biggest = [], [], 0.0
-        for n in sizes:
-            n_here = fixed_n or n
-            q, k, v = (torch.randn(1, 1, n_here, d, generator=g) for _ in range(3))
-            biggest = max(biggest, (loop(q, k, v) - spec.masked_attention(q, k, v)).abs().max().item())
-            t_loop = _best(lambda: loop(q, k, v), repeat) / (n_here if per_query else 1)
-            t_batched = _best(lambda: spec.masked_attention(q, k, v), repeat)
-            loops.append(unit * t_loop)
-            batched.append(unit * t_batched)
-        if swap:
-            loops, batched = batched, loops
-        out = {"loop": torch.tensor(loops), "batched": torch.tensor(batched),
-               "max_abs_diff": biggest if diff is None else diff}
-        return out if result is None else result(out)
-
-    def loop_vs_batched(sizes, d=32, seed=0, repeat=5):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # as the exercise's setup cell does
-        try:
-            return run(sizes, d, seed, repeat)
-        finally:
-            torch.set_num_threads(threads)
-    return loop_vs_batched
-
-
-def _row_by_key(q, k, v, keep=None):
-    """One score at a time: a Python loop over the keys (right values, N^2 Python steps)."""
-    scores = torch.stack([torch.dot(q, k[j]) for j in range(k.shape[0])]) / math.sqrt(q.shape[0])
-    weights = torch.softmax(scores, 0)
+def attention_row(q, k, v, keep=None):  # the learner's part 4 (a right one), as the loop's namespace sees it
+    weights = torch.softmax(k @ q / math.sqrt(q.shape[-1]), dim=-1)
     return weights, weights @ v
 
 
-WRONG.add("loop-timing", "wrong-unit", loop_vs_batched=_experiment(unit=1e3))            # milliseconds
-WRONG.add("loop-timing", "swapped", loop_vs_batched=_experiment(swap=True))
-WRONG.add("loop-timing", "flat-loop", loop_vs_batched=_experiment(fixed_n=16))           # the same N every time
-WRONG.add("loop-timing", "flat-loop", loop_vs_batched=_experiment(per_query=True))       # time per query
-WRONG.add("loop-timing", "steep-loop", loop_vs_batched=_experiment(row=_row_by_key))
-WRONG.add("loop-timing", "outputs-disagree", loop_vs_batched=_experiment(diff=float("nan")))
-WRONG.add("loop-timing", "wrong-structure",
-          loop_vs_batched=_experiment(result=lambda out: torch.stack([out["loop"], out["batched"]], 1)))
-WRONG.add("loop-timing", "wrong-structure",
-          loop_vs_batched=_experiment(result=lambda out: {**out, "loop": out["loop"][-1:]}))
+WRONG.add("loop-timing", "first-head-only", loop_attention=_loop(heads=1))
+WRONG.add("loop-timing", "one-query-repeated", loop_attention=_loop(pick=lambda b, h, i: (b, h, 0)))
+WRONG.add("loop-timing", "weights-not-output", loop_attention=_loop(part=0))
 
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
 
 
-def test_the_timing_experiment_passes_for_a_right_one_and_says_what_it_measured():
-    result = run_check("loop-timing", LocalLearner({"loop_vs_batched": _experiment()}, forbidden=[]))
+@pytest.mark.parametrize("salt", [0, 12345, 987654321])
+def test_a_right_loop_passes_under_secret_salts_and_shows_the_grader_s_timing(salt):
+    ns = {"loop_attention": _loop(), "attention_row": attention_row}
+    result = run_check("loop-timing", ns, salt=salt)
     assert result.passed, result.message
-    assert "N^" in result.message and "faster at N=256" in result.message
+    assert "the grader's own timing" in result.message and "not scored" in result.message
+    assert "N=256" in result.message
 
 
-def test_the_timing_experiment_accepts_a_slower_loop_within_its_stated_tolerance():
-    # a loop with more overhead per query (validation, an extra copy) is still the same experiment
-    def heavier_row(q, k, v, keep=None):
-        q = q.clone().contiguous()
-        assert q.dim() == 1 and k.dim() == 2
-        return spec.attention_row(q, k.clone(), v)
+def test_made_up_timings_score_nothing():
+    # the old experiment's answer: plausible numbers for the table, nothing the grader can verify
+    def loop_vs_batched(sizes, d=32, seed=0, repeat=5):
+        return {"loop": torch.tensor([8e-4, 8e-3, 3.5e-2])[:len(sizes)],
+                "batched": torch.tensor([6e-5, 4e-5, 2e-4])[:len(sizes)], "max_abs_diff": 4e-7}
 
-    result = run_check("loop-timing", LocalLearner({"loop_vs_batched": _experiment(row=heavier_row)}, forbidden=[]))
-    assert result.passed, result.message
+    result = run_check("loop-timing", {"loop_vs_batched": loop_vs_batched})
+    assert not result.passed and "`loop_attention` is not defined" in result.message, result.message
+
+
+def test_a_loop_that_never_calls_attention_row_scores_nothing():
+    # right values from the batched attention: not the loop the part times
+    def masked_attention(q, k, v, mask=None, causal=False):
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+    def loop_attention(q, k, v):
+        return masked_attention(q, k, v)
+
+    result = run_check("loop-timing", {"loop_attention": loop_attention, "masked_attention": masked_attention})
+    assert not result.passed and "attention_row" in result.message, result.message
+
+
+def test_the_loop_s_sizes_depend_on_the_salt():
+    from attnlab.grading import core
+    from attnlab.grading.exercises.e02 import checks
+
+    seen = set()
+    for salt in (0, 1, 2):
+        core._SALT[0] = salt
+        try:
+            seen.add(checks._loop_cases()[2][0])
+        finally:
+            core._SALT[0] = 0
+    assert len(seen) == 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,13 +322,10 @@ def test_attention_row_through_the_fused_kernel_is_refused():
     _refused("attention-row", {"attention_row": attention_row}, "torch.nn.functional.scaled_dot_product_attention")
 
 
-def test_an_experiment_that_times_the_fused_kernel_is_refused():
-    def batched(q, k, v):
+def test_a_loop_through_the_fused_kernel_is_refused():
+    def loop_attention(q, k, v):
+        attention_row(q[0, 0, 0], k[0, 0], v[0, 0])
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
-    def loop_vs_batched(sizes, d=32, seed=0, repeat=5):
-        q = torch.randn(1, 1, sizes[0], d)
-        batched(q, q, q)
-        return {"loop": torch.ones(len(sizes)), "batched": torch.ones(len(sizes)), "max_abs_diff": 0.0}
-
-    _refused("loop-timing", {"loop_vs_batched": loop_vs_batched}, "torch.nn.functional.scaled_dot_product_attention")
+    _refused("loop-timing", {"loop_attention": loop_attention, "attention_row": attention_row},
+             "torch.nn.functional.scaled_dot_product_attention")

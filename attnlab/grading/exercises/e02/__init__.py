@@ -14,8 +14,7 @@ PARTS = [
     Part("causal-mask", "the causal mask", 1, ('causal_mask',)),
     Part("attention-masks", "attention with padding and causal masks", 3, ('masked_attention',)),
     Part("attention-row", "one query: a row of the attention matrix", 2, ('attention_row',)),
-    Part("loop-timing", "the experiment: one query at a time against all at once", 2, ('loop_vs_batched',),
-         "experiment"),
+    Part("loop-timing", "the experiment: attention one query at a time", 2, ('loop_attention',), "experiment"),
     Part("speedup-explained", "why all queries at once are faster", 1, (), "manual"),
 ]
 
@@ -26,6 +25,12 @@ FORBIDDEN = {
     "attention-masks": ATTENTION + BLOCK_MASKS,
     "attention-row": ATTENTION,
     "loop-timing": ATTENTION,
+}
+
+# part id -> {name: why}: what its answer must read (attnlab/grading/shortcuts.py:missing)
+REQUIRED = {
+    "loop-timing": {"attention_row": "the loop computes each query's row with your attention_row from part 4, one "
+                                     "call per query: that is the loop being timed"},
 }
 
 # part id -> up to three hints, revealed one per call of hint("part id")
@@ -65,12 +70,11 @@ HINTS = {
         "-inf is NaN). Return the pair (weights, out), weights first.",
     ],
     "loop-timing": [
-        "Build it in pieces: first an inner function loop(q, k, v) that fills an empty (N, dv) output row by row "
-        "with attention_row, and check it against masked_attention(q, k, v) on one size before timing anything.",
-        "Timing: t0 = time.perf_counter(); f(); t = time.perf_counter() - t0, repeated `repeat` times; keep the "
-        "smallest (other programs only ever add time). Draw q, k, v for each N from one Generator seeded once.",
-        "Collect one loop time and one batched time per N, in seconds, in the order of `sizes`, and return "
-        "{'loop': torch.tensor(loop_times), 'batched': torch.tensor(batched_times), 'max_abs_diff': biggest "
-        "difference}.",
+        "Start from an empty output of shape (B, H, Nq, dv): torch.empty(*q.shape[:-1], v.shape[-1]). Then fill "
+        "it one query at a time.",
+        "Three nested loops, over b < B, h < H and i < Nq: query i of head h sees all the keys and values of that "
+        "head, k[b, h] of shape (Nk, d) and v[b, h] of shape (Nk, dv).",
+        "attention_row returns (weights, out): out[b, h, i] = attention_row(q[b, h, i], k[b, h], v[b, h])[1]. "
+        "Compare with masked_attention(q, k, v) on one small input before timing anything.",
     ],
 }
