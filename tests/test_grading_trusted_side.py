@@ -10,6 +10,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import triton
+import triton.language as tl
 
 from attnlab.grading import grade, reports, runner, sandbox, scoring
 
@@ -192,3 +194,48 @@ def test_without_a_cgroup_submissions_are_graded_one_at_a_time(tmp_path, monkeyp
     monkeypatch.setattr(sandbox.Cgroup, "available", staticmethod(lambda: False))
     cli(["grade", str(tmp_path), "-j", "3"])
     assert "grading one notebook at a time" in capsys.readouterr().err
+
+
+
+@triton.jit
+def _scale_kernel(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < n_elements
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * alpha, mask=mask)
+
+
+class _Reported:
+    """The honest kernel's launches, reported as a process that ran learner code might want them read: ``how``
+    "untraced" (no trace at all, as on a GPU), "no-traffic" (a trace without its byte counts) or "short" (one
+    tensor left out of the counts); "honest" changes nothing."""
+
+    def __init__(self, how):
+        from attnlab.grading.core import LocalLearner
+
+        self.inner, self.how = LocalLearner({"scale_kernel": _scale_kernel}, forbidden=[]), how
+
+    def call(self, *a, **kw):
+        return self.inner.call(*a, **kw)
+
+    def launch(self, request):
+        reply = self.inner.launch(request)
+        for run in reply["result"].get("ok", []):
+            if self.how == "untraced":
+                run["traced"] = False
+                run.pop("traffic"), run.pop("loaded"), run.pop("loads_outside"), run.pop("not_stored")
+            elif self.how == "no-traffic":
+                run.pop("traffic")
+            elif self.how == "short":
+                run["traffic"].pop(sorted(run["traffic"])[0])
+        return reply
+
+
+@pytest.mark.parametrize("how", ["untraced", "no-traffic", "short"])
+def test_whether_a_launch_was_traced_is_the_grader_s_decision(how):
+    # on a CPU every launch is traced: a reply that says "not traced" (as a GPU's would) or leaves byte counts out
+    # must not skip the part's byte budget, which is how an over-budget kernel scored before
+    from attnlab.grading.checks import run_check
+
+    assert run_check("masked-scale", _Reported("honest")).passed
+    result = run_check("masked-scale", _Reported(how))
+    assert not result.passed and "trace" in result.message, result.message

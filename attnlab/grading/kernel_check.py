@@ -74,11 +74,16 @@ def run_guarded(learner, name, label, buffers, grid, args, kwargs, outputs, load
     if "result" not in reply:
         raise Fail(f"`{name}`: the grader got no result for {label}")
     runs = value_of(reply["result"], name, f"launching it on {label}")
+    traced = _device() != "cuda"   # the grader's side decides: in the interpreter every launch is traced
     shapes = {k: tuple(b["data"].shape) if "data" in b else tuple(b["shape"]) for k, b in buffers.items()}
     if not isinstance(runs, list) or len(runs) != len(SENTINELS):
         raise Fail(f"`{name}` on {label}: the kernel's launch reported nothing the grader can read")
     values = []
     for run in runs:
+        if traced and not (run.get("traced") is True and isinstance(run.get("traffic"), dict)
+                           and isinstance(run.get("loaded"), dict)):
+            raise Fail(f"`{name}` on {label}: the launch came back without the trace of its loads and stores, "
+                       f"which the grader measures in Triton's interpreter: nothing was measured")
         changed = run["outside_changed"]
         bad = {k: int(n) for k, n in changed.items() if n}
         if bad:
@@ -110,10 +115,14 @@ def run_guarded(learner, name, label, buffers, grid, args, kwargs, outputs, load
         a, b = values[0][k], values[1][k]
         if not torch.equal(torch.nan_to_num(a, nan=1.5), torch.nan_to_num(b, nan=1.5)):
             raise Fail(f"`{name}` on {label}: the output depends on memory outside the input tensors", [OOB_LOAD])
-    if traffic is not None and runs[0].get("traced"):
+    if traffic is not None and traced:
         traffic.clear()
-        traffic.update({k: dict(v) for k, v in runs[0].get("traffic", {}).items()})
-    if loads is not None and runs[0].get("traced"):
+        traffic.update({k: dict(v) for k, v in runs[0]["traffic"].items()})
+        if set(traffic) != set(buffers) or not all(
+                type(v) is dict and set(v) == {"load_bytes", "store_bytes", "load_elements"}
+                and all(type(n) is int and n >= 0 for n in v.values()) for v in traffic.values()):
+            raise Fail(f"`{name}` on {label}: the launch's trace does not cover its tensors")
+    if loads is not None and traced:
         for k in loads:
             seen = {}
             for program, flat in runs[0]["loaded"][k]:
@@ -152,8 +161,11 @@ def check_traffic(name, label, traffic, budget, mistakes=(), says=None):
     at most twice, written once"), the part's own budget in words, replaces the diagnosis's generic "load each
     input element once", which a part whose budget is two passes, or K and V once per query block, contradicts.
     On a GPU there is no trace (``traffic`` is empty) and nothing is checked: returns False; True when checked.
+    Whether a trace is due is the grader's side's decision (the device it sees), never the launch's report.
     """
     if not traffic:
+        if _device() != "cuda":   # the trusted side knows a CPU launch is traced: no trace is no measurement
+            raise Fail(f"`{name}` on {label}: no trace of the launch's loads and stores to hold to the budget")
         return False
     extra = TOO_MUCH_TRAFFIC if says is None else Mistake(
         TOO_MUCH_TRAFFIC.key, f"the kernel moves more bytes than the part allows: {says}", None)
