@@ -14,7 +14,8 @@ PARTS = [
     Part("causal-mask", "the causal mask", 1, ('causal_mask',)),
     Part("attention-masks", "attention with padding and causal masks", 3, ('masked_attention',)),
     Part("attention-row", "one query: a row of the attention matrix", 2, ('attention_row',)),
-    Part("loop-timing", "the experiment: attention one query at a time", 2, ('loop_attention',), "experiment"),
+    Part("loop-timing", "the experiment: one query at a time against all at once", 2, ('loop_attention',),
+         "experiment"),
     Part("speedup-explained", "why all queries at once are faster", 1, (), "manual"),
 ]
 
