@@ -46,3 +46,37 @@ def test_a_forbidden_call_by_another_spelling_is_found(how):
 @pytest.mark.parametrize("how", sorted(HONEST))
 def test_honest_code_is_not_charged(how):
     assert uses([HONEST[how]], PATTERNS) == [], how
+
+
+_DEAD = {
+    "if-false": "def loop_attention(q, k, v):\n    if False:\n        attention_row(q[0], k, v)\n    return q\n",
+    "if-not-true": "def loop_attention(q, k, v):\n    if not 1:\n        attention_row(q[0], k, v)\n    return q\n",
+    "while-0": "def loop_attention(q, k, v):\n    while 0:\n        attention_row(q[0], k, v)\n    return q\n",
+    "after-return": "def loop_attention(q, k, v):\n    return q\n    attention_row(q[0], k, v)\n",
+    "false-and": "def loop_attention(q, k, v):\n    _ = False and attention_row(q[0], k, v)\n    return q\n",
+    "ifexp": "def loop_attention(q, k, v):\n    f = attention_row if 0 else None\n    return q\n",
+    "type-checking": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    attention_row(1, 2, 3)\n"
+                     "def loop_attention(q, k, v):\n    return q\n",
+}
+_LIVE = {
+    "a-loop": "def loop_attention(q, k, v):\n    return torch.stack([attention_row(r, k, v) for r in q])\n",
+    "a-branch": "def loop_attention(q, k, v):\n    if q.shape[0] > 0:\n        return attention_row(q[0], k, v)\n"
+                "    return q\n",
+    "else-of-false": "def loop_attention(q, k, v):\n    if False:\n        pass\n    else:\n        q = attention_row(q, k, v)\n"
+                     "    return q\n",
+    "true-or-not": "def loop_attention(q, k, v):\n    f = None or attention_row\n    return f(q, k, v)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DEAD))
+def test_a_required_call_in_code_that_never_runs_is_not_a_call(name):
+    from attnlab.grading.shortcuts import missing
+
+    assert missing([_DEAD[name]], {"attention_row": "why"}) == ["attention_row"]
+
+
+@pytest.mark.parametrize("name", sorted(_LIVE))
+def test_a_required_call_that_can_run_counts(name):
+    from attnlab.grading.shortcuts import missing
+
+    assert missing([_LIVE[name]], {"attention_row": "why"}) == []

@@ -486,11 +486,82 @@ def part_cells(learners, functions, mine=None):
     return [code for code, _own in part_code(learners, functions, mine)]
 
 
+class _DeadCode(ast.NodeTransformer):
+    """Drops what can never run whatever the inputs: the branch of an ``if``/``while``/``x if c else y`` whose
+    test is a constant (``if False:``, ``while 0:``, ``if TYPE_CHECKING:``), the right side of ``False and ...`` /
+    ``True or ...``, and the statements after a ``return``, ``raise``, ``break`` or ``continue`` in one block."""
+
+    @staticmethod
+    def _known(test):
+        if isinstance(test, ast.Constant):
+            return bool(test.value)
+        if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or \
+                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING":
+            return False
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            inner = _DeadCode._known(test.operand)
+            return None if inner is None else not inner
+        return None
+
+    def _block(self, body):
+        out = []
+        for stmt in body:
+            new = self.visit(stmt)
+            for node in new if isinstance(new, list) else [new] if new is not None else []:
+                out.append(node)
+            if isinstance(stmt, (ast.Return, ast.Raise, ast.Break, ast.Continue)):
+                break
+        return out
+
+    def generic_visit(self, node):
+        for field in ("body", "orelse", "finalbody"):
+            if isinstance(getattr(node, field, None), list) and all(isinstance(x, ast.stmt)
+                                                                    for x in getattr(node, field)):
+                setattr(node, field, self._block(getattr(node, field)))
+        return super().generic_visit(node)
+
+    def visit_If(self, node):
+        known = self._known(node.test)
+        if known is None:
+            return self.generic_visit(node)
+        return self._block(node.body if known else node.orelse)
+
+    def visit_While(self, node):
+        if self._known(node.test) is False:
+            return self._block(node.orelse)
+        return self.generic_visit(node)
+
+    def visit_IfExp(self, node):
+        known = self._known(node.test)
+        return self.generic_visit(node) if known is None else self.visit(node.body if known else node.orelse)
+
+    def visit_BoolOp(self, node):
+        values = []
+        for value in node.values:   # `False and f()`: f never runs; `True or f()`: neither
+            values.append(value)
+            known = self._known(value)
+            if known is not None and known == isinstance(node.op, ast.Or):
+                break
+        node.values = values if len(values) > 1 else values + [ast.Constant(value=None)]
+        return self.generic_visit(node)
+
+
+def live_code(source):
+    """``source`` without the code that can never run (:class:`_DeadCode`): a required call inside ``if False:``
+    is not a call. The source unchanged when it is not Python."""
+    tree = _parse(source)
+    if tree is None:
+        return source
+    tree = _DeadCode().visit(tree)
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
 def missing(sources, required, all_sources=None, rebound=()):
     """The keys of ``required`` ({name: why}; a key "a|b" is either name) that none of ``sources`` (a part's code,
     :func:`part_code`) reads. A dotted name (``attnlab.memory.trace``) is read under any name: an import's alias,
     the module's attribute, but not a function of the learner's own of that name. A plain one is read as itself,
     unless ``rebound`` holds it (:func:`rebound`: ``kernel_attention = my_sdpa`` is not the given one)."""
+    sources = [live_code(text) for text in sources]
     everything = list(all_sources if all_sources is not None else sources) + list(sources)
     read = set().union(*(names(text, "global") for text in sources)) if sources else set()
     wanted = [name for key in required for name in key.split("|")]
