@@ -1,5 +1,5 @@
-"""Exercise 05 (the quadratic cost): wrong implementations, written as a learner would, fail their check with the
-matching diagnosis; shortcuts are refused; the experiment is graded exactly from the learner's own timings and
+"""Exercise 05 (the quadratic cost): wrong experiments, written as a learner would, fail their check with the
+matching diagnosis (the other parts' known mistakes: tests/test_every_mistake.py); shortcuts are refused; the experiment is graded exactly from the learner's own timings and
 within a stated factor of the grader's own."""
 
 import math
@@ -17,89 +17,18 @@ from mistakes import Wrong
 
 WRONG = Wrong()
 
-# --- attention-flops -------------------------------------------------------------------------------
-WRONG.add("attention-flops", "multiply-add-once", attention_flops=lambda b, h, n, d: b * h * 2 * n * n * d)
-WRONG.add("attention-flops", "swapped-n-d", attention_flops=lambda b, h, n, d: b * h * 4 * n * d * d)
-WRONG.add("attention-flops", "per-head-only", attention_flops=lambda b, h, n, d: 4 * n * n * d)
-WRONG.add("attention-flops", "heads-forgotten", attention_flops=lambda b, h, n, d: b * 2 * (2 * n * n * d))
-WRONG.add("attention-flops", "batch-forgotten", attention_flops=lambda b, h, n, d: h * 2 * (2 * n * n * d))
-WRONG.add("attention-flops", "softmax-counted",
-          attention_flops=lambda b, h, n, d: b * h * (2 * n * n * d + 5 * n * n + 2 * n * n * d))
+# attention-flops, attention-bytes, arithmetic-intensity and roofline-prediction: every known mistake is proven by
+# its check's own emulation (tests/test_every_mistake.py). The experiment's mistakes are judged from timings.
 
-
-# --- attention-bytes -------------------------------------------------------------------------------
-def _steps(scores=(2, 0, 0, 1), softmax=(0, 1, 0, 1), pv=(1, 1, 1, 0), swap=False, unit=True, per_head=False):
-    """step_bytes from a learner's table of element counts per step: (n*d read, n*n read, n*d written, n*n written)."""
-    def step_bytes(batch, heads, n, d, element_size=4):
-        es = element_size if unit else 1
-        bh = 1 if per_head else batch * heads
-        out = []
-        for nd_read, nn_read, nd_written, nn_written in (scores, softmax, pv):
-            read = bh * (nd_read * n * d + nn_read * n * n) * es
-            written = bh * (nd_written * n * d + nn_written * n * n) * es
-            out.append((written, read) if swap else (read, written))
-        return tuple(out)
-    return step_bytes
-
-
-_TOTAL = specs.attention_bytes
-_STEPS = specs.step_bytes
-WRONG.add("attention-bytes", "elements-not-bytes", step_bytes=_steps(unit=False), attention_bytes=_TOTAL)
-WRONG.add("attention-bytes", "read-write-swapped", step_bytes=_steps(swap=True), attention_bytes=_TOTAL)
-WRONG.add("attention-bytes", "pv-forgets-v", step_bytes=_steps(pv=(0, 1, 1, 0)), attention_bytes=_TOTAL)
-WRONG.add("attention-bytes", "scores-forgets-k", step_bytes=_steps(scores=(1, 0, 0, 1)), attention_bytes=_TOTAL)
-WRONG.add("attention-bytes", "output-is-n-by-n", step_bytes=_steps(pv=(1, 1, 0, 1)), attention_bytes=_TOTAL)
-WRONG.add("attention-bytes", "softmax-in-place", step_bytes=_steps(softmax=(0, 0, 0, 0)), attention_bytes=_TOTAL)
-WRONG.add("attention-bytes", "per-head-only", step_bytes=_steps(per_head=True), attention_bytes=_TOTAL)
-WRONG.add("attention-bytes", "writes-only", step_bytes=_STEPS,
-          attention_bytes=lambda b, h, n, d, es=4: sum(w for _, w in specs.step_bytes(b, h, n, d, es)))
-WRONG.add("attention-bytes", "reads-only", step_bytes=_STEPS,
-          attention_bytes=lambda b, h, n, d, es=4: sum(r for r, _ in specs.step_bytes(b, h, n, d, es)))
-WRONG.add("attention-bytes", "matrices-only", step_bytes=_STEPS,
-          attention_bytes=lambda b, h, n, d, es=4: b * h * 4 * n * n * es)
-
-# --- arithmetic-intensity --------------------------------------------------------------------------
-_OK_BOUND = {"is_memory_bound": specs.is_memory_bound}
-WRONG.add("arithmetic-intensity", "inverted-ratio", **_OK_BOUND,
-          arithmetic_intensity=lambda b, h, n, d, es=4: specs.attention_bytes(b, h, n, d, es) / specs.attention_flops(
-              b, h, n, d))
-WRONG.add("arithmetic-intensity", "elements-not-bytes", **_OK_BOUND,
-          arithmetic_intensity=lambda b, h, n, d, es=4: 4 * n * n * d / (4 * n * d + 4 * n * n))
-WRONG.add("arithmetic-intensity", "multiply-add-once", **_OK_BOUND,
-          arithmetic_intensity=lambda b, h, n, d, es=4: 2 * n * n * d / ((4 * n * d + 4 * n * n) * es))
-_OK_AI = {"arithmetic_intensity": specs.arithmetic_intensity}
-WRONG.add("arithmetic-intensity", "comparison-flipped", **_OK_AI, is_memory_bound=lambda i, p, bw: i >= p / bw)
-WRONG.add("arithmetic-intensity", "ridge-inverted", **_OK_AI, is_memory_bound=lambda i, p, bw: i < bw / p)
-WRONG.add("arithmetic-intensity", "ridge-inclusive", **_OK_AI, is_memory_bound=lambda i, p, bw: not i > p / bw)
-
-
-# --- roofline-prediction ---------------------------------------------------------------------------
-def _predict(combine, es_used=None, skip_softmax=False):
-    def predict_naive_time(batch, heads, n, d, flop_rate, bandwidth, element_size=4):
-        es = element_size if es_used is None else es_used
-        mm = 2 * batch * heads * n * n * d
-        steps = [(mm, batch * heads * (2 * n * d + n * n) * es), (0, batch * heads * 2 * n * n * es),
-                 (mm, batch * heads * (n * n + 2 * n * d) * es)]
-        if skip_softmax:
-            del steps[1]
-        return combine(steps, flop_rate, bandwidth)
-    return predict_naive_time
-
-
-WRONG.add("roofline-prediction", "no-overlap",
-          predict_naive_time=_predict(lambda s, p, w: sum(f / p for f, _ in s) + sum(m / w for _, m in s)))
-WRONG.add("roofline-prediction", "one-roofline-for-all",
-          predict_naive_time=_predict(lambda s, p, w: max(sum(f for f, _ in s) / p, sum(m for _, m in s) / w)))
-WRONG.add("roofline-prediction", "flops-only", predict_naive_time=_predict(lambda s, p, w: sum(f for f, _ in s) / p))
-WRONG.add("roofline-prediction", "bytes-only", predict_naive_time=_predict(lambda s, p, w: sum(m for _, m in s) / w))
-WRONG.add("roofline-prediction", "elements-not-bytes",
-          predict_naive_time=_predict(lambda s, p, w: sum(max(f / p, m / w) for f, m in s), es_used=1))
-WRONG.add("roofline-prediction", "softmax-skipped",
-          predict_naive_time=_predict(lambda s, p, w: sum(max(f / p, m / w) for f, m in s), skip_softmax=True))
+def _right_prediction(batch, heads, n, d, flop_rate, bandwidth, element_size=4):
+    """A right predict_naive_time, written as a learner would: a roofline per step, summed."""
+    mm = 2 * batch * heads * n * n * d
+    steps = [(mm, batch * heads * (2 * n * d + n * n) * element_size), (0, batch * heads * 2 * n * n * element_size),
+             (mm, batch * heads * (n * n + 2 * n * d) * element_size)]
+    return sum(max(f / flop_rate, m / bandwidth) for f, m in steps)
 
 
 # --- naive-time-experiment: a learner's experiment with one thing wrong -------------------------------------
-_right_prediction = _predict(lambda s, p, w: sum(max(f / p, m / w) for f, m in s))
 
 
 def _experiment(flops_per_matmul=2, copy_passes=2, units=1.0, rate_units=1.0, predict=_right_prediction):
