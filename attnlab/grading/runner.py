@@ -4,7 +4,8 @@
 (:func:`main`, the process's side: no Jupyter, no zmq). It runs the cells it is sent through IPython's
 ``InteractiveShell`` (magics as IPython runs them) and answers with each cell's status, read from
 ``run_cell``'s result; then it answers ``call`` requests with the learner's outputs
-(:func:`attnlab.grading.agent.handle`). Frames (:mod:`attnlab.grading.frames`) are ``torch.save`` bytes, read
+(:func:`attnlab.grading.agent.handle`), and ``ranks`` requests by forking a process group's ranks before it is sent
+their shards (:func:`attnlab.grading.ranks.serve`). Frames (:mod:`attnlab.grading.frames`) are ``torch.save`` bytes, read
 with ``weights_only=True``, on two pipes of their own; :class:`Sandboxed` is such a process, also the Triton parts'
 (:mod:`attnlab.grading.isolated`). The process's own stdout and stderr are ``/dev/null``:
 nothing it prints reaches the grader. A cell or call that hangs is ended by the grader killing the process;
@@ -269,11 +270,12 @@ class RemoteLearner:
                 raise ValueError(f"ranks: each case needs one [args, kwargs] per rank ({ranks})")
             req, asked = {"op": "ranks", "name": name, "cases": len(cases), "ranks": ranks}, []
 
-            def frames_for(index):
+            def shards(index):
                 if type(index) is not int or index != len(asked) or index >= len(cases):
                     raise TypeError(f"the process asked for the shards of case {index!r} out of turn")
                 asked.append(index)
                 return [[args, kwargs] for args, kwargs in cases[index]]
+            frames_for = shards
         else:
             req = {"op": "call", "name": name, "cases": cases, "ranks": None}
         if grad is not None:
