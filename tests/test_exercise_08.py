@@ -27,38 +27,26 @@ WRONG = Wrong()
 # Part 1: create_block_mask
 # ---------------------------------------------------------------------------------------
 
-def _create(transposed=False, edge=False, rule="right", pad=False, floor=False, unsorted=False, sliced=False):
+# the known mistakes of flex-block-mask are proven by the check's own emulations (tests/test_every_mistake.py)
+
+def _create(unsorted=False):
+    """A learner's create_block_mask; ``unsorted``: the block indices listed in decreasing order."""
     def create_block_mask(mask_mod, B, H, Nq, Nk, block_size):
         bq, bk = (block_size, block_size) if isinstance(block_size, int) else block_size
-        nqb, nkb = (Nq // bq, Nk // bk) if floor else (-(-Nq // bq), -(-Nk // bk))
+        nqb, nkb = -(-Nq // bq), -(-Nk // bk)
         b, h = torch.arange(B)[:, None, None, None], torch.arange(H)[None, :, None, None]
-        if transposed:  # q_idx along the last dim
-            m = mask_mod(b, h, torch.arange(Nq)[None, None, None, :], torch.arange(Nk)[None, None, :, None])
-        else:
-            m = mask_mod(b, h, torch.arange(Nq)[None, None, :, None], torch.arange(Nk)[None, None, None, :])
+        m = mask_mod(b, h, torch.arange(Nq)[None, None, :, None], torch.arange(Nk)[None, None, None, :])
         m = m.expand(B, H, *m.shape[-2:])
-        size_q, size_k = max(nqb * bq, m.shape[-2]), max(nkb * bk, m.shape[-1])
-        allowed = torch.full((B, H, size_q + bq, size_k + bk), pad, dtype=torch.bool)
+        allowed = torch.zeros((B, H, nqb * bq, nkb * bk), dtype=torch.bool)  # past Nq or Nk: masked out
         allowed[..., :m.shape[-2], :m.shape[-1]] = m
         count = torch.zeros(B, H, nqb, nkb, dtype=torch.long)
         full = torch.zeros(B, H, nqb, nkb, dtype=torch.bool)
         for i in range(nqb):
             for j in range(nkb):
-                tile = allowed[..., i * bq:(i + 1) * bq + edge, j * bk:(j + 1) * bk + edge]
-                if sliced:  # the ragged last tile sliced to the sequence: all of what is left allowed -> "full"
-                    tile = m[..., i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
+                tile = allowed[..., i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
                 count[..., i, j] = tile.sum((-2, -1))
                 full[..., i, j] = tile.all(-1).all(-1)
-        anything = count > 0
-        partial = anything & ~full
-        if rule == "full-means-any":
-            partial, full = torch.zeros_like(full), anything
-        elif rule == "all-partial":
-            partial, full = anything, torch.zeros_like(full)
-        elif rule == "full-dropped":
-            full = torch.zeros_like(full)
-        elif rule == "partial-includes-full":
-            partial = anything
+        partial = (count > 0) & ~full
 
         def lists(kind):
             num = kind.sum(-1).to(torch.int32)
@@ -78,16 +66,6 @@ def _with(create):
     def block_mask_for(kind, arg, B, H, Nq, Nk, block_size):
         return create(MASK_MODS[kind](arg), B, H, Nq, Nk, block_size)
     return {"create_block_mask": create, "block_mask_for": block_mask_for}
-
-
-for _key, _kw in [("transposed-block-mask", {"transposed": True}), ("off-by-one-block-edge", {"edge": True}),
-                  ("partial-treated-as-full", {"rule": "full-means-any"}),
-                  ("full-treated-as-partial", {"rule": "all-partial"}),
-                  ("full-treated-as-empty", {"rule": "full-dropped"}),
-                  ("partial-lists-include-full", {"rule": "partial-includes-full"}),
-                  ("ragged-tail-full", {"pad": True}), ("ragged-tail-dropped", {"floor": True}),
-                  ("ragged-tail-full", {"sliced": True})]:
-    WRONG.add("flex-block-mask", _key, **_with(_create(**_kw)))
 
 
 def test_a_learner_style_create_block_mask_passes_and_unsorted_indices_are_named():

@@ -1,5 +1,6 @@
-"""Exercise 10 (attention at inference): wrong implementations fail their check with the matching diagnosis,
-shortcuts are refused, a right answer written another way passes, and the experiment is measured, not computed."""
+"""Exercise 10 (attention at inference): wrong implementations that a measurement shows fail their check with the
+matching diagnosis (the emulated mistakes: tests/test_every_mistake.py), shortcuts are refused, a right answer
+written another way passes, and the experiment is measured, not computed."""
 
 import math
 
@@ -19,73 +20,43 @@ def _softmax_rows(s):
 
 
 # ---------------------------------------------------------------------------------------------
-# decode-cost: a learner's cost model, with one flaw each
+# decode-cost, decode-attention, split-partials, split-merge, paged-gather and latent-decode: every known mistake
+# the checks emulate is proven by tests/test_every_mistake.py. Here: right answers as a learner would write them,
+# and the mistakes only a measurement shows.
 # ---------------------------------------------------------------------------------------------
 
-def _cost(flaw=None):
+def _cost():
     def decode_step_bytes(batch, context, params, layers, kv_heads, d, bytes_per_element=2):
-        e = {"element-size-ignored": 1, "bits-not-bytes": 8 * bytes_per_element}.get(flaw, bytes_per_element)
-        per_layer = kv_heads * d * e if flaw == "k-only" else 2 * kv_heads * d * e      # K and V of one token
-        per_token = per_layer if flaw == "cache-layers-missing" else per_layer * layers
-        tokens = context + 1 if flaw == "new-token-counted" else context
-        sequences = 1 if flaw == "cache-not-per-sequence" else batch
-        weights = 0 if flaw == "weights-forgotten" else params * e
-        if flaw == "weights-per-sequence":
-            weights *= batch
-        return weights + sequences * tokens * per_token
+        per_token = 2 * kv_heads * d * bytes_per_element * layers                 # K and V of one token, every layer
+        return params * bytes_per_element + batch * context * per_token
     return decode_step_bytes
 
 
-def _crossover(flaw=None):
+def _crossover():
     def crossover_tokens(params, layers, kv_heads, d, bytes_per_element=2):
-        weight_bytes = params if flaw == "crossover-weights-in-parameters" else params * bytes_per_element
-        kv = 1 if flaw == "crossover-k-only" else 2
-        cache_per_token = kv * kv_heads * d * (1 if flaw == "crossover-cache-in-elements" else bytes_per_element)
-        if flaw != "crossover-layers-missing":
-            cache_per_token *= layers
-        return cache_per_token / weight_bytes if flaw == "crossover-inverted" else weight_bytes / cache_per_token
+        return params * bytes_per_element / (2 * kv_heads * d * bytes_per_element * layers)
     return crossover_tokens
-
-
-for _key in ("weights-per-sequence", "k-only", "cache-layers-missing", "element-size-ignored", "bits-not-bytes",
-             "weights-forgotten", "cache-not-per-sequence", "new-token-counted"):
-    WRONG.add("decode-cost", _key, decode_step_bytes=_cost(_key))
-for _key in ("crossover-inverted", "crossover-k-only", "crossover-layers-missing", "crossover-weights-in-parameters",
-             "crossover-cache-in-elements"):
-    WRONG.add("decode-cost", _key, crossover_tokens=_crossover(_key))
 
 
 # ---------------------------------------------------------------------------------------------
 # decode-attention: a learner's loop, with one flaw each
 # ---------------------------------------------------------------------------------------------
 
-def _decode(flaw=None):
+def _decode():
     def decode_attention(q, k_cache, v_cache, cache_seqlens, scale=None):
         B, hq, nq, D = q.shape
         G = hq // k_cache.shape[1]
-        if scale is None or flaw == "scale-ignored":
-            scale = 1 / D if flaw == "scale-1-over-d" else 1 / math.sqrt(D)
-        if flaw == "scale-missing":
-            scale = 1.0
+        scale = 1 / math.sqrt(D) if scale is None else scale
         out = torch.zeros_like(q)
         for b in range(B):
-            L = k_cache.shape[2] if flaw == "lengths-ignored" else int(cache_seqlens[b])
+            L = int(cache_seqlens[b])
             for h in range(hq):
-                kv = h % k_cache.shape[1] if flaw == "kv-head-modulo" else h // G
-                s = q[b, h] @ k_cache[b, kv, :L].T * scale
+                s = q[b, h] @ k_cache[b, h // G, :L].T * scale
                 for i in range(nq):
-                    last = {"new-queries-see-the-future": L - 1, "causal-top-left": i,
-                            "causal-diagonal-excluded": L - nq + i - 1,
-                            "causal-off-by-one": L - nq + i + 1}.get(flaw, L - nq + i)
-                    s[i, last + 1:] = float("-inf")
-                out[b, h] = _softmax_rows(s) @ v_cache[b, kv, :L]
+                    s[i, L - nq + i + 1:] = float("-inf")
+                out[b, h] = _softmax_rows(s) @ v_cache[b, h // G, :L]
         return out
     return decode_attention
-
-
-for _key in ("lengths-ignored", "new-queries-see-the-future", "causal-top-left", "causal-diagonal-excluded",
-             "kv-head-modulo", "scale-1-over-d", "scale-ignored", "causal-off-by-one", "scale-missing"):
-    WRONG.add("decode-attention", _key, decode_attention=_decode(_key))
 
 
 def _copying(q, k_cache, v_cache, cache_seqlens, scale=None):
@@ -110,163 +81,70 @@ WRONG.add("decode-attention", "cache-copied-per-head", decode_attention=_copying
 # split-partials
 # ---------------------------------------------------------------------------------------------
 
-def _partials(flaw=None):
+def _partials():
     def split_partials(q, k, v, num_splits, scale=None):
         B, H, nq, D = q.shape
         N = k.shape[2]
         scale = D ** -0.5 if scale is None else scale
-        chunk = N // num_splits if flaw == "chunk-rounded-down" else math.ceil(N / num_splits)
+        chunk = math.ceil(N / num_splits)
         outs, lses = [], []
         for s in range(num_splits):
-            keys = list(range(s, N, num_splits)) if flaw == "splits-strided" else \
-                list(range(s * chunk, min((s + 1) * chunk, N)))
+            keys = list(range(s * chunk, min((s + 1) * chunk, N)))
             if not keys:
                 outs.append(q.new_zeros(B, H, nq, D))
-                lses.append(q.new_zeros(B, H, nq) if flaw == "empty-split-lse-zero" else
-                            q.new_full((B, H, nq), -math.inf))
+                lses.append(q.new_full((B, H, nq), -math.inf))
                 continue
-            raw = q @ k[:, :, keys].transpose(-1, -2)
-            sc = raw * (1.0 if flaw == "scale-missing" else scale)
-            if flaw == "lse-overflows":
-                lse = torch.log(torch.exp(sc).sum(-1))
-            else:
-                base = raw if flaw == "lse-unscaled" else sc
-                m = base.max(-1).values
-                lse = (0 if flaw == "lse-max-not-added-back" else m) + torch.log(torch.exp(base - m[..., None]).sum(-1))
-                if flaw == "lse-base-2":
-                    lse = lse * math.log2(math.e)
-            p = torch.exp(sc - sc.max(-1, keepdim=True).values)
-            o = p @ v[:, :, keys]
-            outs.append(o if flaw == "partial-not-normalised" else o / p.sum(-1, keepdim=True))
-            lses.append(lse)
+            sc = q @ k[:, :, keys].transpose(-1, -2) * scale
+            m = sc.max(-1).values
+            p = torch.exp(sc - m[..., None])
+            outs.append(p @ v[:, :, keys] / p.sum(-1, keepdim=True))
+            lses.append(m + torch.log(p.sum(-1)))
         return torch.stack(outs, 2), torch.stack(lses, 2)
     return split_partials
-
-
-for _key in ("lse-overflows", "partial-not-normalised", "chunk-rounded-down", "lse-base-2", "lse-unscaled",
-             "empty-split-lse-zero", "splits-strided", "scale-missing", "lse-max-not-added-back"):
-    WRONG.add("split-partials", _key, split_partials=_partials(_key))
 
 
 # ---------------------------------------------------------------------------------------------
 # split-merge
 # ---------------------------------------------------------------------------------------------
 
-def _merge(flaw=None):
+def _merge():
     def merge_splits(o_parts, lse):
-        if flaw == "mean-of-partials":
-            return o_parts.sum(2) / o_parts.shape[2]
-        if flaw == "max-only":
-            best = lse.argmax(2)                                          # (B, H, Nq)
-            out = torch.empty_like(o_parts[:, :, 0])
-            for b in range(o_parts.shape[0]):
-                for h in range(o_parts.shape[1]):
-                    for i in range(o_parts.shape[3]):
-                        out[b, h, i] = o_parts[b, h, best[b, h, i], i]
-            return out
-        if flaw == "linear-weights":
-            w = lse / lse.sum(2, keepdim=True)
-        else:
-            dim = -1 if flaw == "wrong-axis" else 2
-            if flaw == "exp-overflows-float64":             # float64 only moves the overflow from ~88 to ~709
-                w = torch.exp(lse.double())
-                return torch.einsum("bhsq,bhsqd->bhqd", w / w.sum(2, keepdim=True), o_parts.double()).to(o_parts.dtype)
-            w = torch.exp(lse) if flaw == "exp-overflows" else torch.exp(lse - lse.max(dim, keepdim=True).values)
-            if flaw != "not-normalised":
-                w = w / w.sum(dim, keepdim=True)
-        return torch.einsum("bhsq,bhsqd->bhqd", w, o_parts)
+        w = torch.exp(lse - lse.max(2, keepdim=True).values)
+        return torch.einsum("bhsq,bhsqd->bhqd", w / w.sum(2, keepdim=True), o_parts)
     return merge_splits
-
-
-for _key in ("mean-of-partials", "exp-overflows", "exp-overflows-float64", "not-normalised", "linear-weights",
-             "max-only", "wrong-axis"):
-    WRONG.add("split-merge", _key, merge_splits=_merge(_key))
-
-
-def _running_merge(flaw):
-    """Lesson 07's running merge, one split at a time, with its rescaling left out."""
-    def merge_splits(o_parts, lse):
-        acc = torch.zeros_like(o_parts[:, :, 0])
-        total = torch.zeros_like(lse[:, :, 0])
-        m = torch.full_like(lse[:, :, 0], -math.inf)
-        for s in range(o_parts.shape[2]):
-            m_new = torch.maximum(m, lse[:, :, s])
-            alpha = torch.where(torch.isneginf(m_new), torch.zeros_like(m), torch.exp(m - m_new))
-            w = torch.where(torch.isneginf(m_new), torch.zeros_like(m), torch.exp(lse[:, :, s] - m_new))
-            if flaw != "running-not-rescaled":
-                acc = acc * alpha[..., None] if flaw != "running-output-not-rescaled" else acc
-                total = total * alpha if flaw != "running-sum-not-rescaled" else total
-            acc, total, m = acc + w[..., None] * o_parts[:, :, s], total + w, m_new
-        return acc / total[..., None]
-    return merge_splits
-
-
-for _key in ("running-not-rescaled", "running-sum-not-rescaled", "running-output-not-rescaled"):
-    WRONG.add("split-merge", _key, merge_splits=_running_merge(_key))
 
 
 # ---------------------------------------------------------------------------------------------
 # paged-gather
 # ---------------------------------------------------------------------------------------------
 
-def _gather(flaw=None):
+def _gather():
     def gather_sequence(pool, block_table, b, length):
-        ps = pool.shape[2]
-        n = length // ps if flaw == "pages-rounded-down" else -(-length // ps)
-        n = max(n, 1)
-        row = block_table[0] if flaw == "wrong-row" else block_table[b]
-        pieces = []
-        for p in range(n):
-            page = p if flaw == "table-ignored" else int(row[p])
-            pieces.append(pool[page])                                     # (H_kv, ps, D)
-        if flaw == "heads-not-first":
-            kv = torch.stack(pieces).reshape(pool.shape[1], n * ps, pool.shape[3])
-        else:
-            kv = torch.cat(pieces, dim=1)                                 # (H_kv, n * ps, D)
-        return kv if flaw == "not-trimmed" else kv[:, :length]
+        n = max(-(-length // pool.shape[2]), 1)
+        kv = torch.cat([pool[int(block_table[b, p])] for p in range(n)], dim=1)      # (H_kv, n * ps, D)
+        return kv[:, :length]
     return gather_sequence
-
-
-for _key in ("table-ignored", "wrong-row", "heads-not-first", "pages-rounded-down", "not-trimmed"):
-    WRONG.add("paged-gather", _key, gather_sequence=_gather(_key))
 
 
 # ---------------------------------------------------------------------------------------------
 # latent-decode: a learner's absorbed MLA decode, head by head, with one flaw each
 # ---------------------------------------------------------------------------------------------
 
-def _latent(flaw=None):
+def _latent():
     def latent_decode(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
         B, H, d_h = q_nope.shape
-        width = {"scale-head-only": d_h, "scale-latent-width": c.shape[-1] + q_rope.shape[-1]}.get(
-            flaw, d_h + q_rope.shape[-1])
-        if scale is None or flaw == "scale-ignored":
-            scale = 1 / math.sqrt(width)
-        if flaw == "scale-missing":
-            scale = 1.0
-        if flaw == "up-projections-swapped":
-            w_uk, w_uv = w_uv, w_uk
+        scale = 1 / math.sqrt(d_h + q_rope.shape[-1]) if scale is None else scale
         scores = torch.empty(B, H, c.shape[1])
         for h in range(H):
             q_lat = q_nope[:, h] @ w_uk[h]                                  # (B, d_latent): W_UK_h^T q
             s = torch.bmm(c, q_lat[:, :, None])[..., 0]                     # (B, L)
-            if flaw != "rope-forgotten":
-                s = s + torch.bmm(k_rope, q_rope[:, h, :, None])[..., 0]
-            scores[:, h] = s * scale
-        dim = 1 if flaw == "softmax-wrong-axis" else -1
-        e = torch.exp(scores - scores.max(dim, keepdim=True).values)
-        p = e if flaw == "not-normalised" else e / e.sum(dim, keepdim=True)
+            scores[:, h] = (s + torch.bmm(k_rope, q_rope[:, h, :, None])[..., 0]) * scale
+        p = _softmax_rows(scores)
         out = torch.empty_like(q_nope)
         for h in range(H):
-            o_lat = torch.bmm(p[:, h, None], c)[:, 0]                       # (B, d_latent)
-            out[:, h] = o_lat @ w_uv[h].T                                   # (B, d_h)
+            out[:, h] = torch.bmm(p[:, h, None], c)[:, 0] @ w_uv[h].T      # (B, d_h)
         return out
     return latent_decode
-
-
-for _key in ("up-projections-swapped", "rope-forgotten", "scale-missing", "scale-head-only", "scale-latent-width",
-             "scale-ignored", "softmax-wrong-axis", "not-normalised"):
-    WRONG.add("latent-decode", _key, latent_decode=_latent(_key))
 
 
 def _expanded(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
@@ -307,6 +185,8 @@ def _measured(flaw=None):
     return decode_bytes
 
 
+# kept beside the emulations: each traces a real kernel, read the wrong way, so it proves that the emulation's
+# formula is what such a learner measures
 for _key in ("reads-only", "values-not-counted", "float32-cache", "cache-size-not-traffic", "transposed"):
     WRONG.add("decode-bytes", _key, decode_bytes=_measured(_key))
 

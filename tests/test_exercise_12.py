@@ -1,6 +1,7 @@
-"""Exercise 12 (past dense softmax attention): wrong implementations, written the way a learner would, fail their
-check with the matching diagnosis; right answers written another way pass; the library's answers are refused; the
-chunked part's memory check catches an N x N matrix and a state per token; the experiment is a measurement."""
+"""Exercise 12 (past dense softmax attention): wrong kernels and wrong measurements, written the way a learner
+would, fail their check with the matching diagnosis (the emulated mistakes: tests/test_every_mistake.py); right
+answers written another way pass; the library's answers are refused; the chunked part's memory check catches an
+N x N matrix and a state per token; the experiment is a measurement."""
 
 import math
 
@@ -19,41 +20,28 @@ WRONG = Wrong()
 
 
 # ---------------------------------------------------------------------------------------------
-# causal-topk: a learner's selection, with one flaw each
+# causal-topk, delta-recurrence and delta-chunked: every known mistake the checks emulate is proven by
+# tests/test_every_mistake.py. Here: right answers as a learner would write them, the kernel's wrong versions and
+# the mistakes only a measurement shows.
+# ---------------------------------------------------------------------------------------------
+# causal-topk
 # ---------------------------------------------------------------------------------------------
 
-def _select(flaw=None):
+def _select():
     def select_blocks(block_scores, topk):
         s = block_scores.clone().float()
         nqb, nkb = s.shape[-2], s.shape[-1]
         for i in range(nqb):
-            for j in range(nkb):
-                future = j >= i if flaw == "diagonal-masked-as-future" else j > i
-                if future and flaw != "future-selected":
-                    s[..., i, j] = 0.0 if flaw == "future-masked-with-zero" else -math.inf
-                if j == i and flaw not in ("diagonal-not-kept", "diagonal-masked-as-future"):
-                    s[..., i, j] = math.inf
+            for j in range(i + 1, nkb):
+                s[..., i, j] = -math.inf                                    # the future: never selected
+            if i < nkb:
+                s[..., i, i] = math.inf                                     # the diagonal: always selected
         k = min(topk, nkb)
         vals, ids = torch.topk(s, k, dim=-1)
-        free = vals == -math.inf
-        if flaw == "unselectable-slots-kept":
-            free = torch.zeros_like(free)
-        if flaw == "ids-not-sorted":
-            out = torch.where(free, -1, ids)
-        elif flaw == "padding-first":
-            out = torch.sort(torch.where(free, -1, ids), dim=-1).values
-        else:
-            out = torch.where(free, nkb, ids).sort(dim=-1).values
-            out = torch.where(out == nkb, 0 if flaw == "padding-zero" else -1, out)
-        if k < topk and flaw != "not-padded-to-topk":
-            out = F.pad(out, (0, topk - k), value=0 if flaw == "padding-zero" else -1)
-        return out.int()
+        out = torch.where(vals == -math.inf, nkb, ids).sort(dim=-1).values
+        out = torch.where(out == nkb, -1, out)                              # unselectable slots last, as -1
+        return F.pad(out, (0, topk - k), value=-1).int()
     return select_blocks
-
-
-for _key in ("future-selected", "future-masked-with-zero", "diagonal-not-kept", "diagonal-masked-as-future",
-             "unselectable-slots-kept", "ids-not-sorted", "padding-first", "padding-zero", "not-padded-to-topk"):
-    WRONG.add("causal-topk", _key, select_blocks=_select(_key))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,48 +129,27 @@ for _key, _flags in [("padding-slot-read", {"PAD": 2}), ("padding-as-block-zero"
 
 
 # ---------------------------------------------------------------------------------------------
-# delta-recurrence: a learner's loop, with einsum, one flaw each
+# delta-recurrence: a learner's loop, with einsum
 # ---------------------------------------------------------------------------------------------
 
-def _recurrence(flaw=None):
+def _recurrence():
     def delta_recurrence(q, k, v, beta, g=None, scale=None, initial_state=None):
         B, H, N, dk = q.shape
-        if scale is None or flaw == "scale-ignored":
-            scale = 1 / math.sqrt(dk)
-        if flaw == "scale-missing":
-            scale = 1.0
-        S = torch.zeros(B, H, dk, v.shape[-1])
-        if initial_state is not None and flaw != "initial-state-ignored":
-            S = initial_state.clone()
-        read = "bhv,bhkv->bhk" if flaw == "read-transposed" else "bhk,bhkv->bhv"
+        scale = 1 / math.sqrt(dk) if scale is None else scale
+        S = torch.zeros(B, H, dk, v.shape[-1]) if initial_state is None else initial_state.clone()
         o = torch.zeros(B, H, N, v.shape[-1])
         for t in range(N):
-            decay = 1.0 if g is None else (g[:, :, t] if flaw == "gate-not-exponentiated" else torch.exp(g[:, :, t]))
-            decay = decay if g is None else decay[:, :, None, None]
-            before = S
-            if flaw != "gate-after-write":
-                S = S * decay
-            seen = torch.einsum(read, k[:, :, t], before if flaw == "read-before-decay" else S)
-            u = beta[:, :, t, None] * (v[:, :, t] if flaw == "no-delta-correction" else v[:, :, t] - seen)
-            if flaw == "output-before-write":
-                o[:, :, t] = torch.einsum(read, scale * q[:, :, t], before)
+            if g is not None:
+                S = S * torch.exp(g[:, :, t])[:, :, None, None]
+            u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k[:, :, t], S))
             S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], u)
-            if flaw == "gate-after-write":
-                S = S * decay
-            if flaw != "output-before-write":
-                o[:, :, t] = torch.einsum(read, scale * q[:, :, t], S)
-        return o, (S.transpose(-1, -2) if flaw == "state-transposed" else S)
+            o[:, :, t] = torch.einsum("bhk,bhkv->bhv", scale * q[:, :, t], S)
+        return o, S
     return delta_recurrence
 
 
-for _key in ("gate-after-write", "read-before-decay", "no-delta-correction", "output-before-write",
-             "gate-not-exponentiated", "read-transposed", "state-transposed", "scale-missing", "scale-ignored",
-             "initial-state-ignored"):
-    WRONG.add("delta-recurrence", _key, delta_recurrence=_recurrence(_key))
-
-
 # ---------------------------------------------------------------------------------------------
-# delta-chunked: a learner's chunk loop, forward substitution by hand, one flaw each
+# delta-chunked: a learner's chunk loop, forward substitution by hand
 # ---------------------------------------------------------------------------------------------
 
 def _forward_substitution(L, R):
@@ -198,48 +165,30 @@ def _solve_triangular(L, R):
     return torch.linalg.solve_triangular(L + torch.eye(L.shape[-1]), R, upper=False)
 
 
-def _chunked(flaw=None, solve=_forward_substitution):
+def _chunked(solve=_forward_substitution):
     def delta_chunkwise(q, k, v, beta, g, chunk_size, scale=None, initial_state=None):
         B, H, N, dk = q.shape
         scale = dk ** -0.5 if scale is None else scale
         g = torch.zeros_like(beta) if g is None else g
         S = torch.zeros(B, H, dk, v.shape[-1]) if initial_state is None else initial_state.clone()
         o = torch.zeros(B, H, N, v.shape[-1])
-        n_chunks = N // chunk_size if flaw == "ragged-tail-dropped" else math.ceil(N / chunk_size)
-        for c in range(n_chunks):
+        for c in range(math.ceil(N / chunk_size)):
             sl = slice(c * chunk_size, min(N, (c + 1) * chunk_size))
             qc, kc, vc, bc = q[:, :, sl], k[:, :, sl], v[:, :, sl], beta[:, :, sl]
-            G = g[:, :, sl] if flaw == "gate-not-cumulative" else torch.cumsum(g[:, :, sl], dim=-1)
+            G = torch.cumsum(g[:, :, sl], dim=-1)
             C = G.shape[-1]
             causal = torch.tril(torch.ones(C, C, dtype=torch.bool))
             D = torch.exp(torch.where(causal, G[..., :, None] - G[..., None, :], -math.inf))      # (B, H, C, C)
-            kk = kc @ kc.transpose(-1, -2)
-            A = kk * D if flaw == "beta-missing-in-A" else bc[..., None] * kk * D
-            A = torch.tril(A, 0 if flaw == "A-diagonal-included" else -1)
+            A = torch.tril(bc[..., None] * (kc @ kc.transpose(-1, -2)) * D, -1)
             W = solve(A, (bc * torch.exp(G))[..., None] * kc)
-            U = solve(A, bc[..., None] * vc)
-            if flaw != "ws0-term-missing":
-                U = U - W @ S
-            qd = qc if flaw == "query-decay-missing" else torch.exp(G)[..., None] * qc
+            U = solve(A, bc[..., None] * vc) - W @ S
             P = (qc @ kc.transpose(-1, -2)) * D
-            if flaw == "intra-diagonal-excluded":
-                P = torch.tril(P, -1)
-            o[:, :, sl] = scale * (P @ U if flaw == "inter-chunk-term-missing" else qd @ S + P @ U)
-            if flaw != "state-not-carried":
-                last = G[..., -1]
-                kd = kc if flaw == "key-decay-missing" else torch.exp(last[..., None] - G)[..., None] * kc
-                carried = S if flaw == "state-decay-missing" else torch.exp(last)[..., None, None] * S
-                S = carried + kd.transpose(-1, -2) @ U
-        if flaw == "ragged-tail-dropped":
-            o = o[:, :, :n_chunks * chunk_size]
+            o[:, :, sl] = scale * (torch.exp(G)[..., None] * qc @ S + P @ U)
+            last = G[..., -1]
+            S = torch.exp(last)[..., None, None] * S + (torch.exp(last[..., None] - G)[..., None] * kc).transpose(
+                -1, -2) @ U
         return o, S
     return delta_chunkwise
-
-
-for _key in ("gate-not-cumulative", "state-not-carried", "inter-chunk-term-missing", "intra-diagonal-excluded",
-             "A-diagonal-included", "ws0-term-missing", "ragged-tail-dropped", "state-decay-missing",
-             "key-decay-missing", "beta-missing-in-A", "query-decay-missing"):
-    WRONG.add("delta-chunked", _key, delta_chunkwise=_chunked(_key))
 
 
 def _whole_sequence(q, k, v, beta, g, chunk_size, scale=None, initial_state=None):
@@ -263,6 +212,7 @@ def _states_per_token(q, k, v, beta, g, chunk_size, scale=None, initial_state=No
     return torch.einsum("bhnk,bhnkv->bhnv", scale * q, all_states), S
 
 
+# these two compute the right numbers: only the check's memory measurement shows them
 WRONG.add("delta-chunked", "whole-sequence-one-chunk", delta_chunkwise=_whole_sequence)
 WRONG.add("delta-chunked", "state-kept-per-token", delta_chunkwise=_states_per_token)
 
@@ -293,6 +243,8 @@ def _measured(flaw=None):
     return state_vs_cache
 
 
+# kept beside the emulations (formulas): each measures real tensors the wrong way, so it proves that the
+# emulation's formula is what such a learner measures
 for _key in ("cache-k-only", "cache-float32", "cache-query-heads", "cache-one-token", "state-float16",
              "state-per-token", "swapped"):
     WRONG.add("state-vs-cache", _key, state_vs_cache=_measured(_key))
