@@ -518,15 +518,13 @@ def _measure(read):
     return matmul_traffic
 
 
-def _swapped_formula(M, N, K, block, seed=0):
-    return 4 * (M * K * triton.cdiv(M, block) + K * N * triton.cdiv(N, block))
-
-
+# kept beside the emulations (formulas): each traces the right kernel, read the wrong way, so it proves that the
+# emulation's formula is what such a learner measures (tile-counts-swapped, a formula, is proven by its emulation in
+# tests/test_every_mistake.py)
 WRONG.add("matmul-traffic-experiment", "writes-counted", matmul_traffic=_measure(lambda t: t.total_bytes))
 WRONG.add("matmul-traffic-experiment", "unique-bytes", matmul_traffic=_measure(lambda t: t.unique_bytes_read))
 WRONG.add("matmul-traffic-experiment", "elements-not-bytes", matmul_traffic=_measure(lambda t: t.bytes_read // 4))
 WRONG.add("matmul-traffic-experiment", "a-only", matmul_traffic=_measure(lambda t: t.by_tensor["a_ptr"]["read"]))
-WRONG.add("matmul-traffic-experiment", "tile-counts-swapped", matmul_traffic=_swapped_formula)
 
 
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
