@@ -76,6 +76,8 @@ def round_trip(tmp_path_factory):
     # the same, with cells carrying every part id of exercise 06: credited to neither, and ex02's cells in the
     # gradebook (where its kernel's rebound hidden tests wrote full marks) must still end at 0
     submissions[("misidentified", "ex02")] = _misidentified(course)
+    # the untouched release where nbgrader looks, and the solution in a folder below it: the copy is never credited
+    submissions[("nested-copy", "ex02")] = None
     # the students in one command (each nbgrader command is a process of its own); generate_assignment adds the
     # assignment to the gradebook itself (its create_assignment, on by default)
     (course / "students.csv").write_text("id\n" + "".join(f"{s}\n" for s in sorted({s for s, _ in submissions})))
@@ -87,6 +89,9 @@ def round_trip(tmp_path_factory):
         folder = course / "submitted" / student / assignment
         folder.mkdir(parents=True)
         shutil.copyfile(source or course / "release" / assignment / f"{exercise}.ipynb", folder / f"{exercise}.ipynb")
+    nested = course / "submitted" / "nested-copy" / "ex02" / "old" / "02_queries_keys_values.ipynb"
+    nested.parent.mkdir()
+    shutil.copyfile(ROOT / "solutions" / "02_queries_keys_values.ipynb", nested)
     for exercise in EXERCISES:
         _nbgrader(course, "autograde", f"ex{exercise[:2]}", "--force")
     run = subprocess.run([sys.executable, "-m", "attnlab", "grade", str(course / "submitted"), "-j", "2",
@@ -95,8 +100,9 @@ def round_trip(tmp_path_factory):
     _nbgrader(course, "export")
     with open(course / "grades.csv") as f:
         nbgrader_scores = {(r["student_id"], r["assignment"]): float(r["raw_score"]) for r in csv.DictReader(f)}
-    with open(course / "attnlab.csv") as f:
-        attnlab_scores = {(r["student"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
+    with open(course / "attnlab.csv") as f:   # the notebooks nbgrader grades: those in the assignment's own folder
+        attnlab_scores = {(r["student"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)
+                          if Path(r["path"]).parent.name == r["assignment"]}
     return {"course": course, "submissions": submissions, "nbgrader": nbgrader_scores, "attnlab": attnlab_scores,
             "run": run}
 
@@ -129,10 +135,12 @@ def test_the_release_is_the_generated_exercise(round_trip):
 def test_attnlab_grade_reads_nbgrader_s_layout(round_trip):
     # one problem, said and in the exit status: the notebook in ex02's slot whose cells are exercise 06's is credited
     # to neither (its file name is 02's), and every autograded cell of it gets 0
-    problems = [line for line in round_trip["run"].stderr.splitlines() if line.startswith("nbgrader:")]
-    assert round_trip["run"].returncode == 1 and len(problems) == 1, round_trip["run"].stderr[-3000:]
+    # and the solved copy in a folder below nested-copy's ex02 is said and not credited
+    problems = sorted(line for line in round_trip["run"].stderr.splitlines() if line.startswith("nbgrader:"))
+    assert round_trip["run"].returncode == 1 and len(problems) == 2, round_trip["run"].stderr[-3000:]
     assert "misidentified" in problems[0] and "filed as 02_queries_keys_values" in problems[0] \
         and "06_triton_primer" in problems[0] and "0 points" in problems[0]
+    assert "nested-copy/ex02/old/02_queries_keys_values.ipynb" in problems[1] and "not credited" in problems[1]
     assert set(round_trip["attnlab"]) == set(round_trip["submissions"])
 
 
@@ -146,5 +154,5 @@ def test_nbgrader_scores_equal_attnlab_grade_s(round_trip):
 def test_solutions_score_full_and_cheats_score_nothing(round_trip):
     scores = {key: round_trip["nbgrader"][key] for key in round_trip["submissions"]}
     assert all(scores[("solution", a)] > 0 for a in {a for _, a in scores})
-    for student in ("untouched", "rebinds-check", "unsets-env", "rebinds-autograde", "misidentified"):
+    for student in ("untouched", "rebinds-check", "unsets-env", "rebinds-autograde", "misidentified", "nested-copy"):
         assert all(v == 0 for (s, _), v in scores.items() if s == student), scores

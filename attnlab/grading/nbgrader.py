@@ -121,6 +121,13 @@ def write_gradebook(db_url, reports):
             if not (student and assignment):
                 problems.append(f"{r['path']}: not in nbgrader's submitted/<student>/<assignment>/ layout")
                 continue
+            where = Path(r["path"]).parents
+            if len(where) < 3 or [where[0].name, where[1].name, where[2].name] != [assignment, student, "submitted"]:
+                # nbgrader grades the assignment folder's own notebooks: a copy of the same name in a folder below
+                # it (a solved one, say) is never the submission, and never replaces its credit
+                problems.append(f"{r['path']}: in a folder below submitted/{student}/{assignment}/, which nbgrader "
+                                f"does not grade: not credited")
+                continue
             try:  # every autograded cell nbgrader holds for the notebook: what attnlab grade scored, else 0
                 cells = [c.name for c in gb.find_notebook(notebook, assignment).grade_cells if c.name not in MANUAL]
             except MissingEntry:
