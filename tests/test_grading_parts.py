@@ -2,7 +2,7 @@
 
 Each exercise (``attnlab/grading/exercises/eNN``) has at least 4 graded parts, one experiment part and
 one manual (written) part; every automatically graded part has three hints and at least five known
-mistakes that its tests (tests/test_exercise_NN.py) show are diagnosed; its reference passes its own
+mistakes that its tests (tests/test_every_mistake.py, tests/test_exercise_NN.py) show are diagnosed; its reference passes its own
 check and is refused as an answer.
 """
 
@@ -21,10 +21,16 @@ AUTO = [p for p in PARTS if p not in MANUAL]
 
 
 def _wrong_counts():
+    """{part: known mistakes shown diagnosed}: its checks' emulations (tests/test_every_mistake.py) and the wrong
+    implementations of tests/test_exercise_NN.py."""
+    from test_every_mistake import emulated
+
     counts = {}
+    for part, _name, _mistake in emulated():
+        counts[part] = counts.get(part, 0) + 1
     for exercise in EXERCISES:
         module = importlib.import_module(f"test_exercise_{exercise[:2]}")
-        for param in module.WRONG:
+        for param in getattr(module, "WRONG", []):
             counts[param.values[0]] = counts.get(param.values[0], 0) + 1
     return counts
 
