@@ -1,6 +1,11 @@
 """What every exercise's test file shares: wrong implementations, written the way a learner would,
 must fail their part's check with the matching diagnosis.
 
+A known mistake whose check emulates it (``Mistake(key, message, emulation)``) is proven by
+tests/test_every_mistake.py. What stays here is what an emulation cannot show: a wrong Triton kernel
+(:func:`variant`), a mistake only a measurement shows (memory held, traffic), an experiment measured the wrong
+way, or a failure path of its own (no gradients, a wrong other part).
+
 In tests/test_exercise_NN.py::
 
     from mistakes import Wrong
