@@ -459,3 +459,25 @@ def test_the_byte_limit_takes_a_message_sent_twice_and_refuses_a_send_at_the_las
             continue
         assert framing + 2 * message <= bytes_slack(want, P), label                    # twice sent, twice: kept
         assert want / (P - 1) + framing >= bytes_slack(want, P) + 16 * 1024, label      # the last-step send: refused
+
+
+def test_a_group_run_again_after_a_retransmission_gets_new_values(monkeypatch):
+    # a rank of the first run could return its own shard as its answer, and the forking process keep it for the
+    # ranks of the next run: the second run's shards are new values of the same shapes, and a right ring still passes
+    from attnlab.grading.exercises.e11 import checks
+
+    counters = iter([(0, 0, 0), (0, 0, 1)])   # the first group's first run: TCP retransmitted a segment
+    monkeypatch.setattr(checks, "_lo_sent", lambda pid: next(counters, None))
+    calls = []
+
+    class Recording(LocalLearner):
+        def call(self, name, cases, grad=None, ranks=None):
+            calls.append([[t.clone() for t in args] for args, _ in cases[0]])
+            return super().call(name, cases, grad, ranks)
+
+    result = run_check("ring-group", Recording({"ring_forward": _ring_forward()}, forbidden=[]))
+    assert result.passed, result.message
+    first, again = calls[0], calls[1]
+    assert len(calls) == len(checks.GROUP_CONFIGS) + 1                 # the first group ran twice, the others once
+    assert [[t.shape for t in rank] for rank in first] == [[t.shape for t in rank] for rank in again]
+    assert not any(torch.equal(a, b) for x, y in zip(first, again) for a, b in zip(x, y))

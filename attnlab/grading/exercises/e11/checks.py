@@ -501,9 +501,11 @@ def _check_group(ns):
     pid = pid_of(learner)
     measured = []
     for seed, (label, B, H, m, d, P, causal, layout) in enumerate(GROUP_CONFIGS):
-        q, k, v, shards = _group_inputs(seed, B, H, m, d, P, layout)
         kwargs = {"causal": causal, "layout": layout}
-        for _ in range(GROUP_TRIES):  # a group in which TCP retransmitted a segment sent it twice: it runs again
+        for attempt in range(GROUP_TRIES):  # a group in which TCP retransmitted a segment sent it twice: it runs
+            # again, on new values of the same shapes (a rank of the first run that returned its shard as its answer
+            # would otherwise have handed it to the forking process, and so to every rank of the next run)
+            q, k, v, shards = _group_inputs(seed + len(GROUP_CONFIGS) * attempt, B, H, m, d, P, layout)
             before = _lo_sent(pid)
             reply = learner.call("ring_forward", [[[clone(s), dict(kwargs)] for s in shards]], ranks=P)
             after = _lo_sent(pid)
