@@ -1,6 +1,6 @@
 """Exercise 05 (the quadratic cost): wrong experiments, written as a learner would, fail their check with the
-matching diagnosis (the other parts' known mistakes: tests/test_every_mistake.py); shortcuts are refused; the experiment is graded exactly from the learner's own timings and
-within a stated factor of the grader's own."""
+matching diagnosis (the other parts' known mistakes: tests/test_every_mistake.py); shortcuts are refused; the
+experiment is graded exactly from the learner's own timings and within a stated factor of the grader's own."""
 
 import math
 

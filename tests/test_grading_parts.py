@@ -2,8 +2,8 @@
 
 Each exercise (``attnlab/grading/exercises/eNN``) has at least 4 graded parts, one experiment part and
 one manual (written) part; every automatically graded part has three hints and at least five known
-mistakes that its tests (tests/test_every_mistake.py, tests/test_exercise_NN.py) show are diagnosed; its reference passes its own
-check and is refused as an answer.
+mistakes that its tests (tests/test_every_mistake.py, tests/test_exercise_NN.py) show are diagnosed; its
+reference passes its own check and is refused as an answer.
 """
 
 import importlib
