@@ -579,11 +579,15 @@ def test_the_causal_budget_counts_only_tiles_that_keep_an_entry():
     assert tiles_touching_causal(20, 13, 8, 8) == 20 * 13 - 8 * 5  # only tile (0, 1) is wholly masked
 
 
-def test_the_traffic_check_is_skipped_without_a_trace_and_says_so():
+def test_the_traffic_check_is_skipped_only_on_a_gpu_and_says_so(monkeypatch):
+    from attnlab.grading import kernel_check
+    from attnlab.grading.core import Fail
     from attnlab.grading.exercises.e06.checks import _traffic_note
-    from attnlab.grading.kernel_check import check_traffic
 
-    assert check_traffic("k", "case", {}, {"x": (1, 1)}) is False
+    with pytest.raises(Fail, match="no trace"):     # on the CPU every launch is traced: none is no measurement
+        kernel_check.check_traffic("k", "case", {}, {"x": (1, 1)})
+    monkeypatch.setattr(kernel_check, "_device", lambda: "cuda")
+    assert kernel_check.check_traffic("k", "case", {}, {"x": (1, 1)}) is False
     assert "not checked: on a GPU" in _traffic_note(False, "")
 
 
