@@ -122,16 +122,21 @@ def _check_context(ns):
 # ----------------------------------------------------------------------------- decode-step
 
 def _decode_cases():
+    # the first case is square (B = N, Dq = Dk = A) so that every known mistake of the scores runs on it
+    # and can be recognised, with a sequence of no real token (its context is zero); the last has scores of ~100,
+    # past float32's exp, which only a softmax that subtracts the maximum survives
     cases = []
-    for seed, (b, n, dq, dk, a, lens) in enumerate([(2, 5, 4, 4, 3, None), (3, 6, 5, 3, 4, [6, 2, 4]),
-                                                    (1, 3, 2, 6, 5, None)]):
+    for seed, (b, n, dq, dk, a, lens, big) in enumerate([(4, 4, 4, 4, 4, [4, 0, 2, 3], 1.0),
+                                                         (2, 5, 4, 4, 3, None, 1.0), (3, 6, 5, 3, 4, [6, 2, 4], 1.0),
+                                                         (1, 3, 2, 6, 5, None, 1.0), (2, 5, 4, 4, 3, [5, 3], 80.0)]):
         g = _gen(300 + seed)
         s, h = _randn(g, b, dq), _randn(g, b, n, dk)
         w, u, v = _additive_params(g, dq, dk, a)
+        v = v * big
         w_s, w_c = _randn(g, dq, dq, scale=0.5), _randn(g, dq, dk, scale=0.5)
         kwargs = {} if lens is None else {"mask": padding_mask(torch.tensor(lens), n)}
-        cases.append((f"B={b}, N={n}, Dq={dq}, Dk={dk}, A={a}" + (f", lengths {lens}" if lens else ", no mask"),
-                      (s, h, w, u, v, w_s, w_c), kwargs))
+        cases.append((f"B={b}, N={n}, Dq={dq}, Dk={dk}, A={a}" + (f", lengths {lens}" if lens else ", no mask")
+                      + (f", v x {big:g} (large scores)" if big != 1 else ""), (s, h, w, u, v, w_s, w_c), kwargs))
     return cases
 
 
