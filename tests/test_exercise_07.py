@@ -78,8 +78,26 @@ def _tiled(skip=True):
     return tiled_attention_forward
 
 
-# the mistakes the check emulates are proven by tests/test_every_mistake.py; these two are measured (technique)
+def _row_block_forward(q, k, v, causal=False, block_m=16, block_n=16):
+    """Tiled in the queries only: each row block of queries against every key at once, (block_m, Nk) held."""
+    scale = q.shape[-1] ** -0.5
+    o, L = torch.empty(*q.shape[:2], v.shape[-1]), torch.empty(q.shape[:2])
+    for q0 in range(0, q.shape[1], block_m):
+        s = q[:, q0:q0 + block_m] @ k.transpose(1, 2) * scale         # (B, block_m, Nk): a row block
+        if causal:
+            rows = torch.arange(q0, q0 + s.shape[1])[:, None]
+            s = s.masked_fill(torch.arange(k.shape[1])[None, :] > rows, float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        p = torch.exp(s - m)
+        l = p.sum(dim=-1, keepdim=True)
+        o[:, q0:q0 + block_m] = p / l @ v
+        L[:, q0:q0 + block_m] = (m + torch.log(l)).squeeze(-1)
+    return o, L
+
+
+# the mistakes the check emulates are proven by tests/test_every_mistake.py; these are measured (technique)
 WRONG.add("tiled-forward", "holds-n-by-n", tiled_attention_forward=_dense_forward)
+WRONG.add("tiled-forward", "row-block-against-all-keys", tiled_attention_forward=_row_block_forward)
 WRONG.add("tiled-forward", "causal-blocks-not-skipped", tiled_attention_forward=_tiled(skip=False))
 
 
@@ -299,9 +317,27 @@ def _backward(dense=False, save_causal=True):
     return {"tiled_attention_backward": tiled_attention_backward, "flash_attention_pytorch": flash_attention_pytorch}
 
 
+def _row_block_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
+    """P recomputed one row block of queries at a time, against every key: (block_m, Nk) held."""
+    scale = q.shape[-1] ** -0.5
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for q0 in range(0, q.shape[1], block_m):
+        rows = slice(q0, q0 + block_m)
+        p = torch.exp(q[:, rows] @ k.transpose(1, 2) * scale - L[:, rows, None])   # (B, block_m, Nk)
+        if causal:
+            i = torch.arange(q0, q0 + p.shape[1])[:, None]
+            p = p.masked_fill(torch.arange(k.shape[1])[None, :] > i, 0.0)
+        dv += p.transpose(1, 2) @ do[:, rows]
+        ds = p * (do[:, rows] @ v.transpose(1, 2) - (do[:, rows] * o[:, rows]).sum(-1, keepdim=True))
+        dq[:, rows] = ds @ k * scale
+        dk += ds.transpose(1, 2) @ q[:, rows] * scale
+    return dq, dk, dv
+
+
 # the mistakes the check emulates are proven by tests/test_every_mistake.py; these are measured (holds-n-by-n), in
 # the autograd Function (ctx-attribute-not-saved) or in what the backward returns (gradient-missing)
 WRONG.add("tiled-backward", "holds-n-by-n", **_backward(dense=True))
+WRONG.add("tiled-backward", "row-block-against-all-keys", tiled_attention_backward=_row_block_backward)
 WRONG.add("tiled-backward", "ctx-attribute-not-saved", **_backward(save_causal=False))
 
 
