@@ -442,6 +442,37 @@ def interpreted(fn, **jit_kwargs):
     return InterpretedFunction(fn, **jit_kwargs)
 
 
+def compiled(fn):
+    """The compiled ``@triton.jit`` kernel of the plain Python function ``fn`` (for a GPU), whatever
+    ``TRITON_INTERPRET`` is: launched as ``compiled(fn)[grid](...)``."""
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction(fn)
+
+
+def lower_to_ttir(fn, signature, constexprs):
+    """Triton's own frontend on the plain Python kernel ``fn``, for an sm_80 target (no GPU needed): the module
+    in TTIR, or what Triton raises for code it does not compile. ``signature``: {parameter: Triton type string},
+    ``constexprs``: {(index,): value}, as Triton's ``ASTSource`` takes them. Triton's compiler internals
+    (``ASTSource``, ``make_backend``) are used here only, behind :func:`check_triton_version`."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    check_triton_version()
+    target = GPUTarget("cuda", 80, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    source = ASTSource(compiled(fn), signature, constexprs)
+    with compiled_frontend():   # in a notebook that set TRITON_INTERPRET=1, tl.max & co. are interpreted functions
+        return source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+                              context)
+
+
 def kernel_function(obj):
     """The Python function of a real ``@triton.jit`` kernel (compiled or interpreted, also inside
     ``@triton.autotune``/``@triton.heuristics``), or None for anything else."""

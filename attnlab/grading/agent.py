@@ -100,9 +100,9 @@ def launch(obj, name, grid, make_args, kwargs, buffers, loads=()):
     fn = _kernel_function(obj, name)
     args = make_args(buffers)
     if device() == "cuda":
-        from triton.runtime.jit import JITFunction
+        from attnlab._interp_hooks import compiled
 
-        kernel = JITFunction(fn)   # built here from the function: nothing of the learner's object runs
+        kernel = compiled(fn)   # built here from the function: nothing of the learner's object runs
         kernel[tuple(grid)](*args, **kwargs)
         torch.cuda.synchronize()
         seen = None
@@ -246,24 +246,9 @@ def _signature(fn, args, kwargs):
 
 def verify(fn, args, kwargs):
     """Lower ``fn`` (the plain Python function) to TTIR with Triton's frontend; raise if it is not Triton code."""
-    from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.compiler.compiler import make_backend
-    from triton.runtime.jit import JITFunction
+    from attnlab._interp_hooks import lower_to_ttir
 
-    from attnlab._interp_hooks import compiled_frontend
-
-    sig, constexprs = _signature(fn, args, kwargs)
-    target = GPUTarget("cuda", 80, 32)
-    backend = make_backend(target)
-    options = backend.parse_options({})
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    source = ASTSource(JITFunction(fn), sig, constexprs)
-    with compiled_frontend():   # in a notebook that set TRITON_INTERPRET=1, tl.max & co. are interpreted functions
-        source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+    lower_to_ttir(fn, *_signature(fn, args, kwargs))
 
 
 def outside_subset(fn):
