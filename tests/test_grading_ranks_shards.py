@@ -221,3 +221,24 @@ def test_serve_answers_a_missing_name_without_asking_for_shards():
     finally:
         os.close(from_grader)
         os.close(from_process)
+
+
+def _rank_times(x):
+    import torch.distributed as dist
+
+    return x * (dist.get_rank() + 1), dist.get_world_size()
+
+
+def test_run_group_is_the_learner_s_tool_with_one_list_of_arguments_per_rank():
+    # lesson and exercise 11 call run_group(fn, [[args, kwargs] per rank], timeout=...): each rank its own arguments
+    import torch
+
+    from attnlab.grading.ranks import run_group
+
+    x = torch.arange(3.0)
+    outcomes = run_group(_rank_times, [[[x + r], {}] for r in range(3)], timeout=30)
+    assert [len(o["ok"]) for o in outcomes] == [2, 2, 2], outcomes
+    for r, out in enumerate(outcomes):
+        assert torch.equal(out["ok"][0], (x + r) * (r + 1)) and out["ok"][1] == 3 and "written" in out
+    with pytest.raises(TypeError, match="per_rank"):
+        run_group(_rank_times, 3)

@@ -74,7 +74,7 @@ def call_on_ranks(fn, cases, world_size, outcome=None, timeout=None):
             _send(stream, list(case[rank]))
             return _write_all(fd, stream.getvalue(), deadline)
 
-        results.append(run_group(fn, world_size, feed, timeout, outcome, forget=case))
+        results.append(_group(fn, world_size, feed, timeout, outcome, forget=case))
         if any("ok" not in outcome for outcome in results[-1]):
             break  # the grader stops at the first failure
     return results
@@ -110,7 +110,7 @@ def serve(req, ns, frames_in, frames_out, outcome=None, timeout=None):
                 raise ValueError(f"ranks: a frame of {size >> 20} MiB")
             return _pour(source, fd, size, struct.pack("<Q", size), deadline)
 
-        results.append(run_group(fn, world_size, feed, timeout, outcome, ready=ready,
+        results.append(_group(fn, world_size, feed, timeout, outcome, ready=ready,
                                  close=(frames_in.fileno(), frames_out.fileno())))
         if any("ok" not in outcome for outcome in results[-1]):
             break  # the grader stops at the first failure (and sends no later case)
@@ -144,7 +144,16 @@ def _result(body):
         return {"raised": describe_exception(exc), "not_implemented": isinstance(exc, NotImplementedError)}
 
 
-def run_group(fn, world_size, feed, timeout=None, outcome=None, ready=None, forget=None, close=()):
+def run_group(fn, per_rank, timeout=None, outcome=None):
+    """The outcomes of ``fn`` on the ranks of one fresh gloo group, rank r called as ``fn(*args, **kwargs)`` with
+    ``per_rank[r] = [args, kwargs]``: each ``{"ok": value, "written": bytes}``, or how the rank failed. The learner's
+    way to run a function on P processes (exercise 11), as the grader does (:func:`call_on_ranks`)."""
+    if not isinstance(per_rank, (list, tuple)):
+        raise TypeError(f"per_rank: expected a list of [args, kwargs], one per rank, got {type(per_rank).__name__}")
+    return call_on_ranks(fn, [list(per_rank)], len(per_rank), outcome, timeout)[0]
+
+
+def _group(fn, world_size, feed, timeout=None, outcome=None, ready=None, forget=None, close=()):
     """The outcomes of ``fn(*args, **kwargs)`` on the ranks of one fresh gloo group.
 
     Every rank is forked first; then ``ready()`` (where given) and ``feed(rank, fd, deadline)`` for each rank in
