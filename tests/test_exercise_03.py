@@ -141,6 +141,21 @@ WRONG.add("variance-experiment", "biased-variance", score_variance=_experiment(s
 WRONG.add("variance-experiment", "theory-not-measured",
           score_variance=lambda dims, n_pairs=8192, seed=0: torch.tensor([[float(d), 1.0] for d in dims]))
 
+
+def _other_draws(dims, n_pairs=8192, seed=0):
+    """k drawn before q, float64, one draw for all d: an honest experiment, but not the given seed's draws, which
+    is all the grader can check."""
+    g = torch.Generator().manual_seed(seed)
+    both = torch.randn(2, n_pairs, max(dims), generator=g, dtype=torch.float64)
+    rows = []
+    for d in dims:
+        k, q = both[0, :, :d], both[1, :, :d]
+        raw = torch.einsum("nd,nd->n", q, k)
+        rows.append(torch.stack([raw.var(), (raw / math.sqrt(d)).var()]))
+    return torch.stack(rows)
+
+
+WRONG.add("variance-experiment", "other-draws", score_variance=_other_draws)
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
 
 
@@ -183,23 +198,6 @@ def test_the_textbook_values_score_nothing():
         return t * (1 + 0.02 * torch.randn(t.shape, generator=g))
 
     result = run_check("variance-experiment", {"score_variance": noisy}, salt=4242)
-    assert not result.passed and "other-draws" in result.diagnosis, result.message
-
-
-def test_other_draws_of_the_same_experiment_score_nothing():
-    # k drawn before q, float64, one draw for all d: an honest experiment, but not the given seed's draws, which
-    # is all the grader can check
-    def score_variance(dims, n_pairs=8192, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        both = torch.randn(2, n_pairs, max(dims), generator=g, dtype=torch.float64)
-        rows = []
-        for d in dims:
-            k, q = both[0, :, :d], both[1, :, :d]
-            raw = torch.einsum("nd,nd->n", q, k)
-            rows.append(torch.stack([raw.var(), (raw / math.sqrt(d)).var()]))
-        return torch.stack(rows)
-
-    result = run_check("variance-experiment", {"score_variance": score_variance})
     assert not result.passed and "other-draws" in result.diagnosis, result.message
 
 

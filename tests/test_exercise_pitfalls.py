@@ -1,10 +1,11 @@
 """Every known mistake of every graded part is tested, and none is left to the generic message.
 
-Each exercise's checks name the mistakes they recognise (``Mistake`` objects in ``eNN/checks.py``); each
-test file ``tests/test_exercise_NN.py`` holds learner-style wrong answers (``WRONG``) that must fail with
-their diagnosis and never with "no common mistake matches" (:class:`mistakes.Wrong` asserts both when it runs
-them). This file checks, without running them again, that the two agree: every graded part has wrong answers,
-and every mistake a check knows has a wrong answer that asserts it.
+Each exercise's checks name the mistakes they recognise (``Mistake`` objects in ``eNN/checks.py``). A mistake
+with an emulation is proven by ``tests/test_every_mistake.py``, which runs the emulation as the learner's answer;
+the others (wrong Triton kernels, what only a measurement shows, failure paths of their own) by learner-style
+wrong answers in ``tests/test_exercise_NN.py`` (``WRONG``). Both must fail with their diagnosis and never with "no
+common mistake matches". This file checks, without running them again, that together they cover every graded
+part and every mistake a check knows.
 """
 
 import importlib
@@ -28,10 +29,16 @@ EXERCISES = sorted(TABLE)
 
 
 def _wrong(exercise):
+    """(part, key) of every wrong answer of ``exercise``: hand-written (WRONG) and emulated (test_every_mistake)."""
+    import test_every_mistake
+
     module = importlib.import_module(f"test_exercise_{exercise[:2]}")
-    wrong = getattr(module, "WRONG", None)
-    assert isinstance(wrong, Wrong), f"tests/test_exercise_{exercise[:2]}.py has no WRONG list"
-    return [p.values for p in wrong]   # (part, names, key)
+    wrong = getattr(module, "WRONG", [])
+    assert isinstance(wrong, (Wrong, list)), f"tests/test_exercise_{exercise[:2]}.py: WRONG is not a Wrong list"
+    parts = {row.id for row in TABLE[exercise]}
+    emulated = [(p.values[0], p.values[2].key) for p in test_every_mistake._params()
+                if p.values[0] in parts and p.id not in test_every_mistake.GAPS]
+    return [(part, key) for part, _names, key in (p.values for p in wrong)] + emulated
 
 
 def _known(exercise):
@@ -46,7 +53,7 @@ def _known(exercise):
 
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_every_graded_part_has_wrong_answers(exercise):
-    parts = {part for part, _names, _key in _wrong(exercise)}
+    parts = {part for part, _key in _wrong(exercise)}
     graded = [row.id for row in TABLE[exercise] if row.kind != "manual"]
     missing = [p for p in graded if p not in parts]
     assert not missing, f"graded parts of {exercise} with no learner-style wrong answer: {missing}"
@@ -54,7 +61,7 @@ def test_every_graded_part_has_wrong_answers(exercise):
 
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_every_known_mistake_has_a_wrong_answer_that_asserts_it(exercise):
-    tested = {key for _part, _names, key in _wrong(exercise)}
+    tested = {key for _part, key in _wrong(exercise)}
     untested = sorted(_known(exercise) - tested - set(UNTESTABLE))
     assert not untested, f"mistakes {exercise}'s checks know, with no wrong answer in its tests: {untested}"
 
