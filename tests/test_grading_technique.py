@@ -42,41 +42,17 @@ def tiled_attention_backward(q, k, v, o, L, do, causal=False, block_m=16, block_
     return ds @ k * scale, ds.transpose(1, 2) @ q * scale, p.transpose(1, 2) @ do
 '''
 
-_ROW_BLOCK_FORWARD = '''
-def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
-    """Tiled in the queries only: each row block of queries against every key at once, (block_m, Nk) held."""
-    scale = q.shape[-1] ** -0.5
-    o, L = torch.empty(*q.shape[:2], v.shape[-1]), torch.empty(q.shape[:2])
-    for q0 in range(0, q.shape[1], block_m):
-        s = q[:, q0:q0 + block_m] @ k.transpose(1, 2) * scale         # (B, block_m, Nk): a row block
-        if causal:
-            rows = torch.arange(q0, q0 + s.shape[1])[:, None]
-            s = s.masked_fill(torch.arange(k.shape[1])[None, :] > rows, float("-inf"))
-        m = s.amax(dim=-1, keepdim=True)
-        p = torch.exp(s - m)
-        l = p.sum(dim=-1, keepdim=True)
-        o[:, q0:q0 + block_m] = p / l @ v
-        L[:, q0:q0 + block_m] = (m + torch.log(l)).squeeze(-1)
-    return o, L
-'''
+def _answer_cell(name, as_name):
+    """The source of test_exercise_07's ``name`` (a wrong answer written as a learner would), renamed ``as_name``."""
+    import importlib
+    import inspect
 
-_ROW_BLOCK_BACKWARD = '''
-def tiled_attention_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
-    """P recomputed one row block of queries at a time, against every key: (block_m, Nk) held."""
-    scale = q.shape[-1] ** -0.5
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for q0 in range(0, q.shape[1], block_m):
-        rows = slice(q0, q0 + block_m)
-        p = torch.exp(q[:, rows] @ k.transpose(1, 2) * scale - L[:, rows, None])   # (B, block_m, Nk)
-        if causal:
-            i = torch.arange(q0, q0 + p.shape[1])[:, None]
-            p = p.masked_fill(torch.arange(k.shape[1])[None, :] > i, 0.0)
-        dv += p.transpose(1, 2) @ do[:, rows]
-        ds = p * (do[:, rows] @ v.transpose(1, 2) - (do[:, rows] * o[:, rows]).sum(-1, keepdim=True))
-        dq[:, rows] = ds @ k * scale
-        dk += ds.transpose(1, 2) @ q[:, rows] * scale
-    return dq, dk, dv
-'''
+    source = inspect.getsource(getattr(importlib.import_module("test_exercise_07"), name))
+    return "\n" + source.replace(f"def {name}(", f"def {as_name}(", 1)
+
+
+_ROW_BLOCK_FORWARD = _answer_cell("_row_block_forward", "tiled_attention_forward")
+_ROW_BLOCK_BACKWARD = _answer_cell("_row_block_backward", "tiled_attention_backward")
 
 # (exercise, grade_id of the answer cell, part, diagnosis, text replaced, its replacement (None: append))
 MISTAKES = {
