@@ -65,6 +65,9 @@ _LIVE = {
     "else-of-false": "def loop_attention(q, k, v):\n    if False:\n        pass\n    else:\n        q = attention_row(q, k, v)\n"
                      "    return q\n",
     "true-or-not": "def loop_attention(q, k, v):\n    f = None or attention_row\n    return f(q, k, v)\n",
+    # a function whose whole body never runs, in the same cell: the cell must still be read
+    "beside-a-dead-body": "def unused(q):\n    if False:\n        attention_row(q)\n\n"
+                          "def loop_attention(q, k, v):\n    return attention_row(q, k, v)\n",
 }
 
 

@@ -503,33 +503,30 @@ class _DeadCode(ast.NodeTransformer):
             return None if inner is None else not inner
         return None
 
-    def _block(self, body):
-        out = []
-        for stmt in body:
-            new = self.visit(stmt)
-            for node in new if isinstance(new, list) else [new] if new is not None else []:
-                out.append(node)
-            if isinstance(stmt, (ast.Return, ast.Raise, ast.Break, ast.Continue)):
-                break
-        return out
-
     def generic_visit(self, node):
+        node = super().generic_visit(node)   # children first: a dead branch is gone before its block is cut
         for field in ("body", "orelse", "finalbody"):
-            if isinstance(getattr(node, field, None), list) and all(isinstance(x, ast.stmt)
-                                                                    for x in getattr(node, field)):
-                setattr(node, field, self._block(getattr(node, field)))
-        return super().generic_visit(node)
+            stmts = getattr(node, field, None)
+            if not isinstance(stmts, list) or not all(isinstance(x, ast.stmt) for x in stmts):
+                continue
+            end = next((i + 1 for i, x in enumerate(stmts)
+                        if isinstance(x, (ast.Return, ast.Raise, ast.Break, ast.Continue))), len(stmts))
+            stmts = stmts[:end]
+            if not stmts and field == "body" and not isinstance(node, ast.Module):
+                stmts = [ast.Pass()]   # a block left empty is still a block: the cell must parse again
+            setattr(node, field, stmts)
+        return node
 
     def visit_If(self, node):
         known = self._known(node.test)
-        if known is None:
-            return self.generic_visit(node)
-        return self._block(node.body if known else node.orelse)
+        return self.generic_visit(node) if known is None else self._branch(node.body if known else node.orelse)
 
     def visit_While(self, node):
-        if self._known(node.test) is False:
-            return self._block(node.orelse)
-        return self.generic_visit(node)
+        return self._branch(node.orelse) if self._known(node.test) is False else self.generic_visit(node)
+
+    def _branch(self, stmts):
+        """The statements of the one branch that runs, in place of the statement that chose it."""
+        return self.generic_visit(ast.Module(body=stmts, type_ignores=[])).body
 
     def visit_IfExp(self, node):
         known = self._known(node.test)
