@@ -654,7 +654,7 @@ def before_each_access(check):
     ``tl.store`` of this thread: ``op`` is "load" or "store", ``addresses`` a uint64 numpy array of the
     addresses really moved (masked lanes left out), ``program`` the launch's program id (x, y, z). An
     exception raised by ``check`` stops the access before it happens (the grader's bounds-checked launch
-    of demo cells, :mod:`attnlab.grading.guard`)."""
+    of demo cells, :mod:`attnlab.guard`)."""
 
     def layer(op, builder, ptrs, mask, other):
         addresses = ptrs.data[mask.data.astype(bool)].astype(np.uint64).ravel()
@@ -671,7 +671,7 @@ def nan_for_missing_other():
     """Inside this block, the masked lanes of an interpreted float ``tl.load`` without ``other=`` read NaN
     instead of the interpreter's zeros (on a GPU they are undefined: Triton's ``tl.load`` docs), in this
     thread's launches. A kernel that is right only thanks to those zeros then shows it
-    (:mod:`attnlab.grading.footprint`)."""
+    (:mod:`attnlab.grading.sandbox.footprint`)."""
     from triton.runtime import interpreter as ti
 
     def layer(op, builder, ptrs, mask, other):

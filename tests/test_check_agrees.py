@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from attnlab.memory import trace              # as the exercises' setup cell: attnlab is imported before any launch
-from attnlab.grading.agent import verify
+from attnlab.grading.sandbox.agent import verify
 
 
 @triton.jit

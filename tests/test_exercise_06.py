@@ -644,7 +644,7 @@ def _unmasked_scale(x_ptr, y_ptr, n_elements, alpha, BLOCK_SIZE: tl.constexpr):
 
 
 def test_a_guarded_demo_launch_names_the_missing_mask_and_touches_nothing(capsys):
-    from attnlab.grading.guard import guarded
+    from attnlab.guard import guarded
 
     x = torch.randn(1000)
     memory = torch.full((1024 + 2048,), 7.0)  # y sits inside: a stray store would change what lies after it
@@ -658,7 +658,7 @@ def test_a_guarded_demo_launch_names_the_missing_mask_and_touches_nothing(capsys
 
 
 def test_a_guarded_launch_keeps_the_tracer_s_counts():
-    from attnlab.grading.guard import guarded
+    from attnlab.guard import guarded
     from attnlab.memory import trace
 
     x, y = torch.randn(1000), torch.empty(1000)

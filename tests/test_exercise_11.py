@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from attnlab.grading import ranks, sandbox
+from attnlab.distributed import group as ranks
+
+from attnlab.grading import sandbox
 from attnlab.grading.checks import run_check
 from attnlab.grading.core import LocalLearner
 from attnlab.distributed import attention_lse, unshard
@@ -217,7 +219,7 @@ for _key in ("ring-sends-every-step", "ring-k-only", "all-to-all-sends-own-piece
     WRONG.add("comm-bytes", _key, comm_bytes=_measured(_key))
 
 # ---------------------------------------------------------------------------------------------
-# ring-group: a learner's whole ring forward on a real gloo group (forked by attnlab.grading.ranks)
+# ring-group: a learner's whole ring forward on a real gloo group (forked by attnlab.grading.sandbox.ranks)
 # ---------------------------------------------------------------------------------------------
 
 def _ring_forward(flaw=None):

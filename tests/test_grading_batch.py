@@ -8,7 +8,11 @@ import nbformat
 import pytest
 import torch
 
-from attnlab.grading import frames, grade, isolated, shortcuts
+from attnlab.grading.sandbox import frames, isolated
+
+from attnlab.grading.commands import grade
+
+from attnlab.grading import shortcuts
 from attnlab.grading.parts import exercises, forbidden
 
 from pathlib import Path
@@ -136,7 +140,7 @@ def test_csv_and_gradescope_outputs():
 def test_hidden_tests_grade_submissions_but_not_the_course_s_own_solutions(tmp_path, monkeypatch, capsys):
     # nbval and instructors run solutions/ top to bottom: its hidden tests do not grade the source again
     # (tests/test_grading_notebooks.py does); anywhere else (nbgrader's autograded/ folders) they grade
-    from attnlab.grading import nbgrader
+    from attnlab.grading.commands import nbgrader
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root / "solutions")

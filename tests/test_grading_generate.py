@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from attnlab.cli import main as cli
-from attnlab.grading import generate, progress
+from attnlab.grading.commands import generate, progress
 from attnlab.grading.course import find_course
 from attnlab.grading.parts import TABLE, exercises, points
 
@@ -154,7 +154,7 @@ def test_progress_summary_and_empty_folder(tmp_path, capsys):
 
 
 def test_grade_format_report_is_a_table():
-    from attnlab.grading.grade import format_report
+    from attnlab.grading.commands.grade import format_report
 
     text = format_report({"path": "x.ipynb", "score": 1, "max_score": 3, "parts": [
         {"name": "a", "points": 1, "max_points": 1, "feedback": "fine"},

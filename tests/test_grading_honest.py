@@ -207,7 +207,7 @@ def test_a_forbidden_object_is_read_under_any_name_and_an_allowed_one_is_not():
 
 
 def test_the_warm_up_call_s_values_say_nothing_of_the_measured_call_s():
-    from attnlab.grading.footprint import _other_values
+    from attnlab.grading.sandbox.footprint import _other_values
 
     case = [(torch.randn(64, 64) * 3 + 1, torch.arange(5), torch.randn(8, dtype=torch.float16)), {"x": torch.ones(3)}]
     other = _other_values(case)

@@ -1,4 +1,4 @@
-"""Triton parts are launched from the notebook's text in a fresh process (attnlab/grading/isolated.py):
+"""Triton parts are launched from the notebook's text in a fresh process (attnlab/grading/sandbox/isolated.py):
 only @triton.jit functions and plain numbers cross, Triton's frontend refuses anything that is not
 Triton code, and the launch, its bounds and its traffic are measured there."""
 
@@ -7,9 +7,9 @@ import pytest
 import triton
 import triton.language as tl
 
-from attnlab.grading import isolated
+from attnlab.grading.sandbox import isolated
 from attnlab.grading.checks import run_check
-from attnlab.grading.runner import RemoteLearner
+from attnlab.grading.sandbox.runner import RemoteLearner
 from attnlab.grading.sandbox import Limits
 
 from pathlib import Path

@@ -1,6 +1,6 @@
 """A rank of exercise 11's process groups holds its own shard and nothing of another rank's.
 
-The ranks are forked from the process that holds the learner's functions (attnlab/grading/ranks.py). A learner set
+The ranks are forked from the process that holds the learner's functions (attnlab/grading/sandbox/ranks.py). A learner set
 on skipping the ring would look in that copy for the other ranks' shards and compute every rank's answer alone,
 sending zeros round the ring so that the loopback still counts the ring's bytes. Three ways to look: (a) an
 ``os.register_at_fork(after_in_child=...)`` hook that scans the memory the fork copied; (b) ``gc.get_objects()``
@@ -21,7 +21,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from attnlab.grading import ranks
+from attnlab.distributed import group as ranks
+from attnlab.grading.sandbox.ranks import serve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,7 +161,7 @@ os.register_at_fork(before=_record_before_fork)
 
 # the grader's side, in a process of its own (so that this one never holds the shards): two cases of 3 ranks
 _GRADER = """import os, sys, torch
-from attnlab.grading.frames import _receive, _send
+from attnlab.grading.sandbox.frames import _receive, _send
 fin, fout = os.fdopen(int(sys.argv[1]), "rb"), os.fdopen(int(sys.argv[2]), "wb")
 cases = [[[[f"shard of rank {r}", torch.full((3, 5), 10.0 * c + r)], {}] for r in range(3)] for c in range(2)]
 try:
@@ -193,7 +194,7 @@ def test_serve_forks_every_rank_before_the_grader_sends_a_shard():
     _RECORDING[0] = True
     try:
         with os.fdopen(process_reads, "rb") as frames_in, os.fdopen(process_writes, "wb") as frames_out:
-            reply = ranks.serve({"name": "peek", "ranks": 3, "cases": 2}, {"peek": _peek}, frames_in, frames_out)
+            reply = serve({"name": "peek", "ranks": 3, "cases": 2}, {"peek": _peek}, frames_in, frames_out)
     finally:
         _RECORDING[0] = False
         asked = grader.communicate(timeout=60)[0].split()
@@ -212,12 +213,12 @@ def test_serve_answers_a_missing_name_without_asking_for_shards():
     from_process, to_grader = os.pipe()
     try:
         with os.fdopen(to_process, "rb") as frames_in, os.fdopen(to_grader, "wb") as frames_out:
-            assert ranks.serve({"name": "ring_forward", "ranks": 2, "cases": 1}, {}, frames_in, frames_out) == \
+            assert serve({"name": "ring_forward", "ranks": 2, "cases": 1}, {}, frames_in, frames_out) == \
                 {"missing": True}
-            assert ranks.serve({"name": "x", "ranks": 2, "cases": 1}, {"x": 3}, frames_in, frames_out) == \
+            assert serve({"name": "x", "ranks": 2, "cases": 1}, {"x": 3}, frames_in, frames_out) == \
                 {"not_callable": "int"}
             with pytest.raises(ValueError, match="number of ranks"):
-                ranks.serve({"name": "x", "ranks": 9, "cases": 1}, {"x": len}, frames_in, frames_out)
+                serve({"name": "x", "ranks": 9, "cases": 1}, {"x": len}, frames_in, frames_out)
     finally:
         os.close(from_grader)
         os.close(from_process)
@@ -233,7 +234,7 @@ def test_run_group_is_the_learner_s_tool_with_one_list_of_arguments_per_rank():
     # lesson and exercise 11 call run_group(fn, [[args, kwargs] per rank], timeout=...): each rank its own arguments
     import torch
 
-    from attnlab.grading.ranks import run_group
+    from attnlab.distributed.group import run_group
 
     x = torch.arange(3.0)
     outcomes = run_group(_rank_times, [[[x + r], {}] for r in range(3)], timeout=30)

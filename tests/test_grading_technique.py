@@ -105,7 +105,7 @@ def _part(report, part):
 
 
 def _grade(path):
-    from attnlab.grading.runner import grade_in_subprocess
+    from attnlab.grading.sandbox.runner import grade_in_subprocess
 
     return grade_in_subprocess(path, timeout=600)
 
@@ -166,7 +166,7 @@ def test_peak_memory_is_measured_through_the_checks_wrapper():
     import torch
 
     from attnlab.grading.core import LocalLearner, _Counted
-    from attnlab.grading.footprint import measured_call
+    from attnlab.grading.sandbox.footprint import measured_call
 
     counted = _Counted(LocalLearner({"dense": lambda n: torch.ones(n, n).sum()}, forbidden=[]))
     counted.call("dense", [[(8,), {}]])
@@ -218,9 +218,9 @@ def test_undefined_other_reaches_every_launch_through_the_checks_wrapper(monkeyp
     import contextlib
 
     from attnlab import _interp_hooks
-    from attnlab.grading import agent
+    from attnlab.grading.sandbox import agent
     from attnlab.grading.core import _Counted
-    from attnlab.grading.footprint import undefined_other
+    from attnlab.grading.sandbox.footprint import undefined_other
 
     sent = []
     counted = _Counted(type("L", (), {"launch": lambda self, request: sent.append(request) or {}})())

@@ -13,7 +13,11 @@ import pytest
 import triton
 import triton.language as tl
 
-from attnlab.grading import grade, reports, runner, sandbox, scoring
+from attnlab.grading.commands import grade
+
+from attnlab.grading import reports, sandbox, scoring
+
+from attnlab.grading.sandbox import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +146,7 @@ def test_a_frame_of_shared_lists_or_meta_tensors_is_not_believed():
 
     import torch
 
-    from attnlab.grading import frames
+    from attnlab.grading.sandbox import frames
 
     def received(obj):
         buffer = io.BytesIO()

@@ -17,7 +17,7 @@ import importlib
 import os
 import sys
 
-from attnlab.grading import core
+from attnlab.grading import core, engine
 from attnlab.grading.core import LocalLearner, learner_of, run_part
 from attnlab.grading.feedback import wrap
 from attnlab.grading.parts import HINTS, MANUAL, PACKAGE, TABLE, either, exercises, forbidden, info, required
@@ -29,13 +29,20 @@ EXERCISES = exercises()
 
 
 def body_of(part_id):
-    """The check body of ``part_id`` (from its exercise's checks module)."""
+    """The check of ``part_id``, ``body(learner) -> message``: its table run by the engine."""
     info(part_id)  # ValueError naming part_id for an unknown part
     if part_id in MANUAL:
         raise ValueError(f"part_id: {part_id!r} is graded by hand (a written answer), not by a check")
+    table = table_of(part_id)
+    return table if callable(table) else engine.body(table)
+
+
+def table_of(part_id):
+    """The table of ``part_id`` (:mod:`attnlab.grading.engine`), from its exercise's checks module."""
     module = importlib.import_module(f"attnlab.grading.exercises.{PACKAGE[part_id]}.checks")
+    tables = {**getattr(module, "CHECKS", {}), **getattr(module, "TABLES", {})}
     try:
-        return module.CHECKS[part_id]
+        return tables[part_id]
     except KeyError:
         raise KeyError(f"{module.__name__} has no check for part {part_id!r}") from None
 

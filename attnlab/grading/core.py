@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnlab.grading.agent import backward
+from attnlab.grading.sandbox.agent import backward
 from attnlab.grading.feedback import (case_line, counterexample, describe_inputs, first_difference,  # noqa: F401
                                       first_mismatch, parameter_names, wrap)
 
@@ -71,9 +71,9 @@ class NotAccepted(Fail):
 class LocalLearner:
     """The learner's functions in a namespace of this process (the inline ``check()``).
 
-    ``attnlab grade`` uses :class:`attnlab.grading.runner.RemoteLearner` instead, with the same
+    ``attnlab grade`` uses :class:`attnlab.grading.sandbox.runner.RemoteLearner` instead, with the same
     two methods, whose calls run in a fresh sandboxed process (docs/grading.md). Both answer in the agent's format
-    (:func:`attnlab.grading.agent.handle`). ``forbidden``: the patterns the inline check reads the learner's code
+    (:func:`attnlab.grading.sandbox.agent.handle`). ``forbidden``: the patterns the inline check reads the learner's code
     for (:func:`attnlab.grading.shortcuts.in_namespace`; None: the part's own, and what it must read; [] none).
     """
 
@@ -82,13 +82,13 @@ class LocalLearner:
         self.forbidden = forbidden
 
     def call(self, name, cases, grad=None, ranks=None):
-        from attnlab.grading import agent
+        from attnlab.grading.sandbox import agent
 
         return agent.handle({"op": "call", "name": name, "cases": cases, "ranks": ranks,
                              **({"grad": grad} if grad else {})}, self.ns)
 
     def launch(self, request):
-        from attnlab.grading import agent
+        from attnlab.grading.sandbox import agent
 
         return agent.handle({**request, "op": "launch", "verify": True}, self.ns)
 

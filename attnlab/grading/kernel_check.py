@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from attnlab.grading.agent import device as _device
+from attnlab.grading.sandbox.agent import device as _device
 from attnlab.grading.core import Fail, Mistake, case_line, diagnose, learner_of, mismatch, present, value_of
 
 SENTINELS = (7.25, -3.5)
@@ -57,7 +57,7 @@ def run_guarded(learner, name, label, buffers, grid, args, kwargs, outputs, load
 
     buffers: {name: {"data": tensor, "pad_rows": r, "pad_cols": c}} for inputs,
     {name: {"shape": [...], "output": True, ...}} for outputs (they start as the sentinel);
-    args: the kernel's arguments as :func:`attnlab.grading.agent.build_args` reads them;
+    args: the kernel's arguments as :func:`attnlab.grading.sandbox.agent.build_args` reads them;
     outputs: names of the output buffers. Returns {name: output tensor} of the first run.
     loads: optional {buffer name: None}; in the interpreter each entry is set to what the first
     run's programs loaded from that buffer ({program: bool tensor}); on a GPU it stays None.

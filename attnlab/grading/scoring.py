@@ -2,12 +2,12 @@
 
 - the cells that define the learner's functions (setup, answer cells, cells the learner added or edited, given
   definitions; not the given demos and check cells: :func:`attnlab.grading.layout.to_run`) run in a fresh
-  sandboxed Python process (:class:`attnlab.grading.runner.Functions`), which answers with each cell's status
+  sandboxed Python process (:class:`attnlab.grading.sandbox.runner.Functions`), which answers with each cell's status
   and then with the learner's outputs for the inputs this process sends (``torch.save`` frames read with
   ``weights_only=True``);
 - the inputs come from a secret seed this process keeps; a Triton part's ``@triton.jit`` functions are taken
   from the notebook as text, checked by Triton's frontend and launched and traced in another fresh sandboxed
-  process (:mod:`attnlab.grading.isolated`);
+  process (:mod:`attnlab.grading.sandbox.isolated`);
 - it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`)
   in its own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
 - the part's learner cells (and the learner's cells of no part) must not use what the part forbids
@@ -32,8 +32,8 @@ from attnlab.grading import sandbox
 from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout, given_sources, identify, learner_cell,
                                     owners, slot_conflict, to_run)
 from attnlab.grading.reports import plural
-from attnlab.grading.isolated import IsolatedKernels
-from attnlab.grading.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, Dead, Functions,
+from attnlab.grading.sandbox.isolated import IsolatedKernels
+from attnlab.grading.sandbox.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, Dead, Functions,
                                     RemoteLearner)
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20
@@ -46,7 +46,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     import nbformat
 
     from attnlab.grading.checks import PARTS, run_check
-    from attnlab.grading.generate import check_ids
+    from attnlab.grading.commands.generate import check_ids
     from attnlab.grading.parts import MANUAL, either, exercises, forbidden, points, required
     from attnlab.grading.shortcuts import missing, part_code, rebound, uses
     from attnlab.grading.shortcuts import names as defined_by
@@ -78,7 +78,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
     parts = [p for p in EXERCISES[exercise] if p not in MANUAL]
     report["max_score"] = sum(POINTS[p] for p in parts)
     names = {p: PARTS[p].names for p in parts}
-    from attnlab.grading.generate import BEGIN_HIDDEN, END_HIDDEN, _strip_region
+    from attnlab.grading.commands.generate import BEGIN_HIDDEN, END_HIDDEN, _strip_region
 
     for cell in nb.cells:  # nbgrader's hidden tests ask this grader; here it grades by itself
         if cell.cell_type == "code" and BEGIN_HIDDEN in cell.source:
@@ -232,7 +232,7 @@ def _problem(status):
 
 def _manual_answer(nb, part):
     """The learner's written answer of the manual part ``part`` ("" when none is written)."""
-    from attnlab.grading.generate import MANUAL_MARK
+    from attnlab.grading.commands.generate import MANUAL_MARK
 
     for cell in nb.cells:
         if cell.cell_type == "markdown" and (_grade_id(cell) == part or part in MANUAL_MARK.findall(cell.source)):

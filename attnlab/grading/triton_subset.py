@@ -1,8 +1,8 @@
 """The Triton subset ``attnlab grade`` accepts in a learner's kernel, read from its syntax before any Triton code
 sees it (:func:`not_triton`), and the names a kernel's module-level constants may use.
 
-Used by :mod:`attnlab.grading.isolated` (the grader: a refused kernel is never sent to a process) and by
-:mod:`attnlab.grading.agent` (the inline ``check()``: the same reading, so the notebook says what the grader
+Used by :mod:`attnlab.grading.sandbox.isolated` (the grader: a refused kernel is never sent to a process) and by
+:mod:`attnlab.grading.sandbox.agent` (the inline ``check()``: the same reading, so the notebook says what the grader
 decides). It imports nothing of the learner's and runs nothing.
 """
 

@@ -79,17 +79,17 @@ class _Pass:
 _fake.run_check = lambda *a, **k: _Pass()
 _fake.check = _real.check
 sys.modules["attnlab.grading.checks"] = _fake
-_agent = types.ModuleType("attnlab.grading.agent")
+_agent = types.ModuleType("attnlab.grading.sandbox.agent")
 _agent.__file__ = _real.__file__.replace("checks.py", "agent.py")
 _agent.handle = lambda req, ns: {"results": [{"ok": True} for _ in req.get("cases", [])]}
 _agent.describe_error = str
-sys.modules["attnlab.grading.agent"] = _agent
+sys.modules["attnlab.grading.sandbox.agent"] = _agent
 """
 
 # the frame protocol forged in the learner's own process: every cell reported as clean, every call answered
 # with the shape the grader expects, the reply frames rewritten on their way out and written by hand
 FORGE_FRAMES = """import glob, io, os, struct, sys, torch
-import attnlab.grading.runner as _runner, attnlab.grading.isolated as _isolated
+import attnlab.grading.sandbox.runner as _runner, attnlab.grading.sandbox.isolated as _isolated
 _real_send = _runner._send
 def _forged(req, ns):
     out = []
@@ -106,7 +106,7 @@ def _send(stream, obj):
         obj = _forged({"cases": []}, None) if "results" not in obj else obj
     _real_send(stream, obj)
 _runner._send = _isolated._send = _send
-sys.modules["attnlab.grading.agent"].handle = _forged
+sys.modules["attnlab.grading.sandbox.agent"].handle = _forged
 # a frame written by hand into every pipe this process holds: a full-marks report where a reply is expected
 _buffer = io.BytesIO()
 torch.save({"score": 9, "max_score": 9, "passed": True, "results": [{"ok": True}]}, _buffer)
@@ -169,7 +169,7 @@ BIG_ALLOCATION = "import torch\nbig = torch.ones(2**29)  # 2 GiB of float32\npri
 
 NBGRADER_CHECK = "check = lambda *a, **k: None\n"
 NBGRADER_AUTOGRADE = ("check = lambda *a, **k: None\n"
-                      "import attnlab.grading.nbgrader as _nb\n"
+                      "import attnlab.grading.commands.nbgrader as _nb\n"
                       "_nb.autograde = lambda *a, **k: print('[attnlab grade] full marks (forged)')\n")
 NBGRADER_ENV = "import os\nos.environ.pop('NBGRADER_EXECUTION', None)\nos.environ.pop('ATTNLAB_GRADING', None)\n"
 
@@ -371,7 +371,7 @@ for _ in range(1024):  # 64 MiB of output
 # the agent patched from a learner cell: every launch of `scale_kernel` answered as clean and traced, with
 # y = alpha * x computed in PyTorch. Under a grader that believed the kernel's process this scored the part
 FORGE_LAUNCH = """import sys, torch
-import attnlab.grading.agent as _agent
+import attnlab.grading.sandbox.agent as _agent
 _real_handle = _agent.handle
 def _forged(req, ns):
     if req.get("op") != "launch":
@@ -385,7 +385,7 @@ def _forged(req, ns):
                        "y": {"load_bytes": 0, "store_bytes": 4 * n, "load_elements": 0}}, "loaded": {}}
     return {"result": {"ok": [run, run]}}
 _agent.handle = _forged
-sys.modules["attnlab.grading.agent"].handle = _forged
+sys.modules["attnlab.grading.sandbox.agent"].handle = _forged
 """
 
 # a @triton.jit function whose default value is code: Python runs it when the def runs, so in the kernels' own
@@ -397,7 +397,7 @@ import triton.language as tl
 def _unused_helper(x_ptr, _cfg=exec("""
 import sys
 if __name__ == "attnlab_answer_kernels":
-    iso = sys.modules["attnlab.grading.isolated"]
+    iso = sys.modules["attnlab.grading.sandbox.isolated"]
     real = iso._launch
     def forged(req, space, names, verified, agent):
         if req["name"] not in ("softmax_kernel", "online_softmax_kernel"):
@@ -430,7 +430,7 @@ NESTED_CELLS = ["if True:\n    def softmax(x, dim=-1):\n        return torch.sof
 
 # answers that return tensors on the meta device (a shape, no data), sent by a patched frame writer
 FORGE_META = '''import torch
-import attnlab.grading.frames as _frames
+import attnlab.grading.sandbox.frames as _frames
 _plain = _frames._plain
 def _meta_plain(x, depth=0):
     if isinstance(x, torch.Tensor) and x.is_meta:

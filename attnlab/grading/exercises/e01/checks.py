@@ -1,4 +1,4 @@
-"""The checks of exercise 01_soft_alignment (one ``@CHECKS(part id)`` per graded part)."""
+"""The checks of exercise 01_soft_alignment: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``."""
 
 
 from functools import lru_cache
@@ -6,11 +6,10 @@ from functools import lru_cache
 import torch
 
 from attnlab.attention import padding_mask
-from attnlab.grading.core import (Fail, Mistake, Registry, check_function, diagnose, gen as _gen,
-                                  learner_of, present, randn as _randn, value_of)
+from attnlab.grading.core import Fail, Mistake, diagnose, gen as _gen, learner_of, mismatch, present, randn as _randn, \
+    value_of
+from attnlab.grading.engine import Function, Measured
 from attnlab.grading.exercises.e01 import spec as specs
-
-CHECKS = Registry()
 
 
 # ----------------------------------------------------------------------------- additive-score
@@ -50,12 +49,6 @@ _ADDITIVE_MISTAKES = [
     Mistake("v-ignored", "the A-vector was summed instead of read out with v: multiply by v over the last axis",
             lambda s, h, w, u, v: torch.tanh((s @ w.T)[:, None, :] + h @ u.T).sum(-1)),
 ]
-
-
-@CHECKS("additive-score")
-def _check_additive(ns):
-    n = check_function(ns, "additive_scores", specs.additive_scores, _additive_cases(), _ADDITIVE_MISTAKES)
-    return f"{n} randomized cases match the spec"
 
 
 # ----------------------------------------------------------------------------- context-vector
@@ -111,12 +104,6 @@ _CONTEXT_MISTAKES = [
             lambda sc, h, mask=None: ((_masked_scores(sc, mask, 0.0)[:, :, None] * h).sum(1),
                                       specs.context_vector(sc, h, mask)[1])),
 ]
-
-
-@CHECKS("context-vector")
-def _check_context(ns):
-    n = check_function(ns, "context_vector", specs.context_vector, _context_cases(), _CONTEXT_MISTAKES)
-    return f"{n} cases match the spec, with padding, large scores and an empty row"
 
 
 # ----------------------------------------------------------------------------- decode-step
@@ -195,12 +182,6 @@ _DECODE_MISTAKES += [
 ]
 
 
-@CHECKS("decode-step")
-def _check_decode(ns):
-    n = check_function(ns, "decode_step", specs.decode_step, _decode_cases(), _DECODE_MISTAKES)
-    return f"{n} cases match the spec"
-
-
 # ----------------------------------------------------------------------------- alignment-crossing
 
 TOLERANCE = 0.05  # absolute, on each of the two masses (the notebook states it)
@@ -264,8 +245,7 @@ def _as_pair(got, label):
     return torch.tensor(pair, dtype=torch.float64)
 
 
-@CHECKS("alignment-crossing")
-def _check_crossing(ns):
+def _measure_crossing(ns):
     seed = int(torch.randint(0, 10_000, (1,), generator=_gen(403)))
     label = f"seed={seed}, steps={CHECK_STEPS}"
     learner = learner_of(ns)
@@ -277,7 +257,7 @@ def _check_crossing(ns):
     got = _as_pair(value_of(results[0], "alignment_crossing", label), label)
 
     want = _reference(seed, CHECK_STEPS)
-    if not torch.isfinite(got).all() or (got - want).abs().max() > TOLERANCE:
+    if mismatch(got, want, rtol=0.0, atol=TOLERANCE):
         found = diagnose(got, _CROSSING_MISTAKES, (seed, CHECK_STEPS), {}, rtol=0.0, atol=TOLERANCE)
         raise Fail(f"`alignment_crossing({seed}, {CHECK_STEPS})` returned crossed {got[0]:.3f}, straight {got[1]:.3f}; "
                    f"the grader's run of the same recipe with the reference attention gave crossed {want[0]:.3f}, "
@@ -286,3 +266,14 @@ def _check_crossing(ns):
     verdict = "the alignment crosses" if want[0] > want[1] else "this run did not cross"
     return (f"{label}: crossed {got[0]:.3f}, straight {got[1]:.3f}, within {TOLERANCE} of the grader's run "
             f"({want[0]:.3f}, {want[1]:.3f}): {verdict}")
+
+
+
+TABLES = {
+    "additive-score": Function("additive_scores", specs.additive_scores, _additive_cases, _ADDITIVE_MISTAKES),
+    "context-vector": Function("context_vector", specs.context_vector, _context_cases, _CONTEXT_MISTAKES,
+                               says="{n} cases match the spec, with padding, large scores and an empty row"),
+    "decode-step": Function("decode_step", specs.decode_step, _decode_cases, _DECODE_MISTAKES,
+                            says="{n} cases match the spec"),
+    "alignment-crossing": Measured("experiment", _measure_crossing, {"alignment_crossing": _CROSSING_MISTAKES}),
+}

@@ -10,11 +10,11 @@ is right only on contiguous rows) or from a wrong version of the spec that gives
 
 import torch
 
-from attnlab.grading.agent import device as _device
+from attnlab.grading.sandbox.agent import device as _device
 from attnlab.grading.core import Fail, Mistake, NotAccepted, NotDone, Registry, check_function, gen as _gen, \
     randn as _randn
 from attnlab.grading.exercises.e06 import spec as specs
-from attnlab.grading.footprint import undefined_other
+from attnlab.grading.sandbox.footprint import undefined_other
 from attnlab.grading.kernel_check import (cdiv, check_traffic, kernel_failure, labelled,
                                           next_power_of_2, run_guarded)
 

@@ -27,12 +27,12 @@ import numbers
 
 import torch
 
-from attnlab.grading.agent import device as _device
+from attnlab.grading.sandbox.agent import device as _device
 from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry, check_function, check_with_gradients,
                                   case_line, diagnose, each_result, gen as _gen, learner_of, mismatch, present,
                                   randn as _randn, value_of)
 from attnlab.grading.exercises.e07 import spec as specs
-from attnlab.grading.footprint import measured_call, peak_growth
+from attnlab.grading.sandbox.footprint import measured_call, peak_growth
 from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
 from attnlab.tiled import tiled_attention
 
@@ -255,7 +255,7 @@ def _check_tiled(ns):
             f"FlashAttentionFunction's forward on {n}; {technique}")
 
 
-# the technique, measured from outside the learner's code (attnlab/grading/footprint.py)
+# the technique, measured from outside the learner's code (attnlab/grading/sandbox/footprint.py)
 
 PEAK_N = 4096                      # an N x N float32 matrix is 64 MiB here; q, k, v are 256 KiB each
 PEAK_BLOCK = 128                   # tiles of 128 x 128 (64 KiB): 1024 of them, quick to run

@@ -13,7 +13,7 @@
 import torch
 
 from attnlab.attention import causal_mask
-from attnlab.grading.agent import device as _device
+from attnlab.grading.sandbox.agent import device as _device
 from attnlab.grading.core import (Fail, Mistake, NotDone, Registry, check_with_gradients, case_line, diagnose,
                                   gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
 from attnlab.grading.exercises.e09 import spec as specs

@@ -22,7 +22,7 @@ import torch
 
 from attnlab import iomodel
 from attnlab.grading.core import Fail, Mistake, Registry, check_function, gen as _gen, randn as _randn, salted_ints
-from attnlab.grading.footprint import peak_growth
+from attnlab.grading.sandbox.footprint import peak_growth
 from attnlab.grading.exercises.e10 import spec as specs
 from attnlab.kvcache import to_paged
 
@@ -215,7 +215,7 @@ _DECODE_MISTAKES = [
 
 
 # the technique: query heads read their KV head in place, measured from outside the learner's code
-# (attnlab/grading/footprint.py). 32 query heads share 2 KV heads of 8192 positions: K and V are 8 MiB together,
+# (attnlab/grading/sandbox/footprint.py). 32 query heads share 2 KV heads of 8192 positions: K and V are 8 MiB together,
 # a copy of them per query head (k_cache[:, h_idx], torch.cat of the heads) is 128 MiB.
 COPY_CASE = (1, 32, 2, 64, 8192)   # B, H_q, H_kv, D, L
 COPY_LIMIT = 48 * 2**20            # the inputs as they arrive, the scores (1 MiB) and softmax: far below one copy
@@ -549,7 +549,7 @@ _LATENT_MISTAKES = [
             _latent_with(normalise=False)),
 ]
 
-# reading only the latent cache, measured from outside the learner's code (attnlab/grading/footprint.py): 32 heads of
+# reading only the latent cache, measured from outside the learner's code (attnlab/grading/sandbox/footprint.py): 32 heads of
 # d_h = 64 over 8192 latents of 64 + 16: the latent cache is 2.5 MiB, the per-head K (d_h + d_rope wide) and V
 # that the unabsorbed form makes are 144 MiB; the scores are 1 MiB
 LATENT_CASE = (1, 32, 64, 64, 16, 8192)   # B, H, d_h, d_latent, d_rope, L

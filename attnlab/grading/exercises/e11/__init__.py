@@ -7,7 +7,7 @@ The ring-forward part drives the learner's ``ring_step`` round a ring simulated 
 each rank, step by step and in ring order, the key/value shard that rank holds then, and the running result that
 rank's previous step returned): the step-by-step check that names a mistake. The ring-group part runs the learner's
 ``ring_forward`` on every rank of a real gloo group that the functions process forks
-(:mod:`attnlab.grading.ranks`), and counts the bytes on the sandbox's loopback from outside it.
+(:mod:`attnlab.grading.sandbox.ranks`), and counts the bytes on the sandbox's loopback from outside it.
 """
 
 from attnlab.grading.exercises import ATTENTION, SOFTMAX, Part

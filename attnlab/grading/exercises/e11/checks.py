@@ -9,7 +9,7 @@
   reference's step from the same state, then the ranks' final (O, L) with single-device attention over the whole
   sequence, and the bytes each rank said it sent with ``attnlab.iomodel.ring_attention_bytes``;
 - ``ring-group``: the learner's ``ring_forward`` on every rank of a real gloo group of 1 to 4 ranks, forked by the
-  process that holds the learner's functions (:mod:`attnlab.grading.ranks`; a deadlock is stopped after 10 s, a rank
+  process that holds the learner's functions (:mod:`attnlab.grading.sandbox.ranks`; a deadlock is stopped after 10 s, a rank
   that raised is named): every rank's (O, L) against single-device attention over the whole sequence, a wrong one
   diagnosed by playing the known wrong rings here with the reference's step; and the bytes sent, read under
   ``attnlab grade`` from the loopback of the sandbox's own network namespace, outside the learner's processes (all
@@ -28,7 +28,7 @@ import torch
 
 from attnlab import iomodel
 from attnlab.distributed import attention_lse, shard
-from attnlab.grading import ranks
+from attnlab.distributed import group as ranks
 from attnlab.grading.core import (Fail, Mistake, Registry, check_function, clone, case_line, diagnose,
                                   gen as _gen, learner_of, mismatch, present, randn as _randn, salted_ints, value_of)
 from attnlab.grading.exercises.e11 import spec as specs
@@ -495,7 +495,7 @@ def _group_outcomes(reply, label, P):
 
 @CHECKS("ring-group")
 def _check_group(ns):
-    from attnlab.grading.footprint import pid_of
+    from attnlab.grading.sandbox.footprint import pid_of
 
     learner = learner_of(ns)
     pid = pid_of(learner)

@@ -10,7 +10,7 @@
 - ``delta-recurrence``: the gated delta rule token by token against ``attnlab.linear_attention.delta_rule_recurrent``
   (gates, d_k != d_v, an initial state, a scale), output and final state;
 - ``delta-chunked``: the chunkwise form against the same recurrence on ragged lengths and chunk sizes that do not
-  divide them (1, larger than N), and its peak memory at N = 4096 (:func:`attnlab.grading.footprint.peak_growth`):
+  divide them (1, larger than N), and its peak memory at N = 4096 (:func:`attnlab.grading.sandbox.footprint.peak_growth`):
   an N x N matrix (the whole sequence as one chunk, or the parallel form) or a state kept per token is 64 MiB there,
   and the part scores only under 24 MiB;
 - ``state-vs-cache``: the experiment's bytes, reproduced here by ``attnlab.iomodel.kv_cache_bytes`` and
@@ -33,7 +33,7 @@ import torch
 
 from attnlab.grading.core import Fail, Mistake, Registry, check_function, gen as _gen, randn as _randn
 from attnlab.grading.exercises.e12 import spec as specs
-from attnlab.grading.footprint import peak_growth
+from attnlab.grading.sandbox.footprint import peak_growth
 from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, labelled, run_guarded
 
 CHECKS = Registry()
@@ -486,7 +486,7 @@ _CHUNKED_MISTAKES = [
             "exp(G_i) q_i^T S", _chunked_with(q_decay=False)),
 ]
 
-# the technique, measured from outside the learner's code (attnlab/grading/footprint.py): at N = 4096, d_k = d_v =
+# the technique, measured from outside the learner's code (attnlab/grading/sandbox/footprint.py): at N = 4096, d_k = d_v =
 # 64, an N x N float32 matrix and a state per token are 64 MiB each; the inputs are 1 MiB each, the output 1 MiB
 PEAK_CASE = (1, 1, 4096, 64, 64, 64)   # B, H, N, d_k, d_v, chunk_size
 PEAK_LIMIT = 24 * 2**20

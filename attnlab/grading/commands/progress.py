@@ -25,9 +25,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from attnlab.grading.grade import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT, grade_in_subprocess
+from attnlab.grading.commands.grade import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT, grade_in_subprocess
 from attnlab.grading.course import add_course_argument
-from attnlab.grading.workspace import DEFAULT_DIR
+from attnlab.grading.commands.workspace import DEFAULT_DIR
 
 
 def _mark(part):
@@ -49,7 +49,7 @@ def cache_file():
 def _grader_fingerprint():
     """A hash of the grader's code: a report made by other checks is not reused."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # all of attnlab/grading
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())

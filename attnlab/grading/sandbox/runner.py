@@ -4,10 +4,10 @@
 (:func:`main`, the process's side: no Jupyter, no zmq). It runs the cells it is sent through IPython's
 ``InteractiveShell`` (magics as IPython runs them) and answers with each cell's status, read from
 ``run_cell``'s result; then it answers ``call`` requests with the learner's outputs
-(:func:`attnlab.grading.agent.handle`), and ``ranks`` requests by forking a process group's ranks before it is sent
-their shards (:func:`attnlab.grading.ranks.serve`). Frames (:mod:`attnlab.grading.frames`) are ``torch.save`` bytes, read
+(:func:`attnlab.grading.sandbox.agent.handle`), and ``ranks`` requests by forking a process group's ranks before it is sent
+their shards (:func:`attnlab.grading.sandbox.ranks.serve`). Frames (:mod:`attnlab.grading.sandbox.frames`) are ``torch.save`` bytes, read
 with ``weights_only=True``, on two pipes of their own; :class:`Sandboxed` is such a process, also the Triton parts'
-(:mod:`attnlab.grading.isolated`). The process's own stdout and stderr are ``/dev/null``:
+(:mod:`attnlab.grading.sandbox.isolated`). The process's own stdout and stderr are ``/dev/null``:
 nothing it prints reaches the grader. A cell or call that hangs is ended by the grader killing the process;
 a later part gets a fresh process that runs the same cells again. What the process answers is data: it
 decides nothing. :func:`grade_in_subprocess` grades one notebook in a worker process of its own
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from attnlab.grading import sandbox
-from attnlab.grading.frames import MAX_FRAME, _receive, _send, frames  # noqa: F401 (isolated.py, the tests)
+from attnlab.grading.sandbox.frames import MAX_FRAME, _receive, _send, frames  # noqa: F401 (isolated.py, the tests)
 from attnlab.grading.reports import sanitize
 
 DEFAULT_CELL_TIMEOUT = 120
@@ -39,7 +39,7 @@ def kernel_env(work):
     keep = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     env = {k: os.environ[k] for k in keep if k in os.environ}
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     work = str(work)
     env.update({
         "PYTHONPATH": root, "HOME": work, "IPYTHONDIR": f"{work}/.ipython", "MPLCONFIGDIR": f"{work}/.matplotlib",
@@ -71,7 +71,7 @@ def main(in_fd, out_fd):
     frames_in, frames_out = frames(in_fd, out_fd)
     from IPython.core.interactiveshell import InteractiveShell
 
-    from attnlab.grading import agent, ranks
+    from attnlab.grading.sandbox import agent, ranks
 
     shell = InteractiveShell.instance()
     shell.ask_exit = lambda: setattr(shell, "exit_now", True)  # what exit() calls (a terminal's shell has it)
@@ -106,7 +106,7 @@ class Sandboxed:
     the two pipes' descriptors; frames both ways. A request that runs past its time kills the process; a
     process that dies raises :class:`Dead`, and the next request starts a fresh one."""
 
-    ENTRY = ("attnlab.grading.runner", "main")
+    ENTRY = ("attnlab.grading.sandbox.runner", "main")
 
     def __init__(self, root, limits, timeout, deadline=float("inf"), copy=None):
         self.root, self.limits, self.timeout, self.deadline, self.copy = Path(root), limits, timeout, deadline, copy
@@ -128,7 +128,7 @@ class Sandboxed:
         work.mkdir(parents=True)  # outside the sandbox: where its tmpfs goes
         to_child, from_grader = os.pipe()[::-1]
         from_child, to_grader = os.pipe()
-        course = str(Path(__file__).resolve().parents[2])
+        course = str(Path(__file__).resolve().parents[3])
         module, function = self.ENTRY
         boot = f"import sys; sys.path.insert(0, {course!r}); from {module} import {function} as f; " \
                f"f({from_grader}, {to_grader})"
@@ -251,7 +251,7 @@ def _python_below(root):
 
 class RemoteLearner:
     """The learner's functions, called in the :class:`Functions` process (see :class:`core.LocalLearner`); the
-    learner's Triton kernels, launched from their text in a fresh process (:mod:`attnlab.grading.isolated`)."""
+    learner's Triton kernels, launched from their text in a fresh process (:mod:`attnlab.grading.sandbox.isolated`)."""
 
     def __init__(self, runner, kernels=None):
         self.runner, self.kernels = runner, kernels
@@ -303,7 +303,7 @@ def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT
     reader = threading.Thread(target=lambda: chunks.append(_read_all(read_fd)), daemon=True)
     env = dict(os.environ, ATTNLAB_GRADING="0")
     env.pop("PYTHONPATH", None)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     # -I: no PYTHONPATH, no user site, not the current folder (a submission's nbformat/ never runs here);
     # the course's own code first, started from a folder of its own
     boot = f"import sys; sys.path.insert(0, {root!r}); from attnlab.grading.scoring import _worker_main; " \

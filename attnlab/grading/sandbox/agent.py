@@ -10,8 +10,8 @@ which program loaded which elements. Nothing here knows the references or the sc
 (that is read from the learner's code by :mod:`attnlab.grading.shortcuts`).
 
 Two processes use it: the inline ``check()`` in a notebook (:class:`attnlab.grading.core.LocalLearner`,
-feedback), and under ``attnlab grade`` the fresh sandboxed process of :mod:`attnlab.grading.runner` (calls)
-and :mod:`attnlab.grading.isolated` (launches, of kernels taken from the notebook as text), whose answers are
+feedback), and under ``attnlab grade`` the fresh sandboxed process of :mod:`attnlab.grading.sandbox.runner` (calls)
+and :mod:`attnlab.grading.sandbox.isolated` (launches, of kernels taken from the notebook as text), whose answers are
 data for the grader.
 """
 
@@ -253,7 +253,7 @@ def verify(fn, args, kwargs):
 
 def outside_subset(fn):
     """Why the Python function of a kernel is outside the Triton subset ``attnlab grade`` accepts
-    (:func:`attnlab.grading.isolated.not_triton`), read from its source with the names of its module: constants
+    (:func:`attnlab.grading.sandbox.isolated.not_triton`), read from its source with the names of its module: constants
     (numbers, strings, Triton's constexpr and dtypes) and other kernels; None when it is inside, or when its source
     cannot be read here (the grader reads it from the notebook's text)."""
     import ast
@@ -366,7 +366,7 @@ def _give_back_free_memory():
 
     Done after every call request: memory freed by earlier work stays resident in the heap, and a later
     allocation that reuses it adds nothing to the process's resident memory, which is what the peak-memory
-    checks measure (:mod:`attnlab.grading.footprint`). In a long-lived process (the tests, a notebook kernel)
+    checks measure (:mod:`attnlab.grading.sandbox.footprint`). In a long-lived process (the tests, a notebook kernel)
     a copy of a whole KV cache went unseen that way."""
     import ctypes
 
@@ -394,7 +394,7 @@ def _handle(req, ns):
         if not callable(obj):
             return {"not_callable": type(obj).__name__}
         if req.get("ranks"):  # each case: one [args, kwargs] per rank, called in a gloo group (ranks.py)
-            from attnlab.grading.ranks import call_on_ranks
+            from attnlab.distributed.group import call_on_ranks
             return {"results": call_on_ranks(obj, req["cases"], req["ranks"], _outcome)}
         results = []
         grad = req.get("grad")

@@ -15,10 +15,10 @@ The checks of the tiled parts ask three things that the output alone cannot show
 
 Where the learner's code runs in this process (:class:`attnlab.grading.core.LocalLearner`: the inline
 ``check()`` and the tests) all three are done here. Under ``attnlab grade`` (docs/grading.md) the grader
-measures from outside: the PyTorch functions run in a fresh sandboxed process (:mod:`attnlab.grading.runner`),
+measures from outside: the PyTorch functions run in a fresh sandboxed process (:mod:`attnlab.grading.sandbox.runner`),
 whose cgroup's peak memory the grader resets and reads (files the sandbox does not see; without a cgroup, that
-process's ``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.isolated`'s process, where
-:func:`attnlab.grading.agent.run_launch` honours ``"undefined_other": True`` as it does here. A memory measurement that cannot be made is a failed check, never a
+process's ``VmHWM`` through its ``/proc``); the kernels launch in :mod:`attnlab.grading.sandbox.isolated`'s process, where
+:func:`attnlab.grading.sandbox.agent.run_launch` honours ``"undefined_other": True`` as it does here. A memory measurement that cannot be made is a failed check, never a
 pass. FLOPs are not counted there (counting them in the learner's process would be the learner's word):
 the causal-skip check of exercise 07 rests on its NaN-poisoned tail instead (why no outside measurement can
 replace it: the docstring of ``attnlab/grading/exercises/e07/checks.py``).
@@ -178,7 +178,7 @@ def _other_values(case, g=None):
 def peak_growth(learner, name, case, label, what, grad=None, spec=None):
     """The peak memory growth (bytes) of one call of the learner's ``name`` on ``case``, after one unmeasured call
     on other values of the same shapes (the allocator grows on a first call; the process gives its free heap back at
-    the end of every call request, :func:`attnlab.grading.agent.handle`, so memory freed earlier cannot hide this
+    the end of every call request, :func:`attnlab.grading.sandbox.agent.handle`, so memory freed earlier cannot hide this
     call's). With ``spec``, the measured call's result must be right too: a result remembered from the first call
     is not this one. Raises Fail when the call fails or the growth cannot be measured: a part that asks for a
     measured property (``what``: "that no N x N matrix is held") is never credited unmeasured."""

@@ -10,7 +10,7 @@ Instead (:class:`IsolatedKernels`):
    defines only those functions, and before the first launch of a kernel with a given signature
    checks with Triton's own frontend that it is Triton code: it is lowered to TTIR (which needs no
    GPU; an ``import``, a call of a Python function or any other construct Triton does not compile is
-   refused), then launches and traces it (:func:`attnlab.grading.agent.launch`: sentinel-filled
+   refused), then launches and traces it (:func:`attnlab.grading.sandbox.agent.launch`: sentinel-filled
    buffers, every load and store recorded in Triton's interpreter; natively on a GPU);
 3. requests and replies cross as ``torch.save`` bytes, read back with ``torch.load(weights_only=True)``
    (tensors, numbers, strings, lists, tuples, dicts: nothing that runs code).
@@ -25,7 +25,7 @@ import ast
 import os
 from pathlib import Path
 
-from attnlab.grading.runner import Dead, Sandboxed, _receive, _send, frames
+from attnlab.grading.sandbox.runner import Dead, Sandboxed, _receive, _send, frames
 from attnlab.grading.triton_subset import _CALLS, _NAMES, _language_names, not_triton
 
 _JIT = {"triton.jit", "jit", "triton.autotune", "triton.heuristics"}
@@ -158,7 +158,7 @@ def main(in_fd, out_fd):
     """The fresh process: the module text first, then launch requests."""
     import linecache
 
-    from attnlab.grading import agent
+    from attnlab.grading.sandbox import agent
 
     frames_in, frames_out = frames(in_fd, out_fd)
     first = _receive(frames_in)
@@ -194,7 +194,7 @@ class IsolatedKernels(Sandboxed):
     """The notebook's kernels in a fresh sandboxed process (:func:`main`), started at the first launch; after
     it died or hung, its launches fail with the reason."""
 
-    ENTRY = ("attnlab.grading.isolated", "main")
+    ENTRY = ("attnlab.grading.sandbox.isolated", "main")
 
     def __init__(self, sources, root, limits, timeout=120):
         super().__init__(Path(root) / "kernels", limits, timeout)

@@ -1,5 +1,12 @@
 """Where and how ``attnlab grade`` runs a learner's code: an unprivileged user, a private filesystem, limits.
 
+This package is the boundary between the grader and the learner's code. Here: the confinement (this module);
+:mod:`.runner`, the sandboxed processes and the grader's end of their pipes; :mod:`.frames`, the one wire format,
+decoded and checked on the trusted side; :mod:`.agent`, what the functions process does with a request (calls,
+guarded launches); :mod:`.isolated`, the kernel process for Triton parts; :mod:`.footprint`, memory measured
+around a call; :mod:`.ranks`, a process group's shards delivered rank by rank. The engine that decides a part
+(:mod:`attnlab.grading.engine`) runs outside it, on what came back.
+
 With bubblewrap (``bwrap``, Debian package ``bubblewrap``) on Linux a sandboxed process sees only:
 
 - read-only: the Python it runs (the interpreter's prefix and the virtual environment) and the

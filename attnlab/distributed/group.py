@@ -1,8 +1,9 @@
 """The learner's function called on every rank of a real ``torch.distributed`` process group.
 
-:func:`call_on_ranks` runs in the process that holds the learner's names (for the inline ``check()``, the notebook's
-own kernel); :func:`serve` is the same for the sandboxed functions process under ``attnlab grade``
-(:mod:`attnlab.grading.runner`). The learner's functions live in that process's IPython namespace, so the ranks are
+:func:`run_group` is the learner's way to run a function on P processes (exercise 11) and :func:`call_on_ranks`
+the inline ``check()``'s, in the process that holds the learner's names (the notebook's own kernel);
+:func:`attnlab.grading.sandbox.ranks.serve` is the same for the sandboxed functions process under ``attnlab grade``
+(:mod:`attnlab.grading.sandbox.runner`). The learner's functions live in that process's IPython namespace, so the ranks are
 made with ``os.fork()``: a spawned Python could not import them. A child is a copy of the process that forked it,
 so the ranks are forked *before* any of them has its arguments: each is then sent its own ``[args, kwargs]`` on a
 pipe of its own, and nothing of another rank's shard is in its memory (an at-fork hook, ``gc.get_objects()`` or a
@@ -13,13 +14,13 @@ then writes each rank's frame, which :func:`serve` moves into that rank's pipe w
 Each child, for one case:
 
 1. asks the kernel to kill it when its parent dies, closes every other rank's pipes, reads its own arguments
-   (one frame, :func:`attnlab.grading.frames._receive`), and sets ``torch.set_num_threads(1)`` before any tensor
+   (one frame, :func:`attnlab.grading.sandbox.frames._receive`), and sets ``torch.set_num_threads(1)`` before any tensor
    work (a forked child must not enter the parent's OpenMP pool, and the ranks share this machine's cores);
 2. joins a gloo group through a ``torch.distributed.FileStore`` in a temporary folder of its own (no TCP store,
    no port to pick; inside the sandbox's network namespace the ranks' sockets are on its loopback only), and waits
    on that store until every rank has joined (a rank that left at once would break a peer still connecting);
 3. calls the function with its rank's ``[args, kwargs]``, its outcome written as :func:`agent._outcome` writes one;
-4. sends the outcome to the parent as one frame (:func:`attnlab.grading.frames._send`) on a pipe of its own, destroys
+4. sends the outcome to the parent as one frame (:func:`attnlab.grading.sandbox.frames._send`) on a pipe of its own, destroys
    the group and leaves with ``os._exit`` (nothing of the parent's, no buffered stream, no ``atexit``, runs twice).
 
 The parent reads every rank's frame until ``timeout`` seconds have passed; a rank that sent nothing by then (a
@@ -80,56 +81,19 @@ def call_on_ranks(fn, cases, world_size, outcome=None, timeout=None):
     return results
 
 
-def serve(req, ns, frames_in, frames_out, outcome=None, timeout=None):
-    """The functions process's answer to ``{"op": "ranks", "name", "ranks": P, "cases": count}``: for each case,
-    the P ranks are forked, ``{"send": case}`` asks the grader for its frames, and each of the P frames that follow
-    on ``frames_in`` (rank 0 first, one ``[args, kwargs]`` each) is moved into its rank's pipe without being read
-    here. Then ``{"results": [the ranks' outcomes per case]}`` as :func:`call_on_ranks`; ``{"missing": True}`` or
-    ``{"not_callable": type}`` where the name is not a function (nothing asked for)."""
-    name, world_size, count = req.get("name"), req.get("ranks"), req.get("cases")
-    _check_world_size(world_size)
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_CASES:
-        raise ValueError(f"ranks: expected a number of cases from 0 to {MAX_CASES}, got {count!r}")
-    if name not in ns:
-        return {"missing": True}
-    fn = ns[name]
-    if not callable(fn):
-        return {"not_callable": type(fn).__name__}
-    source = frames_in.fileno()  # read raw: the grader sends a case's frames only once asked, so nothing of them
-    #                              was read ahead into frames_in's buffer
-    results = []
-    for index in range(count):
-        def ready(index=index):
-            from attnlab.grading.frames import _send
-
-            _send(frames_out, {"send": index})
-
-        def feed(rank, fd, deadline):
-            (size,) = struct.unpack("<Q", _read_exact(source, 8))
-            if size > _max_frame():
-                raise ValueError(f"ranks: a frame of {size >> 20} MiB")
-            return _pour(source, fd, size, struct.pack("<Q", size), deadline)
-
-        results.append(_group(fn, world_size, feed, timeout, outcome, ready=ready,
-                                 close=(frames_in.fileno(), frames_out.fileno())))
-        if any("ok" not in outcome for outcome in results[-1]):
-            break  # the grader stops at the first failure (and sends no later case)
-    return {"results": results}
-
-
 def _check_world_size(world_size):
     if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_RANKS:
         raise ValueError(f"ranks: expected a number of ranks from 1 to {MAX_RANKS}, got {world_size!r}")
 
 
 def _send(stream, obj):
-    from attnlab.grading.frames import _send as send
+    from attnlab.grading.sandbox.frames import _send as send
 
     send(stream, obj)
 
 
 def _max_frame():
-    from attnlab.grading.frames import MAX_FRAME
+    from attnlab.grading.sandbox.frames import MAX_FRAME
 
     return MAX_FRAME
 
@@ -294,7 +258,7 @@ def _rank_main(fn, rank, world_size, in_fd, store_path, write_fd, timeout, paren
         import torch
         import torch.distributed as dist
 
-        from attnlab.grading.frames import _receive, _send
+        from attnlab.grading.sandbox.frames import _receive, _send
 
         with os.fdopen(in_fd, "rb") as stream:  # this rank's own [args, kwargs], sent once every rank was forked
             args, kwargs = _receive(stream)
@@ -348,7 +312,7 @@ def _written():
 
 def _collect(children, timeout):
     """Every child's outcome, read from its pipe; a rank that sends nothing within ``timeout`` s has hung."""
-    from attnlab.grading.frames import _receive
+    from attnlab.grading.sandbox.frames import _receive
 
     outcomes = [None] * len(children)
     waiting = {read_fd: rank for rank, (_, read_fd) in enumerate(children)}

@@ -1,8 +1,8 @@
 """The frames between the grader and a process that holds learner code: ``torch.save`` bytes of plain values, read
 back with ``torch.load(weights_only=True)``, so that nothing in a frame can run code.
 
-Used by :mod:`attnlab.grading.runner` (the functions process), :mod:`attnlab.grading.isolated` (the Triton parts'
-process) and :mod:`attnlab.grading.ranks` (a rank's outcome to the process that forked it).
+Used by :mod:`attnlab.grading.sandbox.runner` (the functions process), :mod:`attnlab.grading.sandbox.isolated` (the Triton parts'
+process) and :mod:`attnlab.grading.sandbox.ranks` (a rank's outcome to the process that forked it).
 """
 
 import io

@@ -1,6 +1,6 @@
 """``attnlab grade PATH... [--exercise NAME] [--json FILE] [--csv FILE] [--gradescope FILE] [--nbgrader-db URL] [-j N]``.
 
-The command; the work is done by :mod:`attnlab.grading.runner` (the sandboxed processes and the worker),
+The command; the work is done by :mod:`attnlab.grading.sandbox.runner` (the sandboxed processes and the worker),
 :mod:`attnlab.grading.layout` (which exercise, which part owns a cell), :mod:`attnlab.grading.scoring`
 (one notebook's score) and :mod:`attnlab.grading.reports` (what is printed and written).
 
@@ -28,7 +28,7 @@ import threading
 from attnlab.grading import sandbox
 from attnlab.grading.layout import _grade_id, _layout, discover, identify, manifest, owners, who  # noqa: F401
 from attnlab.grading.reports import _json_doc, _write_atomic, csv_text, format_report, gradescope_doc, sanitize
-from attnlab.grading.runner import DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, grade_in_subprocess
+from attnlab.grading.sandbox.runner import DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, grade_in_subprocess
 from attnlab.grading.scoring import grade_notebook  # noqa: F401 (the API)
 
 
@@ -110,7 +110,7 @@ def run(args):
         _write_atomic(args.csv, csv_text(reports))
     problems = []
     if getattr(args, "nbgrader_db", None):
-        from attnlab.grading.nbgrader import write_gradebook
+        from attnlab.grading.commands.nbgrader import write_gradebook
 
         problems = write_gradebook(args.nbgrader_db, reports)
         for problem in problems:

@@ -3,7 +3,7 @@
 In ``solutions/`` (nbgrader's ``source/``) every check cell ends with::
 
     ### BEGIN HIDDEN TESTS
-    __import__("attnlab.grading.nbgrader", fromlist=["autograde"]).autograde("padding-mask")
+    __import__("attnlab.grading.commands.nbgrader", fromlist=["autograde"]).autograde("padding-mask")
     ### END HIDDEN TESTS
 
 nbgrader drops the block from the students' release and puts it back when it autogrades. That cell
@@ -61,7 +61,7 @@ def report_for(path, timeout=600):
     stat = path.stat()
     key = (str(path), stat.st_mtime_ns, stat.st_size)
     if key not in _CACHE:
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])
         env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "PYTHONPATH": root,
                "HOME": os.environ.get("HOME", tempfile.gettempdir())}
         with tempfile.TemporaryDirectory(prefix="attnlab-nbgrader-") as tmp:

@@ -1,0 +1,238 @@
+"""Exercise parts as data, and the one engine that runs them.
+
+A part's check is a table: which of the learner's functions it calls, on which cases, against which reference,
+within which tolerance, with which known mistakes (each a name, a message and an emulation: the wrong computation,
+with the signature of the function it stands for), and for a kernel the byte budget its launches are held to.
+Each exercise's ``checks.py`` holds one table per graded part, ``TABLES = {part id: table}``; :func:`run` is all
+that reads them. Four kinds:
+
+- :class:`Function`: the learner's function against the reference on the cases;
+- :class:`Gradients`: the same, and the gradients of chosen inputs, backpropagated from a given output gradient;
+- :class:`Kernel`: the learner's ``@triton.jit`` kernel, launched by the grader (its grid, block sizes and
+  sentinel-guarded buffers; :mod:`attnlab.grading.kernel_check`), its outputs compared with the reference and its
+  traced traffic held to the budget of each launch;
+- :class:`Measured`: what only a measurement of the grader's own shows (an experiment reproduced on salted
+  parameters, peak memory, a process group's traffic): ``measure(learner) -> message``, with the known mistakes
+  it names by the learner's function each list stands for.
+
+What the framework guarantees, whatever a part's author writes (docs/grading.md): every input comes from
+:func:`attnlab.grading.core.gen`, which the grader's secret salt shifts (tests/test_grading_salt.py runs every
+part under two salts); every value is compared by :func:`attnlab.grading.core.mismatch` (``torch.testing``'s
+``assert_close``, which fails a non-finite value where the reference is finite, and a wrong shape before any
+arithmetic); every reply is a frame the trusted side decoded and checked (:mod:`attnlab.grading.frames`: shape,
+dtype and storage, stride-0 views refused); and a part passes only when it ran the learner's code
+(:func:`attnlab.grading.core.run_part`). tests/test_every_mistake.py runs every emulated mistake of every table
+and fails unless the check names it.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from attnlab.grading import core
+
+
+@dataclass(frozen=True)
+class Function:
+    """The learner's ``name`` against ``reference`` on ``cases()`` [(label, args, kwargs)].
+
+    ``ordered``: a known mistake that a case before the failing one would already have failed (and the learner's
+    code passed) is not the learner's. ``says``: the message of a pass, ``{n}`` the number of cases."""
+
+    name: str
+    reference: Callable
+    cases: Callable
+    mistakes: Sequence = ()
+    says: str = "{n} randomized cases match the spec"
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    ordered: bool = False
+    kind = "function"
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """:class:`Function`, and backpropagation: ``cases()`` [(label, args, kwargs, grad_output)]; the arguments at
+    positions ``inputs`` require grad, ``grad_output`` flows back from the output (``output``: an index into a
+    returned tuple, or None); ``labels`` name the gradients in messages. The reference's gradients are autograd's
+    through ``reference``; a mistake's are autograd's through its emulation."""
+
+    name: str
+    reference: Callable
+    cases: Callable
+    inputs: tuple
+    output: object = None
+    mistakes: Sequence = ()
+    labels: Sequence = None
+    says: str = "{n} cases match the spec, forward and backward"
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    kind = "gradients"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a kernel part, as the grader makes it.
+
+    ``buffers``/``args``/``grid``/``constexprs``: see :func:`attnlab.grading.kernel_check.run_guarded`;
+    ``want``: {output buffer: the reference's tensor}; ``inputs``: what the part's mistakes take, named ``names``
+    in a counterexample; ``budget``: {buffer: (max load bytes, max store bytes)}, held in the interpreter."""
+
+    label: str
+    buffers: dict
+    grid: tuple
+    args: list
+    constexprs: dict
+    want: dict
+    inputs: tuple = ()
+    names: tuple = ()
+    budget: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The learner's kernel ``name`` launched on ``launches()`` [:class:`Launch`].
+
+    ``budget_says``: the budget in the part's words (the diagnosis of extra traffic); ``traffic_mistakes``: the
+    mistakes that traffic over budget suggests; ``uses_dot``: the kernel multiplies with ``tl.dot`` (TF32 on a
+    GPU); ``undefined_other``: masked lanes of a load without ``other=`` read NaN, as undefined as on a GPU."""
+
+    name: str
+    launches: Callable
+    mistakes: Sequence = ()
+    says: str = "{n} launches match the spec, with no access outside the tensors"
+    budget_says: str = None
+    traffic_mistakes: Sequence = ()
+    uses_dot: bool = False
+    undefined_other: bool = False
+    kind = "kernel"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A part whose technique or result only a measurement of the grader's own shows.
+
+    ``kind``: "experiment", "peak-memory", "process-group" or "kernel" (a kernel part whose measurement is more
+    than a budget of bytes per buffer); ``measure(learner) -> message`` raises :class:`attnlab.grading.core.Fail`;
+    ``mistakes``: {the learner's function a list stands for: [Mistake]}, or {"(why no function)": [Mistake]} for
+    a list that stands for none (tests/test_every_mistake.py reads them)."""
+
+    kind: str
+    measure: Callable
+    mistakes: dict = field(default_factory=dict)
+
+
+KINDS = ("function", "gradients", "kernel", "experiment", "peak-memory", "process-group")
+
+
+def mistakes(table):
+    """{the learner's function (or a label in parentheses): [Mistake]} that ``table`` names."""
+    if isinstance(table, Measured):
+        return {k: list(v) for k, v in table.mistakes.items()}
+    return {table.name: list(table.mistakes)} if table.mistakes else {}
+
+
+def run(table, learner):
+    """Run one part's table on ``learner`` (:func:`attnlab.grading.core.learner_of`); returns the pass message,
+    raises :class:`attnlab.grading.core.Fail`."""
+    if isinstance(table, Function):
+        check = core.check_in_order if table.ordered else core.check_function
+        n = check(learner, table.name, table.reference, table.cases(), table.mistakes, rtol=table.rtol,
+                  atol=table.atol)
+        return table.says.format(n=n)
+    if isinstance(table, Gradients):
+        cases = table.cases()
+        n = core.check_with_gradients(learner, table.name, table.reference, cases, table.inputs, table.output,
+                                      table.mistakes, rtol=table.rtol, atol=table.atol, labels=table.labels)
+        return table.says.format(n=n)
+    if isinstance(table, Kernel):
+        return _run_kernel(table, learner)
+    if isinstance(table, Measured):
+        if table.kind not in KINDS:
+            raise ValueError(f"table: kind {table.kind!r} is not one of {KINDS}")
+        return table.measure(learner)
+    raise TypeError(f"table: expected a Function, Gradients, Kernel or Measured, got {type(table).__name__}")
+
+
+def body(table):
+    """``table`` as a check body, ``body(learner) -> message``."""
+    return lambda learner: run(table, learner)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+NEVER_WRITTEN = core.Mistake("never-written", "part of the output was never stored: the grid has one program per "
+                             "block (axis 0 of the grid walks the first dimension, axis 1 the second); each program "
+                             "must store its own whole block, offset by its program id times the block size", None)
+STRIDE_IGNORED = core.Mistake("stride-ignored", "the kernel is right when the rows are contiguous and wrong when "
+                              "they are not: address row i as ptr + i * stride (the stride argument), not "
+                              "i * n_cols", None)
+
+
+def _as_1d(x):
+    import torch
+
+    return x.reshape(-1) if torch.is_tensor(x) and x.dim() == 2 and x.shape[0] == 1 else x
+
+
+def launch(learner, table, case, traffic=None, loads=None):
+    """Launch ``table``'s kernel on one :class:`Launch` and compare its outputs with ``case.want``; a failure on
+    padded rows that a contiguous launch passes is named ``stride-ignored``. Fills ``traffic`` (and ``loads``) as
+    :func:`attnlab.grading.kernel_check.run_guarded` does; returns the outputs."""
+    from attnlab.grading.footprint import undefined_other
+    from attnlab.grading.kernel_check import kernel_failure, labelled, run_guarded
+
+    who = undefined_other(learner) if table.undefined_other else learner
+    named, named_mistakes = labelled(case.names or [f"argument {i + 1}" for i in range(len(case.inputs))],
+                                     case.inputs, table.mistakes)
+
+    def flat(impl):  # a (1, n) result compared as the (n,) output it is
+        return None if impl is None else (lambda **kw: _as_1d(impl(**kw)))
+
+    def go(buffers, tr, ld):
+        got = run_guarded(who, table.name, case.label, buffers, case.grid, case.args, case.constexprs,
+                          list(case.want), loads=ld, traffic=tr)
+        for k, w in case.want.items():
+            g, ms = got[k], named_mistakes
+            if w.dim() == 2 and w.shape[0] == 1:
+                g, w = g.reshape(-1), w.reshape(-1)
+                ms = [core.Mistake(m.key, m.message, flat(m.impl)) for m in ms]
+            kernel_failure(case.label, table.name, g, w, ms, (), named, uses_dot=table.uses_dot)
+        return got
+
+    try:
+        return go(case.buffers, traffic, loads)
+    except (core.NotDone, core.NotAccepted):
+        raise
+    except core.Fail as exc:
+        if "never written" in exc.message:
+            exc.mistakes.append(NEVER_WRITTEN)
+        padded = any(b.get("pad_rows") or b.get("pad_cols") for b in case.buffers.values())
+        if padded and " raised " not in exc.message:
+            contiguous = {k: {kk: vv for kk, vv in b.items() if kk not in ("pad_rows", "pad_cols")}
+                          for k, b in case.buffers.items()}
+            try:
+                go(contiguous, None, None)
+            except core.Fail:
+                pass
+            else:
+                exc.mistakes.insert(0, STRIDE_IGNORED)
+        raise
+
+
+def _run_kernel(table, learner):
+    from attnlab.grading.kernel_check import check_traffic
+
+    cases = table.launches()
+    traced = False
+    for case in cases:
+        traffic = {}
+        launch(learner, table, case, traffic)
+        if case.budget:
+            traced = check_traffic(table.name, case.label, traffic, case.budget, table.traffic_mistakes,
+                                   says=table.budget_says)
+    message = table.says.format(n=len(cases))
+    if any(case.budget for case in cases):
+        message += ("; traffic within budget" + (f" ({table.budget_says})" if table.budget_says else "")
+                    if traced else "; traffic not checked: on a GPU there is no trace (the tracer watches Triton's "
+                    "interpreter only)")
+    return message
