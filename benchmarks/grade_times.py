@@ -22,7 +22,7 @@ def main(argv=None):
     parser.add_argument("--limit", type=float, default=60.0)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from attnlab.grading.runner import grade_in_subprocess
+    from attnlab.grading.sandbox.runner import grade_in_subprocess
     from attnlab.grading.sandbox import isolation
 
     notebooks = args.notebooks or sorted((ROOT / "solutions").glob("[0-9]*.ipynb")) + \
