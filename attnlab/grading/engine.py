@@ -19,7 +19,7 @@ What the framework guarantees, whatever a part's author writes (docs/grading.md)
 :func:`attnlab.grading.core.gen`, which the grader's secret salt shifts (tests/test_grading_salt.py runs every
 part under two salts); every value is compared by :func:`attnlab.grading.core.mismatch` (``torch.testing``'s
 ``assert_close``, which fails a non-finite value where the reference is finite, and a wrong shape before any
-arithmetic); every reply is a frame the trusted side decoded and checked (:mod:`attnlab.grading.frames`: shape,
+arithmetic); every reply is a frame the trusted side decoded and checked (:mod:`attnlab.grading.sandbox.frames`: shape,
 dtype and storage, stride-0 views refused); and a part passes only when it ran the learner's code
 (:func:`attnlab.grading.core.run_part`). tests/test_every_mistake.py runs every emulated mistake of every table
 and fails unless the check names it.
@@ -178,7 +178,7 @@ def launch(learner, table, case, traffic=None, loads=None):
     """Launch ``table``'s kernel on one :class:`Launch` and compare its outputs with ``case.want``; a failure on
     padded rows that a contiguous launch passes is named ``stride-ignored``. Fills ``traffic`` (and ``loads``) as
     :func:`attnlab.grading.kernel_check.run_guarded` does; returns the outputs."""
-    from attnlab.grading.footprint import undefined_other
+    from attnlab.grading.sandbox.footprint import undefined_other
     from attnlab.grading.kernel_check import kernel_failure, labelled, run_guarded
 
     who = undefined_other(learner) if table.undefined_other else learner
