@@ -164,13 +164,37 @@ def test_the_functions_process_runs_the_learner_s_cells_and_given_definitions_no
     nb.cells[by_id["06-cell-05"]].source += "\nprint('edited: now the learner s')\n"
     owner = layout.owners(nb, parts, layout.canonical_layout(exercise, parts))
     names = {n for p in parts if p in PARTS for n in PARTS[p].names}
-    runs = dict(layout.to_run(nb, owner, given, parts, names))
+    runs = dict(layout.to_run(nb, owner, given, layout.given_demos(exercise), parts, names))
     assert by_id["06-cell-02"] in runs and by_id["masked-scale-answer"] in runs  # setup, an answer cell
     assert by_id["masked-scale"] not in runs  # a check cell
     assert runs[by_id["06-cell-05"]] == nb.cells[by_id["06-cell-05"]].source  # an edited given cell: whole
     matmul = runs[by_id["06-cell-29"]]  # the given wrapper matmul_traffic needs runs, its demo does not
     assert "def matmul(" in matmul and "print" not in matmul and "allclose" not in matmul
     assert by_id["06-cell-37"] not in runs  # a demo of matmul_traffic, nothing defined: not run at all
+
+
+def test_demos_are_marked_when_the_exercise_is_generated_and_read_from_the_course_s_copy():
+    """``attnlab generate`` marks each given cell's demo statements in the exercise (``attnlab.demo``); the grader
+    reads the marks of the course's copy, so a submission that unmarks its demos (or marks a definition) changes
+    nothing that runs."""
+    from attnlab.grading import layout
+    from attnlab.grading.checks import PARTS
+
+    exercise = "06_triton_primer"
+    nb = nbformat.read(str(ROOT / "exercises" / f"{exercise}.ipynb"), 4)
+    parts = exercises()[exercise]
+    names = {n for p in parts if p in PARTS for n in PARTS[p].names}
+    marked = {grade._grade_id(nb.cells[i]): d for i, d in layout.demo_marks(nb, parts, names).items()}
+    assert marked == layout.given_demos(exercise) and marked["06-cell-37"]  # what generate stored, and a demo
+    assert all(nb.cells[i].metadata.get("attnlab", {}).get("demo") == marked.get(grade._grade_id(c))
+               for i, c in enumerate(nb.cells) if grade._grade_id(c) in marked)
+    owner = layout.owners(nb, parts, layout.canonical_layout(exercise, parts))
+    given = layout.given_sources(exercise)
+    before = layout.to_run(nb, owner, given, layout.given_demos(exercise), parts, names)
+    for c in nb.cells:  # the learner's copy: every mark dropped, a definition marked instead
+        c.metadata.pop("attnlab", None)
+    nb.cells[[grade._grade_id(c) for c in nb.cells].index("06-cell-29")].metadata["attnlab"] = {"demo": [0]}
+    assert layout.to_run(nb, owner, given, layout.given_demos(exercise), parts, names) == before
 
 
 def test_the_inline_check_reads_the_cells_the_learner_ran_as_the_grader_reads_the_file():

@@ -276,7 +276,7 @@ def test_a_learner_s_own_assignment_of_a_name_a_demo_also_sets_runs(tmp_path):
     reads = "print(P)\ny = 1\n"
     nb.cells = [nbf.v4.new_code_cell(demo, metadata={"nbgrader": {"grade_id": "demo"}}),
                 nbf.v4.new_code_cell(mine), nbf.v4.new_code_cell(reads)]
-    ran = dict(to_run(nb, [None, None, None], {"demo": demo}, [], {"my_fn"}))
+    ran = dict(to_run(nb, [None, None, None], {"demo": demo}, {"demo": [0, 1]}, [], {"my_fn"}))  # both its statements
     assert 0 not in ran                     # the demo calls the learner's function: not run
     assert ran[1] == mine                   # the learner's assignment and what reads it run, whole
     assert "print(P)" not in ran[2] and "y = 1" in ran[2]   # P only the demo made

@@ -222,21 +222,66 @@ def _base(node):
     return node.id if isinstance(node, ast.Name) else None
 
 
-def to_run(nb, owner, given, parts, learner_names):
+def _tree(source):
+    """The syntax tree of a cell as IPython runs it (magics transformed), or None."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    try:
+        return ast.parse(TransformerManager().transform_cell(source))
+    except SyntaxError:
+        return None
+
+
+def _filled(node):
+    """What a statement fills in place (``runs[name] = ...``): a demo's too."""
+    return {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Subscript, ast.Attribute))
+            and isinstance(n.ctx, ast.Store)} - {None}
+
+
+def demo_marks(nb, parts, learner_names):
+    """{cell index: [index of a top-level statement that is a demo]} for the given cells of an exercise (not its
+    setup, answer or check cells), marked by ``attnlab generate`` in each cell's metadata (``attnlab.demo``).
+
+    A demo is feedback: a top-level statement that reads one of the learner's functions, or a name defined from one
+    (``matmul(a, b)`` in a print, ``o_parts, lse = split_partials(...)``). Definitions stay, even one that calls the
+    learner's kernel (``def matmul(...)``). ``attnlab grade`` runs an unedited given cell without its marked demos,
+    as the course's own copy of the exercise marks them (:func:`to_run`); the learner's copy is never read for this."""
+    owner = owners(nb, parts, None)
+    derived, out = set(learner_names), {}
+    for i, cell in enumerate(nb.cells):
+        gid = _grade_id(cell)
+        if cell.cell_type != "code" or owner[i] == "setup" or gid in parts or _answer_part(gid, parts):
+            continue
+        tree = _tree(cell.source)
+        for k, node in enumerate(tree.body if tree is not None else ()):
+            if _names_in(node) & derived:
+                derived |= _defined(node)
+            reads = _Reads()
+            reads.visit(node)
+            if reads.names & derived:
+                out.setdefault(i, []).append(k)
+                derived |= _filled(node)
+    return out
+
+
+def given_demos(exercise):
+    """{grade_id: [statement index]}: the demos :func:`demo_marks` marked in the course's generated exercise."""
+    nb = _course_exercise(exercise)
+    return {} if nb is None else {_grade_id(c): list(c.metadata.get("attnlab", {}).get("demo", []))
+                                  for c in nb.cells if c.metadata.get("attnlab", {}).get("demo")}
+
+
+def to_run(nb, owner, given, demos, parts, learner_names):
     """[(cell index, source)] that the grader's functions process runs, in notebook order.
 
     The learner's cells (answer cells, cells with no or an unknown ``grade_id``, given cells the learner edited)
-    and the setup cells run whole. An unedited given cell after the setup runs without its demos: a top-level
-    statement that reads one of the learner's functions, or a name defined from one, is feedback and does not run
-    (``matmul(a, b)`` in a print); its definitions do (``def matmul(...)`` calling the learner's kernel). A given
-    check cell (``check("part")``) does not run. In the learner's own cells, a top-level statement that reads what
-    only a demo that did not run defines (``print(o_parts.shape)`` after the demo ``o_parts, lse =
-    split_partials(...)``) does not run either: it could only raise a NameError here, where it ran in Jupyter.
+    and the setup cells run whole. An unedited given cell runs without the statements ``demos`` marks
+    ({grade_id: [statement index]}, :func:`given_demos`); a given check cell (``check("part")``) does not run. In
+    the learner's own cells, a top-level statement that reads what only a demo that did not run defines
+    (``print(o_parts.shape)`` after the demo ``o_parts, lse = split_partials(...)``) does not run either: it could
+    only raise a NameError here, where it ran in Jupyter.
     """
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    derived, out = set(learner_names), []
-    demo_only = set()  # the names only the demos that do not run here define
+    demo_only, out = set(), []  # the names only the demos that do not run here define
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -244,35 +289,24 @@ def to_run(nb, owner, given, parts, learner_names):
         whole = owner[i] == "setup" or gid not in given or given[gid].strip() != cell.source.strip()
         if not whole and gid in parts:
             continue
-        try:
-            tree = ast.parse(TransformerManager().transform_cell(cell.source))
-        except SyntaxError:
+        tree = _tree(cell.source)
+        if tree is None:
             if whole:
                 out.append((i, cell.source))
             continue
-        kept = []
-        for node in tree.body:
-            reads = _Reads()
-            reads.visit(node)
-            if whole:
+        kept, skip = [], set() if whole else set(demos.get(gid, ()))
+        for k, node in enumerate(tree.body):
+            if k in skip:
+                demo_only |= (_defined(node) | _filled(node)) - set(learner_names)
+                continue
+            if whole and owner[i] != "setup":
                 loads = _Loads()
                 loads.visit(node)
-                if owner[i] != "setup" and loads.names & demo_only:
+                if loads.names & demo_only:
                     demo_only |= _defined(node)
-                else:
-                    kept.append(node)
-                    demo_only -= _defined(node)
-                continue
-            if _names_in(node) & derived:
-                derived |= _defined(node)
-            if not reads.names & derived:
-                kept.append(node)
-                demo_only -= _defined(node)
-            else:  # what a demo fills (``runs[name] = ...``) is the demo's too
-                filled = {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Subscript, ast.Attribute))
-                          and isinstance(n.ctx, ast.Store)} - {None}
-                derived |= filled
-                demo_only |= (_defined(node) | filled) - set(learner_names)
+                    continue
+            kept.append(node)
+            demo_only -= _defined(node)
         if whole and len(kept) == len(tree.body):
             out.append((i, cell.source))
         elif kept:

@@ -1,7 +1,7 @@
 """Grading one notebook: run its cells in a fresh sandboxed process, then grade each part from this process, and score.
 
 - the cells that define the learner's functions (setup, answer cells, cells the learner added or edited, given
-  definitions; not the given demos and check cells: :func:`attnlab.grading.layout.to_run`) run in a fresh
+  definitions; not the given demos, marked by ``attnlab generate``, and check cells: :func:`attnlab.grading.layout.to_run`) run in a fresh
   sandboxed Python process (:class:`attnlab.grading.sandbox.runner.Functions`), which answers with each cell's status
   and then with the learner's outputs for the inputs this process sends (``torch.save`` frames read with
   ``weights_only=True``);
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from attnlab.grading import sandbox
-from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout, given_sources, identify, learner_cell,
+from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout, given_demos, given_sources, identify, learner_cell,
                                     owners, slot_conflict, to_run)
 from attnlab.grading.reports import plural
 from attnlab.grading.sandbox.isolated import IsolatedKernels
@@ -140,7 +140,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         if learner.broke is not None:  # the process is gone: the next part gets a fresh one
             results[p]["message"] = f"the check of your code {learner.broke}\n    " + results[p]["message"]
 
-    runs = dict(to_run(nb, owner, given, parts, {n for p in parts for n in names[p]}))
+    runs = dict(to_run(nb, owner, given, given_demos(exercise), parts, {n for p in parts for n in names[p]}))
     try:
         copy = sandbox.private_copy(path, root / "copy")
         functions = Functions(root, cell_timeout, deadline, limits, copy)
