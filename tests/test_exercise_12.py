@@ -313,11 +313,11 @@ def test_a_token_loop_that_keeps_one_state_passes_the_chunked_part_as_its_docstr
 
 
 def test_the_selections_of_the_kernel_cases_have_padding_and_ragged_blocks():
-    cases = e12._kernel_cases()
+    cases = [launch.inputs for launch in e12._launches()]                # (q, k, v, scale, block_indices, BLOCK)
     assert not any((bi < 0).any() for *_, bi, _bs in cases[:1])           # the first: no -1 slot, even N
     assert all((bi < 0).any() for *_, bi, _bs in cases[1:])
-    assert any(q.shape[1] % bs for _l, q, *_, bs in cases)
-    assert {scale for _l, _q, _k, _v, scale, _bi, _bs in cases}.isdisjoint({d ** -0.5 for d in (16, 32)})
+    assert any(q.shape[1] % bs for q, *_, bs in cases)
+    assert {scale for _q, _k, _v, scale, _bi, _bs in cases}.isdisjoint({d ** -0.5 for d in (16, 32)})
 
 
 def test_the_chunked_reference_at_the_peak_case_equals_the_recurrence():

@@ -1,12 +1,13 @@
-"""The checks of exercise 12_beyond_dense (one ``@CHECKS(part id)`` per graded part).
+"""The checks of exercise 12_beyond_dense: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
 - ``causal-topk``: the learner's selection against ``attnlab.sparse.select_blocks`` on random block scores
   (3-D and 4-D, n_q_blocks != n_k_blocks, blocks scored -inf, topk larger than the blocks, all scores negative);
 - ``selected-kernel``: the learner's Triton kernel, launched by the grader under guard
-  (:func:`attnlab.grading.kernel_check.run_guarded`) on selections made by the library's ``select_blocks``,
-  against ``attnlab.sparse.selected_attention_reference``; in Triton's interpreter every load is recorded, so a
-  kernel that loads a key block its query block did not select fails, and the bytes are held to a budget:
-  Q read once, K and V of each selected block once per query block that selected it, O written once;
+  (:func:`attnlab.grading.engine.launch`) on selections made by the library's ``select_blocks``, against
+  ``attnlab.sparse.selected_attention_reference``; in Triton's interpreter every load is recorded, so a kernel that
+  loads a key block its query block did not select fails, and the bytes are held to a budget: Q read once, K and V
+  of each selected block once per query block that selected it, O written once (more than a budget per buffer: a
+  measurement, ``Measured("kernel", ...)``);
 - ``delta-recurrence``: the gated delta rule token by token against ``attnlab.linear_attention.delta_rule_recurrent``
   (gates, d_k != d_v, an initial state, a scale), output and final state;
 - ``delta-chunked``: the chunkwise form against the same recurrence on ragged lengths and chunk sizes that do not
@@ -30,20 +31,18 @@ its kernel as the answer.
 import math
 
 import torch
+import torch.nn.functional as F
 
-from attnlab.grading.core import Fail, Mistake, Registry, check_function, gen as _gen, randn as _randn
+from attnlab.grading.core import Fail, Mistake, check_function, gen as _gen, randn as _randn
+from attnlab.grading.engine import Function, Kernel, Launch, Measured, launch, run
 from attnlab.grading.exercises.e12 import spec as specs
+from attnlab.grading.kernel_check import cdiv, check_traffic
 from attnlab.grading.sandbox.footprint import peak_growth
-from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, labelled, run_guarded
-
-CHECKS = Registry()
 
 NEG_INF = float("-inf")
 
 
-# ---------------------------------------------------------------------------------------------
-# 1. the causal top-k selection
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- causal-topk
 
 def _topk_cases():
     cases = []
@@ -124,87 +123,81 @@ _TOPK_MISTAKES = [
 ]
 
 
-@CHECKS("causal-topk")
-def _check_topk(ns):
-    n = check_function(ns, "select_blocks", specs.select_blocks, _topk_cases(), _TOPK_MISTAKES, rtol=0, atol=0)
-    return (f"{n} selections equal the indexer's causal top-k (3-D and 4-D scores, -inf blocks, negative scores, "
-            f"topk above the number of blocks, n_q_blocks != n_k_blocks)")
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. the selected-block kernel
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- selected-kernel
 
 _BUDGET = "Q read once, K and V of each selected block once per query block that selected it, O written once"
 
-# (label, BH, N, D, BLOCK, topk, amplitude of q and k): the first two have no ragged block, so an out-of-bounds
-# load there comes from a -1 slot read as a block, not from the end of the sequence
-_KERNEL_CASES = [("BH=2, N=64, D=16, BLOCK=16, topk=1 (the diagonal block only)", 2, 64, 16, 16, 1, 1.0),
-                 ("BH=2, N=64, D=16, BLOCK=16, topk=2 (query block 0 has a -1 slot)", 2, 64, 16, 16, 2, 1.0),
-                 ("BH=2, N=50, D=16, BLOCK=16, topk=3, ragged N", 2, 50, 16, 16, 3, 1.0),
-                 ("BH=1, N=80, D=16, BLOCK=16, topk=5 (every past block: causal attention)", 1, 80, 16, 16, 5, 1.0),
-                 ("BH=3, N=72, D=32, BLOCK=16, topk=2, large scores", 3, 72, 32, 16, 2, 5.0),
-                 ("BH=2, N=70, D=16, BLOCK=32, topk=2, ragged N", 2, 70, 16, 32, 2, 1.0)]
-_KERNEL_SCALES = (0.3, 0.55, 0.2, 0.4, 0.12, 0.35)
+# (label, BH, N, D, BLOCK, topk, amplitude of q and k, scale): the first two have no ragged block, so an
+# out-of-bounds load there comes from a -1 slot read as a block, not from the end of the sequence
+_KERNEL_CASES = [("BH=2, N=64, D=16, BLOCK=16, topk=1 (the diagonal block only)", 2, 64, 16, 16, 1, 1.0, 0.3),
+                 ("BH=2, N=64, D=16, BLOCK=16, topk=2 (query block 0 has a -1 slot)", 2, 64, 16, 16, 2, 1.0, 0.55),
+                 ("BH=2, N=50, D=16, BLOCK=16, topk=3, ragged N", 2, 50, 16, 16, 3, 1.0, 0.2),
+                 ("BH=1, N=80, D=16, BLOCK=16, topk=5 (every past block: causal attention)", 1, 80, 16, 16, 5, 1.0,
+                  0.4),
+                 ("BH=3, N=72, D=32, BLOCK=16, topk=2, large scores", 3, 72, 32, 16, 2, 5.0, 0.12),
+                 ("BH=2, N=70, D=16, BLOCK=32, topk=2, ragged N", 2, 70, 16, 32, 2, 1.0, 0.35)]
 
 
-def _kernel_cases():
-    cases = []
-    for seed, (label, bh, n, d, bs, topk, amp) in enumerate(_KERNEL_CASES):
+def _rows_in(j, block, n):
+    return max(0, min(n, (j + 1) * block) - j * block)
+
+
+def _launches():
+    """One :class:`Launch` per case: q, k, v and o each inside sentinel memory with 16 extra rows per head, one
+    program per (query block, head), the selection of each head made by the library's ``select_blocks``."""
+    launches = []
+    for seed, (label, bh, n, d, bs, topk, amp, scale) in enumerate(_KERNEL_CASES):
         g = _gen(12_100 + seed)
         q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
         nqb = cdiv(n, bs)
         block_indices = specs.select_blocks(_randn(g, bh, nqb, nqb), topk)     # (BH, nqb, topk), per head
-        scale = _KERNEL_SCALES[seed % len(_KERNEL_SCALES)]
-        cases.append((f"{label}, scale={scale}", q, k, v, scale, block_indices, bs))
-    return cases
+        buffers = {**{name: {"data": x, "pad_rows": 16} for name, x in zip("qkv", (q, k, v))},
+                   "o": {"shape": list(q.shape), "output": True, "pad_rows": 16}}
+        args = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None],
+                ["dev", block_indices.contiguous()], ["stride", "o", 0], ["stride", "o", 1], ["val", n], ["val", nqb],
+                ["val", topk], ["val", scale]]
+        kv = sum(_rows_in(j, bs, n) for j in block_indices.flatten().tolist() if j >= 0) * d * 4
+        qo = bh * n * d * 4
+        launches.append(Launch(f"{label}, scale={scale}", buffers, (nqb, bh), args, {"HEAD_DIM": d, "BLOCK": bs},
+                               {"o": specs.selected_attention(q, k, v, block_indices, bs, scale)},
+                               (q, k, v, scale, block_indices, bs), ("Q", "K", "V", "scale", "block_indices", "BLOCK"),
+                               {"q": (qo, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, qo)}))
+    return launches
 
 
 def _selected_with(pad="skip", causal="le", rescale=True, counter=False, head_zero=False, drop_last=False,
                    scale_arg=True):
-    """A wrong kernel, as the kernel computes it: per (head, query block) lesson 07's online softmax over the
-    slots of its list, in slot order. q, k, v (BH, N, D); block_indices (BH, n_qb, topk)."""
+    """A wrong kernel, as the kernel computes it: every (head, query block) at once, lesson 07's online softmax
+    over the slots of its list, in slot order. q, k, v (BH, N, D); block_indices (BH, n_qb, topk)."""
     def impl(q, k, v, scale, block_indices, block):
         bh, n, d = q.shape
-        nqb = cdiv(n, block)
-        topk = block_indices.shape[-1]
-        if not scale_arg:
-            scale = d ** -0.5
-        kp, vp = k.new_zeros(bh, nqb * block, d), v.new_zeros(bh, nqb * block, d)
-        kp[:, :n], vp[:, :n] = k, v
-        qp = q.new_zeros(bh, nqb * block, d)
-        qp[:, :n] = q
-        out = torch.empty(bh, nqb * block, d)
-        for h in range(bh):
-            for m in range(nqb):
-                rows = torch.arange(m * block, (m + 1) * block)
-                m_i = torch.full((block,), NEG_INF)
-                l_i = torch.zeros(block)
-                acc = torch.zeros(block, d)
-                for slot in range(topk - 1 if drop_last else topk):
-                    j = slot if counter else int(block_indices[0 if head_zero else h, m, slot])
-                    if j < 0:
-                        if pad == "skip":
-                            continue
-                        j = 0
-                    if j >= nqb:   # past the keys: every load masked, every score -inf
-                        continue
-                    cols = torch.arange(j * block, (j + 1) * block)
-                    s = qp[h, rows] @ kp[h, cols].T * scale
-                    s = s.masked_fill(cols[None, :] >= n, NEG_INF)
-                    if causal == "le":
-                        s = s.masked_fill(cols[None, :] > rows[:, None], NEG_INF)
-                    elif causal == "lt":
-                        s = s.masked_fill(cols[None, :] >= rows[:, None], NEG_INF)
-                    m_new = torch.maximum(m_i, s.amax(1))
-                    m_safe = torch.where(m_new == NEG_INF, torch.zeros_like(m_new), m_new)
-                    alpha = torch.exp(m_i - m_safe)
-                    p = torch.exp(s - m_safe[:, None])
-                    l_i = l_i * alpha + p.sum(1)
-                    acc = (acc * alpha[:, None] if rescale else acc) + p @ vp[h, cols]
-                    m_i = m_new
-                out[h, rows] = acc / l_i[:, None]
-        return out[:, :n]
+        nqb, topk = cdiv(n, block), block_indices.shape[-1]
+        scale = scale if scale_arg else d ** -0.5
+        qb, kb, vb = (F.pad(x, (0, 0, 0, nqb * block - n)).view(bh, nqb, block, d) for x in (q, k, v))
+        ids = block_indices[:1].expand(bh, -1, -1) if head_zero else block_indices
+        ids = torch.arange(topk).expand(bh, nqb, topk) if counter else ids.long()
+        rows = torch.arange(nqb * block).view(nqb, block, 1)
+        m_i, l_i = torch.full((bh, nqb, block), NEG_INF), torch.zeros(bh, nqb, block)
+        acc = torch.zeros(bh, nqb, block, d)
+        for slot in range(topk - 1 if drop_last else topk):
+            j = ids[..., slot].clamp(min=0) if pad == "zero" else ids[..., slot]      # (BH, nqb)
+            live = (j >= 0) & (j < nqb)          # a skipped slot, or one past the keys (every score -inf)
+            jj = j.clamp(0, nqb - 1)
+            kj, vj = (x[torch.arange(bh)[:, None], jj] for x in (kb, vb))             # (BH, nqb, BLOCK, D)
+            cols = (jj[..., None] * block + torch.arange(block))[..., None, :]         # (BH, nqb, 1, BLOCK)
+            s = (qb @ kj.transpose(-1, -2) * scale).masked_fill((cols >= n) | ~live[..., None, None], NEG_INF)
+            if causal == "le":
+                s = s.masked_fill(cols > rows, NEG_INF)
+            elif causal == "lt":
+                s = s.masked_fill(cols >= rows, NEG_INF)
+            m_new = torch.maximum(m_i, s.amax(-1))
+            m_safe = torch.where(m_new == NEG_INF, torch.zeros_like(m_new), m_new)
+            alpha = torch.exp(m_i - m_safe)
+            p = torch.exp(s - m_safe[..., None])
+            l_i = l_i * alpha + p.sum(-1)
+            acc = (acc * alpha[..., None] if rescale else acc) + p @ vj
+            m_i = m_new
+        return (acc / l_i[..., None]).view(bh, nqb * block, d)[:, :n]
     return impl
 
 
@@ -238,16 +231,6 @@ UNSELECTED_LOADED = Mistake(
     "j = block_indices[..., i] for each slot with j >= 0", None)
 
 
-def _attention_buffers(q, k, v, pad_rows=16):
-    """q, k, v and the output o, each inside sentinel memory with ``pad_rows`` extra rows per head."""
-    return {"q": {"data": q, "pad_rows": pad_rows}, "k": {"data": k, "pad_rows": pad_rows},
-            "v": {"data": v, "pad_rows": pad_rows}, "o": {"shape": list(q.shape), "output": True, "pad_rows": pad_rows}}
-
-
-def _rows_in(j, block, n):
-    return max(0, min(n, (j + 1) * block) - j * block)
-
-
 def _stray(loaded, block_indices, block, n, what):
     """None when each program loaded only rows of its own head's selected blocks, else a sentence."""
     for (pid_m, pid_h), seen in sorted((tuple(p[:2]), s) for p, s in loaded.items()):
@@ -262,45 +245,39 @@ def _stray(loaded, block_indices, block, n, what):
     return None
 
 
-@CHECKS("selected-kernel")
-def _check_kernel(ns):
+_KERNEL = Kernel("selected_attn_kernel", _launches, _KERNEL_MISTAKES, budget_says=_BUDGET, uses_dot=True)
+
+
+def _measure_kernel(learner):
+    """Each launch's output (:func:`attnlab.grading.engine.launch`), then in the interpreter which blocks each
+    program loaded and the bytes of the budget; a -1 slot read is named where no block is ragged."""
     traced = False
-    cases = _kernel_cases()
-    for label, q, k, v, scale, block_indices, bs in cases:
-        bh, n, d = q.shape
-        nqb, topk = block_indices.shape[-2:]
-        args = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None],
-                ["dev", block_indices.contiguous()], ["stride", "o", 0], ["stride", "o", 1], ["val", n], ["val", nqb],
-                ["val", topk], ["val", scale]]
+    launches = _launches()
+    for case in launches:
+        q, _k, _v, _scale, block_indices, bs = case.inputs
+        n, d = q.shape[1:]
         loads, traffic = {"k": None, "v": None}, {}
         try:
-            got = run_guarded(ns, "selected_attn_kernel", label, _attention_buffers(q, k, v), (nqb, bh), args,
-                              {"HEAD_DIM": d, "BLOCK": bs}, ["o"], loads=loads, traffic=traffic)["o"]
+            launch(learner, _KERNEL, case, traffic, loads)
         except Fail as exc:
             if any(m.key == "out-of-bounds-load" for m in exc.mistakes) and n % bs == 0 and \
                     bool((block_indices < 0).any()):
                 exc.mistakes.insert(0, PADDING_READ)   # no ragged block here: the stray rows are a -1 slot's
             raise
-        want = specs.selected_attention(q, k, v, block_indices, bs, scale)
-        named, mistakes = labelled(("Q", "K", "V", "scale", "block_indices", "BLOCK"),
-                                   (q, k, v, scale, block_indices, bs), _KERNEL_MISTAKES)
-        kernel_failure(label, "selected_attn_kernel", got, want, mistakes, (), named, uses_dot=True)
         if loads["k"] is not None:   # the interpreter recorded every load (no such record on a GPU)
             for name in ("k", "v"):
                 why = _stray(loads[name], block_indices, bs, n, name.upper())
                 if why:
-                    raise Fail(f"`selected_attn_kernel` on {label}: {why}", [UNSELECTED_LOADED])
-        kv = sum(_rows_in(j, bs, n) for j in block_indices.flatten().tolist() if j >= 0) * d * 4
-        qo = bh * n * d * 4
+                    raise Fail(f"`{_KERNEL.name}` on {case.label}: {why}", [UNSELECTED_LOADED])
         try:
-            traced = check_traffic("selected_attn_kernel", label, traffic,
-                                   {"q": (qo, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, qo)}, says=_BUDGET) or traced
+            traced = check_traffic(_KERNEL.name, case.label, traffic, case.budget, says=_BUDGET) or traced
         except Fail as exc:   # block 0 once more for every -1 slot: the signature of a -1 read as block 0
             pads = int((block_indices < 0).sum())
-            if pads and traffic.get("k", {}).get("load_bytes", 0) - kv == pads * _rows_in(0, bs, n) * d * 4:
+            if pads and traffic.get("k", {}).get("load_bytes", 0) - case.budget["k"][0] == \
+                    pads * _rows_in(0, bs, n) * d * 4:
                 exc.mistakes.insert(0, _KERNEL_MISTAKES[0])
             raise
-    done = (f"{len(cases)} launches match selected attention (causal, -1 slots, ragged N, topk up to every past "
+    done = (f"{len(launches)} launches match selected attention (causal, -1 slots, ragged N, topk up to every past "
             f"block, a scale)")
     if not traced:
         return done + "; that unselected blocks are never loaded, and the byte budget, are checked only in " \
@@ -308,36 +285,39 @@ def _check_kernel(ns):
     return done + ", loading K and V of the selected blocks only, each once per query block"
 
 
-# ---------------------------------------------------------------------------------------------
-# 3-4. the gated delta rule: inputs shared by both forms
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- delta-recurrence
 
 def _delta_inputs(g, B, H, N, dk, dv, gate="mild", init=False):
     """q, k (unit-norm keys, as Gated DeltaNet normalises them), v, beta in (0, 1), g <= 0 (or None), state."""
     q = _randn(g, B, H, N, dk)
-    k = torch.nn.functional.normalize(_randn(g, B, H, N, dk), dim=-1)
+    k = F.normalize(_randn(g, B, H, N, dk), dim=-1)
     v = _randn(g, B, H, N, dv)
     beta = torch.sigmoid(_randn(g, B, H, N))
-    gates = None if gate is None else torch.nn.functional.logsigmoid(_randn(g, B, H, N) + (3.0 if gate == "mild"
-                                                                                              else -2.0))
+    gates = None if gate is None else F.logsigmoid(_randn(g, B, H, N) + (3.0 if gate == "mild" else -2.0))
     state = _randn(g, B, H, dk, dv, scale=0.5) if init else None
     return q, k, v, beta, gates, state
 
 
-def _recurrence_cases():
+def _delta_cases(seed0, rows):
+    """Both forms' cases from rows (label, (B, H, N, d_k, d_v[, chunk_size]), gate, initial state?, scale): the
+    recurrence takes g as a keyword, the chunked form g and the chunk size after beta."""
     cases = []
-    for seed, (label, (B, H, N, dk, dv), gate, init, scale) in enumerate([
-            ("B=1, H=1, N=6, d_k=d_v=4, no gate (g=None)", (1, 1, 6, 4, 4), None, False, None),
-            ("B=2, H=2, N=9, d_k=d_v=8, gated", (2, 2, 9, 8, 8), "mild", False, None),
-            ("B=1, H=2, N=7, d_k=4, d_v=6, gated, scale=0.3", (1, 2, 7, 4, 6), "mild", False, 0.3),
-            ("B=2, H=1, N=8, d_k=d_v=4, gated, an initial state", (2, 1, 8, 4, 4), "mild", True, None),
-            ("B=1, H=2, N=10, d_k=6, d_v=4, strong gates (g ~ -2), an initial state", (1, 2, 10, 6, 4), "strong",
-             True, None)]):
-        q, k, v, beta, gates, state = _delta_inputs(_gen(12_200 + seed), B, H, N, dk, dv, gate, init)
-        kwargs = {"g": gates, **({} if scale is None else {"scale": scale}),
-                  **({} if state is None else {"initial_state": state})}
-        cases.append((label, (q, k, v, beta), kwargs))
+    for seed, (label, (B, H, N, dk, dv, *chunk), gate, init, scale) in enumerate(rows):
+        q, k, v, beta, gates, state = _delta_inputs(_gen(seed0 + seed), B, H, N, dk, dv, gate, init)
+        kwargs = {**({} if scale is None else {"scale": scale}), **({} if state is None else {"initial_state": state})}
+        if chunk:
+            cases.append((label, (q, k, v, beta, gates, *chunk), kwargs))
+        else:
+            cases.append((label, (q, k, v, beta), {"g": gates, **kwargs}))
     return cases
+
+
+_RECURRENCE_CASES = [
+    ("B=1, H=1, N=6, d_k=d_v=4, no gate (g=None)", (1, 1, 6, 4, 4), None, False, None),
+    ("B=2, H=2, N=9, d_k=d_v=8, gated", (2, 2, 9, 8, 8), "mild", False, None),
+    ("B=1, H=2, N=7, d_k=4, d_v=6, gated, scale=0.3", (1, 2, 7, 4, 6), "mild", False, 0.3),
+    ("B=2, H=1, N=8, d_k=d_v=4, gated, an initial state", (2, 1, 8, 4, 4), "mild", True, None),
+    ("B=1, H=2, N=10, d_k=6, d_v=4, strong gates (g ~ -2), an initial state", (1, 2, 10, 6, 4), "strong", True, None)]
 
 
 def _read(S, x, transposed=False):
@@ -397,32 +377,17 @@ _RECURRENCE_MISTAKES = [
 ]
 
 
-@CHECKS("delta-recurrence")
-def _check_recurrence(ns):
-    n = check_function(ns, "delta_recurrence", specs.delta_recurrence, _recurrence_cases(), _RECURRENCE_MISTAKES)
-    return f"{n} cases match the gated delta rule, output and final state (gates, d_k != d_v, initial states, a scale)"
+# ----------------------------------------------------------------------------- delta-chunked
 
-
-# ---------------------------------------------------------------------------------------------
-# 4. the chunkwise form
-# ---------------------------------------------------------------------------------------------
-
-def _chunked_cases():
-    cases = []
-    for seed, (label, (B, H, N, dk, dv, C), gate, init, scale) in enumerate([
-            ("B=1, H=1, N=10, d_k=d_v=4, chunks of 4 (4, 4, 2), gated", (1, 1, 10, 4, 4, 4), "mild", False, None),
-            ("B=2, H=2, N=37, d_k=d_v=8, chunks of 8, gated, an initial state", (2, 2, 37, 8, 8, 8), "mild", True,
-             None),
-            ("B=1, H=2, N=16, d_k=d_v=8, one chunk of 16, no gate", (1, 2, 16, 8, 8, 16), None, False, None),
-            ("B=1, H=1, N=5, d_k=d_v=4, chunk_size=8 > N, gated", (1, 1, 5, 4, 4, 8), "mild", False, None),
-            ("B=1, H=1, N=12, d_k=d_v=4, chunk_size=1", (1, 1, 12, 4, 4, 1), "mild", True, None),
-            ("B=1, H=2, N=23, d_k=4, d_v=6, chunks of 5, scale=0.7", (1, 2, 23, 4, 6, 5), "mild", False, 0.7),
-            ("B=1, H=1, N=64, d_k=d_v=8, chunks of 16, strong gates (g ~ -2), an initial state",
-             (1, 1, 64, 8, 8, 16), "strong", True, None)]):
-        q, k, v, beta, gates, state = _delta_inputs(_gen(12_300 + seed), B, H, N, dk, dv, gate, init)
-        kwargs = {**({} if scale is None else {"scale": scale}), **({} if state is None else {"initial_state": state})}
-        cases.append((label, (q, k, v, beta, gates, C), kwargs))
-    return cases
+_CHUNKED_CASES = [
+    ("B=1, H=1, N=10, d_k=d_v=4, chunks of 4 (4, 4, 2), gated", (1, 1, 10, 4, 4, 4), "mild", False, None),
+    ("B=2, H=2, N=37, d_k=d_v=8, chunks of 8, gated, an initial state", (2, 2, 37, 8, 8, 8), "mild", True, None),
+    ("B=1, H=2, N=16, d_k=d_v=8, one chunk of 16, no gate", (1, 2, 16, 8, 8, 16), None, False, None),
+    ("B=1, H=1, N=5, d_k=d_v=4, chunk_size=8 > N, gated", (1, 1, 5, 4, 4, 8), "mild", False, None),
+    ("B=1, H=1, N=12, d_k=d_v=4, chunk_size=1", (1, 1, 12, 4, 4, 1), "mild", True, None),
+    ("B=1, H=2, N=23, d_k=4, d_v=6, chunks of 5, scale=0.7", (1, 2, 23, 4, 6, 5), "mild", False, 0.7),
+    ("B=1, H=1, N=64, d_k=d_v=8, chunks of 16, strong gates (g ~ -2), an initial state", (1, 1, 64, 8, 8, 16),
+     "strong", True, None)]
 
 
 def _chunked_with(cumulative=True, carry=True, inter=True, intra_diagonal=True, a_strict=True, ws0=True,
@@ -498,7 +463,15 @@ NOT_CHUNKED = [
 ]
 
 
-def _check_peak(learner):
+_CHUNKED = Function("delta_chunkwise", specs.delta_chunkwise, lambda: _delta_cases(12_300, _CHUNKED_CASES),
+                    _CHUNKED_MISTAKES, rtol=1e-4, atol=1e-4,
+                    says="{n} cases equal the recurrence (ragged N, chunk sizes 1 to > N, gates, initial states, "
+                         "d_k != d_v)")
+
+
+def _measure_chunked(learner):
+    """The numbers (:data:`_CHUNKED`), then the peak memory of one long call."""
+    numbers = run(_CHUNKED, learner)
     B, H, N, dk, dv, C = PEAK_CASE
     q, k, v, beta, gates, _ = _delta_inputs(_gen(12_390), B, H, N, dk, dv, "mild")
     label = f"B={B}, H={H}, N={N}, d_k=d_v={dk}, chunk_size={C}"
@@ -509,29 +482,11 @@ def _check_peak(learner):
                    f"call, where an N x N matrix is {4 * N * N / 2**20:.0f} MiB, a state per token "
                    f"{4 * N * dk * dv / 2**20:.0f} MiB, and a chunkwise function holds C x C matrices and one state",
                    NOT_CHUNKED)
-    return f"no N x N matrix and no state per token held at N={N} (peak memory growth under {PEAK_LIMIT // 2**20} MiB)"
+    return (f"{numbers}; no N x N matrix and no state per token held at N={N} (peak memory growth under "
+            f"{PEAK_LIMIT // 2**20} MiB)")
 
 
-@CHECKS("delta-chunked")
-def _check_chunked(ns):
-    n = check_function(ns, "delta_chunkwise", specs.delta_chunkwise, _chunked_cases(), _CHUNKED_MISTAKES,
-                       rtol=1e-4, atol=1e-4)
-    return (f"{n} cases equal the recurrence (ragged N, chunk sizes 1 to > N, gates, initial states, d_k != d_v); "
-            f"{_check_peak(ns)}")
-
-
-# ---------------------------------------------------------------------------------------------
-# 5. the experiment: a state against a cache
-# ---------------------------------------------------------------------------------------------
-
-def _experiment_case():
-    g = _gen(12_400)
-    heads = [2, 4, 6][int(torch.randint(0, 3, (1,), generator=g))]
-    kv_heads = [h for h in range(1, heads) if heads % h == 0][-1]           # grouped-query: fewer KV heads
-    d = [8, 16, 32][int(torch.randint(0, 3, (1,), generator=g))]
-    contexts = sorted(int(x) + 1 for x in torch.randperm(400, generator=g)[:3])
-    return contexts, heads, kv_heads, d
-
+# ----------------------------------------------------------------------------- state-vs-cache
 
 def _bytes_with(cache="kv", cache_e=2, cache_heads="kv", state_e=4, state="one", swapped=False):
     def impl(contexts, heads, kv_heads, d):
@@ -559,13 +514,31 @@ _BYTES_MISTAKES = [
 ]
 
 
-@CHECKS("state-vs-cache")
-def _check_bytes(ns):
-    contexts, heads, kv_heads, d = _experiment_case()
+def _measure_bytes(learner):
+    """The learner's measured bytes against the grader's count, at parameters drawn from the grader's seed."""
+    g = _gen(12_400)
+    heads = [2, 4, 6][int(torch.randint(0, 3, (1,), generator=g))]
+    kv_heads = [h for h in range(1, heads) if heads % h == 0][-1]           # grouped-query: fewer KV heads
+    d = [8, 16, 32][int(torch.randint(0, 3, (1,), generator=g))]
+    contexts = sorted(int(x) + 1 for x in torch.randperm(400, generator=g)[:3])
     label = f"contexts {contexts}, heads={heads}, kv_heads={kv_heads}, d={d}"
-    check_function(ns, "state_vs_cache", specs.state_vs_cache, [(label, (contexts, heads, kv_heads, d), {})],
+    check_function(learner, "state_vs_cache", specs.state_vs_cache, [(label, (contexts, heads, kv_heads, d), {})],
                    _BYTES_MISTAKES, rtol=0, atol=0)
     cache, state = specs.state_vs_cache(contexts, heads, kv_heads, d)
     cross = math.ceil(int(state[0]) / (int(cache[0]) // contexts[0]))
     return (f"your measured bytes equal the grader's count exactly ({label}): the cache passes the state at "
             f"L = {cross} tokens")
+
+
+TABLES = {
+    "causal-topk": Function("select_blocks", specs.select_blocks, _topk_cases, _TOPK_MISTAKES, rtol=0, atol=0,
+                            says="{n} selections equal the indexer's causal top-k (3-D and 4-D scores, -inf blocks, "
+                                 "negative scores, topk above the number of blocks, n_q_blocks != n_k_blocks)"),
+    "selected-kernel": Measured("kernel", _measure_kernel, {"selected_attn_kernel": _KERNEL_MISTAKES}),
+    "delta-recurrence": Function("delta_recurrence", specs.delta_recurrence,
+                                 lambda: _delta_cases(12_200, _RECURRENCE_CASES), _RECURRENCE_MISTAKES,
+                                 says="{n} cases match the gated delta rule, output and final state (gates, "
+                                      "d_k != d_v, initial states, a scale)"),
+    "delta-chunked": Measured("peak-memory", _measure_chunked, {"delta_chunkwise": _CHUNKED_MISTAKES}),
+    "state-vs-cache": Measured("experiment", _measure_bytes, {"state_vs_cache": _BYTES_MISTAKES}),
+}
