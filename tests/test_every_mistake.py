@@ -38,18 +38,18 @@ from mistakes import GENERIC, reference_names, spec_of
 
 # (part, list) -> the function a list stands for, where more than one of the part's functions has its signature
 FUNCTION_OF = {
-    ("attention-bytes", "_STEP_MISTAKES"): "step_bytes",
-    ("attention-bytes", "_TOTAL_MISTAKES"): "attention_bytes",
-    ("tiled-forward", "_OUT_MISTAKES"): "tiled_attention_forward",  # (O, L): flash_attention_pytorch returns O
-    ("tiled-forward", "_LSE_MISTAKES"): "tiled_attention_forward",
 }
 
 # (part, list) -> why its emulations cannot stand in for the part's function
 NOT_A_STAND_IN = {
-    ("naive-time-experiment", "_PREDICT_MISTAKES"): "predict_naive_time's mistakes, matched against the experiment's "
-                                                    "predicted_seconds; the rest of the experiment is timings",
-    ("ring-group", "_GROUP_MISTAKES"): "each plays every rank of the group at once (shards -> one (O, L) per rank); "
-                                       "the learner's ring_forward is one rank, run in a process group",
+    ("naive-time-experiment", "(predicted_seconds)"): "predict_naive_time's mistakes, matched against the "
+                                                      "experiment's predicted_seconds from the learner's own rates",
+    ("naive-time-experiment", "(flop_rate)"): "each the flop_rate it gives from the learner's own matmul_seconds",
+    ("naive-time-experiment", "(bandwidth)"): "each the bandwidth it gives from the learner's own copy_seconds",
+    ("naive-time-experiment", "(timings)"): "each the learner's timing in a wrong unit, from the grader's own "
+                                            "measurement in seconds",
+    ("ring-group", "(every rank at once)"): "each plays every rank of the group at once (shards -> one (O, L) per "
+                                            "rank); the learner's ring_forward is one rank, run in a process group",
 }
 
 # graded parts that are not kernel parts and have no emulated mistake: their mistakes are judged from

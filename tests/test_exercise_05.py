@@ -31,7 +31,8 @@ def _right_prediction(batch, heads, n, d, flop_rate, bandwidth, element_size=4):
 # --- naive-time-experiment: a learner's experiment with one thing wrong -------------------------------------
 
 
-def _experiment(flops_per_matmul=2, copy_passes=2, units=1.0, rate_units=1.0, predict=_right_prediction):
+def _experiment(flops_per_matmul=2, copy_passes=2, units=1.0, rate=lambda work, seconds: work / seconds,
+                predict=_right_prediction):
     def naive_time_experiment(seed, n=1024, heads=4, d=64, repeats=5):
         g = torch.Generator().manual_seed(seed)
         a = torch.randn(1024, 1024, generator=g)
@@ -39,8 +40,8 @@ def _experiment(flops_per_matmul=2, copy_passes=2, units=1.0, rate_units=1.0, pr
         src = torch.ones(32 * 2**20 // 4)
         dst = torch.empty_like(src).zero_()
         copy_s = time_call(dst.copy_, src, repeats=repeats, reduce="min") * units
-        flop_rate = flops_per_matmul * 1024**3 / matmul_s / rate_units
-        bandwidth = copy_passes * 32 * 2**20 / copy_s / rate_units
+        flop_rate = rate(flops_per_matmul * 1024**3, matmul_s)
+        bandwidth = rate(copy_passes * 32 * 2**20, copy_s)
         predicted = predict(1, heads, n, d, flop_rate, bandwidth)
         q, k, v = (torch.randn(1, heads, n, d, generator=g) for _ in range(3))
 
@@ -54,8 +55,11 @@ def _experiment(flops_per_matmul=2, copy_passes=2, units=1.0, rate_units=1.0, pr
 
 WRONG.add("naive-time-experiment", "matmul-flops-once", naive_time_experiment=_experiment(flops_per_matmul=1))
 WRONG.add("naive-time-experiment", "copy-counted-once", naive_time_experiment=_experiment(copy_passes=1))
-WRONG.add("naive-time-experiment", "giga-units", naive_time_experiment=_experiment(rate_units=1e9))
+WRONG.add("naive-time-experiment", "giga-units", naive_time_experiment=_experiment(rate=lambda w, s: w / s / 1e9))
+WRONG.add("naive-time-experiment", "rate-inverted", naive_time_experiment=_experiment(rate=lambda w, s: s / w))
 WRONG.add("naive-time-experiment", "milliseconds", naive_time_experiment=_experiment(units=1e3))
+WRONG.add("naive-time-experiment", "microseconds", naive_time_experiment=_experiment(units=1e6))
+WRONG.add("naive-time-experiment", "nanoseconds", naive_time_experiment=_experiment(units=1e9))
 WRONG.add("naive-time-experiment", "no-overlap", naive_time_experiment=_experiment(
     predict=lambda b, h, n, d, p, w: sum(f / p + (r + wr) / w for f, (r, wr) in zip(
         (2 * b * h * n * n * d, 0, 2 * b * h * n * n * d), specs.step_bytes(b, h, n, d)))))

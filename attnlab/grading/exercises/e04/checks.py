@@ -1,30 +1,34 @@
-"""The checks of exercise 04_multi_head (one ``@CHECKS(part id)`` per graded part)."""
+"""The checks of exercise 04_multi_head: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``."""
 
 import functools
 import math
+from dataclasses import replace
 
 import torch
 
 from attnlab.attention import causal_mask
-from attnlab.grading.core import (Mistake, NotDone, Registry, check_function, check_in_order, gen as _gen,
-                                  randn as _randn, salted_ints)
+from attnlab.grading import engine
+from attnlab.grading.core import Mistake, NotDone, gen as _gen, randn as _randn, salted_ints
+from attnlab.grading.engine import Function, Measured
 from attnlab.grading.exercises.e04 import spec as specs
 
-CHECKS = Registry()
+
+def in_turn(says, *tables):
+    """A part that checks several of the learner's functions, one :class:`Function` table each, in turn (the
+    engine's Function is one function): it passes when all do; ``says``: the pass message, ``{n}`` the number of
+    cases of all of them together. (Exercise 05 uses it too; a capability the engine could take over.)"""
+    def measure(learner):
+        return says.format(n=sum(int(engine.run(replace(t, says="{n}"), learner)) for t in tables))
+    return Measured("function", measure, {t.name: list(t.mistakes) for t in tables})
 
 
-# ---------------------------------------------------------------------------------------------
-# split-heads, merge-heads
-# ---------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------- split-heads, merge-heads
 
 def _split_cases():
-    cases = []
     shapes = [(2, 5, 12, 3, ""), (1, 4, 8, 2, ""), (3, 6, 16, 4, ", d_head = h"), (2, 3, 6, 1, ", one head"),
               (1, 3, 4, 4, ", d_head = 1")]
-    for seed, (b, n, d, h, note) in enumerate(shapes):
-        g = _gen(800 + seed)
-        cases.append((f"x of shape ({b}, {n}, {d}), {h} heads{note}", (_randn(g, b, n, d), h), {}))
-    return cases
+    return [(f"x of shape ({b}, {n}, {d}), {h} heads{note}", (_randn(_gen(800 + seed), b, n, d), h), {})
+            for seed, (b, n, d, h, note) in enumerate(shapes)]
 
 
 def _view(x, h):
@@ -50,19 +54,11 @@ _SPLIT_MISTAKES = [
 ]
 
 
-@CHECKS("split-heads")
-def _check_split(ns):
-    n = check_function(ns, "split_heads", specs.split_heads, _split_cases(), _SPLIT_MISTAKES, rtol=0, atol=0)
-    return f"{n} cases match the spec (1 head, d_head = 1 and d_head = h among them)"
-
-
 def _merge_cases():
-    cases = []
-    for seed, (b, h, n, dh, note) in enumerate([(2, 3, 5, 4, ""), (1, 2, 4, 4, ""), (3, 4, 6, 2, ""),
-                                                (2, 1, 3, 5, ", one head"), (1, 4, 3, 1, ", d_head = 1")]):
-        g = _gen(900 + seed)
-        cases.append((f"x of shape ({b}, {h}, {n}, {dh}){note}", (_randn(g, b, h, n, dh),), {}))
-    return cases
+    shapes = [(2, 3, 5, 4, ""), (1, 2, 4, 4, ""), (3, 4, 6, 2, ""), (2, 1, 3, 5, ", one head"),
+              (1, 4, 3, 1, ", d_head = 1")]
+    return [(f"x of shape ({b}, {h}, {n}, {dh}){note}", (_randn(_gen(900 + seed), b, h, n, dh),), {})
+            for seed, (b, h, n, dh, note) in enumerate(shapes)]
 
 
 _MERGE_MISTAKES = [
@@ -79,15 +75,7 @@ _MERGE_MISTAKES = [
 ]
 
 
-@CHECKS("merge-heads")
-def _check_merge(ns):
-    n = check_function(ns, "merge_heads", specs.merge_heads, _merge_cases(), _MERGE_MISTAKES, rtol=0, atol=0)
-    return f"{n} cases match the spec"
-
-
-# ---------------------------------------------------------------------------------------------
-# mha-forward: the learner's module, built by the notebook's mha_forward with the grader's weights
-# ---------------------------------------------------------------------------------------------
+# -------------------- mha-forward: the learner's module, built by the notebook's mha_forward with the grader's weights
 
 def _state(g, d, bias=True, scale=1.0):
     state = {}
@@ -193,27 +181,26 @@ _MHA_MISTAKES = [
 ]
 
 
-@CHECKS("mha-forward")
-def _check_mha(ns):
-    try:
-        n = check_function(ns, "mha_forward", specs.mha_forward, _mha_cases(), _MHA_MISTAKES)
-    except NotDone as exc:   # the given mha_forward is there; what is missing is the learner's module
-        raise NotDone(exc.message.replace("`mha_forward` is not implemented yet", "your `MultiHeadAttention` is not "
-                                          "implemented yet")) from None
-    return f"{n} cases match the spec: masks, causal, cross-attention, fully masked rows, no biases, large logits"
+def _module_written(table):
+    """``table``, whose function (mha_forward) the notebook gives: what is not implemented yet is the learner's
+    module, which it builds."""
+    def measure(learner):
+        try:
+            return engine.run(table, learner)
+        except NotDone as exc:
+            raise NotDone(exc.message.replace(f"`{table.name}` is not implemented yet",
+                                              "your `MultiHeadAttention` is not implemented yet")) from None
+    return Measured("function", measure, {table.name: list(table.mistakes)})
 
 
-# ---------------------------------------------------------------------------------------------
-# mha-cost
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------ mha-cost
 
-_PARAM_CASES = [
-    ("d_model=512, 8 heads", (512, 8), {}),
-    ("d_model=512, 1 head", (512, 1), {}),
-    ("d_model=64, 4 heads, bias=False", (64, 4), {"bias": False}),
-    ("d_model=96, 12 heads", (96, 12), {"bias": True}),
-    ("d_model=6, 3 heads", (6, 3), {}),
-]
+def _param_cases():
+    h, k = salted_ints(4100, (2, 6), (1, 9))   # and one size no one knows
+    return [("d_model=512, 8 heads", (512, 8), {}), ("d_model=512, 1 head", (512, 1), {}),
+            ("d_model=64, 4 heads, bias=False", (64, 4), {"bias": False}),
+            ("d_model=96, 12 heads", (96, 12), {"bias": True}), ("d_model=6, 3 heads", (6, 3), {}),
+            (f"d_model={2 * h * k}, {h} heads", (2 * h * k, h), {})]
 
 
 def _params(d, h, bias=True):
@@ -234,13 +221,15 @@ _PARAM_MISTAKES = [
             lambda d, h, bias=True: 4 * d * d + 4 * d),
 ]
 
-_FLOP_CASES = [
-    ("batch=1, n_q=n_k=128, d_model=512, 8 heads", (1, 128, 128, 512, 8), {}),
-    ("batch=1, n_q=n_k=128, d_model=512, 1 head", (1, 128, 128, 512, 1), {}),
-    ("batch=2, n_q=3, n_k=7 (cross-attention), d_model=16, 4 heads", (2, 3, 7, 16, 4), {}),
-    ("batch=4, n_q=n_k=2048, d_model=768, 12 heads", (4, 2048, 2048, 768, 12), {}),
-    ("batch=1, n_q=1000, n_k=10, d_model=64, 2 heads", (1, 1000, 10, 64, 2), {}),
-]
+
+def _flop_cases():
+    b, nq, nk, h, k = salted_ints(4101, (1, 3), (5, 60), (5, 60), (2, 6), (1, 8))
+    return [("batch=1, n_q=n_k=128, d_model=512, 8 heads", (1, 128, 128, 512, 8), {}),
+            ("batch=1, n_q=n_k=128, d_model=512, 1 head", (1, 128, 128, 512, 1), {}),
+            ("batch=2, n_q=3, n_k=7 (cross-attention), d_model=16, 4 heads", (2, 3, 7, 16, 4), {}),
+            ("batch=4, n_q=n_k=2048, d_model=768, 12 heads", (4, 2048, 2048, 768, 12), {}),
+            ("batch=1, n_q=1000, n_k=10, d_model=64, 2 heads", (1, 1000, 10, 64, 2), {}),
+            (f"batch={b}, n_q={nq}, n_k={nk}, d_model={2 * h * k}, {h} heads", (b, nq, nk, 2 * h * k, h), {})]
 
 
 def _flops(b, nq, nk, d, h, *, proj=2, attn=4, kv_rows=None, out=True, attn_width=None):
@@ -277,21 +266,7 @@ _FLOP_MISTAKES = [
 ]
 
 
-@CHECKS("mha-cost")
-def _check_cost(ns):
-    h, k = salted_ints(4100, (2, 6), (1, 9))
-    params = _PARAM_CASES + [(f"d_model={2 * h * k}, {h} heads", (2 * h * k, h), {})]
-    b, nq, nk, h, k = salted_ints(4101, (1, 3), (5, 60), (5, 60), (2, 6), (1, 8))
-    flops = _FLOP_CASES + [(f"batch={b}, n_q={nq}, n_k={nk}, d_model={2 * h * k}, {h} heads", (b, nq, nk, 2 * h * k, h),
-                            {})]
-    n = check_in_order(ns, "mha_parameters", specs.mha_parameters, params, _PARAM_MISTAKES)
-    n += check_in_order(ns, "mha_flops", specs.mha_flops, flops, _FLOP_MISTAKES)
-    return f"{n} cases match torch's own counts (the parameters of the module, FlopCounterMode's FLOPs)"
-
-
-# ---------------------------------------------------------------------------------------------
-# head-specialisation: the learner trains and measures; the grader trains the library's model
-# ---------------------------------------------------------------------------------------------
+# ------------------------- head-specialisation: the learner trains and measures; the grader trains the library's model
 
 TOLERANCE = 0.1   # absolute, on every entry of the (h, 3) profile
 
@@ -317,11 +292,11 @@ def _recomputed(seed, num_heads, steps, *, causal=True, softmax=True):
         return torch.softmax(s, dim=-1) if softmax else s
 
 
-def _untrained(seed, num_heads, steps):
+def _untrained(seed, num_heads=2, steps=200):
     return specs.profile(_recomputed(seed, num_heads, 0))
 
 
-def _summed(seed, num_heads, steps):
+def _summed(seed, num_heads=2, steps=200):
     w = _recomputed(seed, num_heads, steps)
     prev1 = w.diagonal(-1, dim1=-2, dim2=-1)[..., 1:].sum(dim=(0, 2))
     prev2 = w.diagonal(-2, dim1=-2, dim2=-1).sum(dim=(0, 2))
@@ -334,7 +309,7 @@ def _reference(seed, num_heads=2, steps=200):
     return specs.profile(specs.attention_weights(*_trained(seed, num_heads, steps)))
 
 
-def _future(seed, num_heads, steps):
+def _future(seed, num_heads=2, steps=200):
     w = _recomputed(seed, num_heads, steps)
     next1 = w.diagonal(1, dim1=-2, dim2=-1).mean(dim=(0, 2))
     next2 = w.diagonal(2, dim1=-2, dim2=-1).mean(dim=(0, 2))
@@ -342,42 +317,48 @@ def _future(seed, num_heads, steps):
     return rows[rows[:, 0].argsort(descending=True)]
 
 
-def _measured(how, **switches):
-    """A wrong experiment: the grader's trained model, measured by ``how(seed, num_heads, steps, **switches)``."""
-    def impl(seed, num_heads=2, steps=200):
-        return how(seed, num_heads, steps, **switches)
-    return impl
-
-
-def _profile_of(seed, num_heads, steps, **switches):
+def _profile_of(seed, num_heads=2, steps=200, **switches):
+    """A wrong experiment: the grader's trained model, its weights recomputed with ``switches``."""
     return specs.profile(_recomputed(seed, num_heads, steps, **switches))
 
 
-def _averaged(seed, num_heads, steps):
+def _averaged(seed, num_heads=2, steps=200):
     return _reference(seed, num_heads, steps).mean(dim=0, keepdim=True)
 
 
 _HEAD_MISTAKES = [
     Mistake("no-causal-mask", "the weights are recomputed without the causal mask: the model was trained causal, "
-            "so its queries never saw later keys", _measured(_profile_of, causal=False)),
+            "so its queries never saw later keys", functools.partial(_profile_of, causal=False)),
     Mistake("untrained", "this is the profile of the model before training: train it first (train_previous_two)",
-            _measured(_untrained)),
+            _untrained),
     Mistake("no-softmax", "these are raw scores, not attention weights: apply the softmax over the keys",
-            _measured(_profile_of, softmax=False)),
-    Mistake("heads-averaged", "the heads are averaged: return one row per head, shape (h, 3)", _measured(_averaged)),
+            functools.partial(_profile_of, softmax=False)),
+    Mistake("heads-averaged", "the heads are averaged: return one row per head, shape (h, 3)", _averaged),
     Mistake("summed-not-averaged", "the weights are summed over the test sequences and positions: average them "
-            "(each entry is a fraction of a query's weight, between 0 and 1)", _measured(_summed)),
+            "(each entry is a fraction of a query's weight, between 0 and 1)", _summed),
     Mistake("future-diagonal", "diagonal(+1) is key i+1 (after the query, masked): key i-1 is diagonal(-1)",
-            _measured(_future)),
+            _future),
 ]
 
 
-@CHECKS("head-specialisation")
-def _check_heads(ns):
+def _head_cases():
     g = _gen(1200)
     seeds = [int(torch.randint(0, 10_000, (1,), generator=g)) for _ in range(2)]
-    cases = [(f"seed={s}, 2 heads, 200 steps", (s,), {"num_heads": 2, "steps": 200}) for s in seeds]
-    n = check_function(ns, "head_specialisation", _reference, cases, _HEAD_MISTAKES, rtol=0,
-                       atol=TOLERANCE)
-    return (f"{n} seeds: your profiles match the grader's own training of the same model within {TOLERANCE} "
-            f"on every entry")
+    return [(f"seed={s}, 2 heads, 200 steps", (s,), {"num_heads": 2, "steps": 200}) for s in seeds]
+
+
+TABLES = {
+    "split-heads": Function("split_heads", specs.split_heads, _split_cases, _SPLIT_MISTAKES, rtol=0, atol=0,
+                            says="{n} cases match the spec (1 head, d_head = 1 and d_head = h among them)"),
+    "merge-heads": Function("merge_heads", specs.merge_heads, _merge_cases, _MERGE_MISTAKES, rtol=0, atol=0,
+                            says="{n} cases match the spec"),
+    "mha-forward": _module_written(Function(
+        "mha_forward", specs.mha_forward, _mha_cases, _MHA_MISTAKES,
+        says="{n} cases match the spec: masks, causal, cross-attention, fully masked rows, no biases, large logits")),
+    "mha-cost": in_turn("{n} cases match torch's own counts (the parameters of the module, FlopCounterMode's FLOPs)",
+                        Function("mha_parameters", specs.mha_parameters, _param_cases, _PARAM_MISTAKES, ordered=True),
+                        Function("mha_flops", specs.mha_flops, _flop_cases, _FLOP_MISTAKES, ordered=True)),
+    "head-specialisation": Function("head_specialisation", _reference, _head_cases, _HEAD_MISTAKES, rtol=0,
+                                    atol=TOLERANCE, says=f"{{n}} seeds: your profiles match the grader's own training "
+                                    f"of the same model within {TOLERANCE} on every entry"),
+}

@@ -1,13 +1,15 @@
-"""The checks of exercise 05_quadratic_cost (one ``@CHECKS(part id)`` per graded part)."""
+"""The checks of exercise 05_quadratic_cost: one table per graded part (:mod:`attnlab.grading.engine`), in
+``TABLES``."""
 
 import math
 import numbers
 
-from attnlab.grading.core import (Fail, Mistake, Registry, check_in_order, gen as _gen, learner_of, present,
-                                  salted_ints, value_of)
-from attnlab.grading.exercises.e05 import spec as specs
+import torch
 
-CHECKS = Registry()
+from attnlab.grading.core import Fail, Mistake, gen as _gen, learner_of, mismatch, present, salted_ints, value_of
+from attnlab.grading.engine import Function, Measured
+from attnlab.grading.exercises.e04.checks import in_turn
+from attnlab.grading.exercises.e05 import spec as specs
 
 
 _SIZES = [(1, 1, 1024, 64, ""), (2, 8, 512, 128, ""), (4, 12, 2048, 64, ""),
@@ -29,9 +31,7 @@ def _size_cases(with_elem=False):
     return cases
 
 
-# ---------------------------------------------------------------------------------------------
-# attention-flops
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------- attention-flops
 
 _FLOPS_MISTAKES = [
     Mistake("multiply-add-once", "a multiply-add counts as 2 FLOPs (or: both matmuls, QK^T and PV, must be counted)",
@@ -49,15 +49,7 @@ _FLOPS_MISTAKES = [
 ]
 
 
-@CHECKS("attention-flops")
-def _check_flops(ns):
-    n = check_in_order(ns, "attention_flops", specs.attention_flops, _size_cases(), _FLOPS_MISTAKES)
-    return f"{n} sizes match the spec"
-
-
-# ---------------------------------------------------------------------------------------------
-# attention-bytes
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------- attention-bytes
 
 def _steps(b, h, n, d, es, *, scores=None, softmax=None, pv=None, swap=False, unit=None):
     """Per-step (read, written) bytes with one step's element counts replaced (a wrong version)."""
@@ -101,16 +93,7 @@ _TOTAL_MISTAKES = [
 ]
 
 
-@CHECKS("attention-bytes")
-def _check_bytes(ns):
-    n = check_in_order(ns, "step_bytes", specs.step_bytes, _size_cases(True), _STEP_MISTAKES)
-    n += check_in_order(ns, "attention_bytes", specs.attention_bytes, _size_cases(True), _TOTAL_MISTAKES)
-    return f"{n} cases match the spec (attnlab.iomodel's count of standard attention)"
-
-
-# ---------------------------------------------------------------------------------------------
-# arithmetic-intensity
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------ arithmetic-intensity
 
 _INTENSITY_MISTAKES = [
     Mistake("inverted-ratio", "this is bytes per FLOP: arithmetic intensity is FLOPs / bytes",
@@ -121,14 +104,15 @@ _INTENSITY_MISTAKES = [
             lambda b, h, n, d, es=4: specs.attention_flops(b, h, n, d) / 2 / specs.attention_bytes(b, h, n, d, es)),
 ]
 
-_BOUND_CASES = [
-    ("intensity 200 FLOP/B on 100 TFLOP/s and 2 TB/s", (200.0, 100e12, 2e12), {}),
-    ("intensity 10 FLOP/B on 100 TFLOP/s and 2 TB/s", (10.0, 100e12, 2e12), {}),
-    ("intensity 5 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (5.0, 8e12, 0.3e12), {}),
-    ("intensity 40 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (40.0, 8e12, 0.3e12), {}),
-    ("intensity exactly at the ridge point: 50 FLOP/B on 100 TFLOP/s and 2 TB/s", (50.0, 100e12, 2e12), {}),
-    ("intensity 0.5 FLOP/B (a softmax) on 0.2 TFLOP/s and 20 GB/s", (0.5, 0.2e12, 20e9), {}),
-]
+def _bound_cases():
+    i, f, bw = salted_ints(1501, (1, 400), (1, 300), (1, 40))
+    return [("intensity 200 FLOP/B on 100 TFLOP/s and 2 TB/s", (200.0, 100e12, 2e12), {}),
+            ("intensity 10 FLOP/B on 100 TFLOP/s and 2 TB/s", (10.0, 100e12, 2e12), {}),
+            ("intensity 5 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (5.0, 8e12, 0.3e12), {}),
+            ("intensity 40 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (40.0, 8e12, 0.3e12), {}),
+            ("intensity exactly at the ridge point: 50 FLOP/B on 100 TFLOP/s and 2 TB/s", (50.0, 100e12, 2e12), {}),
+            ("intensity 0.5 FLOP/B (a softmax) on 0.2 TFLOP/s and 20 GB/s", (0.5, 0.2e12, 20e9), {}),
+            (f"intensity {i} FLOP/B on {f} TFLOP/s and {bw / 10:g} TB/s", (float(i), f * 1e12, bw * 1e11), {})]
 
 _BOUND_MISTAKES = [
     Mistake("comparison-flipped", "the comparison is flipped: below the ridge point a kernel is memory-bound",
@@ -140,20 +124,7 @@ _BOUND_MISTAKES = [
 ]
 
 
-@CHECKS("arithmetic-intensity")
-def _check_intensity(ns):
-    n = check_in_order(ns, "arithmetic_intensity", specs.arithmetic_intensity, _size_cases(True),
-                       _INTENSITY_MISTAKES)
-    i, f, bw = salted_ints(1501, (1, 400), (1, 300), (1, 40))
-    bound = _BOUND_CASES + [(f"intensity {i} FLOP/B on {f} TFLOP/s and {bw / 10:g} TB/s", (float(i), f * 1e12,
-                                                                                       bw * 1e11), {})]
-    n += check_in_order(ns, "is_memory_bound", specs.is_memory_bound, bound, _BOUND_MISTAKES)
-    return f"{n} cases match the spec"
-
-
-# ---------------------------------------------------------------------------------------------
-# roofline-prediction
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------- roofline-prediction
 
 def _step_costs(b, h, n, d, es):
     flops = (2 * b * h * n * n * d, 0, 2 * b * h * n * n * d)
@@ -188,60 +159,65 @@ _PREDICT_MISTAKES = [
             "that many bytes / bandwidth", _predict_with(_roofline_sum, steps=(0, 2))),
 ]
 
-_PREDICT_CASES = [   # in this order, each wrong version fails first where it is the only one that gives its number
-    ("batch=1, heads=12, n=1024, d=64, fp16 on an A100 (312 TFLOP/s, 1.555 TB/s): every step memory-bound",
-     (1, 12, 1024, 64, 312e12, 1.555e12), {"element_size": 2}),
-    ("batch=1, heads=4, n=1024, d=64, 100 GFLOP/s, 20 GB/s: the matmuls compute-bound, the softmax not",
-     (1, 4, 1024, 64, 100e9, 20e9), {}),
-    ("batch=2, heads=2, n=256, d=512 (large d), 10 GFLOP/s, 50 GB/s", (2, 2, 256, 512, 10e9, 50e9), {}),
-    ("batch=1, heads=1, n=100, d=30, 1 TFLOP/s, 1 GB/s", (1, 1, 100, 30, 1e12, 1e9), {}),
-]
-
-
-@CHECKS("roofline-prediction")
-def _check_predict(ns):
+def _predict_cases():
     b, h, n, d, f, bw = salted_ints(1502, (1, 4), (1, 16), (16, 4096), (8, 160), (1, 500), (1, 300))
-    cases = _PREDICT_CASES + [(f"batch={b}, heads={h}, n={n}, d={d}, {f} TFLOP/s, {bw * 10} GB/s",
-                               (b, h, n, d, f * 1e12, bw * 1e10), {})]
-    n = check_in_order(ns, "predict_naive_time", specs.predict_naive_time, cases, _PREDICT_MISTAKES)
-    return f"{n} cases match the spec"
+    return [   # in this order, each wrong version fails first where it is the only one that gives its number
+        ("batch=1, heads=12, n=1024, d=64, fp16 on an A100 (312 TFLOP/s, 1.555 TB/s): every step memory-bound",
+         (1, 12, 1024, 64, 312e12, 1.555e12), {"element_size": 2}),
+        ("batch=1, heads=4, n=1024, d=64, 100 GFLOP/s, 20 GB/s: the matmuls compute-bound, the softmax not",
+         (1, 4, 1024, 64, 100e9, 20e9), {}),
+        ("batch=2, heads=2, n=256, d=512 (large d), 10 GFLOP/s, 50 GB/s", (2, 2, 256, 512, 10e9, 50e9), {}),
+        ("batch=1, heads=1, n=100, d=30, 1 TFLOP/s, 1 GB/s", (1, 1, 100, 30, 1e12, 1e9), {}),
+        (f"batch={b}, heads={h}, n={n}, d={d}, {f} TFLOP/s, {bw * 10} GB/s", (b, h, n, d, f * 1e12, bw * 1e10), {})]
 
 
-# ---------------------------------------------------------------------------------------------
-# naive-time-experiment: exact from the learner's own timings, and their timings close to the grader's
-# ---------------------------------------------------------------------------------------------
+# ---------------- naive-time-experiment: exact from the learner's own timings, and their timings close to the grader's
 
 FACTOR = 10.0          # a timing passes within FACTOR of the grader's own measurement of the same thing (a busy
                        # machine slows one run and not the other; a unit mistake is off by 1000)
+RTOL = 1e-6            # the rates and the prediction follow from the learner's own numbers: exact, up to float32
 SIZES = {"n": 1024, "heads": 2, "d": 64, "repeats": 5}
 NAMES = ("matmul_seconds", "copy_seconds", "flop_rate", "bandwidth", "predicted_seconds", "measured_seconds")
 
-def _rate(message_key, message):
-    return Mistake(message_key, message, None)
+
+FLOPS, BYTES = 2 * specs.MATMUL_SIZE ** 3, 2 * specs.COPY_BYTES   # the work of the timed matmul, of the timed copy
+_GIGA, _INVERTED = "return rates in FLOP/s and byte/s, not GFLOP/s or GB/s", "a rate is work / seconds"
+
+# each the rate the learner gives from the learner's own seconds
+_FLOP_RATE_MISTAKES = [
+    Mistake("matmul-flops-once", "a 1024 x 1024 matmul does 1024^3 multiply-adds, 2 * 1024^3 FLOPs",
+            lambda seconds: FLOPS / 2 / seconds),
+    Mistake("giga-units", _GIGA, lambda seconds: FLOPS / seconds / 1e9),
+    Mistake("rate-inverted", _INVERTED, lambda seconds: seconds / FLOPS),
+]
+_BANDWIDTH_MISTAKES = [
+    Mistake("copy-counted-once", "a copy reads every byte and writes it: 2 * COPY_BYTES per copy",
+            lambda seconds: BYTES / 2 / seconds),
+    Mistake("giga-units", _GIGA, lambda seconds: BYTES / seconds / 1e9),
+    Mistake("elements-not-bytes", "COPY_BYTES are bytes: a float32 element is 4 of them",
+            lambda seconds: BYTES / 4 / seconds),
+    Mistake("rate-inverted", _INVERTED, lambda seconds: seconds / BYTES),
+]
+
+# each the learner's timing, from the grader's own measurement of the same thing, in seconds
+_UNIT_MISTAKES = [
+    Mistake("milliseconds", "the times are in milliseconds: return seconds", lambda seconds: seconds * 1e3),
+    Mistake("microseconds", "the times are in microseconds: return seconds", lambda seconds: seconds * 1e6),
+    Mistake("nanoseconds", "the times are in nanoseconds (perf_counter_ns?): return seconds",
+            lambda seconds: seconds * 1e9),
+]
 
 
-_RATE_MISTAKES = {
-    "flop_rate": [
-        (lambda t: specs.MATMUL_SIZE ** 3 / t,
-         _rate("matmul-flops-once", "a 1024 x 1024 matmul does 1024^3 multiply-adds, 2 * 1024^3 FLOPs")),
-        (lambda t: 2 * specs.MATMUL_SIZE ** 3 / t / 1e9,
-         _rate("giga-units", "return rates in FLOP/s and byte/s, not GFLOP/s or GB/s")),
-        (lambda t: t / (2 * specs.MATMUL_SIZE ** 3), _rate("rate-inverted", "a rate is work / seconds")),
-    ],
-    "bandwidth": [
-        (lambda t: specs.COPY_BYTES / t,
-         _rate("copy-counted-once", "a copy reads every byte and writes it: 2 * COPY_BYTES per copy")),
-        (lambda t: 2 * specs.COPY_BYTES / t / 1e9,
-         _rate("giga-units", "return rates in FLOP/s and byte/s, not GFLOP/s or GB/s")),
-        (lambda t: 2 * specs.COPY_BYTES / 4 / t,
-         _rate("elements-not-bytes", "COPY_BYTES are bytes: a float32 element is 4 of them")),
-        (lambda t: t / (2 * specs.COPY_BYTES), _rate("rate-inverted", "a rate is work / seconds")),
-    ],
-}
+def _exact(got, want):
+    """Why ``got`` is not ``want`` (None when it is): the same arithmetic on the same numbers."""
+    return mismatch(torch.tensor(float(got), dtype=torch.float64), torch.tensor(float(want), dtype=torch.float64),
+                    rtol=RTOL, atol=0.0)
 
 
-def _close(got, want, rel=1e-6):
-    return math.isclose(float(got), float(want), rel_tol=rel, abs_tol=0.0)
+def _off_by_a_factor(got, want):
+    """Why the timing ``got`` is not within FACTOR of ``want`` either way (None when it is): their logarithms."""
+    return mismatch(torch.tensor(math.log(got), dtype=torch.float64),
+                    torch.tensor(math.log(want), dtype=torch.float64), rtol=0.0, atol=math.log(FACTOR))
 
 
 def _numbers(result):
@@ -258,18 +234,9 @@ def _numbers(result):
     return dict(zip(NAMES, values))
 
 
-def _timing_mistakes(ratio):
-    units = [(1e3, "milliseconds", "the times are in milliseconds: return seconds"),
-             (1e6, "microseconds", "the times are in microseconds: return seconds"),
-             (1e9, "nanoseconds", "the times are in nanoseconds (perf_counter_ns?): return seconds")]
-    return [Mistake(key, message, None) for scale, key, message in units if scale / FACTOR < ratio < scale * FACTOR]
-
-
-@CHECKS("naive-time-experiment")
-def _check_experiment(ns):
+def _measure_experiment(ns):
     learner = learner_of(ns)
-    g = _gen(1300)
-    seed = int(g.initial_seed() % 10_000)
+    seed = int(_gen(1300).initial_seed() % 10_000)
     reply = learner.call("naive_time_experiment", [[(seed,), dict(SIZES)]])
     present(reply, "naive_time_experiment")
     results = reply.get("results", [])
@@ -279,35 +246,55 @@ def _check_experiment(ns):
     got = _numbers(value_of(results[0], "naive_time_experiment", label))
 
     # exact: the rates from the learner's own timings, the prediction from the learner's own rates
-    for rate, seconds, work in (("flop_rate", "matmul_seconds", 2 * specs.MATMUL_SIZE ** 3),
-                                ("bandwidth", "copy_seconds", 2 * specs.COPY_BYTES)):
+    for rate, seconds, work, mistakes in (("flop_rate", "matmul_seconds", FLOPS, _FLOP_RATE_MISTAKES),
+                                          ("bandwidth", "copy_seconds", BYTES, _BANDWIDTH_MISTAKES)):
         want = work / got[seconds]
-        if not _close(got[rate], want):
-            found = [m for f, m in _RATE_MISTAKES[rate] if _close(got[rate], f(got[seconds]))]
+        if _exact(got[rate], want):
             raise Fail(f"`naive_time_experiment` ({label}): {rate} is {got[rate]:.6g}, but your own {seconds} "
-                       f"({got[seconds]:.6g} s) gives {want:.6g}", found)
+                       f"({got[seconds]:.6g} s) gives {want:.6g}",
+                       [m for m in mistakes if not _exact(got[rate], m.impl(got[seconds]))])
     args = (1, SIZES["heads"], SIZES["n"], SIZES["d"], got["flop_rate"], got["bandwidth"])
     want = specs.predict_naive_time(*args)
-    if not _close(got["predicted_seconds"], want):
-        found = [m for m in _PREDICT_MISTAKES if _close(got["predicted_seconds"], m.impl(*args))]
+    if _exact(got["predicted_seconds"], want):
         raise Fail(f"`naive_time_experiment` ({label}): predicted_seconds is {got['predicted_seconds']:.6g}, but the "
-                   f"roofline gives {want:.6g} from your own rates", found)
+                   f"roofline gives {want:.6g} from your own rates",
+                   [m for m in _PREDICT_MISTAKES if not _exact(got["predicted_seconds"], m.impl(*args))])
 
     # generous: each timing within FACTOR of the grader's own measurement, made right after (twice if needed)
     mine = dict(zip(("matmul_seconds", "copy_seconds", "measured_seconds"), specs.measure(seed, **SIZES)))
     for name in mine:
-        ratio = got[name] / mine[name]
         for _ in range(2):   # the machine may have been busy during one of the two measurements: measure again
-            if 1 / FACTOR <= ratio <= FACTOR:
+            if not _off_by_a_factor(got[name], mine[name]):
                 break
             again = dict(zip(mine, specs.measure(seed, **SIZES)))[name]
-            if abs(math.log(got[name] / again)) < abs(math.log(ratio)):
-                mine[name], ratio = again, got[name] / again
-        if not 1 / FACTOR <= ratio <= FACTOR:
+            if abs(math.log(got[name] / again)) < abs(math.log(got[name] / mine[name])):
+                mine[name] = again
+        if _off_by_a_factor(got[name], mine[name]):
             raise Fail(f"`naive_time_experiment` ({label}): {name} is {got[name]:.4g} s, but the grader measured "
-                       f"{mine[name]:.4g} s on this machine (a factor {ratio:.3g}; accepted: within a factor "
-                       f"{FACTOR:g} either way)", _timing_mistakes(ratio))
+                       f"{mine[name]:.4g} s on this machine (a factor {got[name] / mine[name]:.3g}; accepted: within "
+                       f"a factor {FACTOR:g} either way)",
+                       [m for m in _UNIT_MISTAKES if not _off_by_a_factor(got[name], m.impl(mine[name]))])
     miss = got["measured_seconds"] / got["predicted_seconds"]
     return (f"your prediction follows from your rates; your timings are within a factor {FACTOR:g} of the grader's "
             f"({', '.join(f'{got[k] * 1e3:.2f} ms against {mine[k] * 1e3:.2f} ms' for k in mine)}); "
             f"measured / predicted = {miss:.2f}")
+
+
+TABLES = {
+    "attention-flops": Function("attention_flops", specs.attention_flops, _size_cases, _FLOPS_MISTAKES, ordered=True,
+                                says="{n} sizes match the spec"),
+    "attention-bytes": in_turn(
+        "{n} cases match the spec (attnlab.iomodel's count of standard attention)",
+        Function("step_bytes", specs.step_bytes, lambda: _size_cases(True), _STEP_MISTAKES, ordered=True),
+        Function("attention_bytes", specs.attention_bytes, lambda: _size_cases(True), _TOTAL_MISTAKES, ordered=True)),
+    "arithmetic-intensity": in_turn(
+        "{n} cases match the spec",
+        Function("arithmetic_intensity", specs.arithmetic_intensity, lambda: _size_cases(True), _INTENSITY_MISTAKES,
+                 ordered=True),
+        Function("is_memory_bound", specs.is_memory_bound, _bound_cases, _BOUND_MISTAKES, ordered=True)),
+    "roofline-prediction": Function("predict_naive_time", specs.predict_naive_time, _predict_cases, _PREDICT_MISTAKES,
+                                    ordered=True, says="{n} cases match the spec"),
+    "naive-time-experiment": Measured("experiment", _measure_experiment, {
+        "(flop_rate)": _FLOP_RATE_MISTAKES, "(bandwidth)": _BANDWIDTH_MISTAKES,
+        "(predicted_seconds)": _PREDICT_MISTAKES, "(timings)": _UNIT_MISTAKES}),
+}
