@@ -6,7 +6,8 @@ with the signature of the function it stands for), and for a kernel the byte bud
 Each exercise's ``checks.py`` holds one table per graded part, ``TABLES = {part id: table}``; :func:`run` is all
 that reads them. Four kinds:
 
-- :class:`Function`: the learner's function against the reference on the cases;
+- :class:`Function`: the learner's function against the reference on the cases (:class:`InTurn`: several, one
+  part);
 - :class:`Gradients`: the same, and the gradients of chosen inputs, backpropagated from a given output gradient;
 - :class:`Kernel`: the learner's ``@triton.jit`` kernel, launched by the grader (its grid, block sizes and
   sentinel-guarded buffers; :mod:`attnlab.grading.kernel_check`), its outputs compared with the reference and its
@@ -121,6 +122,16 @@ class Measured:
     mistakes: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class InTurn:
+    """A part that checks several of the learner's functions, one :class:`Function` or :class:`Gradients` table
+    each, in turn: it passes when all do. ``says``: the pass message, ``{n}`` the cases of all of them."""
+
+    says: str
+    tables: tuple
+    kind = "function"
+
+
 KINDS = ("function", "gradients", "kernel", "experiment", "peak-memory", "process-group")
 
 
@@ -128,29 +139,35 @@ def mistakes(table):
     """{the learner's function (or a label in parentheses): [Mistake]} that ``table`` names."""
     if isinstance(table, Measured):
         return {k: list(v) for k, v in table.mistakes.items()}
+    if isinstance(table, InTurn):
+        return {k: v for t in table.tables for k, v in mistakes(t).items()}
     return {table.name: list(table.mistakes)} if table.mistakes else {}
+
+
+def _cases_passed(table, learner):
+    if isinstance(table, Gradients):
+        return core.check_with_gradients(learner, table.name, table.reference, table.cases(), table.inputs,
+                                         table.output, table.mistakes, rtol=table.rtol, atol=table.atol,
+                                         labels=table.labels)
+    check = core.check_in_order if table.ordered else core.check_function
+    return check(learner, table.name, table.reference, table.cases(), table.mistakes, rtol=table.rtol,
+                 atol=table.atol)
 
 
 def run(table, learner):
     """Run one part's table on ``learner`` (:func:`attnlab.grading.core.learner_of`); returns the pass message,
     raises :class:`attnlab.grading.core.Fail`."""
-    if isinstance(table, Function):
-        check = core.check_in_order if table.ordered else core.check_function
-        n = check(learner, table.name, table.reference, table.cases(), table.mistakes, rtol=table.rtol,
-                  atol=table.atol)
-        return table.says.format(n=n)
-    if isinstance(table, Gradients):
-        cases = table.cases()
-        n = core.check_with_gradients(learner, table.name, table.reference, cases, table.inputs, table.output,
-                                      table.mistakes, rtol=table.rtol, atol=table.atol, labels=table.labels)
-        return table.says.format(n=n)
+    if isinstance(table, (Function, Gradients)):
+        return table.says.format(n=_cases_passed(table, learner))
+    if isinstance(table, InTurn):
+        return table.says.format(n=sum(_cases_passed(t, learner) for t in table.tables))
     if isinstance(table, Kernel):
         return _run_kernel(table, learner)
     if isinstance(table, Measured):
         if table.kind not in KINDS:
             raise ValueError(f"table: kind {table.kind!r} is not one of {KINDS}")
         return table.measure(learner)
-    raise TypeError(f"table: expected a Function, Gradients, Kernel or Measured, got {type(table).__name__}")
+    raise TypeError(f"table: expected a Function, Gradients, InTurn, Kernel or Measured, got {type(table).__name__}")
 
 
 def body(table):
