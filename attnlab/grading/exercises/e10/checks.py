@@ -1,19 +1,8 @@
-"""The checks of exercise 10_inference (one ``@CHECKS(part id)`` per graded part).
+"""The checks of exercise 10_inference: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
-- ``decode-cost``: the bytes a whole model's decoding step reads (weights once, each sequence's cache) and the
-  batch x context where the two reads cross, against ``attnlab.iomodel`` at Llama-2-7B's shape (batch 1 and 32),
-  a grouped-query model, fp32, and sizes from the salt;
-- ``decode-attention``: the learner's decoding attention against the library's reference over the cache,
-  on ragged lengths with garbage past them, several new queries, grouped- and multi-query heads, a scale, and
-  its peak memory at 32 query heads over 2 KV heads (a copy of the cache per query head fails);
-- ``split-partials`` and ``split-merge``: the two halves of split-K decoding, on uneven and empty chunks
-  and on log-sum-exps in the hundreds;
-- ``paged-gather``: one sequence gathered from a shuffled pool of pages;
-- ``latent-decode``: the learner's absorbed decode of multi-head latent attention against the unabsorbed
-  reference (per-head K and V up-projected), at sizes from the salt, a scale, d_h other than d_latent; and its
-  peak memory at 32 heads over 8192 latents (expanding the per-head K and V fails);
-- ``decode-bytes``: the experiment's traced bytes, reproduced here by ``attnlab.iomodel.decode_io`` (which
-  equals the trace to the byte).
+decode-attention and latent-decode also measure the peak memory of one large call (a copy of the cache per query
+head, or the per-head K and V, fails); decode-bytes' traced bytes are reproduced by ``attnlab.iomodel.decode_io``,
+which equals the trace to the byte.
 """
 
 import math
@@ -21,17 +10,14 @@ import math
 import torch
 
 from attnlab import iomodel
-from attnlab.grading.core import Fail, Mistake, Registry, check_function, gen as _gen, randn as _randn, salted_ints
-from attnlab.grading.sandbox.footprint import peak_growth
+from attnlab.grading.core import Fail, Mistake, gen as _gen, randn as _randn, salted_ints
+from attnlab.grading.engine import Function, Measured, run
 from attnlab.grading.exercises.e10 import spec as specs
+from attnlab.grading.sandbox.footprint import peak_growth
 from attnlab.kvcache import to_paged
 
-CHECKS = Registry()
 
-
-# ---------------------------------------------------------------------------------------------
-# 1. what one decoding step reads: the weights and the caches
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- decode-cost
 
 LLAMA = (6.7e9, 32, 32, 128)                              # params, layers, kv_heads, d (Touvron et al. 2023)
 GQA8 = (6.7e9 - 32 * 2 * 4096 * (32 - 8) * 128, 32, 8, 128)  # lesson 10's what-if: K, V projections 4x narrower
@@ -127,20 +113,18 @@ _CROSSOVER_MISTAKES = [
 ]
 
 
-@CHECKS("decode-cost")
-def _check_cost(ns):
-    n = check_function(ns, "decode_step_bytes", specs.decode_step_bytes, _cost_cases(), _COST_MISTAKES)
-    m = check_function(ns, "crossover_tokens", specs.crossover_tokens, _crossover_cases(),
-                       _CROSSOVER_MISTAKES)
+def _measure_cost(learner):
+    """Both functions of the part, and what they say of a 7B model."""
+    n = run(Function("decode_step_bytes", specs.decode_step_bytes, _cost_cases, _COST_MISTAKES, says="{n}"), learner)
+    m = run(Function("crossover_tokens", specs.crossover_tokens, _crossover_cases, _CROSSOVER_MISTAKES, says="{n}"),
+            learner)
     one = specs.decode_step_bytes(1, 4096, *LLAMA)
     return (f"{n} steps and {m} crossovers match: at batch 1 and 4,096 tokens the weights are "
             f"{LLAMA[0] * 2 / one:.0%} of a 7B step; the caches' read passes the weights' past "
             f"{specs.crossover_tokens(*LLAMA):,.0f} tokens (MHA), {specs.crossover_tokens(*GQA8):,.0f} (8 KV heads)")
 
 
-# ---------------------------------------------------------------------------------------------
-# 2. decoding attention over a cache
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- decode-attention
 
 def _decode_cases():
     cases = []
@@ -178,14 +162,9 @@ def _decode_with(lengths=True, causal="bottom-right", diagonal=0, head_map="div"
             for h in range(hq):
                 kv = h // (hq // hkv) if head_map == "div" else h % hkv
                 s = q[b, h] @ k_cache[b, kv, :L].T * sc                     # (Nq, L)
-                j = torch.arange(L)[None, :]
-                i = torch.arange(nq)[:, None]
-                if causal == "bottom-right":
-                    keep = j <= L - nq + i + diagonal
-                elif causal == "top-left":
-                    keep = j <= i
-                else:
-                    keep = torch.ones(nq, L, dtype=torch.bool)
+                j, i = torch.arange(L)[None, :], torch.arange(nq)[:, None]
+                keep = {"bottom-right": j <= L - nq + i + diagonal, "top-left": j <= i,
+                        "none": torch.ones(nq, L, dtype=torch.bool)}[causal]
                 s = s.masked_fill(~keep, float("-inf"))
                 w = torch.exp(s - s.amax(-1, keepdim=True))
                 out[b, h] = (w / w.sum(-1, keepdim=True)) @ v_cache[b, kv, :L]
@@ -218,7 +197,7 @@ _DECODE_MISTAKES = [
 # (attnlab/grading/sandbox/footprint.py). 32 query heads share 2 KV heads of 8192 positions: K and V are 8 MiB together,
 # a copy of them per query head (k_cache[:, h_idx], torch.cat of the heads) is 128 MiB.
 COPY_CASE = (1, 32, 2, 64, 8192)   # B, H_q, H_kv, D, L
-COPY_LIMIT = 48 * 2**20            # the inputs as they arrive, the scores (1 MiB) and softmax: far below one copy
+PEAK_LIMIT = 48 * 2**20            # the inputs as they arrive, the scores (1 MiB) and softmax: far below one copy
 CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per query head (indexing k_cache with a "
                        "list or tensor of heads, repeat_interleave, torch.cat or .expand(...).reshape/.contiguous() of "
                        "the KV heads copies them, and so does a broadcasting matmul, q.view(B, H_kv, G, Nq, D) @ "
@@ -228,33 +207,34 @@ CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per qu
                        "(B, H_kv, G * Nq, D) and multiply by each KV head once", None)
 
 
+def _peak_within(learner, name, args, label, what, where, mistake):
+    """Fail naming ``mistake`` when the peak memory of one call of ``name`` on ``args`` grows by more than
+    PEAK_LIMIT, or cannot be measured (attnlab/grading/sandbox/footprint.py); ``where``: what the sizes would be."""
+    peak = peak_growth(learner, name, [args, {}], label, what, spec=getattr(specs, name))
+    if peak > PEAK_LIMIT:
+        raise Fail(f"`{name}` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during the call, "
+                   f"where {where}", [mistake])
+
+
 def _check_no_copy(learner):
-    """Fail when the peak memory of a call at COPY_CASE grows by more than COPY_LIMIT, or cannot be measured."""
+    """Fail when the peak memory of a call at COPY_CASE grows by more than PEAK_LIMIT, or cannot be measured."""
     B, hq, hkv, D, L = COPY_CASE
     g = _gen(10_090)
-    case = [(_randn(g, B, hq, 1, D), _randn(g, B, hkv, L, D), _randn(g, B, hkv, L, D),
-             torch.tensor([L] * B, dtype=torch.int32)), {}]
-    label = f"B={B}, H_q={hq}, H_kv={hkv}, one new query, D={D}, L={L}"
-    peak = peak_growth(learner, "decode_attention", case, label, "that the cache is not copied per query head",
-                       spec=specs.decode_attention)
+    args = (_randn(g, B, hq, 1, D), _randn(g, B, hkv, L, D), _randn(g, B, hkv, L, D),
+            torch.tensor([L] * B, dtype=torch.int32))
     cache = 2 * B * hkv * L * D * 4
-    if peak > COPY_LIMIT:
-        raise Fail(f"`decode_attention` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during "
-                   f"the call, where the whole K and V cache is {cache / 2**20:.0f} MiB and a copy of it per query "
-                   f"head {hq // hkv * cache / 2**20:.0f} MiB", [CACHE_COPIED])
-    return f"the cache is read in place (peak memory growth under {COPY_LIMIT // 2**20} MiB at L={L}, {hq} query heads)"
+    _peak_within(learner, "decode_attention", args, f"B={B}, H_q={hq}, H_kv={hkv}, one new query, D={D}, L={L}",
+                 "that the cache is not copied per query head", f"the whole K and V cache is {cache / 2**20:.0f} MiB "
+                 f"and a copy of it per query head {hq // hkv * cache / 2**20:.0f} MiB", CACHE_COPIED)
+    return f"the cache is read in place (peak memory growth under {PEAK_LIMIT // 2**20} MiB at L={L}, {hq} query heads)"
 
 
-@CHECKS("decode-attention")
-def _check_decode(ns):
-    n = check_function(ns, "decode_attention", specs.decode_attention, _decode_cases(), _DECODE_MISTAKES)
-    return (f"{n} cases match the reference over the cache (ragged lengths, new queries, GQA and MQA, a scale); "
-            f"{_check_no_copy(ns)}")
+_DECODE = Function("decode_attention", specs.decode_attention, _decode_cases, _DECODE_MISTAKES,
+                   says="{n} cases match the reference over the cache (ragged lengths, new queries, GQA and MQA, a "
+                        "scale)")
 
 
-# ---------------------------------------------------------------------------------------------
-# 3. split-K: the partials
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- split-partials
 
 def _split_cases():
     cases = []
@@ -324,15 +304,7 @@ _PARTIAL_MISTAKES = [
 ]
 
 
-@CHECKS("split-partials")
-def _check_partials(ns):
-    n = check_function(ns, "split_partials", specs.split_partials, _split_cases(), _PARTIAL_MISTAKES)
-    return f"{n} cases match: uneven and empty chunks, scores in the hundreds, a scale"
-
-
-# ---------------------------------------------------------------------------------------------
-# 4. the merge
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- split-merge
 
 def _merge_cases():
     cases = []
@@ -350,38 +322,18 @@ def _merge_cases():
     return cases
 
 
-def _merged(o, lse, weights):
-    return (weights[..., None] * o).sum(dim=2)
+def _merge_by(weights):
+    """A wrong merge_splits: the partials weighed by ``weights(lse)`` (B, H, S, Nq) and summed over the splits."""
+    return lambda o, lse: (weights(lse)[..., None] * o).sum(dim=2)
 
 
-def _merge_exp_unshifted(o, lse):
-    w = torch.exp(lse)
-    return _merged(o, lse, w / w.sum(2, keepdim=True))
-
-
-def _merge_exp_unshifted_float64(o, lse):
-    w = torch.exp(lse.double())                                            # exact up to lse ~ 709, inf past it
-    return _merged(o.double(), lse, w / w.sum(2, keepdim=True)).to(o.dtype)
-
-
-def _merge_unnormalised(o, lse):
-    m = lse.amax(2, keepdim=True)
-    return _merged(o, lse, torch.exp(lse - m))
-
-
-def _merge_linear(o, lse):
-    return _merged(o, lse, lse / lse.sum(2, keepdim=True))
+def _normalised(w, dim=2):
+    return w / w.sum(dim, keepdim=True)
 
 
 def _merge_max_only(o, lse):
     best = lse.argmax(2, keepdim=True)                                     # (B, H, 1, Nq)
     return torch.gather(o, 2, best[..., None].expand(*best.shape, o.shape[-1])).squeeze(2)
-
-
-def _merge_wrong_axis(o, lse):
-    m = lse.amax(-1, keepdim=True)
-    w = torch.exp(lse - m)
-    return _merged(o, lse, w / w.sum(-1, keepdim=True))
 
 
 def _merge_running(rescale_acc=True, rescale_total=True):
@@ -412,28 +364,22 @@ _MERGE_MISTAKES = [
     Mistake("mean-of-partials", "the partials are averaged: each must weigh by its split's softmax mass, "
             "exp(lse_s) over the sum", lambda o, lse: o.mean(dim=2)),
     Mistake("exp-overflows", "exp(lse) is taken without subtracting the max over the splits: large lse overflow "
-            "to inf and the weights become NaN", _merge_exp_unshifted),
+            "to inf and the weights become NaN", _merge_by(lambda lse: _normalised(torch.exp(lse)))),
     Mistake("exp-overflows-float64", "exp(lse) is taken in float64 without subtracting the max over the splits: "
             "float64 only postpones the overflow (exp is inf past lse ~ 709); subtract the max",
-            _merge_exp_unshifted_float64),
-    Mistake("not-normalised", "the weights exp(lse_s - M) are not divided by their sum", _merge_unnormalised),
-    Mistake("linear-weights", "the weights are lse_s / sum(lse): the mass of a split is exp(lse_s)", _merge_linear),
+            lambda o, lse: _merge_by(lambda l: _normalised(torch.exp(l.double())))(o.double(), lse).to(o.dtype)),
+    Mistake("not-normalised", "the weights exp(lse_s - M) are not divided by their sum",
+            _merge_by(lambda lse: torch.exp(lse - lse.amax(2, keepdim=True)))),
+    Mistake("linear-weights", "the weights are lse_s / sum(lse): the mass of a split is exp(lse_s)",
+            _merge_by(_normalised)),
     Mistake("max-only", "only the split with the largest lse is kept: every split contributes its share",
             _merge_max_only),
     Mistake("wrong-axis", "the weights are normalised over the queries (dim -1); they are over the splits (dim 2)",
-            _merge_wrong_axis),
+            _merge_by(lambda lse: _normalised(torch.exp(lse - lse.amax(-1, keepdim=True)), -1))),
 ]
 
 
-@CHECKS("split-merge")
-def _check_merge(ns):
-    n = check_function(ns, "merge_splits", specs.merge_splits, _merge_cases(), _MERGE_MISTAKES)
-    return f"{n} cases match: empty splits, lse in the hundreds, one split"
-
-
-# ---------------------------------------------------------------------------------------------
-# 5. the paged gather
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- paged-gather
 
 def _paged_cases():
     g = _gen(10_300)
@@ -449,15 +395,9 @@ def _gather_with(pages="table", heads_first=True, n_pages="ceil", trim=True):
     def impl(pool, block_table, b, length):
         ps = pool.shape[2]
         n = -(-length // ps) if n_pages == "ceil" else max(1, length // ps)
-        if pages == "table":
-            idx = block_table[b, :n].long()
-        elif pages == "first-row":
-            idx = block_table[0, :n].long()
-        else:
-            idx = torch.arange(n)
-        kv = pool[idx]
-        kv = kv.transpose(0, 1).reshape(pool.shape[1], n * ps, pool.shape[3]) if heads_first else \
-            kv.reshape(pool.shape[1], n * ps, pool.shape[3])
+        idx = {"table": block_table[b, :n].long(), "first-row": block_table[0, :n].long(), "order": torch.arange(n)}
+        kv = pool[idx[pages]]
+        kv = (kv.transpose(0, 1) if heads_first else kv).reshape(pool.shape[1], n * ps, pool.shape[3])
         return kv[:, :length] if trim else kv
     return impl
 
@@ -476,15 +416,7 @@ _GATHER_MISTAKES = [
 ]
 
 
-@CHECKS("paged-gather")
-def _check_gather(ns):
-    n = check_function(ns, "gather_sequence", specs.gather_sequence, _paged_cases(), _GATHER_MISTAKES)
-    return f"{n} sequences gathered exactly through a shuffled block table"
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. multi-head latent attention, decoded absorbed
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- latent-decode
 
 def _latent_inputs(g, B, H, d_h, d_lat, d_rope, L):
     """q_nope, q_rope, w_uk, w_uv, c, k_rope with attnlab.mla's shapes; weights N(0, 1/d_lat) as MLA's."""
@@ -553,7 +485,6 @@ _LATENT_MISTAKES = [
 # d_h = 64 over 8192 latents of 64 + 16: the latent cache is 2.5 MiB, the per-head K (d_h + d_rope wide) and V
 # that the unabsorbed form makes are 144 MiB; the scores are 1 MiB
 LATENT_CASE = (1, 32, 64, 64, 16, 8192)   # B, H, d_h, d_latent, d_rope, L
-LATENT_LIMIT = 48 * 2**20
 EXPANDED_KV = Mistake("expanded-kv", "the per-head keys or values were made (W_UK_i c_j or W_UV_i c_j for every "
                       "position j, or k_rope repeated per head): that is the unabsorbed decode, H x L x d_h numbers "
                       "each, what the latent cache exists to avoid; absorb W_UK into the query, attend over c and "
@@ -562,30 +493,22 @@ EXPANDED_KV = Mistake("expanded-kv", "the per-head keys or values were made (W_U
 
 def _check_latent_memory(learner):
     B, H, d_h, d_lat, d_rope, L = LATENT_CASE
-    case = [_latent_inputs(_gen(10_390), *LATENT_CASE), {}]
-    label = f"B={B}, H={H}, d_h={d_h}, d_latent={d_lat}, d_rope={d_rope}, L={L}"
-    peak = peak_growth(learner, "latent_decode", case, label, "that only the latent cache is read",
-                       spec=specs.latent_decode)
-    latent = B * L * (d_lat + d_rope) * 4
     expanded = B * H * L * (2 * d_h + d_rope) * 4
-    if peak > LATENT_LIMIT:
-        raise Fail(f"`latent_decode` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during the "
-                   f"call, where the latent cache is {latent / 2**20:.1f} MiB and the per-head K and V "
-                   f"{expanded / 2**20:.0f} MiB", [EXPANDED_KV])
-    return (f"only the latent cache is read (peak memory growth under {LATENT_LIMIT // 2**20} MiB at L={L}, {H} heads, "
+    _peak_within(learner, "latent_decode", _latent_inputs(_gen(10_390), *LATENT_CASE),
+                 f"B={B}, H={H}, d_h={d_h}, d_latent={d_lat}, d_rope={d_rope}, L={L}",
+                 "that only the latent cache is read", f"the latent cache is "
+                 f"{B * L * (d_lat + d_rope) * 4 / 2**20:.1f} MiB and the per-head K and V {expanded / 2**20:.0f} MiB",
+                 EXPANDED_KV)
+    return (f"only the latent cache is read (peak memory growth under {PEAK_LIMIT // 2**20} MiB at L={L}, {H} heads, "
             f"where per-head K and V would be {expanded / 2**20:.0f} MiB)")
 
 
-@CHECKS("latent-decode")
-def _check_latent(ns):
-    n = check_function(ns, "latent_decode", specs.latent_decode, _latent_cases(), _LATENT_MISTAKES)
-    return (f"{n} cases equal the unabsorbed decode (per-head K and V up-projected), with a scale and d_h other than "
-            f"d_latent; {_check_latent_memory(ns)}")
+_LATENT = Function("latent_decode", specs.latent_decode, _latent_cases, _LATENT_MISTAKES,
+                   says="{n} cases equal the unabsorbed decode (per-head K and V up-projected), with a scale and d_h "
+                        "other than d_latent")
 
 
-# ---------------------------------------------------------------------------------------------
-# 7. the experiment: bytes per token
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- decode-bytes
 
 CONTEXTS, KV_HEADS, HEADS, D = [48, 130], [8, 2, 1], 8, 16
 
@@ -618,14 +541,37 @@ _BYTES_MISTAKES = [
 ]
 
 
-@CHECKS("decode-bytes")
-def _check_bytes(ns):
+def _bytes_cases():
     first, second, kv = salted_ints(10_400, (3, 40), (41, 90), (0, 2))
-    cases = [(f"contexts {CONTEXTS}, kv_heads {KV_HEADS}, {HEADS} query heads, d={D}",
-              (CONTEXTS, KV_HEADS), {"heads": HEADS, "d": D}),
-             (f"contexts {[first, second]}, kv_heads {[(4, 2, 1)[kv]]}, {HEADS} query heads, d={D}",
-              ([first, second], [(4, 2, 1)[kv]]), {"heads": HEADS, "d": D})]
-    check_function(ns, "decode_bytes", specs.decode_bytes, cases, _BYTES_MISTAKES)
-    table = specs.decode_bytes(CONTEXTS, KV_HEADS, HEADS, D)
-    return (f"your traced bytes equal the IO model's to the byte; at L={CONTEXTS[-1]} MQA moves "
-            f"{table[0, -1] / table[-1, -1]:.1f}x fewer bytes than MHA")
+    return [(f"contexts {CONTEXTS}, kv_heads {KV_HEADS}, {HEADS} query heads, d={D}", (CONTEXTS, KV_HEADS),
+             {"heads": HEADS, "d": D}),
+            (f"contexts {[first, second]}, kv_heads {[(4, 2, 1)[kv]]}, {HEADS} query heads, d={D}",
+             ([first, second], [(4, 2, 1)[kv]]), {"heads": HEADS, "d": D})]
+
+
+_BYTES = specs.decode_bytes(CONTEXTS, KV_HEADS, HEADS, D)   # what the notebook's run gives
+
+
+def _with(table, then):
+    """``table`` run, and ``then(learner)`` after it: a part whose outputs are checked, then a measurement."""
+    return lambda learner: f"{run(table, learner)}; {then(learner)}"
+
+
+TABLES = {
+    "decode-cost": Measured("function", _measure_cost, {"decode_step_bytes": _COST_MISTAKES,
+                                                        "crossover_tokens": _CROSSOVER_MISTAKES}),
+    "decode-attention": Measured("peak-memory", _with(_DECODE, _check_no_copy),
+                                 {"decode_attention": _DECODE_MISTAKES + [CACHE_COPIED]}),
+    "split-partials": Function("split_partials", specs.split_partials, _split_cases, _PARTIAL_MISTAKES,
+                               says="{n} cases match: uneven and empty chunks, scores in the hundreds, a scale"),
+    "split-merge": Function("merge_splits", specs.merge_splits, _merge_cases, _MERGE_MISTAKES,
+                            says="{n} cases match: empty splits, lse in the hundreds, one split"),
+    "paged-gather": Function("gather_sequence", specs.gather_sequence, _paged_cases, _GATHER_MISTAKES,
+                             says="{n} sequences gathered exactly through a shuffled block table"),
+    "latent-decode": Measured("peak-memory", _with(_LATENT, _check_latent_memory),
+                              {"latent_decode": _LATENT_MISTAKES + [EXPANDED_KV]}),
+    "decode-bytes": Function("decode_bytes", specs.decode_bytes, _bytes_cases, _BYTES_MISTAKES,
+                             says="your traced bytes equal the IO model's to the byte; at "
+                                  f"L={CONTEXTS[-1]} MQA moves {_BYTES[0, -1] / _BYTES[-1, -1]:.1f}x fewer bytes "
+                                  "than MHA"),
+}
