@@ -1,21 +1,18 @@
 """The checks of exercise 12_beyond_dense: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
-- ``causal-topk``: the learner's selection against ``attnlab.sparse.select_blocks`` on random block scores
-  (3-D and 4-D, n_q_blocks != n_k_blocks, blocks scored -inf, topk larger than the blocks, all scores negative);
-- ``selected-kernel``: the learner's Triton kernel, launched by the grader under guard
-  (:func:`attnlab.grading.engine.launch`) on selections made by the library's ``select_blocks``, against
-  ``attnlab.sparse.selected_attention_reference``; in Triton's interpreter every load is recorded, so a kernel that
-  loads a key block its query block did not select fails, and the bytes are held to a budget: Q read once, K and V
-  of each selected block once per query block that selected it, O written once (more than a budget per buffer: a
-  measurement, ``Measured("kernel", ...)``);
-- ``delta-recurrence``: the gated delta rule token by token against ``attnlab.linear_attention.delta_rule_recurrent``
-  (gates, d_k != d_v, an initial state, a scale), output and final state;
-- ``delta-chunked``: the chunkwise form against the same recurrence on ragged lengths and chunk sizes that do not
-  divide them (1, larger than N), and its peak memory at N = 4096 (:func:`attnlab.grading.sandbox.footprint.peak_growth`):
-  an N x N matrix (the whole sequence as one chunk, or the parallel form) or a state kept per token is 64 MiB there,
-  and the part scores only under 24 MiB;
-- ``state-vs-cache``: the experiment's bytes, reproduced here by ``attnlab.iomodel.kv_cache_bytes`` and
-  ``attnlab.linear_attention.recurrent_state_bytes`` at parameters drawn from the grader's seed.
+The references are spec.py's: the library's causal top-k (``attnlab.sparse.select_blocks``), selected attention
+(``selected_attention_reference``), gated delta rule (``attnlab.linear_attention.delta_rule_recurrent``; the chunked
+form must equal it) and byte counts (``attnlab.iomodel.kv_cache_bytes``, ``recurrent_state_bytes``). Two parts
+measure more than their outputs:
+
+- ``selected-kernel`` (``Measured("kernel", ...)``): the learner's Triton kernel, launched under guard by
+  :func:`attnlab.grading.engine.launch` on selections made by ``select_blocks``; in Triton's interpreter every load
+  is recorded, so a kernel that loads a key block its query block did not select fails, and the bytes are held to
+  a budget (:data:`_BUDGET`);
+- ``delta-chunked`` (``Measured("peak-memory", ...)``): the chunkwise form's numbers on ragged lengths and chunk
+  sizes that do not divide them, then its peak memory at N = 4096 (:func:`attnlab.grading.sandbox.footprint.peak_growth`):
+  an N x N matrix (the whole sequence as one chunk, or the parallel form) or a state kept per token is 64 MiB
+  there, and the part scores only under 24 MiB.
 
 **What "chunkwise" can and cannot mean to this grader.** The chunked form gives the recurrence's numbers (that is
 its point), so the outputs cannot tell a chunked function from a loop over the tokens. From outside the learner's
@@ -81,20 +78,17 @@ def _select_with(future="-inf", diagonal="forced", free="-1", order="ascending",
             s = s.masked_fill(j == i, float("inf"))
         kk = min(topk, nkb)
         values, ids = s.topk(kk, dim=-1)
-        unused = values == NEG_INF
-        if free == "kept":
-            unused = torch.zeros_like(unused)
+        unused = (values == NEG_INF) & (free != "kept")
+        fill = 0 if free == "zero" else -1
         if order == "rank":
             ids = torch.where(unused, -1, ids)
         elif order == "pad-first":
             ids = torch.where(unused, -1, ids).sort(dim=-1).values
-        else:
+        else:   # the free slots last: a stand-in larger than any id, sorted, then the fill
             ids = torch.where(unused, nkb, ids).sort(dim=-1).values
-            ids = torch.where(ids == nkb, 0 if free == "zero" else -1, ids)
-        if free == "zero":
-            ids = torch.where(ids < 0, 0, ids)
+            ids = torch.where(ids == nkb, fill, ids)
         if widen and kk < topk:
-            ids = torch.cat([ids, ids.new_full((*ids.shape[:-1], topk - kk), 0 if free == "zero" else -1)], -1)
+            ids = torch.cat([ids, ids.new_full((*ids.shape[:-1], topk - kk), fill)], -1)
         return ids.to(torch.int32)
     return impl
 
