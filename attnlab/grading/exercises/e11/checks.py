@@ -1,24 +1,20 @@
-"""The checks of exercise 11_across_devices (one ``@CHECKS(part id)`` per graded part).
+"""The checks of exercise 11_across_devices: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
-- ``merge-partials``: the learner's merge of two partial (O, L) against ``attnlab.distributed.merge_partials``, on
-  unequal shards, rows with no keys on one side or on both, log-sum-exps in the hundreds and shifted by +800;
-- ``shard-positions`` and ``ring-schedule``: the layouts' positions and the ring's schedule, exactly;
-- ``ring-forward``: the learner's ``ring_step`` driven round a ring simulated in this process (the grader's
-  learner runs in fresh processes of a sandbox, with no process group): at step t every rank r gets the K/V shard
-  of rank (r - t) % P and the running (O, L) its own step t - 1 returned; each step is compared with the
-  reference's step from the same state, then the ranks' final (O, L) with single-device attention over the whole
-  sequence, and the bytes each rank said it sent with ``attnlab.iomodel.ring_attention_bytes``;
+- ``ring-forward``: the learner's ``ring_step`` driven round a ring simulated in this process (the grader's learner
+  runs in fresh processes of a sandbox, with no process group): at step t every rank r gets the K/V shard of rank
+  (r - t) % P and the running (O, L) its own step t - 1 returned; each step is compared with the reference's step
+  from the same state, then the ranks' final (O, L) with single-device attention over the whole sequence, and the
+  bytes each rank said it sent with ``attnlab.iomodel.ring_attention_bytes``;
 - ``ring-group``: the learner's ``ring_forward`` on every rank of a real gloo group of 1 to 4 ranks, forked by the
-  process that holds the learner's functions (:mod:`attnlab.grading.sandbox.ranks`; a deadlock is stopped after 10 s, a rank
-  that raised is named): every rank's (O, L) against single-device attention over the whole sequence, a wrong one
-  diagnosed by playing the known wrong rings here with the reference's step; and the bytes sent, read under
+  process that holds the learner's functions (:mod:`attnlab.distributed.group`; a deadlock is stopped after 10 s, a
+  rank that raised is named): every rank's (O, L) against single-device attention over the whole sequence, a wrong
+  one diagnosed by playing the known wrong rings here with the reference's step; and the bytes sent, read under
   ``attnlab grade`` from the loopback of the sandbox's own network namespace, outside the learner's processes (all
   ranks together against P x ``ring_attention_bytes``, with a slack for gloo's and TCP's framing measured in
   docs/grading.md), elsewhere as the ranks report them (feedback). An ``all_gather`` sends the same bytes: the part
   forbids the collectives;
-- ``comm-bytes``: the experiment's counted bytes, reproduced by ``attnlab.iomodel`` (equal to the real ring's and
-  all-to-all's on a gloo group, tests/test_distributed.py), with a salted case of fewer KV heads than query heads
-  (and than ranks at P = 8, where the all-to-all replicates each KV head).
+- ``comm-bytes``: reproduced by ``attnlab.iomodel`` (equal to the real ring's and all-to-all's on a gloo group,
+  tests/test_distributed.py), with a salted case of fewer KV heads than query heads (and than ranks at P = 8).
 """
 
 import math
@@ -29,16 +25,13 @@ import torch
 from attnlab import iomodel
 from attnlab.distributed import attention_lse, shard
 from attnlab.distributed import group as ranks
-from attnlab.grading.core import (Fail, Mistake, Registry, check_function, clone, case_line, diagnose,
-                                  gen as _gen, learner_of, mismatch, present, randn as _randn, salted_ints, value_of)
+from attnlab.grading.core import (Fail, Mistake, clone, case_line, diagnose, each_result, gen as _gen, mismatch,
+                                  present, randn as _randn, salted_ints, value_of)
+from attnlab.grading.engine import Function, Measured
 from attnlab.grading.exercises.e11 import spec as specs
 
-CHECKS = Registry()
 
-
-# ---------------------------------------------------------------------------------------------
-# 1. merging two partial results
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- merge-partials
 
 def _merge_cases():
     cases = []
@@ -105,15 +98,7 @@ _MERGE_MISTAKES = [
 ]
 
 
-@CHECKS("merge-partials")
-def _check_merge(ns):
-    n = check_function(ns, "merge_two", specs.merge_two, _merge_cases(), _MERGE_MISTAKES)
-    return f"{n} cases match: unequal shards, rows with no keys, log-sum-exps in the hundreds and past 800"
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. the positions a rank holds
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- shard-positions
 
 def _shard_cases():
     p, m, r, z = salted_ints(11_100, (2, 6), (1, 9), (0, 5), (0, 1))    # a shard no notebook can know in advance
@@ -155,15 +140,7 @@ _SHARD_MISTAKES = [
 ]
 
 
-@CHECKS("shard-positions")
-def _check_positions(ns):
-    n = check_function(ns, "shard_positions", specs.shard_positions, _shard_cases(), _SHARD_MISTAKES)
-    return f"{n} shards match, contiguous and zigzag, on 1 to 4 ranks"
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. the ring's schedule
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- ring-schedule
 
 def _schedule_cases():
     p, r, t, z, c = salted_ints(11_200, (2, 7), (0, 6), (0, 6), (0, 1), (0, 1))
@@ -212,15 +189,7 @@ _SCHEDULE_MISTAKES = [
 ]
 
 
-@CHECKS("ring-schedule")
-def _check_schedule(ns):
-    n = check_function(ns, "ring_schedule", specs.ring_schedule, _schedule_cases(), _SCHEDULE_MISTAKES)
-    return f"{n} steps of the ring match, contiguous and zigzag, with and without the causal mask"
-
-
-# ---------------------------------------------------------------------------------------------
-# 4. the ring forward, one step at a time round a simulated ring
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- ring-forward
 
 RING_CONFIGS = [  # (label, B, H, positions per rank, d, P, causal, layout, scale of q and k)
     ("2 ranks, no mask, B=1, H=2, 4 positions per rank, d=8", 1, 2, 4, 8, 2, False, "contiguous", 1.0),
@@ -233,8 +202,9 @@ RING_CONFIGS = [  # (label, B, H, positions per rank, d, P, causal, layout, scal
 ]
 
 
-def _ring_inputs(seed, B, H, m, d, P, layout, amp):
-    g = _gen(11_300 + seed)
+def _ring_inputs(seed, B, H, m, d, P, layout, amp=1.0):
+    """q, k, v (B, H, P m, d) from ``_gen(seed)``, q and k times ``amp``, and each rank's shards [q, k, v]."""
+    g = _gen(seed)
     q, k, v = _randn(g, B, H, P * m, d, scale=amp), _randn(g, B, H, P * m, d, scale=amp), _randn(g, B, H, P * m, d)
     return q, k, v, [[shard(x, P, r, layout) for x in (q, k, v)] for r in range(P)]
 
@@ -293,46 +263,29 @@ _RING_MISTAKES = [
 ]
 
 
-def _ring_case_label(label, rank, step):
-    return f"{label}: rank {rank}, step {step}"
-
-
-@CHECKS("ring-forward")
-def _check_ring(ns):
-    learner = learner_of(ns)
+def _measure_ring(learner):
+    """Every rank of every ring at step t in one request, each step compared with the reference's from the same
+    state; the learner's own (O, L) travels on to its next step. Then the whole ring against one device."""
     rings = []
     for seed, (label, B, H, m, d, P, causal, layout, amp) in enumerate(RING_CONFIGS):
-        q, k, v, shards = _ring_inputs(seed, B, H, m, d, P, layout, amp)
+        q, k, v, shards = _ring_inputs(11_300 + seed, B, H, m, d, P, layout, amp)
         state = [(torch.zeros(B, H, m, d), torch.full((B, H, m), float("-inf"))) for _ in range(P)]
         rings.append(dict(label=label, q=q, k=k, v=v, shards=shards, P=P, causal=causal, layout=layout,
                           state=state, sent=[0] * P))
     for step in range(max(r["P"] for r in rings)):
-        cases = []                                                   # every rank of every ring that is at `step`
-        for ring in rings:
-            if step >= ring["P"]:
-                continue
-            for rank in range(ring["P"]):
-                src = (rank - step) % ring["P"]
-                o, lse = ring["state"][rank]
-                args = (o, lse, ring["shards"][rank][0], ring["shards"][src][1], ring["shards"][src][2], rank, step,
-                        ring["P"])
-                cases.append((ring, rank, _ring_case_label(ring["label"], rank, step), args,
-                              {"causal": ring["causal"], "layout": ring["layout"]}))
-        reply = learner.call("ring_step", [[clone(a), clone(kw)] for _, _, _, a, kw in cases])
-        present(reply, "ring_step")
-        results = reply.get("results", [])
-        for i, (ring, rank, label, args, kwargs) in enumerate(cases):
-            if i >= len(results):
-                raise Fail(f"`ring_step`: the grader got no result for {label}")
-            got = value_of(results[i], "ring_step", label)
+        at = [(ring, rank) for ring in rings if step < ring["P"] for rank in range(ring["P"])]
+        cases = [(f"{ring['label']}: rank {rank}, step {step}",
+                  (*ring["state"][rank], ring["shards"][rank][0], *ring["shards"][(rank - step) % ring["P"]][1:],
+                   rank, step, ring["P"]), {"causal": ring["causal"], "layout": ring["layout"]}) for ring, rank in at]
+        for (ring, rank), (label, args, kwargs, got) in zip(at, each_result(learner, "ring_step", cases, copy=True)):
             with torch.no_grad():
                 want = specs.ring_step(*clone(args), **clone(kwargs))
             why = mismatch(got, want)
             if why:
-                found = diagnose(got, _RING_MISTAKES, args, kwargs)
                 raise Fail("\n    ".join([f"`ring_step` on {label}: {why}",
-                                          case_line(label, args, kwargs, specs.ring_step)]), found)
-            ring["state"][rank] = (got[0], got[1])                   # the learner's own result travels on
+                                          case_line(label, args, kwargs, specs.ring_step)]),
+                           diagnose(got, _RING_MISTAKES, args, kwargs))
+            ring["state"][rank] = (got[0], got[1])
             ring["sent"][rank] += int(got[2])
     for ring in rings:                                               # the whole ring against one device
         o_ref, l_ref = attention_lse(ring["q"], ring["k"], ring["v"], causal=ring["causal"])
@@ -345,7 +298,7 @@ def _check_ring(ns):
             if why:
                 raise Fail(f"`ring_step` on {ring['label']}: after all {ring['P']} steps rank {rank}'s (O, L) "
                            f"differs from attention over the whole sequence: {why}")
-            if ring["sent"][rank] != owed:
+            if mismatch(ring["sent"][rank], owed):
                 raise Fail(f"`ring_step` on {ring['label']}: rank {rank} sent {ring['sent'][rank]} bytes in all, the "
                            f"ring sends 2 (P - 1) shards of K and V = {owed} bytes",
                            [m for m in _RING_MISTAKES if m.key.startswith("sends")])
@@ -353,9 +306,7 @@ def _check_ring(ns):
             "whole sequence, and its bytes the ring's 2 (P - 1) shards")
 
 
-# ---------------------------------------------------------------------------------------------
-# 5. the ring forward on a real process group the grader runs
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- ring-group
 
 # (label, B, H, positions per rank, d, P, causal, layout): shards of 8 to 16 KiB, where the payload outweighs gloo's
 # framing (144 bytes a message) and TCP's (a few hundred bytes a connection and per round trip)
@@ -390,12 +341,6 @@ def bytes_slack(want_sent, P):
     """Bytes a group of ``P`` ranks may send on top of ``want_sent``: half the distance to a ring that also sends at
     the last step (``want_sent / (P - 1)`` more), plus the framing of every pair of ranks."""
     return (want_sent / (2 * (P - 1)) if P > 1 else 0) + FRAMING_PER_PAIR * P * (P - 1) // 2
-
-
-def _group_inputs(seed, B, H, m, d, P, layout):
-    g = _gen(11_500 + seed)
-    q, k, v = _randn(g, B, H, P * m, d), _randn(g, B, H, P * m, d), _randn(g, B, H, P * m, d)
-    return q, k, v, [[shard(x, P, r, layout) for x in (q, k, v)] for r in range(P)]
 
 
 def _simulated_ring(direction=-1, causal_kept=True, layout_kept=True, rotate=True, received_first=False):
@@ -493,11 +438,10 @@ def _group_outcomes(reply, label, P):
     return [o["ok"] for o in outcomes], [o.get("written") for o in outcomes]
 
 
-@CHECKS("ring-group")
-def _check_group(ns):
+def _measure_group(learner):
+    """Each of GROUP_CONFIGS on a gloo group of its ranks: every rank's (O, L), then the bytes sent."""
     from attnlab.grading.sandbox.footprint import pid_of
 
-    learner = learner_of(ns)
     pid = pid_of(learner)
     measured = []
     for seed, (label, B, H, m, d, P, causal, layout) in enumerate(GROUP_CONFIGS):
@@ -505,7 +449,7 @@ def _check_group(ns):
         for attempt in range(GROUP_TRIES):  # a group in which TCP retransmitted a segment sent it twice: it runs
             # again, on new values of the same shapes (a rank of the first run that returned its shard as its answer
             # would otherwise have handed it to the forking process, and so to every rank of the next run)
-            q, k, v, shards = _group_inputs(seed + len(GROUP_CONFIGS) * attempt, B, H, m, d, P, layout)
+            q, k, v, shards = _ring_inputs(11_500 + seed + len(GROUP_CONFIGS) * attempt, B, H, m, d, P, layout)
             before = _lo_sent(pid)
             reply = learner.call("ring_forward", [[[clone(s), dict(kwargs)] for s in shards]], ranks=P)
             after = _lo_sent(pid)
@@ -550,9 +494,7 @@ def _check_group(ns):
             f"({framing})")
 
 
-# ---------------------------------------------------------------------------------------------
-# 6. the experiment: bytes per rank against the world size
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- comm-bytes
 
 WORLD_SIZES, N, HEADS, D = [1, 2, 3, 4], 48, 12, 8
 
@@ -595,18 +537,36 @@ _BYTES_MISTAKES = [
 ]
 
 
-@CHECKS("comm-bytes")
-def _check_bytes(ns):
+def _bytes_cases():
     h, d, m, kv = salted_ints(11_300, (1, 4), (2, 16), (1, 4), (0, 2))
     kv = (1, 2, 4)[kv]
     sizes = [1, 2, 3, 4, 6]
-    cases = [(f"world sizes {WORLD_SIZES}, n={N}, heads={HEADS}, d={D}", (WORLD_SIZES,),
-              {"n": N, "heads": HEADS, "d": D}),
-             (f"world sizes {sizes}, n={24 * m}, heads={12 * h}, d={d}", (sizes,), {"n": 24 * m, "heads": 12 * h, "d": d}),
-             (f"world sizes [1, 2, 4, 8], n={16 * m}, heads={8 * h}, d={d}, kv_heads={kv} (grouped-query; fewer "
-              f"KV heads than ranks at P=8)", ([1, 2, 4, 8],),
-              {"n": 16 * m, "heads": 8 * h, "d": d, "kv_heads": kv})]
-    check_function(ns, "comm_bytes", specs.comm_bytes, cases, _BYTES_MISTAKES)
-    table = specs.comm_bytes(WORLD_SIZES, N, HEADS, D)
-    return (f"your counted bytes equal the IO model's to the byte; at P={WORLD_SIZES[-1]} a ring rank sends "
-            f"{table[0, -1] / table[1, -1]:.1f}x the bytes of an all-to-all rank")
+    return [(f"world sizes {WORLD_SIZES}, n={N}, heads={HEADS}, d={D}", (WORLD_SIZES,),
+             {"n": N, "heads": HEADS, "d": D}),
+            (f"world sizes {sizes}, n={24 * m}, heads={12 * h}, d={d}", (sizes,),
+             {"n": 24 * m, "heads": 12 * h, "d": d}),
+            (f"world sizes [1, 2, 4, 8], n={16 * m}, heads={8 * h}, d={d}, kv_heads={kv} (grouped-query; fewer "
+             f"KV heads than ranks at P=8)", ([1, 2, 4, 8],), {"n": 16 * m, "heads": 8 * h, "d": d, "kv_heads": kv})]
+
+
+_BYTES = specs.comm_bytes(WORLD_SIZES, N, HEADS, D)   # what the notebook's run gives
+
+
+TABLES = {
+    "merge-partials": Function("merge_two", specs.merge_two, _merge_cases, _MERGE_MISTAKES,
+                               says="{n} cases match: unequal shards, rows with no keys, log-sum-exps in the hundreds "
+                                    "and past 800"),
+    "shard-positions": Function("shard_positions", specs.shard_positions, _shard_cases, _SHARD_MISTAKES,
+                                says="{n} shards match, contiguous and zigzag, on 1 to 4 ranks"),
+    "ring-schedule": Function("ring_schedule", specs.ring_schedule, _schedule_cases, _SCHEDULE_MISTAKES,
+                              says="{n} steps of the ring match, contiguous and zigzag, with and without the causal "
+                                   "mask"),
+    # a ring simulated in this process: each step's inputs are the learner's own previous outputs
+    "ring-forward": Measured("function", _measure_ring, {"ring_step": _RING_MISTAKES}),
+    "ring-group": Measured("process-group", _measure_group,
+                           {"(every rank at once)": _GROUP_MISTAKES + [_DEADLOCK, _EXTRA_SENDS]}),
+    "comm-bytes": Function("comm_bytes", specs.comm_bytes, _bytes_cases, _BYTES_MISTAKES,
+                           says="your counted bytes equal the IO model's to the byte; at "
+                                f"P={WORLD_SIZES[-1]} a ring rank sends {_BYTES[0, -1] / _BYTES[1, -1]:.1f}x the "
+                                "bytes of an all-to-all rank"),
+}
