@@ -2,24 +2,14 @@
 
 import functools
 import math
-from dataclasses import replace
 
 import torch
 
 from attnlab.attention import causal_mask
 from attnlab.grading import engine
 from attnlab.grading.core import Mistake, NotDone, gen as _gen, randn as _randn, salted_ints
-from attnlab.grading.engine import Function, Measured
+from attnlab.grading.engine import Function, InTurn, Measured
 from attnlab.grading.exercises.e04 import spec as specs
-
-
-def in_turn(says, *tables):
-    """A part that checks several of the learner's functions, one :class:`Function` table each, in turn (the
-    engine's Function is one function): it passes when all do; ``says``: the pass message, ``{n}`` the number of
-    cases of all of them together. (Exercise 05 uses it too; a capability the engine could take over.)"""
-    def measure(learner):
-        return says.format(n=sum(int(engine.run(replace(t, says="{n}"), learner)) for t in tables))
-    return Measured("function", measure, {t.name: list(t.mistakes) for t in tables})
 
 
 # -------------------------------------------------------------------------------------------- split-heads, merge-heads
@@ -355,9 +345,9 @@ TABLES = {
     "mha-forward": _module_written(Function(
         "mha_forward", specs.mha_forward, _mha_cases, _MHA_MISTAKES,
         says="{n} cases match the spec: masks, causal, cross-attention, fully masked rows, no biases, large logits")),
-    "mha-cost": in_turn("{n} cases match torch's own counts (the parameters of the module, FlopCounterMode's FLOPs)",
-                        Function("mha_parameters", specs.mha_parameters, _param_cases, _PARAM_MISTAKES, ordered=True),
-                        Function("mha_flops", specs.mha_flops, _flop_cases, _FLOP_MISTAKES, ordered=True)),
+    "mha-cost": InTurn("{n} cases match torch's own counts (the parameters of the module, FlopCounterMode's FLOPs)", (
+        Function("mha_parameters", specs.mha_parameters, _param_cases, _PARAM_MISTAKES, ordered=True),
+        Function("mha_flops", specs.mha_flops, _flop_cases, _FLOP_MISTAKES, ordered=True))),
     "head-specialisation": Function("head_specialisation", _reference, _head_cases, _HEAD_MISTAKES, rtol=0,
                                     atol=TOLERANCE, says=f"{{n}} seeds: your profiles match the grader's own training "
                                     f"of the same model within {TOLERANCE} on every entry"),

@@ -7,8 +7,7 @@ import numbers
 import torch
 
 from attnlab.grading.core import Fail, Mistake, gen as _gen, learner_of, mismatch, present, salted_ints, value_of
-from attnlab.grading.engine import Function, Measured
-from attnlab.grading.exercises.e04.checks import in_turn
+from attnlab.grading.engine import Function, InTurn, Measured
 from attnlab.grading.exercises.e05 import spec as specs
 
 
@@ -283,15 +282,13 @@ def _measure_experiment(ns):
 TABLES = {
     "attention-flops": Function("attention_flops", specs.attention_flops, _size_cases, _FLOPS_MISTAKES, ordered=True,
                                 says="{n} sizes match the spec"),
-    "attention-bytes": in_turn(
-        "{n} cases match the spec (attnlab.iomodel's count of standard attention)",
+    "attention-bytes": InTurn("{n} cases match the spec (attnlab.iomodel's count of standard attention)", (
         Function("step_bytes", specs.step_bytes, lambda: _size_cases(True), _STEP_MISTAKES, ordered=True),
-        Function("attention_bytes", specs.attention_bytes, lambda: _size_cases(True), _TOTAL_MISTAKES, ordered=True)),
-    "arithmetic-intensity": in_turn(
-        "{n} cases match the spec",
+        Function("attention_bytes", specs.attention_bytes, lambda: _size_cases(True), _TOTAL_MISTAKES, ordered=True))),
+    "arithmetic-intensity": InTurn("{n} cases match the spec", (
         Function("arithmetic_intensity", specs.arithmetic_intensity, lambda: _size_cases(True), _INTENSITY_MISTAKES,
                  ordered=True),
-        Function("is_memory_bound", specs.is_memory_bound, _bound_cases, _BOUND_MISTAKES, ordered=True)),
+        Function("is_memory_bound", specs.is_memory_bound, _bound_cases, _BOUND_MISTAKES, ordered=True))),
     "roofline-prediction": Function("predict_naive_time", specs.predict_naive_time, _predict_cases, _PREDICT_MISTAKES,
                                     ordered=True, says="{n} cases match the spec"),
     "naive-time-experiment": Measured("experiment", _measure_experiment, {
