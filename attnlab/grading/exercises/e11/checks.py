@@ -461,8 +461,7 @@ def _measure_group(learner):
             want = (shard(o_ref, P, rank, layout), shard(l_ref[..., None], P, rank, layout)[..., 0])
             why = mismatch(got[rank], want)
             if why:
-                found = [mk for mk in _GROUP_MISTAKES if all(
-                    mismatch(g, w, equal_nan=True) is None for g, w in zip(got, mk.impl(shards, causal, layout)))]
+                found = diagnose(got, _GROUP_MISTAKES, (shards, causal, layout), {})
                 raise Fail("\n    ".join([f"`ring_forward` on {label}: rank {rank}'s (O, L) differs from attention "
                                           f"over the whole sequence at its positions: {why}",
                                           f"(each rank r was called with its shard of q, k, v (B, H, n/P, d) and "
