@@ -1,103 +1,29 @@
-"""The checks of exercise 06_triton_primer (one ``@CHECKS(part id)`` per graded part).
+"""The checks of exercise 06_triton_primer: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
-Every kernel part launches the learner's ``@triton.jit`` kernel itself (:func:`run_guarded`: its own
-grid and block sizes, tensors inside sentinel-guarded memory whose rows are further apart than they
-are long), compares the values with the spec and, in Triton's interpreter, holds the traced traffic
-to the part's byte budget (:func:`check_traffic`). A failure is named from what the launch showed
-(an out-of-bounds access, an output element never written, more bytes than the budget, a kernel that
-is right only on contiguous rows) or from a wrong version of the spec that gives the same numbers.
+Every kernel part is a :class:`~attnlab.grading.engine.Kernel`: the grader launches the learner's ``@triton.jit``
+kernel itself (:func:`attnlab.grading.engine.launch`: its own grid and block sizes, tensors inside sentinel-guarded
+memory whose rows are further apart than they are long), compares the values with the spec and, in Triton's
+interpreter, holds the traced traffic to each launch's byte budget. A failure is named from what the launch showed
+(an out-of-bounds access, an output element never written, more bytes than the budget, a kernel that is right only
+on contiguous rows) or from a wrong version of the spec that gives the same numbers.
 """
 
 import torch
 
-from attnlab.grading.sandbox.agent import device as _device
-from attnlab.grading.core import Fail, Mistake, NotAccepted, NotDone, Registry, check_function, gen as _gen, \
-    randn as _randn
+from attnlab.grading.core import Mistake, check_function, gen as _gen, randn as _randn
+from attnlab.grading.engine import Kernel, Launch, Measured
 from attnlab.grading.exercises.e06 import spec as specs
-from attnlab.grading.sandbox.footprint import undefined_other
-from attnlab.grading.kernel_check import (cdiv, check_traffic, kernel_failure, labelled,
-                                          next_power_of_2, run_guarded)
-
-CHECKS = Registry()
-
-# what each kernel's byte budget allows, in the words of its part (the diagnosis of extra traffic)
-_BUDGET_OUTER = ('x read once per column of tiles and y once per row of tiles (1-D blocks, broadcast on the chip), '
-                 'out written once')
-_BUDGET_ONLINE_SOFTMAX = ('each row read at most twice (pass 1 for the running max and sum, pass 2 for the output) '
-                          'and each output element written once')
-_BUDGET_MATMUL = ('A read cdiv(N, BLOCK_N) times and B cdiv(M, BLOCK_M) times (once per tile of C that needs them), '
-                  'each element of C written once')
-_BUDGET_CAUSAL_MASK = ('S read only inside tiles that keep an entry (none of a tile wholly above the diagonal), out '
-                       'written once')
-
-NEVER_WRITTEN = Mistake("never-written", "part of the output was never stored: the grid has one program per block "
-                        "(axis 0 of the grid walks the first dimension, axis 1 the second); each program must "
-                        "store its own whole block, offset by its program id times the block size", None)
-STRIDE_IGNORED = Mistake("stride-ignored", "the kernel is right when the rows are contiguous and wrong when they are "
-                         "not: address row i as ptr + i * stride (the stride argument), not i * n_cols", None)
+from attnlab.grading.kernel_check import cdiv, next_power_of_2
+from attnlab.grading.sandbox.agent import device as _device
 
 
-def _padded(buffers):
-    return any(b.get("pad_rows") or b.get("pad_cols") for b in buffers.values())
+def _read_once(inp, out, n_in, n_out):
+    """{buffer: (max load bytes, max store bytes)}: ``n_in`` float32 of ``inp`` read once, ``n_out`` of ``out``
+    written once."""
+    return {inp: (4 * n_in, None), out: (None, 4 * n_out)}
 
 
-def _contiguous(buffers):
-    return {k: {kk: vv for kk, vv in b.items() if kk not in ("pad_rows", "pad_cols")} for k, b in buffers.items()}
-
-
-def _launch(ns, name, label, buffers, grid, args, kwargs, outputs, want, mistakes, margs, uses_dot=False, names=()):
-    """Launch, compare with ``want`` ({output: tensor}) and return the traced traffic ({} on a GPU).
-
-    ``margs``: the inputs the mistakes take, labelled ``names`` in a counterexample. A (1, n) output buffer
-    of a 1-D output is compared as 1-D, so that a counterexample's index is the output's own. On a
-    failure, the kernel is launched once more on contiguous tensors: right there means the kernel
-    ignores a stride."""
-    traffic = {}
-    named, named_mistakes = labelled(names or [f"argument {i + 1}" for i in range(len(margs))], margs, mistakes)
-
-    def flat(impl):  # a (1, n) result compared as the (n,) output it is
-        return None if impl is None else (lambda **kw: _as_1d(impl(**kw)))
-
-    def run(bufs, tr):
-        got = run_guarded(ns, name, label, bufs, grid, args, kwargs, outputs, traffic=tr)
-        for k in outputs:
-            g, w, ms = got[k], want[k], named_mistakes
-            if w.dim() == 2 and w.shape[0] == 1:
-                g, w = g.reshape(-1), w.reshape(-1)
-                ms = [Mistake(m.key, m.message, flat(m.impl)) for m in ms]
-            kernel_failure(label, name, g, w, ms, (), named, uses_dot=uses_dot)
-
-    try:
-        run(buffers, traffic)
-    except (NotDone, NotAccepted):
-        raise
-    except Fail as exc:
-        if "never written" in exc.message:
-            exc.mistakes.append(NEVER_WRITTEN)
-        if _padded(buffers) and " raised " not in exc.message:
-            try:
-                run(_contiguous(buffers), None)
-            except Fail:
-                pass
-            else:
-                exc.mistakes.insert(0, STRIDE_IGNORED)
-        raise
-    return traffic
-
-
-def _as_1d(x):
-    return x.reshape(-1) if torch.is_tensor(x) and x.dim() == 2 and x.shape[0] == 1 else x
-
-
-def _traffic_note(checked, budget_text):
-    if checked:
-        return f"; traffic within budget ({budget_text})"
-    return "; traffic not checked: on a GPU there is no trace (the tracer watches Triton's interpreter only)"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# masked-scale: y = alpha * x, a masked 1-D load and store
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- masked-scale: y = alpha * x
 
 _SCALE_MISTAKES = [
     Mistake("added-not-multiplied", "alpha is added to x: y = alpha * x", lambda x, alpha: x + alpha),
@@ -105,33 +31,19 @@ _SCALE_MISTAKES = [
 ]
 
 
-def _scale_cases():
+def _scale_launches():
     out = []
     for seed, (n, block) in enumerate([(1000, 128), (64, 64), (1, 32), (257, 64)]):
-        g = _gen(1100 + seed)
-        out.append((f"n={n}, BLOCK_SIZE={block}, grid=({cdiv(n, block)},)", _randn(g, n), 0.5 + seed, block))
+        x, alpha = _randn(_gen(1100 + seed), n), 0.5 + seed
+        out.append(Launch(f"n={n}, BLOCK_SIZE={block}, grid=({cdiv(n, block)},)",
+                          {"x": {"data": x[None, :]}, "y": {"shape": [1, n], "output": True}}, (cdiv(n, block),),
+                          [["buf", "x", 0], ["buf", "y", 0], ["val", n], ["val", alpha]], {"BLOCK_SIZE": block},
+                          {"y": specs.scale(x, alpha)[None, :]}, (x, alpha), ("x", "alpha"),
+                          _read_once("x", "y", n, n)))
     return out
 
 
-@CHECKS("masked-scale")
-def _check_scale(ns):
-    cases = _scale_cases()
-    checked = False
-    for label, x, alpha, block in cases:
-        n = x.numel()
-        buffers = {"x": {"data": x[None, :]}, "y": {"shape": [1, n], "output": True}}
-        args = [["buf", "x", 0], ["buf", "y", 0], ["val", n], ["val", alpha]]
-        want = {"y": specs.scale(x, alpha)[None, :]}
-        traffic = _launch(ns, "scale_kernel", label, buffers, (cdiv(n, block),), args, {"BLOCK_SIZE": block}, ["y"],
-                          want, _SCALE_MISTAKES, (x, alpha), names=("x", "alpha"))
-        checked = check_traffic("scale_kernel", label, traffic, {"x": (4 * n, None), "y": (None, 4 * n)})
-    return (f"{len(cases)} launches match the spec, with no access outside the tensors"
-            + _traffic_note(checked, "x read once, y written once"))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# tile-transpose: y = x^T, a 2-D tile load and store with strides
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- tile-transpose: y = x^T, with strides
 
 _TRANSPOSE_MISTAKES = [
     Mistake("not-transposed", "the tile is stored where it was loaded from (y = x): x[i, j] goes to y[j, i]",
@@ -139,35 +51,21 @@ _TRANSPOSE_MISTAKES = [
 ]
 
 
-def _transpose_cases():
+def _transpose_launches():
     out = []
     for seed, (m, n, bm, bn) in enumerate([(8, 8, 4, 4), (10, 6, 4, 4), (5, 12, 8, 4)]):
-        g = _gen(1150 + seed)
-        out.append((f"x of shape ({m}, {n}), BLOCK_M={bm}, BLOCK_N={bn}, grid=({cdiv(m, bm)}, {cdiv(n, bn)})",
-                    _randn(g, m, n), bm, bn))
+        x = _randn(_gen(1150 + seed), m, n)
+        grid = (cdiv(m, bm), cdiv(n, bn))
+        out.append(Launch(f"x of shape ({m}, {n}), BLOCK_M={bm}, BLOCK_N={bn}, grid={grid}",
+                          {"x": {"data": x, "pad_cols": 3}, "y": {"shape": [n, m], "output": True, "pad_cols": 5}},
+                          grid, [["buf", "x", None], ["buf", "y", None], ["val", m], ["val", n], ["stride", "x", 0],
+                                 ["stride", "x", 1], ["stride", "y", 0], ["stride", "y", 1]],
+                          {"BLOCK_M": bm, "BLOCK_N": bn}, {"y": specs.transpose(x)}, (x,), ("x",),
+                          _read_once("x", "y", m * n, m * n)))
     return out
 
 
-@CHECKS("tile-transpose")
-def _check_transpose(ns):
-    cases = _transpose_cases()
-    checked = False
-    for label, x, bm, bn in cases:
-        m, n = x.shape
-        buffers = {"x": {"data": x, "pad_cols": 3}, "y": {"shape": [n, m], "output": True, "pad_cols": 5}}
-        args = [["buf", "x", None], ["buf", "y", None], ["val", m], ["val", n], ["stride", "x", 0], ["stride", "x", 1],
-                ["stride", "y", 0], ["stride", "y", 1]]
-        traffic = _launch(ns, "transpose_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
-                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["y"], {"y": specs.transpose(x)},
-                          _TRANSPOSE_MISTAKES, (x,), names=("x",))
-        checked = check_traffic("transpose_kernel", label, traffic, {"x": (4 * m * n, None), "y": (None, 4 * m * n)})
-    return (f"{len(cases)} launches (square, ragged, wide; rows padded) match the spec, with no stray access"
-            + _traffic_note(checked, "x read once, y written once"))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# outer-product: out[i, j] = x[i] * y[j], by broadcasting
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- outer-product: x[i] * y[j], broadcast
 
 _OUTER_MISTAKES = [
     Mistake("added-not-multiplied", "x[i] + y[j] is a broadcast sum: the outer product multiplies",
@@ -176,19 +74,9 @@ _OUTER_MISTAKES = [
             lambda x, y: y[:, None] * x[None, :]),
 ]
 
-
 _TILE_LOADED = Mistake("broadcast-by-loading", "x or y is loaded as a (BLOCK_M, BLOCK_N) tile, so each value is read "
                        "once per lane of the other axis: load them as 1-D blocks and broadcast in registers "
                        "(x[:, None] * y[None, :])", None)
-
-
-def _outer_cases():
-    out = []
-    for seed, (m, n, bm, bn) in enumerate([(6, 6, 4, 4), (13, 9, 8, 4), (1, 20, 4, 8)]):
-        g = _gen(1180 + seed)
-        out.append((f"x ({m},), y ({n},), BLOCK_M={bm}, BLOCK_N={bn}, grid=({cdiv(m, bm)}, {cdiv(n, bn)})",
-                    _randn(g, m), _randn(g, n), bm, bn))
-    return out
 
 
 def outer_budget(m, n, bm, bn):
@@ -196,27 +84,23 @@ def outer_budget(m, n, bm, bn):
     return {"x": (4 * m * cdiv(n, bn), None), "y": (4 * n * cdiv(m, bm), None), "out": (None, 4 * m * n)}
 
 
-@CHECKS("outer-product")
-def _check_outer(ns):
-    cases = _outer_cases()
-    checked = False
-    for label, x, y, bm, bn in cases:
-        m, n = x.numel(), y.numel()
-        buffers = {"x": {"data": x[None, :]}, "y": {"data": y[None, :]},
-                   "out": {"shape": [m, n], "output": True, "pad_cols": 3}}
-        args = [["buf", "x", 0], ["buf", "y", 0], ["buf", "out", None], ["val", m], ["val", n], ["stride", "out", 0]]
-        traffic = _launch(ns, "outer_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
-                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.outer(x, y)},
-                          _OUTER_MISTAKES, (x, y), names=("x", "y"))
-        checked = check_traffic("outer_kernel", label, traffic,
-                                outer_budget(m, n, bm, bn), [_TILE_LOADED], says=_BUDGET_OUTER)
-    return (f"{len(cases)} launches match the spec, with no stray access"
-            + _traffic_note(checked, "x read once per column of tiles, y once per row of tiles, out written once"))
+def _outer_launches():
+    out = []
+    for seed, (m, n, bm, bn) in enumerate([(6, 6, 4, 4), (13, 9, 8, 4), (1, 20, 4, 8)]):
+        g = _gen(1180 + seed)
+        x, y = _randn(g, m), _randn(g, n)
+        grid = (cdiv(m, bm), cdiv(n, bn))
+        out.append(Launch(f"x ({m},), y ({n},), BLOCK_M={bm}, BLOCK_N={bn}, grid={grid}",
+                          {"x": {"data": x[None, :]}, "y": {"data": y[None, :]},
+                           "out": {"shape": [m, n], "output": True, "pad_cols": 3}},
+                          grid, [["buf", "x", 0], ["buf", "y", 0], ["buf", "out", None], ["val", m], ["val", n],
+                                 ["stride", "out", 0]],
+                          {"BLOCK_M": bm, "BLOCK_N": bn}, {"out": specs.outer(x, y)}, (x, y), ("x", "y"),
+                          outer_budget(m, n, bm, bn)))
+    return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# row-sum: out[i] = sum_j x[i, j], looping over column blocks
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- row-sum: a loop over column blocks
 
 _ROW_SUM_MISTAKES = [
     Mistake("first-block-only", "only the first BLOCK_N columns are summed: loop over the row, "
@@ -232,34 +116,19 @@ _ROW_SUM_MISTAKES = [
 ]
 
 
-def _row_sum_cases():
+def _row_sum_launches():
     out = []
     for seed, (m, n, bn) in enumerate([(4, 40, 16), (3, 64, 16), (5, 7, 16), (2, 100, 32)]):
-        g = _gen(1200 + seed)
-        out.append((f"x of shape ({m}, {n}), BLOCK_N={bn}" + (" (one partial block)" if n < bn else ""),
-                    _randn(g, m, n), bn))
+        x = _randn(_gen(1200 + seed), m, n)
+        out.append(Launch(f"x of shape ({m}, {n}), BLOCK_N={bn}" + (" (one partial block)" if n < bn else ""),
+                          {"x": {"data": x, "pad_cols": 3}, "out": {"shape": [1, m], "output": True}}, (m,),
+                          [["buf", "x", None], ["buf", "out", 0], ["val", n], ["stride", "x", 0]], {"BLOCK_N": bn},
+                          {"out": specs.row_sum(x)[None, :]}, (x, bn), ("x", "BLOCK_N"),
+                          _read_once("x", "out", m * n, m)))
     return out
 
 
-@CHECKS("row-sum")
-def _check_row_sum(ns):
-    cases = _row_sum_cases()
-    checked = False
-    for label, x, bn in cases:
-        m, n = x.shape
-        buffers = {"x": {"data": x, "pad_cols": 3}, "out": {"shape": [1, m], "output": True}}
-        args = [["buf", "x", None], ["buf", "out", 0], ["val", n], ["stride", "x", 0]]
-        # masked lanes of a load without other= read NaN here, as undefined as on a GPU
-        traffic = _launch(undefined_other(ns), "row_sum_kernel", label, buffers, (m,), args, {"BLOCK_N": bn}, ["out"],
-                          {"out": specs.row_sum(x)[None, :]}, _ROW_SUM_MISTAKES, (x, bn), names=("x", "BLOCK_N"))
-        checked = check_traffic("row_sum_kernel", label, traffic, {"x": (4 * m * n, None), "out": (None, 4 * m)})
-    return (f"{len(cases)} launches (partial last blocks, a row shorter than the block) match the spec"
-            + _traffic_note(checked, "x read once, one value stored per row"))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# softmax-kernel: the fused softmax, one row per program
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- softmax-kernel: one row per program
 
 def _padded_softmax(x, block):
     # masked-off lanes loaded as 0 join the row: what `other=0` computes
@@ -286,43 +155,27 @@ _SOFTMAX_KERNEL_MISTAKES = [
 ]
 
 
-def _softmax_kernel_cases():
+def _softmax_launch(label, x, block, inputs, names, reads):
+    """A launch of a softmax kernel, one program per row, each row read at most ``reads`` times. The rows are 3
+    (input) and 5 (output) elements further apart than they are long: the kernel must use the strides."""
+    rows, cols = x.shape
+    return Launch(label, {"x": {"data": x, "pad_cols": 3}, "y": {"shape": [rows, cols], "output": True, "pad_cols": 5}},
+                  (rows,), [["buf", "y", None], ["buf", "x", None], ["stride", "x", 0], ["stride", "y", 0],
+                            ["val", cols]], {"BLOCK_SIZE": block}, {"y": specs.row_softmax(x)}, inputs, names,
+                  _read_once("x", "y", reads * rows * cols, rows * cols))
+
+
+def _softmax_kernel_launches():
     out = []
     for seed, (rows, cols, scale) in enumerate([(4, 8, 1.0), (3, 100, 1.0), (5, 1, 1.0), (2, 130, 1.0),
                                                  (3, 20, 500.0)]):
-        g = _gen(1250 + seed)
+        x = _randn(_gen(1250 + seed), rows, cols, scale=scale)
         label = f"a ({rows}, {cols}) input" + (" with large logits (~1000)" if scale > 1 else "")
-        out.append((label, _randn(g, rows, cols, scale=scale)))
+        out.append(_softmax_launch(label, x, next_power_of_2(cols), (x,), ("x",), reads=1))
     return out
 
 
-def _softmax_buffers(x):
-    # rows are 3 (input) and 5 (output) elements further apart than they are long: the kernel must use the strides
-    return {"x": {"data": x, "pad_cols": 3}, "y": {"shape": list(x.shape), "output": True, "pad_cols": 5}}
-
-
-_SOFTMAX_ARGS = [["buf", "y", None], ["buf", "x", None], ["stride", "x", 0], ["stride", "y", 0]]
-
-
-@CHECKS("softmax-kernel")
-def _check_softmax_kernel(ns):
-    cases = _softmax_kernel_cases()
-    checked = False
-    for label, x in cases:
-        rows, cols = x.shape
-        block = next_power_of_2(cols)
-        traffic = _launch(ns, "softmax_kernel", label, _softmax_buffers(x), (rows,), _SOFTMAX_ARGS + [["val", cols]],
-                          {"BLOCK_SIZE": block}, ["y"], {"y": specs.row_softmax(x)},
-                          _SOFTMAX_KERNEL_MISTAKES, (x,), names=("x",))
-        checked = check_traffic("softmax_kernel", label, traffic,
-                                {"x": (4 * rows * cols, None), "y": (None, 4 * rows * cols)})
-    return (f"{len(cases)} inputs (odd widths, one column, large logits) match the spec, with no stray access"
-            + _traffic_note(checked, "each row read once and written once"))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# online-softmax-kernel: rows longer than the block, the online max and sum, two passes at most
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- online-softmax-kernel: two passes
 
 def _online_emulation(x, block, rescale=True):
     """The kernel's pass 1 in PyTorch, block by block, with the rescale switch; then pass 2."""
@@ -346,46 +199,26 @@ _ONLINE_MISTAKES = [
     Mistake("not-normalised", "pass 2 stores exp(x - m) without dividing by the running sum l", _not_normalised),
 ]
 
-
 _THIRD_PASS = Mistake("more-than-two-passes", "the row is read more than twice (a pass for the max, one for the sum, "
                       "one for the output?): update the max and the sum in the same pass, rescaling the sum when the "
                       "max grows", None)
 
 
-def _online_cases():
+def _online_launches():
     out = []
     for seed, (rows, cols, block, scale) in enumerate([(3, 100, 16, 3.0), (2, 64, 16, 1.0), (4, 10, 16, 1.0),
                                                        (2, 50, 16, 500.0)]):
-        g = _gen(1300 + seed)
-        x = _randn(g, rows, cols, scale=scale)
+        x = _randn(_gen(1300 + seed), rows, cols, scale=scale)
         if seed == 0:  # the max grows along the row: every block rescales the sum
             x = x + torch.linspace(0, 12, cols)
         label = f"a ({rows}, {cols}) input, BLOCK_SIZE={block}" + (
             " with large logits (~1000)" if scale > 100 else " whose max grows along the row" if seed == 0 else
             " (row shorter than the block)" if cols < block else "")
-        out.append((label, x, block))
+        out.append(_softmax_launch(label, x, block, (x, block), ("x", "BLOCK_SIZE"), reads=2))
     return out
 
 
-@CHECKS("online-softmax-kernel")
-def _check_online(ns):
-    cases = _online_cases()
-    checked = False
-    for label, x, block in cases:
-        rows, cols = x.shape
-        traffic = _launch(ns, "online_softmax_kernel", label, _softmax_buffers(x), (rows,),
-                          _SOFTMAX_ARGS + [["val", cols]], {"BLOCK_SIZE": block}, ["y"], {"y": specs.row_softmax(x)},
-                          _ONLINE_MISTAKES, (x, block), names=("x", "BLOCK_SIZE"))
-        checked = check_traffic("online_softmax_kernel", label, traffic,
-                                {"x": (2 * 4 * rows * cols, None), "y": (None, 4 * rows * cols)}, [_THIRD_PASS],
-                                says=_BUDGET_ONLINE_SOFTMAX)
-    return (f"{len(cases)} inputs (rows of several blocks, a partial last block, large logits) match the spec"
-            + _traffic_note(checked, "each row read at most twice, written once"))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# tiled-matmul: C = A @ B with tl.dot
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- tiled-matmul: C = A @ B with tl.dot
 
 def _last_k_block(a, b, bk):
     last = ((a.shape[1] - 1) // bk) * bk
@@ -407,46 +240,34 @@ _MATMUL_MISTAKES = [
 ]
 
 
-def _matmul_cases():
-    out = []
-    for seed, (m, n, k, col_major) in enumerate([(32, 32, 32, False), (40, 24, 40, False), (16, 48, 20, True)]):
-        g = _gen(1350 + seed)
-        a, b = _randn(g, m, k), _randn(g, k, n)
-        label = (f"A ({m}, {k}) @ B ({k}, {n}), blocks 16 x 16 x 16, grid=({cdiv(m, 16)}, {cdiv(n, 16)})"
-                 + (", B stored column-major (stride_bk = 1)" if col_major else ""))
-        out.append((label, a, b, col_major))
-    return out
-
-
 def matmul_budget(m, n, k, bm, bn):
     """{buffer: (max load bytes, max store bytes)}: A read once per column of C tiles (cdiv(N, BLOCK_N) times),
     B once per row of tiles (cdiv(M, BLOCK_M) times), C written once. attnlab.iomodel.matmul_io's model."""
     return {"a": (4 * m * k * cdiv(n, bn), None), "b": (4 * k * n * cdiv(m, bm), None), "c": (None, 4 * m * n)}
 
 
-@CHECKS("tiled-matmul")
-def _check_matmul(ns):
-    cases = _matmul_cases()
-    checked = False
-    for label, a, b, col_major in cases:
-        (m, k), n = a.shape, b.shape[1]
-        bm = bn = bk = 16
-        buffers = {"a": {"data": a, "pad_cols": 3}, "b": {"data": b.T.contiguous() if col_major else b, "pad_cols": 5},
-                   "c": {"shape": [m, n], "output": True, "pad_cols": 2}}
+def _matmul_launches():
+    out = []
+    bm = bn = bk = 16
+    for seed, (m, n, k, col_major) in enumerate([(32, 32, 32, False), (40, 24, 40, False), (16, 48, 20, True)]):
+        g = _gen(1350 + seed)
+        a, b = _randn(g, m, k), _randn(g, k, n)
+        grid = (cdiv(m, bm), cdiv(n, bn))
+        label = (f"A ({m}, {k}) @ B ({k}, {n}), blocks 16 x 16 x 16, grid={grid}"
+                 + (", B stored column-major (stride_bk = 1)" if col_major else ""))
         b_strides = [["stride", "b", 1], ["stride", "b", 0]] if col_major else [["stride", "b", 0], ["stride", "b", 1]]
-        args = [["buf", "a", None], ["buf", "b", None], ["buf", "c", None], ["val", m], ["val", n], ["val", k],
-                ["stride", "a", 0], ["stride", "a", 1], *b_strides, ["stride", "c", 0], ["stride", "c", 1]]
-        traffic = _launch(ns, "matmul_kernel", label, buffers, (cdiv(m, bm), cdiv(n, bn)), args,
-                          {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, ["c"], {"c": specs.matmul(a, b)},
-                          _MATMUL_MISTAKES, (a, b, bk), uses_dot=True, names=("A", "B", "BLOCK_K"))
-        checked = check_traffic("matmul_kernel", label, traffic, matmul_budget(m, n, k, bm, bn), says=_BUDGET_MATMUL)
-    return (f"{len(cases)} launches (ragged M, N and K, a column-major B) match the spec, with no stray access"
-            + _traffic_note(checked, "A read cdiv(N, BLOCK_N) times, B cdiv(M, BLOCK_M) times, C written once"))
+        out.append(Launch(label, {"a": {"data": a, "pad_cols": 3},
+                                  "b": {"data": b.T.contiguous() if col_major else b, "pad_cols": 5},
+                                  "c": {"shape": [m, n], "output": True, "pad_cols": 2}},
+                          grid, [["buf", "a", None], ["buf", "b", None], ["buf", "c", None], ["val", m], ["val", n],
+                                 ["val", k], ["stride", "a", 0], ["stride", "a", 1], *b_strides, ["stride", "c", 0],
+                                 ["stride", "c", 1]],
+                          {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, {"c": specs.matmul(a, b)}, (a, b, bk),
+                          ("A", "B", "BLOCK_K"), matmul_budget(m, n, k, bm, bn)))
+    return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# causal-tile: scale and causally mask a tile of scores, reading no tile that is wholly masked
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- causal-tile: no wholly masked tile read
 
 def _causal_with(offset=0, fill=float("-inf"), transposed=False, use_scale=True, pid_skip=False):
     def impl(s, scale, bm, bn):
@@ -471,46 +292,30 @@ _CAUSAL_MISTAKES = [
             "last query row, pid_n * BLOCK_N <= pid_m * BLOCK_M + BLOCK_M - 1", _causal_with(pid_skip=True)),
 ]
 
-
 _MASKED_READ = Mistake("masked-entries-read", "entries that end as -inf are read anyway: load S with the causal "
                        "mask itself (mask=keep), so a tile wholly above the diagonal reads nothing", None)
 
 
-def _causal_cases():
+def _causal_launches():
     out = []
     for seed, (n_q, n_k, bm, bn) in enumerate([(16, 16, 8, 8), (20, 13, 8, 8), (9, 24, 8, 8), (16, 20, 16, 8),
                                                 (12, 24, 4, 8)]):
-        g = _gen(1400 + seed)
+        s, scale = _randn(_gen(1400 + seed), n_q, n_k), 0.25 + 0.5 * seed
+        budget = {"s": (4 * specs.tiles_touching_causal(n_q, n_k, bm, bn), None), "out": (None, 4 * n_q * n_k)}
         what = "non-square tiles" if bm != bn else "square" if n_q == n_k else "more queries than keys" \
             if n_q > n_k else "more keys than queries (tiles wholly above the diagonal)"
-        out.append((f"S of shape ({n_q}, {n_k}) ({what}), BLOCK_M={bm}, BLOCK_N={bn}", _randn(g, n_q, n_k),
-                    0.25 + 0.5 * seed, bm, bn))
+        out.append(Launch(f"S of shape ({n_q}, {n_k}) ({what}), BLOCK_M={bm}, BLOCK_N={bn}",
+                          {"s": {"data": s, "pad_cols": 3},
+                           "out": {"shape": [n_q, n_k], "output": True, "pad_cols": 2}},
+                          (cdiv(n_q, bm), cdiv(n_k, bn)),
+                          [["buf", "s", None], ["buf", "out", None], ["val", n_q], ["val", n_k], ["stride", "s", 0],
+                           ["stride", "out", 0], ["val", scale]],
+                          {"BLOCK_M": bm, "BLOCK_N": bn}, {"out": specs.causal_scores(s, scale)}, (s, scale, bm, bn),
+                          ("S", "scale", "BLOCK_M", "BLOCK_N"), budget))
     return out
 
 
-@CHECKS("causal-tile")
-def _check_causal(ns):
-    cases = _causal_cases()
-    checked = False
-    for label, s, scale, bm, bn in cases:
-        n_q, n_k = s.shape
-        buffers = {"s": {"data": s, "pad_cols": 3}, "out": {"shape": [n_q, n_k], "output": True, "pad_cols": 2}}
-        args = [["buf", "s", None], ["buf", "out", None], ["val", n_q], ["val", n_k], ["stride", "s", 0],
-                ["stride", "out", 0], ["val", scale]]
-        traffic = _launch(ns, "causal_mask_kernel", label, buffers, (cdiv(n_q, bm), cdiv(n_k, bn)), args,
-                          {"BLOCK_M": bm, "BLOCK_N": bn}, ["out"], {"out": specs.causal_scores(s, scale)},
-                          _CAUSAL_MISTAKES, (s, scale, bm, bn), names=("S", "scale", "BLOCK_M", "BLOCK_N"))
-        budget = 4 * specs.tiles_touching_causal(n_q, n_k, bm, bn)
-        checked = check_traffic("causal_mask_kernel", label, traffic,
-                                {"s": (budget, None), "out": (None, 4 * n_q * n_k)},
-                                [_MASKED_READ], says=_BUDGET_CAUSAL_MASK)
-    return (f"{len(cases)} launches (square, n_q > n_k, n_q < n_k, BLOCK_M != BLOCK_N) match the spec"
-            + _traffic_note(checked, "S read only in tiles that keep an entry, out written once"))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# matmul-traffic-experiment: bytes read by the learner's own tiled matmul, against the tile size
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- matmul-traffic-experiment
 
 def _unique(m, n, k, block, seed=0):
     return 4 * (m * k + k * n)
@@ -541,11 +346,43 @@ def _experiment_cases():
     return out
 
 
-@CHECKS("matmul-traffic-experiment")
-def _check_experiment(ns):
+def _measure_traffic(learner):
+    """The learner's ``matmul_traffic`` (bytes its own tiled matmul reads, traced) against the tiled model."""
     if _device() == "cuda":
         return ("not checked on a GPU: attnlab.memory.trace watches kernels that run in Triton's interpreter, and "
                 "here your kernel runs natively; grade this part on a CPU-only machine")
-    cases = _experiment_cases()
-    n = check_function(ns, "matmul_traffic", specs.matmul_traffic, cases, _EXPERIMENT_MISTAKES)
+    n = check_function(learner, "matmul_traffic", specs.matmul_traffic, _experiment_cases(), _EXPERIMENT_MISTAKES)
     return f"{n} measurements reproduced exactly (to the byte) by the tiled-matmul traffic model"
+
+
+TABLES = {
+    "masked-scale": Kernel("scale_kernel", _scale_launches, _SCALE_MISTAKES, budget_says="x read once, y written once"),
+    "tile-transpose": Kernel("transpose_kernel", _transpose_launches, _TRANSPOSE_MISTAKES,
+                             says="{n} launches (square, ragged, wide; rows padded) match the spec, with no stray "
+                             "access", budget_says="x read once, y written once"),
+    "outer-product": Kernel("outer_kernel", _outer_launches, _OUTER_MISTAKES,
+                            says="{n} launches match the spec, with no stray access",
+                            budget_says="x read once per column of tiles and y once per row of tiles (1-D blocks, "
+                            "broadcast on the chip), out written once", traffic_mistakes=[_TILE_LOADED]),
+    # masked lanes of a load without other= read NaN, as undefined as on a GPU
+    "row-sum": Kernel("row_sum_kernel", _row_sum_launches, _ROW_SUM_MISTAKES,
+                      says="{n} launches (partial last blocks, a row shorter than the block) match the spec",
+                      budget_says="x read once, one value stored per row", undefined_other=True),
+    "softmax-kernel": Kernel("softmax_kernel", _softmax_kernel_launches, _SOFTMAX_KERNEL_MISTAKES,
+                             says="{n} inputs (odd widths, one column, large logits) match the spec, with no stray "
+                             "access", budget_says="each row read once and written once"),
+    "online-softmax-kernel": Kernel("online_softmax_kernel", _online_launches, _ONLINE_MISTAKES,
+                                    says="{n} inputs (rows of several blocks, a partial last block, large logits) "
+                                    "match the spec", budget_says="each row read at most twice (pass 1 for the running "
+                                    "max and sum, pass 2 for the output) and each output element written once",
+                                    traffic_mistakes=[_THIRD_PASS]),
+    "tiled-matmul": Kernel("matmul_kernel", _matmul_launches, _MATMUL_MISTAKES,
+                           says="{n} launches (ragged M, N and K, a column-major B) match the spec, with no stray "
+                           "access", budget_says="A read cdiv(N, BLOCK_N) times and B cdiv(M, BLOCK_M) times (once "
+                           "per tile of C that needs them), each element of C written once", uses_dot=True),
+    "causal-tile": Kernel("causal_mask_kernel", _causal_launches, _CAUSAL_MISTAKES,
+                          says="{n} launches (square, n_q > n_k, n_q < n_k, BLOCK_M != BLOCK_N) match the spec",
+                          budget_says="S read only inside tiles that keep an entry (none of a tile wholly above the "
+                          "diagonal), out written once", traffic_mistakes=[_MASKED_READ]),
+    "matmul-traffic-experiment": Measured("experiment", _measure_traffic, {"matmul_traffic": _EXPERIMENT_MISTAKES}),
+}
