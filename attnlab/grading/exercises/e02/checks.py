@@ -1,13 +1,13 @@
-"""The checks of exercise 02_queries_keys_values (one ``@CHECKS(part id)`` per graded part)."""
+"""The checks of exercise 02_queries_keys_values: one table per graded part (:mod:`attnlab.grading.engine`), in
+``TABLES``."""
 
 import math
 
 import torch
 
-from attnlab.grading.core import Mistake, Registry, check_function, gen as _gen, randn as _randn, salted_ints
+from attnlab.grading.core import Mistake, gen as _gen, randn as _randn, salted_ints
+from attnlab.grading.engine import Function, Measured, run
 from attnlab.grading.exercises.e02 import spec as specs
-
-CHECKS = Registry()
 
 
 def _naive_softmax(s, dim=-1):
@@ -15,13 +15,18 @@ def _naive_softmax(s, dim=-1):
     return e / e.sum(dim=dim, keepdim=True)
 
 
-def _zero_nan(p):
-    return torch.nan_to_num(p, nan=0.0)
+def _both(make, key, message, **kwargs):
+    """The mistake ``make(**kwargs)`` with a softmax that gives NaN on empty rows, and with one that gives zeros."""
+    return [Mistake(key, message, make(**kwargs)),
+            Mistake(key, message, make(fix=lambda p: torch.nan_to_num(p, nan=0.0), **kwargs))]
 
 
-# ---------------------------------------------------------------------------------------------
-# padding-mask
-# ---------------------------------------------------------------------------------------------
+# how a mask (True = attend) reaches the scores, right ("fill") and wrong
+_FILLS = {"fill": lambda s, m: s.masked_fill(~m, float("-inf")), "finite": lambda s, m: s.masked_fill(~m, -1e9),
+          "inverted": lambda s, m: s.masked_fill(m, float("-inf")), "zero": lambda s, m: s * m}
+
+
+# ----------------------------------------------------------------------------- padding-mask
 
 def _padding_cases():
     g = _gen(300)
@@ -40,10 +45,9 @@ _PADDING_MISTAKES = [
             lambda lengths, max_len: torch.arange(max_len)[None, :] <= lengths[:, None]),
     Mistake("inverted", "the mask is inverted: True must mark real tokens (attend), False padding",
             lambda lengths, max_len: torch.arange(max_len)[None, :] >= lengths[:, None]),
-    Mistake("not-bool", "the mask should be a bool tensor (True = real token), not numbers",
-            lambda lengths, max_len: specs.padding_mask(lengths, max_len).float()),
-    Mistake("not-bool", "the mask should be a bool tensor (True = real token), not numbers",
-            lambda lengths, max_len: specs.padding_mask(lengths, max_len).long()),
+    *[Mistake("not-bool", "the mask should be a bool tensor (True = real token), not numbers",
+              lambda lengths, max_len, dtype=dtype: specs.padding_mask(lengths, max_len).to(dtype))
+      for dtype in (torch.float, torch.long)],
     Mistake("max-len-ignored", "the mask has max(lengths) columns; it must have max_len (the padded length "
             "of the batch, which can be longer than every sequence)",
             lambda lengths, max_len: specs.padding_mask(lengths, int(lengths.max()))),
@@ -55,19 +59,10 @@ _PADDING_MISTAKES = [
 ]
 
 
-@CHECKS("padding-mask")
-def _check_padding(ns):
-    n = check_function(ns, "padding_mask", specs.padding_mask, _padding_cases(), _PADDING_MISTAKES)
-    return f"{n} cases match the spec, including an empty sequence and max_len beyond every length"
-
-
-# ---------------------------------------------------------------------------------------------
-# causal-mask
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- causal-mask
 
 def _causal_cases():
-    g = _gen(310)
-    a, b = (int(x) for x in torch.randint(1, 8, (2,), generator=g))
+    a, b = (int(x) for x in torch.randint(1, 8, (2,), generator=_gen(310)))
     return [(f"n_q={n_q}, n_k={n_k}" + note, (n_q, n_k), {}) for n_q, n_k, note in
             [(4, 4, ""), (1, 1, ""), (3, 5, " (fewer queries than keys)"), (5, 3, " (more queries than keys)"),
              (a, b, " (random sizes)")]]
@@ -94,89 +89,59 @@ _CAUSAL_MISTAKES = [
 ]
 
 
-@CHECKS("causal-mask")
-def _check_causal(ns):
-    n = check_function(ns, "causal_mask", specs.causal_mask, _causal_cases(), _CAUSAL_MISTAKES)
-    return f"{n} cases match the spec, square and rectangular"
+# ----------------------------------------------------------------------------- attention-masks
 
+def _qkv(g, b, h, nq, nk, d, dv, scale=1.0):
+    """q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv), drawn from ``g`` in that order; ``scale`` multiplies q
+    and k."""
+    return _randn(g, b, h, nq, d, scale=scale), _randn(g, b, h, nk, d, scale=scale), _randn(g, b, h, nk, dv)
 
-# ---------------------------------------------------------------------------------------------
-# attention-masks
-# ---------------------------------------------------------------------------------------------
 
 def _attention_cases():
-    cases = []
     g = _gen(400)
-    b, h, nq, nk, d, dv = 2, 3, 5, 7, 4, 6
-    q, k, v = _randn(g, b, h, nq, d), _randn(g, b, h, nk, d), _randn(g, b, h, nk, dv)
-    shape = f"B={b}, H={h}, Nq={nq}, Nk={nk}, d={d}, dv={dv}"
-    cases.append((f"{shape}, no mask", (q, k, v), {}))
-    lengths = torch.randint(1, nk + 1, (b,), generator=g)
-    pad = specs.padding_mask(lengths, nk)[:, None, None, :]  # (B, 1, 1, Nk)
-    cases.append((f"{shape}, padding mask (B, 1, 1, Nk) of lengths {lengths.tolist()}", (q, k, v), {"mask": pad}))
-    g = _gen(401)
-    q6, k6, v6 = _randn(g, 1, 2, 6, 8), _randn(g, 1, 2, 6, 8), _randn(g, 1, 2, 6, 8)
-    cases.append(("B=1, H=2, Nq=Nk=6, d=8, causal=True", (q6, k6, v6), {"causal": True}))
-    cases.append((f"{shape}, causal=True with Nq < Nk (query i sees keys 0..i)", (q, k, v), {"causal": True}))
-    g = _gen(402)
-    q9, k9, v9 = _randn(g, 2, 1, 9, 4), _randn(g, 2, 1, 3, 4), _randn(g, 2, 1, 3, 4)
-    cases.append(("B=2, H=1, Nq=9, Nk=3, d=4, causal=True with Nq > Nk (the last rows see every key)",
-                  (q9, k9, v9), {"causal": True}))
-    cases.append((f"{shape}, padding mask of lengths {lengths.tolist()} AND causal=True", (q, k, v),
-                  {"mask": pad, "causal": True}))
-    g = _gen(403)
-    big = (_randn(g, 1, 2, 4, 16, scale=30.0), _randn(g, 1, 2, 6, 16, scale=30.0), _randn(g, 1, 2, 6, 16))
-    cases.append(("large logits (scores in the hundreds), causal=True", big, {"causal": True}))
-    g = _gen(404)
-    q3, k3, v3 = _randn(g, 3, 1, 4, 4), _randn(g, 3, 1, 4, 4), _randn(g, 3, 1, 4, 4)
+    qkv, shape = _qkv(g, 2, 3, 5, 7, 4, 6), "B=2, H=3, Nq=5, Nk=7, d=4, dv=6"
+    lengths = torch.randint(1, 8, (2,), generator=g)
+    pad = specs.padding_mask(lengths, 7)[:, None, None, :]  # (B, 1, 1, Nk)
     empty = specs.padding_mask(torch.tensor([4, 0, 2]), 4)[:, None, None, :]
-    cases.append(("lengths [4, 0, 2] (sequence 1 is empty: every row of it has no key) and causal=True",
-                  (q3, k3, v3), {"mask": empty, "causal": True}))
     g = _gen(405)
-    q4, k4, v4 = _randn(g, 1, 2, 4, 4), _randn(g, 1, 2, 5, 4), _randn(g, 1, 2, 5, 4)
+    explicit = _qkv(g, 1, 2, 4, 5, 4, 4)
     mask = torch.rand(4, 5, generator=g) < 0.6
     mask[:, 0] = True
     mask[2] = False  # query 2 has nothing to attend to
-    cases.append(("an explicit (Nq, Nk) mask whose row 2 is all False (must output zeros)", (q4, k4, v4),
-                  {"mask": mask}))
-    return cases
+    return [
+        (f"{shape}, no mask", qkv, {}),
+        (f"{shape}, padding mask (B, 1, 1, Nk) of lengths {lengths.tolist()}", qkv, {"mask": pad}),
+        ("B=1, H=2, Nq=Nk=6, d=8, causal=True", _qkv(_gen(401), 1, 2, 6, 6, 8, 8), {"causal": True}),
+        (f"{shape}, causal=True with Nq < Nk (query i sees keys 0..i)", qkv, {"causal": True}),
+        ("B=2, H=1, Nq=9, Nk=3, d=4, causal=True with Nq > Nk (the last rows see every key)",
+         _qkv(_gen(402), 2, 1, 9, 3, 4, 4), {"causal": True}),
+        (f"{shape}, padding mask of lengths {lengths.tolist()} AND causal=True", qkv, {"mask": pad, "causal": True}),
+        ("large logits (scores in the hundreds), causal=True", _qkv(_gen(403), 1, 2, 4, 6, 16, 16, scale=30.0),
+         {"causal": True}),
+        ("lengths [4, 0, 2] (sequence 1 is empty: every row of it has no key) and causal=True",
+         _qkv(_gen(404), 3, 1, 4, 4, 4, 4), {"mask": empty, "causal": True}),
+        ("an explicit (Nq, Nk) mask whose row 2 is all False (must output zeros)", explicit, {"mask": mask}),
+    ]
 
 
 def _attn_with(*, scale=None, dim=-1, mask_mode="fill", causal_mode="and", softmax=torch.softmax, fix=None):
     """A version of the spec with one thing changed (a known mistake); ``fix`` post-processes the weights."""
     def impl(q, k, v, mask=None, causal=False):
         d = q.shape[-1]
-        sc = 1.0 / math.sqrt(d) if scale is None else scale(d)
-        s = q @ k.transpose(-2, -1) * sc  # (B, H, Nq, Nk)
+        s = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(d) if scale is None else scale(d))  # (B, H, Nq, Nk)
         nq, nk = q.shape[-2], k.shape[-2]
         if mask_mode == "ignored":  # the mask argument never read: causal alone, if asked for
             mask = None
         if causal and causal_mode != "ignored":
             tri = _tril(nq, nk, nk - nq if causal_mode == "bottom-right" else 0)
-            if causal_mode == "replaces" or mask is None:
-                mask = tri
-            else:
-                mask = mask & tri
-        if mask is not None and mask_mode == "fill":
-            s = s.masked_fill(~mask, float("-inf"))
-        elif mask is not None and mask_mode == "finite":
-            s = s.masked_fill(~mask, -1e9)
-        elif mask is not None and mask_mode == "inverted":
-            s = s.masked_fill(mask, float("-inf"))
-        elif mask is not None and mask_mode == "zero":
-            s = s * mask
+            mask = tri if causal_mode == "replaces" or mask is None else mask & tri
+        if mask is not None and mask_mode in _FILLS:
+            s = _FILLS[mask_mode](s, mask)
         p = softmax(s, dim=dim)
         if mask is not None and mask_mode == "after":
             p = p * mask
-        if fix is not None:
-            p = fix(p)
-        return p @ v
+        return (p if fix is None else fix(p)) @ v
     return impl
-
-
-def _both(key, message, **kwargs):
-    """The mistake with a softmax that gives NaN on empty rows and with one that gives zeros."""
-    return [Mistake(key, message, _attn_with(**kwargs)), Mistake(key, message, _attn_with(fix=_zero_nan, **kwargs))]
 
 
 _MASKED_ATTENTION_MISTAKES = [
@@ -184,40 +149,33 @@ _MASKED_ATTENTION_MISTAKES = [
     Mistake("mask-ignored", "the mask argument is ignored, so padded keys still get weight: where mask is False "
             "set the scores to -inf before the softmax (mask broadcasts to (B, H, Nq, Nk)), and AND it with the "
             "causal mask when causal=True", _attn_with(mask_mode="ignored")),
-    *_both("mask-after-softmax", "the mask is applied after the softmax, so the kept weights no longer sum to 1: "
-           "set masked scores to -inf before the softmax", mask_mode="after"),
-    *_both("inverted-mask", "the mask is inverted: True means attend, so fill the scores where mask is False",
-           mask_mode="inverted"),
-    *_both("scale-forgotten", "the 1/sqrt(d) scale is forgotten", scale=lambda d: 1.0),
-    *_both("scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)", scale=lambda d: 1.0 / d),
-    *_both("wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)", dim=-2),
+    *_both(_attn_with, "mask-after-softmax", "the mask is applied after the softmax, so the kept weights no longer "
+           "sum to 1: set masked scores to -inf before the softmax", mask_mode="after"),
+    *_both(_attn_with, "inverted-mask", "the mask is inverted: True means attend, so fill the scores where mask is "
+           "False", mask_mode="inverted"),
+    *_both(_attn_with, "scale-forgotten", "the 1/sqrt(d) scale is forgotten", scale=lambda d: 1.0),
+    *_both(_attn_with, "scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)",
+           scale=lambda d: 1.0 / d),
+    *_both(_attn_with, "wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)", dim=-2),
     Mistake("mask-zero-fill", "masked scores are set to 0, which still gets weight exp(0): set them to -inf",
             _attn_with(mask_mode="zero")),
-    *_both("causal-ignored", "causal=True is ignored: AND the causal mask (key j <= query i) into the mask",
-           causal_mode="ignored"),
-    *_both("causal-bottom-right", "the causal mask is aligned bottom-right; the course aligns it top-left (key "
-           "j <= query i, whatever Nq and Nk), as PyTorch's is_causal does", causal_mode="bottom-right"),
-    *_both("causal-replaces-mask", "with causal=True the padding mask is dropped: combine both masks with &",
-           causal_mode="replaces"),
+    *_both(_attn_with, "causal-ignored", "causal=True is ignored: AND the causal mask (key j <= query i) into the "
+           "mask", causal_mode="ignored"),
+    *_both(_attn_with, "causal-bottom-right", "the causal mask is aligned bottom-right; the course aligns it "
+           "top-left (key j <= query i, whatever Nq and Nk), as PyTorch's is_causal does", causal_mode="bottom-right"),
+    *_both(_attn_with, "causal-replaces-mask", "with causal=True the padding mask is dropped: combine both masks "
+           "with &", causal_mode="replaces"),
     Mistake("fully-masked-row", "a query with no key to attend to gives NaN (0/0): it should output zeros",
             _attn_with()),
     Mistake("finite-fill", "masked scores are set to a large finite number (like -1e9): a row whose keys are all "
             "masked then averages every value instead of giving zeros; use -inf and turn empty rows into zeros",
             _attn_with(mask_mode="finite")),
-    *_both("no-max-subtraction", "exp overflows on large scores: use a softmax that subtracts each row's max",
-           softmax=_naive_softmax),
+    *_both(_attn_with, "no-max-subtraction", "exp overflows on large scores: use a softmax that subtracts each "
+           "row's max", softmax=_naive_softmax),
 ]
 
 
-@CHECKS("attention-masks")
-def _check_masked_attention(ns):
-    n = check_function(ns, "masked_attention", specs.masked_attention, _attention_cases(), _MASKED_ATTENTION_MISTAKES)
-    return f"{n} cases match the spec (padding, causal with Nq != Nk, both together, empty rows, large scores)"
-
-
-# ---------------------------------------------------------------------------------------------
-# attention-row
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- attention-row
 
 def _row_cases():
     cases = []
@@ -236,54 +194,39 @@ def _row_cases():
 
 
 def _row_with(*, scale=None, mode="fill", softmax=torch.softmax, swap=False, fix=None, normalise=True):
+    """The spec's row with one thing changed (a known mistake); ``fix`` post-processes the weights."""
     def impl(q, k, v, keep=None):
         if swap:
             k, v = v, k
-        sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale(q.shape[-1])
-        s = k @ q * sc  # (Nk,)
-        if keep is not None and mode == "fill":
-            s = s.masked_fill(~keep, float("-inf"))
-        elif keep is not None and mode == "finite":
-            s = s.masked_fill(~keep, -1e9)
+        s = k @ q * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale(q.shape[-1]))  # (Nk,)
+        if keep is not None and mode in _FILLS:
+            s = _FILLS[mode](s, keep)
         w = softmax(s, dim=-1) if normalise else torch.exp(s)
         if keep is not None and mode == "after":
             w = w * keep
-        if fix is not None:
-            w = fix(w)
+        w = w if fix is None else fix(w)
         return w, w @ v
     return impl
 
 
-def _row_both(key, message, **kwargs):
-    return [Mistake(key, message, _row_with(**kwargs)), Mistake(key, message, _row_with(fix=_zero_nan, **kwargs))]
-
-
 _ROW_MISTAKES = [
-    *_row_both("scale-forgotten", "the 1/sqrt(d) scale is forgotten", scale=lambda d: 1.0),
-    *_row_both("keys-values-swapped", "keys and values are swapped: the scores compare the query with the keys "
-               "(k), and the weights average the values (v)", swap=True),
-    *_row_both("not-normalised", "the weights are exp(scores) without dividing by their sum: the softmax "
-               "normalises them to sum to 1", normalise=False),
-    *_row_both("mask-after-softmax", "the keys are dropped after the softmax, so the kept weights no longer sum "
-               "to 1: set the scores of dropped keys to -inf before the softmax", mode="after"),
+    *_both(_row_with, "scale-forgotten", "the 1/sqrt(d) scale is forgotten", scale=lambda d: 1.0),
+    *_both(_row_with, "keys-values-swapped", "keys and values are swapped: the scores compare the query with the "
+           "keys (k), and the weights average the values (v)", swap=True),
+    *_both(_row_with, "not-normalised", "the weights are exp(scores) without dividing by their sum: the softmax "
+           "normalises them to sum to 1", normalise=False),
+    *_both(_row_with, "mask-after-softmax", "the keys are dropped after the softmax, so the kept weights no longer "
+           "sum to 1: set the scores of dropped keys to -inf before the softmax", mode="after"),
     Mistake("fully-masked-row", "with no key kept the weights are NaN (0/0): return zeros (weights and output)",
             _row_with()),
     Mistake("finite-fill", "dropped keys get a large finite score (like -1e9): with every key dropped the "
             "weights become uniform instead of zeros", _row_with(mode="finite")),
-    *_row_both("no-max-subtraction", "exp overflows on large scores: subtract the max score before exp",
-               softmax=_naive_softmax),
+    *_both(_row_with, "no-max-subtraction", "exp overflows on large scores: subtract the max score before exp",
+           softmax=_naive_softmax),
 ]
 
 
-@CHECKS("attention-row")
-def _check_attention_row(ns):
-    n = check_function(ns, "attention_row", specs.attention_row, _row_cases(), _ROW_MISTAKES)
-    return f"{n} cases match the spec (weights and output), including no key kept and large logits"
-
-
-# ---------------------------------------------------------------------------------------------
-# loop-timing (experiment)
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- loop-timing (experiment)
 # The points go to what the grader can verify: the learner's loop computes attention, one attention_row call per
 # query (REQUIRED in __init__.py), on sizes drawn from the secret salt, equal to the spec to round-off. Timings are
 # never scored (a notebook could return any plausible number): the table beside a pass is the grader's own.
@@ -292,15 +235,12 @@ TIMING_SIZES, TIMING_D = (16, 64, 256), 32
 
 
 def _loop_cases():
-    cases = []
     g = _gen(500)
-    for b, h, nq, nk, d, dv in [(1, 1, 5, 5, 8, 8), (2, 3, 4, 7, 6, 5)]:
-        cases.append((f"B={b}, H={h}, Nq={nq}, Nk={nk}, d={d}, dv={dv}",
-                      (_randn(g, b, h, nq, d), _randn(g, b, h, nk, d), _randn(g, b, h, nk, dv)), {}))
     b, h, nq, nk, d, dv = salted_ints(501, (1, 3), (1, 4), (1, 40), (1, 40), (1, 48), (1, 48))
-    cases.append((f"B={b}, H={h}, Nq={nq}, Nk={nk}, d={d}, dv={dv} (sizes from the grader's secret seed)",
-                  (_randn(g, b, h, nq, d), _randn(g, b, h, nk, d), _randn(g, b, h, nk, dv)), {}))
-    return cases
+    return [("B=1, H=1, Nq=5, Nk=5, d=8, dv=8", _qkv(g, 1, 1, 5, 5, 8, 8), {}),
+            ("B=2, H=3, Nq=4, Nk=7, d=6, dv=5", _qkv(g, 2, 3, 4, 7, 6, 5), {}),
+            (f"B={b}, H={h}, Nq={nq}, Nk={nk}, d={d}, dv={dv} (sizes from the grader's secret seed)",
+             _qkv(g, b, h, nq, nk, d, dv), {})]
 
 
 def _loop_with(pick=lambda b, h, i: (b, h, i), fill=lambda b, h: True, output=1):
@@ -329,17 +269,31 @@ _LOOP_MISTAKES = [
             "output, its second: attention_row(...)[1]", _loop_with(output=0)),
 ]
 
+_LOOP = Function("loop_attention", specs.loop_attention, _loop_cases, _LOOP_MISTAKES,
+                 says="{n} cases match masked attention to round-off, one query at a time (sizes from the grader's "
+                      "secret seed, B and H > 1)")
 
-def _timing_line():
-    """The grader's own timing of its loop and batched attention (never scored)."""
+
+def _measure_loop(learner):
+    """The loop against the spec; then the grader's own timing of its loop and batched attention (never scored)."""
+    checked = run(_LOOP, learner)
     t = specs.timing_table(TIMING_SIZES, d=TIMING_D, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=_gen(503))))
-    return "; ".join(f"N={n}: {1e3 * a:.3g} ms one query at a time, {1e3 * b:.3g} ms all at once ({a / b:.0f}x)"
-                     for n, a, b in zip(TIMING_SIZES, t["loop"].tolist(), t["batched"].tolist()))
+    timing = "; ".join(f"N={n}: {1e3 * a:.3g} ms one query at a time, {1e3 * b:.3g} ms all at once ({a / b:.0f}x)"
+                       for n, a, b in zip(TIMING_SIZES, t["loop"].tolist(), t["batched"].tolist()))
+    return f"{checked}\n    the grader's own timing on this machine (shown, not scored): {timing}"
 
 
-@CHECKS("loop-timing")
-def _check_loop_timing(ns):
-    n = check_function(ns, "loop_attention", specs.loop_attention, _loop_cases(), _LOOP_MISTAKES)
-    return (f"{n} cases match masked attention to round-off, one query at a time (sizes from the grader's secret "
-            f"seed, B and H > 1)\n    the grader's own timing on this machine (shown, not scored): "
-            f"{_timing_line()}")
+TABLES = {
+    "padding-mask": Function("padding_mask", specs.padding_mask, _padding_cases, _PADDING_MISTAKES,
+                             says="{n} cases match the spec, including an empty sequence and max_len beyond every "
+                                  "length"),
+    "causal-mask": Function("causal_mask", specs.causal_mask, _causal_cases, _CAUSAL_MISTAKES,
+                            says="{n} cases match the spec, square and rectangular"),
+    "attention-masks": Function("masked_attention", specs.masked_attention, _attention_cases,
+                                _MASKED_ATTENTION_MISTAKES, says="{n} cases match the spec (padding, causal with "
+                                "Nq != Nk, both together, empty rows, large scores)"),
+    "attention-row": Function("attention_row", specs.attention_row, _row_cases, _ROW_MISTAKES,
+                              says="{n} cases match the spec (weights and output), including no key kept and large "
+                                   "logits"),
+    "loop-timing": Measured("experiment", _measure_loop, {"loop_attention": _LOOP_MISTAKES}),
+}

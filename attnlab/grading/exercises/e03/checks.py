@@ -1,14 +1,14 @@
-"""The checks of exercise 03_scaled_dot_product (one ``@CHECKS(part id)`` per graded part)."""
+"""The checks of exercise 03_scaled_dot_product: one table per graded part (:mod:`attnlab.grading.engine`), in
+``TABLES``."""
 
 import math
 
 import torch
 
-from attnlab.grading.core import (Fail, Mistake, Registry, check_function, diagnose, gen as _gen, learner_of,
-                                  present, randn as _randn, salted_ints, value_of)
+from attnlab.grading.core import (Fail, Mistake, diagnose, gen as _gen, learner_of, mismatch, present,
+                                  randn as _randn, salted_ints, value_of)
+from attnlab.grading.engine import Function, Measured, run
 from attnlab.grading.exercises.e03 import spec as specs
-
-CHECKS = Registry()
 
 
 def _naive_softmax(x, dim=-1):
@@ -16,9 +16,17 @@ def _naive_softmax(x, dim=-1):
     return e / e.sum(dim=dim, keepdim=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# stable-softmax
-# ---------------------------------------------------------------------------------------------
+def _float32_then_float16(name, reference, cases, fp16_cases, mistakes, rtol, atol, says):
+    """A part of one function whose cases need two tolerances: float32's (the engine's default) and, on float16
+    inputs, ``rtol``/``atol``. A :class:`Function` holds one tolerance, so the part is two, run in turn on the same
+    learner function with the same mistakes. (Generic; a candidate for the engine: per-case tolerances.)"""
+    float32 = Function(name, reference, cases, mistakes, says="{n}")
+    float16 = Function(name, reference, fp16_cases, mistakes, says="{n}", rtol=rtol, atol=atol)
+    return Measured("function", lambda learner: says.format(n=int(run(float32, learner)) + int(run(float16, learner))),
+                    {name: mistakes})
+
+
+# ----------------------------------------------------------------------------- stable-softmax
 
 def _softmax_cases():
     g = _gen(500)
@@ -59,10 +67,8 @@ _SOFTMAX_MISTAKES = [
     Mistake("wrong-axis", "the softmax normalises over the wrong axis", lambda x, dim=-1: specs.softmax(x, dim=0)),
     Mistake("global-max", "the max is taken over the whole tensor, not each row: rows far below it underflow to 0/0",
             lambda x, dim=-1: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum(dim=dim, keepdim=True)),
-    Mistake("missing-keepdim", "a reduction lost its axis: use keepdim=True in amax and sum so that the result "
-            "broadcasts along `dim`", _keepdim_lost(False)),
-    Mistake("missing-keepdim", "a reduction lost its axis: use keepdim=True in amax and sum so that the result "
-            "broadcasts along `dim`", _keepdim_lost(True)),
+    *[Mistake("missing-keepdim", "a reduction lost its axis: use keepdim=True in amax and sum so that the result "
+              "broadcasts along `dim`", _keepdim_lost(sum_too)) for sum_too in (False, True)],
     Mistake("mean-not-max", "the mean is subtracted: exp still overflows when one logit is far above the mean; "
             "subtract the max", lambda x, dim=-1: _naive_softmax(x - x.mean(dim=dim, keepdim=True), dim)),
     Mistake("max-wrong-axis", "the max is taken along the last axis but the sum along `dim`: take both along `dim`",
@@ -70,16 +76,7 @@ _SOFTMAX_MISTAKES = [
 ]
 
 
-@CHECKS("stable-softmax")
-def _check_softmax(ns):
-    n = check_function(ns, "softmax", specs.softmax, _softmax_cases(), _SOFTMAX_MISTAKES)
-    n += check_function(ns, "softmax", specs.softmax, _fp16_cases(), _SOFTMAX_MISTAKES, rtol=1e-2, atol=1e-3)
-    return f"{n} cases match the spec, including large logits, far-apart rows, -inf entries and float16"
-
-
-# ---------------------------------------------------------------------------------------------
-# softmax-backward
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- softmax-backward
 
 def _backward_cases():
     cases = []
@@ -119,36 +116,25 @@ _BACKWARD_MISTAKES = [
 ]
 
 
-@CHECKS("softmax-backward")
-def _check_softmax_backward(ns):
-    n = check_function(ns, "softmax_backward", specs.softmax_backward, _backward_cases(), _BACKWARD_MISTAKES)
-    return f"{n} cases match autograd through the softmax, including saturated rows and dim != -1"
+# ----------------------------------------------------------------------------- scaled-attention
 
+def _qkv(g, b, h, nq, nk, d, dv, scale=1.0):
+    """q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv), drawn from ``g`` in that order; ``scale`` multiplies q
+    and k."""
+    return _randn(g, b, h, nq, d, scale=scale), _randn(g, b, h, nk, d, scale=scale), _randn(g, b, h, nk, dv)
 
-# ---------------------------------------------------------------------------------------------
-# scaled-attention
-# ---------------------------------------------------------------------------------------------
 
 def _sdpa_cases():
-    cases = []
-    for seed, (b, h, nq, nk, d, dv) in enumerate([(2, 2, 4, 6, 16, 8), (1, 3, 5, 5, 64, 64), (2, 1, 7, 3, 4, 4)]):
-        g = _gen(600 + seed)
-        args = (_randn(g, b, h, nq, d), _randn(g, b, h, nk, d), _randn(g, b, h, nk, dv))
-        cases.append((f"B={b}, H={h}, Nq={nq}, Nk={nk}, d={d}, dv={dv}", args, {}))
-    g = _gen(610)
-    args = (_randn(g, 1, 2, 4, 8), _randn(g, 1, 2, 5, 8), _randn(g, 1, 2, 5, 8))
-    cases.append(("an explicit scale=0.3", args, {"scale": 0.3}))
-    g = _gen(611)
-    args = (_randn(g, 1, 1, 3, 16, scale=40.0), _randn(g, 1, 1, 4, 16, scale=40.0), _randn(g, 1, 1, 4, 16))
-    cases.append(("large logits (scores ~ 1000s)", args, {}))
-    return cases
+    shapes = [(2, 2, 4, 6, 16, 8), (1, 3, 5, 5, 64, 64), (2, 1, 7, 3, 4, 4)]
+    return [(f"B={b}, H={h}, Nq={nq}, Nk={nk}, d={d}, dv={dv}", _qkv(_gen(600 + seed), b, h, nq, nk, d, dv), {})
+            for seed, (b, h, nq, nk, d, dv) in enumerate(shapes)] + [
+        ("an explicit scale=0.3", _qkv(_gen(610), 1, 2, 4, 5, 8, 8), {"scale": 0.3}),
+        ("large logits (scores ~ 1000s)", _qkv(_gen(611), 1, 1, 3, 4, 16, 16, scale=40.0), {})]
 
 
 def _fp16_sdpa_cases():
-    g = _gen(612)
-    args = (_randn(g, 1, 2, 4, 16, scale=3.0), _randn(g, 1, 2, 6, 16, scale=3.0), _randn(g, 1, 2, 6, 8))
     return [("float16 q, k, v (B=1, H=2, Nq=4, Nk=6, d=16, dv=8), scores up to ~30: exp overflows float16 above 11",
-             tuple(a.half() for a in args), {})]
+             tuple(a.half() for a in _qkv(_gen(612), 1, 2, 4, 6, 16, 8, scale=3.0)), {})]
 
 
 def _sdpa_with(scale_fn, dim=-1, softmax=None, honour_scale=True, outside=False):
@@ -176,18 +162,7 @@ _SDPA_MISTAKES = [
 ]
 
 
-@CHECKS("scaled-attention")
-def _check_sdpa(ns):
-    n = check_function(ns, "scaled_dot_product_attention", specs.scaled_dot_product_attention, _sdpa_cases(),
-                       _SDPA_MISTAKES)
-    n += check_function(ns, "scaled_dot_product_attention", specs.scaled_dot_product_attention, _fp16_sdpa_cases(),
-                        _SDPA_MISTAKES, rtol=2e-2, atol=2e-3)
-    return f"{n} cases match the spec, with dv != d, an explicit scale, large logits and float16"
-
-
-# ---------------------------------------------------------------------------------------------
-# variance-experiment
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- variance-experiment
 
 RTOL = 1e-5   # the grader's run of the same recipe on the same draws: only round-off may differ
 
@@ -233,10 +208,8 @@ _VARIANCE_MISTAKES = [
             "pair (dim=-1)", _experiment_with(score=lambda q, k: (q * k).sum(dim=0))),
     Mistake("no-sum", "the products q_i k_i are not summed: a score is the dot product, the sum over the d "
             "features", _experiment_with(score=lambda q, k: (q * k).flatten())),
-    Mistake("same-draw", "k is q (or q . q): draw k independently of q; |q|^2 has variance 2d, not d",
-            _experiment_with(same_draw=True)),
-    Mistake("same-draw", "k is q (or q . q): draw k independently of q; |q|^2 has variance 2d, not d",
-            _experiment_with(score=lambda q, k: (q * q).sum(dim=-1))),
+    *[Mistake("same-draw", "k is q (or q . q): draw k independently of q; |q|^2 has variance 2d, not d", impl)
+      for impl in (_experiment_with(same_draw=True), _experiment_with(score=lambda q, k: (q * q).sum(dim=-1)))],
 ]
 
 M_STRUCTURE = Mistake("wrong-structure", "return a float tensor of shape (len(dims), 2): row i holds "
@@ -274,14 +247,14 @@ def _rows(t, dims):
     return "; ".join(f"d={d}: {a:.6g}, {b:.6g}" for d, (a, b) in zip(dims, t.tolist()))
 
 
-@CHECKS("variance-experiment")
-def _check_variance(ns):
+def _measure_variance(ns):
+    """Three calls (a seed, the same seed again, another seed) on salted sizes; each seed's table must be the
+    grader's run of the recipe on the same draws, to round-off."""
     name = "score_variance"
-    learner = learner_of(ns)
     dims, n_pairs = _sizes()
     seed, other = (int(s) for s in torch.randint(0, 2**31 - 1, (2,), generator=_gen(701)))
     calls = [(seed, "seed"), (seed, "the same seed again"), (other, "another seed")]
-    reply = learner.call(name, [[(list(dims),), {"n_pairs": n_pairs, "seed": s}] for s, _ in calls])
+    reply = learner_of(ns).call(name, [[(list(dims),), {"n_pairs": n_pairs, "seed": s}] for s, _ in calls])
     present(reply, name)
     results = reply.get("results", [])
     tables = []
@@ -290,23 +263,39 @@ def _check_variance(ns):
         if i >= len(results):
             raise Fail(f"`{name}`: the grader got no result for {label}")
         tables.append(_table(value_of(results[i], name, label), s, dims))
+    same_seed_differs = mismatch(tables[1], tables[0], rtol=RTOL, atol=0.0)
     for t, s in ((tables[0], seed), (tables[2], other)):
         args, kwargs = (list(dims),), {"n_pairs": n_pairs, "seed": s}
         want = specs.score_variance(*args, **kwargs).double()  # the grader's run of the recipe on the same draws
-        rel = ((t - want).abs() / want.abs()).max().item()
-        if not rel <= RTOL:  # NaN too
+        why = mismatch(t, want, rtol=RTOL, atol=0.0)
+        if why:
             found = diagnose(t.float(), _VARIANCE_MISTAKES, args, kwargs, rtol=RTOL, atol=0.0)
             if not found:  # no known mistake: is it the seed, or reproducible draws that are not the recipe's?
-                found = ([M_SEED_IGNORED] if not torch.allclose(tables[0], tables[1], rtol=RTOL, atol=0.0) else
-                         [M_SEED_FIXED] if torch.allclose(tables[0], tables[2], rtol=1e-9, atol=0.0) else [M_DRAWS])
-            raise Fail(f"`{name}` (dims={list(dims)}, n_pairs={n_pairs}, seed={s}): an entry is {rel:.2g} (relative) "
-                       f"away from the grader's run of the recipe on the same draws (accepted: round-off, {RTOL:g})"
+                found = ([M_SEED_IGNORED] if same_seed_differs else
+                         [M_SEED_FIXED] if mismatch(tables[2], tables[0], rtol=1e-9, atol=0.0) is None else [M_DRAWS])
+            raise Fail(f"`{name}` (dims={list(dims)}, n_pairs={n_pairs}, seed={s}) is not the grader's run of the "
+                       f"recipe on the same draws (only round-off is accepted): {why}"
                        f"\n    yours [Var(raw), Var(scaled)]: {_rows(t, dims)}\n    the grader's: {_rows(want, dims)}",
                        found)
-    if not torch.allclose(tables[0], tables[1], rtol=RTOL, atol=0.0):
+    if same_seed_differs:
         raise Fail(f"`{name}`: two calls with seed={seed} gave different numbers\n    first:  {_rows(tables[0], dims)}"
                    f"\n    second: {_rows(tables[1], dims)}", [M_SEED_IGNORED])
     slope = _slope(dims, tables[0][:, 0])
     lo, hi = tables[0][:, 1].min().item(), tables[0][:, 1].max().item()
     return (f"your run reproduces the grader's on the same draws (dims={list(dims)}, n_pairs={n_pairs}, two seeds, "
             f"within {RTOL:g}): Var(q.k) grows as d^{slope:.2f}, Var(q.k/sqrt(d)) stays in [{lo:.3f}, {hi:.3f}]")
+
+
+TABLES = {
+    "stable-softmax": _float32_then_float16(
+        "softmax", specs.softmax, _softmax_cases, _fp16_cases, _SOFTMAX_MISTAKES, rtol=1e-2, atol=1e-3,
+        says="{n} cases match the spec, including large logits, far-apart rows, -inf entries and float16"),
+    "softmax-backward": Function("softmax_backward", specs.softmax_backward, _backward_cases, _BACKWARD_MISTAKES,
+                                 says="{n} cases match autograd through the softmax, including saturated rows and "
+                                      "dim != -1"),
+    "scaled-attention": _float32_then_float16(
+        "scaled_dot_product_attention", specs.scaled_dot_product_attention, _sdpa_cases, _fp16_sdpa_cases,
+        _SDPA_MISTAKES, rtol=2e-2, atol=2e-3,
+        says="{n} cases match the spec, with dv != d, an explicit scale, large logits and float16"),
+    "variance-experiment": Measured("experiment", _measure_variance, {"score_variance": _VARIANCE_MISTAKES}),
+}
