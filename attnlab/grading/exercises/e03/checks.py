@@ -137,28 +137,27 @@ def _fp16_sdpa_cases():
              tuple(a.half() for a in _qkv(_gen(612), 1, 2, 4, 6, 16, 8, scale=3.0)), {})]
 
 
-def _sdpa_with(scale_fn, dim=-1, softmax=None, honour_scale=True, outside=False):
+def _sdpa_with(scale_fn=lambda d, dv: d ** -0.5, dim=-1, softmax=torch.softmax, honour_scale=True, outside=False):
+    """The spec with one thing changed (a known mistake); ``scale_fn(d, dv)``: the scale when none is given."""
     def impl(q, k, v, scale=None):
         sc = scale if (scale is not None and honour_scale) else scale_fn(q.shape[-1], v.shape[-1])
         if outside:
-            return (softmax or torch.softmax)(q @ k.transpose(-2, -1), dim=dim) @ v * sc
-        return (softmax or torch.softmax)(q @ k.transpose(-2, -1) * sc, dim=dim) @ v
+            return softmax(q @ k.transpose(-2, -1), dim=dim) @ v * sc
+        return softmax(q @ k.transpose(-2, -1) * sc, dim=dim) @ v
     return impl
 
 
 _SDPA_MISTAKES = [
     Mistake("scale-forgotten", "the 1/sqrt(d) scale is forgotten", _sdpa_with(lambda d, dv: 1.0)),
-    Mistake("scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)", _sdpa_with(lambda d, dv: 1.0 / d)),
+    Mistake("scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)", _sdpa_with(lambda d, dv: 1 / d)),
     Mistake("scale-uses-dv", "the scale uses v's dimension; it is 1/sqrt(d) with d the dimension of q and k "
             "(q.shape[-1])", _sdpa_with(lambda d, dv: dv ** -0.5)),
     Mistake("scale-outside-softmax", "the scale multiplies the output; it divides the scores, inside the softmax",
-            _sdpa_with(lambda d, dv: d ** -0.5, outside=True)),
-    Mistake("wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)",
-            _sdpa_with(lambda d, dv: d ** -0.5, dim=-2)),
-    Mistake("scale-ignored", "an explicit `scale` argument is ignored",
-            _sdpa_with(lambda d, dv: d ** -0.5, honour_scale=False)),
+            _sdpa_with(outside=True)),
+    Mistake("wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)", _sdpa_with(dim=-2)),
+    Mistake("scale-ignored", "an explicit `scale` argument is ignored", _sdpa_with(honour_scale=False)),
     Mistake("no-max-subtraction", "exp overflows on large logits: use a softmax that subtracts the max",
-            _sdpa_with(lambda d, dv: d ** -0.5, softmax=_naive_softmax)),
+            _sdpa_with(softmax=_naive_softmax)),
 ]
 
 
