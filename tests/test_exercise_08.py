@@ -84,7 +84,7 @@ def test_calling_torch_s_create_block_mask_is_a_shortcut():
 
 
 def test_the_spec_s_create_block_mask_equals_torch_s_on_every_case():
-    for label, args in e08._block_mask_cases():
+    for label, args, _ in e08._block_mask_cases():
         kind, arg, *shape = args
         got = e08._normalised(spec.create_block_mask(MASK_MODS[kind](arg), *shape))
         want = e08._normalised(e08._torch_lists(*args))

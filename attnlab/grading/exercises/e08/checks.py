@@ -1,27 +1,25 @@
-"""The checks of exercise 08_block_sparse (one ``@CHECKS(part id)`` per graded part).
+"""The checks of exercise 08_block_sparse: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
 The expected values come from PyTorch's FlexAttention, run eagerly on the CPU: its
 ``create_block_mask`` for the block lists and its ``flex_attention`` for the outputs
 (:func:`_torch_block_mask`, :func:`_flex_reference`), and from attnlab's
-``block_sparse_reference`` for the block-skipping loop.
+``block_sparse_reference`` for the block-skipping loop. The two kernel parts measure more than a byte
+budget per buffer (which key blocks and MASK tiles each program loaded), so they are ``Measured`` parts
+whose measurement launches through :func:`attnlab.grading.engine.launch`.
 """
 
+import dataclasses
 import warnings
 
 import torch
 
 from attnlab.attention import block_sparse_reference, scaled_dot_product_attention
-from attnlab.grading.core import (Fail, Mistake, Registry, clone, case_line, diagnose, gen as _gen, learner_of,
-                                  mismatch, present, randn as _randn, value_of)
+from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, case_line, diagnose, each_result,
+                                  gen as _gen, learner_of, mismatch, randn as _randn)
+from attnlab.grading.engine import Kernel, Launch, Measured, launch
 from attnlab.grading.exercises.e08 import spec as specs
-from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, labelled, run_guarded
+from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
 from attnlab.mask_mods import MASK_MODS
-
-CHECKS = Registry()
-
-# what each kernel's byte budget allows, in the words of its part (the diagnosis of extra traffic)
-_BUDGET_BLOCK_SPARSE_FWD = ('Q read once, each listed K/V block once per query block that lists it, O written once')
-_BUDGET_FLEX_FWD = ('Q read once, each listed K/V block and each MASK tile of a partial block once, O written once')
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,9 +123,8 @@ def _block_mask_cases():
             arg = _doc_ids(g, B, Nq)
         what = f"doc_ids {tuple(arg.shape)}" if kind == "document" else f"{arg}"
         label = f"{kind}({what}), B={B}, H={H}, Nq={Nq}, Nk={Nk}, block_size={bs}"
-        cases.append((label, (kind, arg, B, H, Nq, Nk, bs)))
+        cases.append((label, (kind, arg, B, H, Nq, Nk, bs), {}))
     return cases
-
 
 def _doc_ids(g, B, N, padding=False):
     """Sorted document ids (B, N): a few documents of random lengths per row (-1: padding at the end)."""
@@ -214,48 +211,49 @@ _BLOCK_MASK_MISTAKES = [
 _BLOCK_MASK_FOR = ("kind", "arg", "B", "H", "Nq", "Nk", "block_size")  # block_mask_for's parameters
 
 
-@CHECKS("flex-block-mask")
-def _check_block_mask(ns):
-    learner = learner_of(ns)
-    present(learner.call("create_block_mask", []), "create_block_mask")
+def _measure_block_mask(learner):
+    """block_mask_for (the learner's create_block_mask on each case's mask_mod) against torch's lists, compared
+    up to each count (what lies past it is padding)."""
+    learner = learner_of(learner)
     cases = _block_mask_cases()
-    reply = learner.call("block_mask_for", [[clone(args), {}] for _label, args in cases])
-    present(reply, "block_mask_for")
-    results = reply.get("results", [])
-    for i, (label, args) in enumerate(cases):
-        if i >= len(results):
-            raise Fail(f"`create_block_mask`: the grader got no result for {label}")
-        got = _normalised(_read_lists(value_of(results[i], "create_block_mask", label), label))
-        want = _normalised(_torch_lists(*args))
+    next(each_result(learner, "create_block_mask", []), None)  # NotDone unless it is defined
+    names = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"]
+    for label, args, _, got in each_result(learner, "block_mask_for", cases, copy=True):
+        got, want = _normalised(_read_lists(got, label)), _normalised(_torch_lists(*args))
         why = mismatch(got, want)
         if why:
-            if all(g.shape == w.shape for g, w in zip(got, want)) and torch.equal(got[0], want[0]) \
-                    and torch.equal(got[2], want[2]) and torch.equal(got[1].sort(-1).values, want[1].sort(-1).values) \
-                    and torch.equal(got[3].sort(-1).values, want[3].sort(-1).values):
+            def in_order(lists):  # the indices of each row sorted: equal when only their order differs
+                return [t.sort(-1).values if t.dim() == 4 else t for t in lists]
+            if all(g.shape == w.shape for g, w in zip(got, want)) and not mismatch(in_order(got), in_order(want)):
                 raise Fail(f"`create_block_mask` on {label}: the right blocks, in another order: list each query "
                            f"block's key blocks in increasing order, as FlexAttention does")
-            names = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"]
             which = next(n for n, g, w in zip(names, got, want) if mismatch(g, w))
-            lines = [case_line(label, args, {}, names=_BLOCK_MASK_FOR)]
-            raise Fail("\n    ".join([f"`create_block_mask` on {label}: {why} ({which}; entries past each count "
-                                      f"are shown as -1 and not compared)", *lines]),
+            raise Fail(f"`create_block_mask` on {label}: {why} ({which}; entries past each count are shown as -1 "
+                       f"and not compared)\n    " + case_line(label, args, {}, names=_BLOCK_MASK_FOR),
                        diagnose(got, _BLOCK_MASK_MISTAKES, args, {}))
     return (f"{len(cases)} block masks (sliding window, prefix-LM, document; ragged lengths, Nq != Nk, "
             f"BQ != BK) equal torch's create_block_mask")
 
-
 # ---------------------------------------------------------------------------------------
-# Kernels: buffers, lists, what each program may load, byte budgets
+# Kernels: one launch, what each program may load, byte budgets, the measurement
 # ---------------------------------------------------------------------------------------
 
-_ATTENTION_ARGS = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None]]
-
-
-def _attention_buffers(q, k, v, pad_rows=16):
-    """q, k, v and the output o, each inside sentinel memory with ``pad_rows`` extra rows per head
-    (so stride_h is not N * D)."""
-    return {"q": {"data": q, "pad_rows": pad_rows}, "k": {"data": k, "pad_rows": pad_rows},
-            "v": {"data": v, "pad_rows": pad_rows}, "o": {"shape": list(q.shape), "output": True, "pad_rows": pad_rows}}
+def _attention_launch(label, q, k, v, lists, scale, bm, bn, want, inputs, names, budget, mask=None, mask_pad=(3, 5)):
+    """One launch of a block-sparse kernel on (BH, N, D) inputs and its int32 block lists ``lists`` (BH, n_qb[,
+    n_kb]); ``mask``: flex_fwd_kernel's element mask (BH, N, N), its rows ``mask_pad`` rows and columns further
+    apart than they are long."""
+    bh, n, d = q.shape
+    nqb, nkb = lists[1].shape[-2:]
+    # each inside sentinel memory with 16 extra rows per head (so stride_h is not N * D)
+    buffers = {"q": {"data": q, "pad_rows": 16}, "k": {"data": k, "pad_rows": 16}, "v": {"data": v, "pad_rows": 16},
+               "o": {"shape": list(q.shape), "output": True, "pad_rows": 16}}
+    args = [["buf", b, None] for b in "qkvo"] + [["dev", t] for t in lists] + [["stride", "o", 0], ["stride", "o", 1]]
+    if mask is not None:
+        buffers["mask"] = {"data": mask.to(torch.int8), "pad_rows": mask_pad[0], "pad_cols": mask_pad[1]}
+        args = args[:4] + [["buf", "mask", None]] + args[4:] + [["stride", "mask", 0], ["stride", "mask", 1]]
+    args += [["val", n], ["val", nqb], ["val", nkb], ["val", scale]]
+    return Launch(label, buffers, (nqb, bh), args, {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, {"o": want},
+                  inputs, names, budget)
 
 
 def _tiles(x, bm, bn, n_q, n_k):
@@ -282,13 +280,17 @@ def _stray_loads(loaded, allowed, what, outside="from key blocks its lists leave
     return None
 
 
-def _kv_allowed(visit, bn, n, d):
-    """allowed(pid_m, pid_h) for K and V: the rows of the key blocks ``visit`` (BH, n_qb, n_kb) lists."""
+def _kv_allowed(case, visit):
+    """[(buffer, allowed(pid_m, pid_h), where, mistake)] for K and V: the rows of the key blocks ``visit``
+    (BH, n_qb, n_kb) lists."""
+    bh, n, d = case.inputs[0].shape
+    bn = case.constexprs["BLOCK_N"]
+
     def allowed(pid_m, pid_h):
-        out = torch.zeros(visit.shape[0], n, d, dtype=torch.bool)
+        out = torch.zeros(bh, n, d, dtype=torch.bool)
         out[pid_h] = visit[pid_h, pid_m].repeat_interleave(bn)[:n, None]
         return out
-    return allowed
+    return [(name, allowed, "from key blocks its lists leave out", LOADS_SKIPPED) for name in ("k", "v")]
 
 
 def _kv_budget(visit, bm, bn, n, d, bh, element_size=4):
@@ -304,34 +306,36 @@ LOADS_SKIPPED = Mistake(
     "(for i in range(0, num): j = tl.load(indices + ...)) and load K and V of block j only", None)
 
 
+def _measured_kernel(table, allowed, checked, on_fail=lambda learner, case, exc: None):
+    """The measurement of a kernel part: each of ``table``'s launches through :func:`engine.launch`, then what
+    each program loaded held to ``allowed(case)`` [(buffer, allowed(pid_m, pid_h), where stray elements lie,
+    Mistake)] and the traffic to the launch's budget. ``on_fail(learner, case, exc)`` diagnoses a failed launch
+    further; ``checked``: what the message adds when the launches were traced."""
+    def measure(learner):
+        cases, traced = table.launches(), True
+        for case in cases:
+            rules = allowed(case)
+            loads, traffic = {buffer: None for buffer, *_ in rules}, {}
+            try:
+                launch(learner, table, case, traffic, loads)
+            except (NotDone, NotAccepted):
+                raise
+            except Fail as exc:
+                on_fail(learner, case, exc)
+                raise
+            for buffer, ok, outside, mistake in rules:
+                why = loads[buffer] is not None and _stray_loads(loads[buffer], ok, buffer.upper(), outside)
+                if why:
+                    raise Fail(f"`{table.name}` on {case.label}: {why}", [mistake])
+            traced = check_traffic(table.name, case.label, traffic, case.budget, says=table.budget_says) and traced
+        return table.says.format(n=len(cases)) + (checked if traced else "; which blocks are loaded, and the byte "
+                                                  "budget, are checked only in Triton's interpreter (CPU): skipped "
+                                                  "on this GPU")
+    return measure
+
 # ---------------------------------------------------------------------------------------
 # Part (b): the block-skipping loop
 # ---------------------------------------------------------------------------------------
-
-def _sparse_cases():
-    cases = []
-    for seed, (bh, n, d, bm, bn, kind) in enumerate([(2, 48, 16, 16, 16, "random"), (2, 40, 16, 32, 16, "window"),
-                                                     (2, 40, 16, 16, 16, "empty row"),
-                                                     (1, 64, 16, 16, 16, "large scores")]):
-        g = _gen(1700 + seed)
-        amp = 6.0 if kind == "large scores" else 1.0
-        q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
-        nqb, nkb = cdiv(n, bm), cdiv(n, bn)
-        if kind == "window":
-            i, j = torch.arange(nqb)[:, None] * bm, torch.arange(nkb)[None, :] * bn
-            visit = ((j <= i + bm - 1) & (j + bn - 1 >= i - 8)).expand(bh, nqb, nkb).clone()
-        else:
-            visit = torch.rand(bh, nqb, nkb, generator=g) < 0.5
-            visit[:, :, -1] |= torch.rand(bh, nqb, generator=g) < 0.7  # the ragged last block, often
-            visit[:, 0, 0] = True
-            if bh > 1:
-                visit[1, 0, 1] = ~visit[0, 0, 1]  # the heads' lists differ
-            if kind == "empty row":
-                visit[:, 1, :] = False  # query block 1 visits nothing: its rows must be zeros
-        label = f"BH={bh}, N={n}, D={d}, BLOCK_M={bm}, BLOCK_N={bn}, {kind} block lists"
-        cases.append((label, q, k, v, visit, bm, bn))
-    return cases
-
 
 def _sparse_with(use_list=True, counter_as_index=False, head_zero=False, rescale=True, nan_empty=False,
                  mask_tail=True, drop_last=False, scale_ignored=False):
@@ -411,69 +415,44 @@ _SPARSE_MISTAKES = [
 ]
 
 
-_SPARSE_SCALES = (0.25, 0.6, 0.4, 0.15)
-
-
-@CHECKS("block-sparse-loop")
-def _check_sparse(ns):
-    cases = _sparse_cases()
-    traced = False
-    for i, (label, q, k, v, visit, bm, bn) in enumerate(cases):
-        bh, n, d = q.shape
-        nqb, nkb = visit.shape[-2:]
-        scale = _SPARSE_SCALES[i % len(_SPARSE_SCALES)]  # not only 1/sqrt(D): the kernel must use its argument
-        label = f"{label}, scale={scale}"
-        num, idx = specs.block_lists(visit)
-        args = _ATTENTION_ARGS + [["dev", num], ["dev", idx], ["stride", "o", 0], ["stride", "o", 1], ["val", n],
-                                  ["val", nqb], ["val", nkb], ["val", scale]]
-        loads, traffic = {"k": None, "v": None}, {}
-        got = run_guarded(ns, "block_sparse_fwd_kernel", label, _attention_buffers(q, k, v), (nqb, bh), args,
-                          {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"], loads=loads, traffic=traffic)["o"]
+def _sparse_launches():
+    out = []
+    for seed, (bh, n, d, bm, bn, kind) in enumerate([(2, 48, 16, 16, 16, "random"), (2, 40, 16, 32, 16, "window"),
+                                                     (2, 40, 16, 16, 16, "empty row"),
+                                                     (1, 64, 16, 16, 16, "large scores")]):
+        g = _gen(1700 + seed)
+        amp = 6.0 if kind == "large scores" else 1.0
+        q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
+        nqb, nkb = cdiv(n, bm), cdiv(n, bn)
+        if kind == "window":
+            i, j = torch.arange(nqb)[:, None] * bm, torch.arange(nkb)[None, :] * bn
+            visit = ((j <= i + bm - 1) & (j + bn - 1 >= i - 8)).expand(bh, nqb, nkb).clone()
+        else:
+            visit = torch.rand(bh, nqb, nkb, generator=g) < 0.5
+            visit[:, :, -1] |= torch.rand(bh, nqb, generator=g) < 0.7  # the ragged last block, often
+            visit[:, 0, 0] = True
+            if bh > 1:
+                visit[1, 0, 1] = ~visit[0, 0, 1]  # the heads' lists differ
+            if kind == "empty row":
+                visit[:, 1, :] = False  # query block 1 visits nothing: its rows must be zeros
+        scale = (0.25, 0.6, 0.4, 0.15)[seed]  # not only 1/sqrt(D): the kernel must use its argument
         want = block_sparse_reference(q[None], k[None], v[None], visit[None], (bm, bn), scale=scale)[0]
-        named, mistakes = labelled(("Q", "K", "V", "scale", "visited blocks", "BLOCK_M", "BLOCK_N"),
-                                   (q, k, v, scale, visit, bm, bn), _SPARSE_MISTAKES)
-        kernel_failure(label, "block_sparse_fwd_kernel", got, want, mistakes, (), named, uses_dot=True)
-        if loads["k"] is not None:  # the interpreter recorded every load (no such record on a GPU)
-            for name in ("k", "v"):
-                why = _stray_loads(loads[name], _kv_allowed(visit, bn, n, d), name.upper())
-                if why:
-                    raise Fail(f"`block_sparse_fwd_kernel` on {label}: {why}", [LOADS_SKIPPED])
-        traced = check_traffic("block_sparse_fwd_kernel", label, traffic,
-                               _kv_budget(visit, bm, bn, n, d, bh), says=_BUDGET_BLOCK_SPARSE_FWD) or traced
-    done = f"{len(cases)} launches match block_sparse_reference (random, windowed and empty lists, ragged N)"
-    if not traced:
-        return done + "; that skipped blocks are never loaded, and the byte budget, are checked only in Triton's " \
-                      "interpreter (CPU): skipped on this GPU"
-    return done + ", with no K or V load outside the lists and each visited block loaded once"
+        out.append(_attention_launch(f"BH={bh}, N={n}, D={d}, BLOCK_M={bm}, BLOCK_N={bn}, {kind} block lists, "
+                                     f"scale={scale}", q, k, v, specs.block_lists(visit), scale, bm, bn, want,
+                                     (q, k, v, scale, visit, bm, bn),
+                                     ("Q", "K", "V", "scale", "visited blocks", "BLOCK_M", "BLOCK_N"),
+                                     _kv_budget(visit, bm, bn, n, d, bh)))
+    return out
+
+
+_SPARSE = Kernel("block_sparse_fwd_kernel", _sparse_launches, _SPARSE_MISTAKES, uses_dot=True,
+                 says="{n} launches match block_sparse_reference (random, windowed and empty lists, ragged N)",
+                 budget_says="Q read once, each listed K/V block once per query block that lists it, O written once")
 
 
 # ---------------------------------------------------------------------------------------
 # Part (c): partial blocks with the element mask
 # ---------------------------------------------------------------------------------------
-
-def _flex_cases():
-    cases = []
-    rows = [("sliding_window", 1, 2, 50, 16, 16), ("prefix_lm", 2, 1, 40, 16, 16), ("document", 2, 1, 45, 16, 16),
-            ("document with padding", 1, 2, 37, 16, 16)]
-    for seed, (kind, B, H, n, bm, bn) in enumerate(rows):
-        g = _gen(1900 + seed)
-        d = 16
-        if kind == "sliding_window":
-            arg = int(torch.randint(4, 20, (1,), generator=g))
-        elif kind == "prefix_lm":
-            arg = int(torch.randint(5, 25, (1,), generator=g))
-        else:
-            arg = _doc_ids(g, B, n, padding=kind.endswith("padding"))
-        amp = 4.0 if seed == 1 else 1.0
-        q, k, v = (_randn(g, B, H, n, d, scale=amp if i < 2 else 1.0) for i in range(3))
-        mm = "document" if kind.startswith("document") else kind
-        what = {"sliding_window": f"window={arg}", "prefix_lm": f"prefix_len={arg}"}.get(mm, "doc_ids")
-        label = (f"{kind} ({what}), B={B}, H={H}, N={n}, D={d}, BLOCK_M={bm}, BLOCK_N={bn}"
-                 + (", padding rows see no key" if kind.endswith("padding") else "")
-                 + (", large scores" if amp > 1 else ""))
-        cases.append((label, mm, arg, q, k, v, bm, bn))
-    return cases
-
 
 def _flex_with(rule="right", after_softmax=False, transposed=False):
     """A wrong flex forward in PyTorch: q, k, v (BH, N, D); e (BH, N, N) element mask; partial/full (BH, n_qb, n_kb)."""
@@ -520,31 +499,6 @@ MASK_FOR_FULL = Mistake(
     "blocks of kv_indices", None)
 
 
-def _mask_allowed(partial, bm, bn, n):
-    def allowed(pid_m, pid_h):
-        out = torch.zeros(partial.shape[0], n, n, dtype=torch.bool)
-        rows = torch.zeros(n, dtype=torch.bool)
-        rows[pid_m * bm:(pid_m + 1) * bm] = True
-        out[pid_h] = rows[:, None] & partial[pid_h, pid_m].repeat_interleave(bn)[:n][None, :]
-        return out
-    return allowed
-
-
-def _launch_flex(ns, label, q, k, v, e, lists, bm, bn, loads=None, traffic=None, mask_pad=(3, 5)):
-    """Launch the learner's flex_fwd_kernel on (BH, N, D) inputs and the (BH, N, N) element mask (its rows
-    ``mask_pad`` rows and columns further apart than they are long)."""
-    bh, n, d = q.shape
-    kn, ki, fn, fi = (t.reshape(bh, *t.shape[2:]).to(torch.int32).contiguous() for t in lists)
-    nqb, nkb = ki.shape[-2:]
-    buffers = {**_attention_buffers(q, k, v), "mask": {"data": e.to(torch.int8), "pad_rows": mask_pad[0],
-                                                       "pad_cols": mask_pad[1]}}
-    args = _ATTENTION_ARGS + [["buf", "mask", None], ["dev", kn], ["dev", ki], ["dev", fn], ["dev", fi],
-                              ["stride", "o", 0], ["stride", "o", 1], ["stride", "mask", 0], ["stride", "mask", 1],
-                              ["val", n], ["val", nqb], ["val", nkb], ["val", d ** -0.5]]
-    return run_guarded(ns, "flex_fwd_kernel", label, buffers, (nqb, bh), args,
-                       {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"], loads=loads, traffic=traffic)["o"]
-
-
 def _dense_lists(lists, bh):
     """partial, full: bool (BH, n_qb, n_kb) from torch's lists."""
     kn, ki, fn, fi = _normalised(lists)
@@ -562,69 +516,94 @@ MASK_STRIDE_IGNORED = Mistake("mask-stride-ignored", "MASK's rows are addressed 
                               "rows are further apart than n_ctx), so the kernel read the wrong rows", None)
 
 
-def _right_on_a_contiguous_mask(ns, label, q, k, v, e, lists, bm, bn, want):
-    """Whether the kernel is right when MASK's rows are n_ctx apart: then it ignores stride_mq."""
-    try:
-        got = _launch_flex(ns, label, q, k, v, e, lists, bm, bn, mask_pad=(0, 0))
-    except Fail:
-        return False
-    return mismatch(got, want, 5e-3, 5e-3) is None
+def _flex_launch(label, q, k, v, e, lists, bm, bn, want=None):
+    """flex_fwd_kernel on (BH, N, D) inputs, the (BH, N, N) element mask ``e`` and torch's ``lists``."""
+    bh, n, d = q.shape
+    partial, full = _dense_lists(lists, bh)
+    budget = _kv_budget(partial | full, bm, bn, n, d, bh)
+    budget["mask"] = (int(_tiles(partial, bm, bn, n, n).sum()), 0)  # int8: one byte per element of a partial tile
+    flat = [t.reshape(bh, *t.shape[2:]).to(torch.int32).contiguous() for t in lists]
+    return _attention_launch(label, q, k, v, flat, d ** -0.5, bm, bn, want,
+                             (q, k, v, d ** -0.5, e, partial, full, bm, bn),
+                             ("Q", "K", "V", "scale", "MASK", "partial blocks", "full blocks", "BLOCK_M", "BLOCK_N"),
+                             budget, mask=e)
 
 
-@CHECKS("partial-blocks")
-def _check_flex(ns):
-    cases = _flex_cases()
-    traced = False
-    for label, kind, arg, q, k, v, bm, bn in cases:
-        B, H, n, d = q.shape
-        scale = d ** -0.5
-        lists = _torch_lists(kind, arg, B, H, n, n, bm)
-        e = _element_mask(kind, arg, B, H, n, n).reshape(B * H, n, n)
+def _flex_launches():
+    out = []
+    rows = [("sliding_window", 1, 2, 50, 16, 16), ("prefix_lm", 2, 1, 40, 16, 16), ("document", 2, 1, 45, 16, 16),
+            ("document with padding", 1, 2, 37, 16, 16)]
+    for seed, (kind, B, H, n, bm, bn) in enumerate(rows):
+        g = _gen(1900 + seed)
+        d = 16
+        if kind == "sliding_window":
+            arg = int(torch.randint(4, 20, (1,), generator=g))
+        elif kind == "prefix_lm":
+            arg = int(torch.randint(5, 25, (1,), generator=g))
+        else:
+            arg = _doc_ids(g, B, n, padding=kind.endswith("padding"))
+        amp = 4.0 if seed == 1 else 1.0
+        q, k, v = (_randn(g, B, H, n, d, scale=amp if i < 2 else 1.0) for i in range(3))
+        mm = "document" if kind.startswith("document") else kind
+        what = {"sliding_window": f"window={arg}", "prefix_lm": f"prefix_len={arg}"}.get(mm, "doc_ids")
+        label = (f"{kind} ({what}), B={B}, H={H}, N={n}, D={d}, BLOCK_M={bm}, BLOCK_N={bn}"
+                 + (", padding rows see no key" if kind.endswith("padding") else "")
+                 + (", large scores" if amp > 1 else ""))
+        e = _element_mask(mm, arg, B, H, n, n).reshape(B * H, n, n)
+        want = _flex_reference(q, k, v, mm, arg, bm, d ** -0.5).reshape(B * H, n, d)
         q3, k3, v3 = (t.reshape(B * H, n, d) for t in (q, k, v))
-        loads, traffic = {"k": None, "v": None, "mask": None}, {}
-        want = _flex_reference(q, k, v, kind, arg, bm, scale).reshape(B * H, n, d)
+        out.append(_flex_launch(label, q3, k3, v3, e, _torch_lists(mm, arg, B, H, n, n, bm), bm, bn, want))
+    return out
+
+
+def _flex_allowed(case):
+    """K and V in the listed blocks only, MASK in the partial ones only."""
+    q, partial, full, bm, bn = (case.inputs[i] for i in (0, 5, 6, 7, 8))
+    n = q.shape[1]
+
+    def mask_allowed(pid_m, pid_h):
+        out = torch.zeros(partial.shape[0], n, n, dtype=torch.bool)
+        rows = torch.zeros(n, dtype=torch.bool)
+        rows[pid_m * bm:(pid_m + 1) * bm] = True
+        out[pid_h] = rows[:, None] & partial[pid_h, pid_m].repeat_interleave(bn)[:n][None, :]
+        return out
+    return _kv_allowed(case, partial | full) + [("mask", mask_allowed, "outside its partial blocks", MASK_FOR_FULL)]
+
+
+def _flex_failure(learner, case, exc):
+    """A failed launch, diagnosed further: MASK's rows read n_ctx apart (the kernel is right when they are), or
+    NaN where flex_attention's output is finite."""
+    if any(m.key == "out-of-bounds-load" for m in exc.mistakes):
+        contiguous = {**case.buffers, "mask": {"data": case.buffers["mask"]["data"]}}
         try:
-            got = _launch_flex(ns, label, q3, k3, v3, e, lists, bm, bn, loads=loads, traffic=traffic)
-        except Fail as exc:
-            if any(m.key == "out-of-bounds-load" for m in exc.mistakes) and \
-                    _right_on_a_contiguous_mask(ns, label, q3, k3, v3, e, lists, bm, bn, want):
-                exc.mistakes = [MASK_STRIDE_IGNORED]  # its "stray" loads are MASK's own padding, read as rows
-            raise
-        if torch.isnan(got).any() and not torch.isnan(want).any():
-            row = tuple(int(i) for i in torch.isnan(got).nonzero()[0][:2])
-            raise Fail(f"`flex_fwd_kernel` on {label}: NaN in row {row[1]} of head {row[0]}, where "
+            launch(learner, _FLEX, dataclasses.replace(case, buffers=contiguous))
+        except Fail:
+            return
+        exc.mistakes = [MASK_STRIDE_IGNORED]  # its "stray" loads are MASK's own padding, read as rows
+    elif not exc.mistakes and " raised " not in exc.message and not torch.isnan(case.want["o"]).any():
+        got = run_guarded(learner, _FLEX.name, case.label, case.buffers, case.grid, case.args, case.constexprs,
+                          ["o"])["o"]
+        if torch.isnan(got).any():
+            head, row = (int(i) for i in torch.isnan(got).nonzero()[0][:2])
+            raise Fail(f"`flex_fwd_kernel` on {case.label}: NaN in row {row} of head {head}, where "
                        f"flex_attention's output is finite", [NAN_ROWS])
-        partial, full = _dense_lists(lists, B * H)
-        named, mistakes = labelled(("Q", "K", "V", "scale", "MASK", "partial blocks", "full blocks", "BLOCK_M",
-                                    "BLOCK_N"), (q3, k3, v3, scale, e, partial, full, bm, bn), _FLEX_MISTAKES)
-        kernel_failure(label, "flex_fwd_kernel", got, want, mistakes, (), named, uses_dot=True)
-        if loads["k"] is not None:
-            for name in ("k", "v"):
-                why = _stray_loads(loads[name], _kv_allowed(partial | full, bn, n, d), name.upper())
-                if why:
-                    raise Fail(f"`flex_fwd_kernel` on {label}: {why}", [LOADS_SKIPPED])
-            why = _stray_loads(loads["mask"], _mask_allowed(partial, bm, bn, n), "MASK", "outside its partial blocks")
-            if why:
-                raise Fail(f"`flex_fwd_kernel` on {label}: {why}", [MASK_FOR_FULL])
-        budget = _kv_budget(partial | full, bm, bn, n, d, B * H)
-        budget["mask"] = (int(_tiles(partial, bm, bn, n, n).sum()), 0)  # int8: one byte per element of a partial tile
-        traced = check_traffic("flex_fwd_kernel", label, traffic, budget, says=_BUDGET_FLEX_FWD) or traced
-    done = (f"{len(cases)} launches match torch's flex_attention (sliding window, prefix-LM, documents, padding rows "
-            f"that see nothing; ragged N)")
-    if not traced:
-        return done + "; which blocks are loaded, and the byte budget, are checked only in Triton's interpreter " \
-                      "(CPU): skipped on this GPU"
-    return done + ", reading MASK only in partial blocks and K/V only in listed blocks, each once"
+
+
+_FLEX = Kernel("flex_fwd_kernel", _flex_launches, _FLEX_MISTAKES, uses_dot=True,
+               says="{n} launches match torch's flex_attention (sliding window, prefix-LM, documents, padding rows "
+                    "that see nothing; ragged N)",
+               budget_says="Q read once, each listed K/V block and each MASK tile of a partial block once, O written "
+                           "once")
 
 
 # ---------------------------------------------------------------------------------------
 # Part (d), the experiment: K/V bytes against density
 # ---------------------------------------------------------------------------------------
 
-_EXPERIMENT = {"n": 64, "d": 16, "block_size": 16}
+_EXPERIMENT = (64, 16, 16)  # n, d, block_size
 
 
-def _model_point(w, n, d, block_size, kv_only=True):
+def _model_point(w, n, d, block_size):
     """(density, K/V bytes) of a correct kernel under sliding_window(w), from torch's block mask; and the
     other quantities the mistakes report."""
     lists = _torch_lists("sliding_window", w, 1, 1, n, n, block_size)
@@ -668,48 +647,54 @@ def _experiment_windows():
     return [int(w) for w in picks]
 
 
-@CHECKS("bytes-vs-density")
-def _check_experiment(ns):
-    learner = learner_of(ns)
-    windows, cfg = _experiment_windows(), _EXPERIMENT
-    n, d, bs = cfg["n"], cfg["d"], cfg["block_size"]
+def _measure_experiment(learner):
+    """The learner's (densities, K/V bytes) against the grader's own reproduction: its trace of the learner's
+    flex_fwd_kernel on each window's lists (in the interpreter), else (on a GPU) what a kernel that loads each
+    listed K/V block once moves."""
+    windows, (n, d, bs) = _experiment_windows(), _EXPERIMENT
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=_gen(2001)))
     label = f"windows={windows}, n={n}, d={d}, block_size={bs}, seed={seed}"
-    reply = learner.call("bytes_against_density", [[[list(windows), n, d, bs, seed], {}]])
-    present(reply, "bytes_against_density")
-    results = reply.get("results", [])
-    if not results:
-        raise Fail(f"`bytes_against_density`: the grader got no result for {label}")
-    got = value_of(results[0], "bytes_against_density", label)
+    args = (list(windows), n, d, bs, seed)
+    _, _, _, got = next(each_result(learner, "bytes_against_density", [(label, args, {})]))
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise Fail(f"`bytes_against_density` on {label}: return (densities, kv_bytes), two 1-D tensors of "
                    f"len(windows) = {len(windows)}")
     got = tuple(torch.as_tensor(x, dtype=torch.float64) if not torch.is_tensor(x) else x.double() for x in got)
-    # the grader's own reproduction: its trace of your flex_fwd_kernel on each window's lists (in the interpreter),
-    # else (on a GPU) what a kernel that loads each listed K/V block once moves
     dens, kv, how = [], [], "traced"
     g = _gen(2002)
     for w in windows:
         point = _model_point(w, n, d, bs)
-        lists = _torch_lists("sliding_window", w, 1, 1, n, n, bs)
         e = _element_mask("sliding_window", w, 1, 1, n, n).reshape(1, n, n)
         q, k, v = _randn(g, 1, n, d), _randn(g, 1, n, d), _randn(g, 1, n, d)
+        case = _flex_launch(f"sliding_window(window={w}), N={n}", q, k, v, e,
+                            _torch_lists("sliding_window", w, 1, 1, n, n, bs), bs, bs)
         traffic = {}
-        _launch_flex(ns, f"sliding_window(window={w}), N={n}", q, k, v, e, lists, bs, bs, traffic=traffic)
-        if traffic:
-            kv.append(float(traffic["k"]["load_bytes"] + traffic["v"]["load_bytes"]))
-        else:
+        run_guarded(learner, _FLEX.name, case.label, case.buffers, case.grid, case.args, case.constexprs, ["o"],
+                    traffic=traffic)
+        if not traffic:
             how = "counted"
-            kv.append(float(point["kv"]))
+        kv.append(float(traffic["k"]["load_bytes"] + traffic["v"]["load_bytes"]) if traffic else float(point["kv"]))
         dens.append(point["density"])
     want = (torch.tensor(dens, dtype=torch.float64), torch.tensor(kv, dtype=torch.float64))
     why = mismatch(got, want, rtol=1e-9, atol=1e-9)
     if why:
-        lines = [case_line(label, (windows, n, d, bs, seed), {}, names=("windows", "n", "d", "block_size", "seed"))]
-        raise Fail("\n    ".join([f"`bytes_against_density` on {label}: {why} (the densities must match within 1e-9, "
-                                  f"the bytes exactly)", *lines]),
-                   diagnose(got, _EXPERIMENT_MISTAKES, (windows, n, d, bs, seed), {}, rtol=1e-9, atol=1e-9))
+        line = case_line(label, args, {}, names=("windows", "n", "d", "block_size", "seed"))
+        raise Fail(f"`bytes_against_density` on {label}: {why} (the densities must match within 1e-9, the bytes "
+                   f"exactly)\n    {line}", diagnose(got, _EXPERIMENT_MISTAKES, args, {}, rtol=1e-9, atol=1e-9))
     falls = all(a >= b for a, b in zip(kv[::-1], kv[::-1][1:]))
     return (f"densities and K/V bytes of {len(windows)} windows equal the grader's {how} reproduction exactly "
             f"({', '.join(f'{x:.2f}: {int(b)} B' for x, b in zip(dens, kv))})"
             + ("" if falls else "; note: the bytes did not rise with the window"))
+
+
+TABLES = {
+    "flex-block-mask": Measured("function", _measure_block_mask, {"block_mask_for": _BLOCK_MASK_MISTAKES}),
+    "block-sparse-loop": Measured("kernel", _measured_kernel(_SPARSE, lambda case: _kv_allowed(case, case.inputs[4]),
+                                                             ", with no K or V load outside the lists and each "
+                                                             "visited block loaded once"),
+                                  {"block_sparse_fwd_kernel": _SPARSE_MISTAKES}),
+    "partial-blocks": Measured("kernel", _measured_kernel(_FLEX, _flex_allowed, ", reading MASK only in partial "
+                                                          "blocks and K/V only in listed blocks, each once",
+                                                          _flex_failure), {"flex_fwd_kernel": _FLEX_MISTAKES}),
+    "bytes-vs-density": Measured("experiment", _measure_experiment, {"bytes_against_density": _EXPERIMENT_MISTAKES}),
+}
