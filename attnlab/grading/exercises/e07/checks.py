@@ -1,12 +1,12 @@
-"""The checks of exercise 07_flash_attention (one ``@CHECKS(part id)`` per graded part).
+"""The checks of exercise 07_flash_attention: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
 The PyTorch parts are compared with :func:`attnlab.tiled.tiled_attention` (through ``spec.py``); the
-Triton parts are launched by the grader itself (:func:`attnlab.grading.kernel_check.run_guarded`:
-sentinel-guarded buffers whose strides are not the row length) and, in the interpreter, held to a
-byte budget: K and V read once per query block (only the blocks a causal block needs), each output
-written once, nothing else. Known mistakes are recognised by running *emulations*: the algorithm
-written block by block in PyTorch with a switch per mistake (``_forward_emulation``,
-``_backward_emulation``), so one function gives the right answer and each wrong one.
+Triton parts are launched by the grader itself (:func:`attnlab.grading.engine.launch`: sentinel-guarded
+buffers whose strides are not the row length) and, in the interpreter, held to a byte budget: K and V read
+once per query block (only the blocks a causal block needs), each output written once, nothing else. Known
+mistakes are recognised by running *emulations*: the algorithm written block by block in PyTorch with a
+switch per mistake (``_forward_emulation``, ``_backward_emulation``), so one function gives the right answer
+and each wrong one.
 
 **Why the causal skip of the PyTorch forward rests on a NaN-poisoned tail under ``attnlab grade``.** The
 grader can measure the learner's process from outside only by what the operating system reports about it.
@@ -24,33 +24,26 @@ matmul FLOPs are also counted, as feedback.
 
 import math
 import numbers
+from dataclasses import replace
 
 import torch
 
-from attnlab.grading.sandbox.agent import device as _device
-from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, Registry, check_function, check_with_gradients,
-                                  case_line, diagnose, each_result, gen as _gen, learner_of, mismatch, present,
-                                  randn as _randn, value_of)
+from attnlab.grading import engine
+from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, case_line, check_function,
+                                  check_with_gradients, diagnose, each_result, gen as _gen, learner_of, mismatch,
+                                  present, randn as _randn, value_of)
+from attnlab.grading.engine import Function, Kernel, Launch, Measured
 from attnlab.grading.exercises.e07 import spec as specs
+from attnlab.grading.kernel_check import cdiv, check_traffic
+from attnlab.grading.sandbox.agent import device as _device
 from attnlab.grading.sandbox.footprint import measured_call, peak_growth
-from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
 from attnlab.tiled import tiled_attention
-
-CHECKS = Registry()
-
-# what each kernel's byte budget allows, in the words of its part (the diagnosis of extra traffic)
-_BUDGET_FLASH_FWD = ('Q read once, K and V once per query block (with CAUSAL only the blocks on or below the '
-                     'diagonal), O and L written once')
-_BUDGET_FLASH_BWD_DKDV = ('K and V read once, Q, dO, L and D once per key block (with CAUSAL only from the first '
-                          'query block that sees it), dK and dV written once')
 
 RTOL, ATOL = 1e-4, 1e-5          # float32: the order of additions differs from the reference's, nothing else
 GRAD_RTOL, GRAD_ATOL = 1e-4, 5e-5
 
 
-# ---------------------------------------------------------------------------------------------
-# part 1: the online-softmax update
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- online-softmax-update
 
 def _online_cases():
     cases = []
@@ -95,15 +88,8 @@ _ONLINE_MISTAKES = [
 ]
 
 
-@CHECKS("online-softmax-update")
-def _check_online(ns):
-    n = check_function(ns, "online_softmax_update", specs.online_softmax_update, _online_cases(), _ONLINE_MISTAKES)
-    return f"{n} cases match the spec, including the first block"
-
-
-# ---------------------------------------------------------------------------------------------
-# the forward, block by block in PyTorch, with a switch per mistake (parts tiled-forward and flash-kernel-loop)
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- the forward, with a switch per mistake
+# (parts tiled-forward and flash-kernel-loop)
 
 def _forward_emulation(q, k, v, causal=False, scale=None, block_m=16, block_n=16, rescale_acc=True, use_scale=True,
                        drop_tail=False, mask_tail=True, causal_strict=False, diagonal_unmasked=False, skip=True,
@@ -162,8 +148,11 @@ def _forward_emulation(q, k, v, causal=False, scale=None, block_m=16, block_n=16
 
 
 def _fwd(**flags):
-    return lambda q, k, v, causal=False, block_m=16, block_n=16: _forward_emulation(
-        q, k, v, causal, None, block_m, block_n, **flags)
+    """A wrong ``tiled_attention_forward`` (one mistake's switches, kept on it as ``flags``)."""
+    def impl(q, k, v, causal=False, block_m=16, block_n=16):
+        return _forward_emulation(q, k, v, causal, None, block_m, block_n, **flags)
+    impl.flags = flags
+    return impl
 
 
 _OUT_MISTAKES = [   # mistakes visible in O (and in L): compared on O
@@ -193,34 +182,27 @@ def _first(impl, index):
     return lambda *args, **kwargs: impl(*args, **kwargs)[index]
 
 
-def _compare_outputs(name, label, got, want, names, mistakes, args, kwargs, rtol=RTOL, atol=ATOL, kernel=False,
-                     spec=None):
+# FlashAttentionFunction returns O alone
+_FUNCTION_MISTAKES = [Mistake(m.key, m.message, _first(m.impl, 0)) for m in _OUT_MISTAKES]
+
+
+def _compare_outputs(name, label, got, want, names, mistakes, args, kwargs, spec, rtol=RTOL, atol=ATOL):
     """Fail at the first of ``names`` (e.g. O, L) where ``got`` differs from ``want``, naming the known
-    mistakes whose same output equals the learner's. ``mistakes``: one list per output; ``spec``: a function
+    mistakes whose same output equals the learner's. ``mistakes``: one list per output; ``spec``: the function
     whose parameter names label the inputs in the counterexample."""
     if not isinstance(got, (tuple, list)) or len(got) != len(want):
         kind = f"a tuple of {len(got)} values" if isinstance(got, (tuple, list)) else type(got).__name__
         raise Fail(f"`{name}` on {label}: expected a tuple ({', '.join(names)}), got {kind}")
     for i, (g, w, what) in enumerate(zip(got, want, names)):
-        tf32 = kernel and _device() == "cuda"
         why = mismatch(g, w, rtol, atol)
-        if not why:
-            continue
-        found = diagnose(g, [Mistake(m.key, m.message, _first(m.impl, i)) for m in mistakes[i]], args, kwargs,
-                         rtol, atol)
-        if tf32 and mismatch(g, w, 5e-3, 5e-3) is None:
-            found.append(TF32)
-        raise Fail("\n    ".join([f"`{name}` on {label}: {what}: {why}",
-                                  case_line(label, args, kwargs, spec)]), found)
+        if why:
+            found = diagnose(g, [Mistake(m.key, m.message, _first(m.impl, i)) for m in mistakes[i]], args, kwargs,
+                             rtol, atol)
+            raise Fail("\n    ".join([f"`{name}` on {label}: {what}: {why}", case_line(label, args, kwargs, spec)]),
+                       found)
 
 
-TF32 = Mistake("tf32-dot", "close, but only to about 1e-3: on an NVIDIA GPU tl.dot multiplies float32 in TF32 "
-               "(10 mantissa bits) unless you pass input_precision=\"ieee\"", None)
-
-
-# ---------------------------------------------------------------------------------------------
-# part 2 (a): the tiled forward in PyTorch, as an autograd.Function, with its log-sum-exp
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- tiled-forward
 
 def _tiled_cases():
     cases = []
@@ -237,19 +219,16 @@ def _tiled_cases():
     return cases
 
 
-@CHECKS("tiled-forward")
-def _check_tiled(ns):
-    learner = learner_of(ns)
+def _measure_tiled_forward(learner):
+    learner = learner_of(learner)
     cases = _tiled_cases()
     name = "tiled_attention_forward"
     for label, args, kwargs, got in each_result(learner, name, cases):
-        want = specs.tiled_attention_forward(*args, **kwargs)
-        _compare_outputs(name, label, got, want, ("O", "L"), (_OUT_MISTAKES, _OUT_MISTAKES + _LSE_MISTAKES),
-                         args, kwargs, spec=specs.tiled_attention_forward)
+        _compare_outputs(name, label, got, specs.tiled_attention_forward(*args, **kwargs), ("O", "L"),
+                         (_OUT_MISTAKES, _OUT_MISTAKES + _LSE_MISTAKES), args, kwargs, specs.tiled_attention_forward)
     # the autograd.Function's forward (no gradient asked here): the same O
-    fn_cases = [cases[1], cases[2]]
-    n = check_function(learner, "flash_attention_pytorch", specs.flash_attention_pytorch, fn_cases,
-                       [Mistake(m.key, m.message, _first(m.impl, 0)) for m in _OUT_MISTAKES])
+    n = check_function(learner, "flash_attention_pytorch", specs.flash_attention_pytorch, [cases[1], cases[2]],
+                       _FUNCTION_MISTAKES)
     technique = _check_technique(learner, name)
     return (f"{len(cases)} cases match O and L (causal, Nq != Nk, partial blocks, large scores), and "
             f"FlashAttentionFunction's forward on {n}; {technique}")
@@ -331,240 +310,8 @@ def _check_technique(learner, name):
     return ", ".join(notes)
 
 
-# ---------------------------------------------------------------------------------------------
-# part 3 (b): the whole Triton forward kernel
-# ---------------------------------------------------------------------------------------------
-
-FLASH_SIGNATURE = ("flash_fwd_kernel(Q, K, V, O, L, stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn, "
-                   "stride_ob, stride_on, stride_lb, N, scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)")
-# each tensor padded differently, so that its strides are its own and not the row length
-_FLASH_PADS = {"q": (16, 0), "k": (8, 16), "v": (4, 0), "o": (8, 8), "l": (0, 8)}
-
-
-def _flash_cases():
-    cases = []
-    # scale is never only 1/sqrt(HEAD_DIM) = 0.25: a kernel must use its scale argument
-    for seed, (b, n, causal, bm, bn, amp, sc) in enumerate([
-            (2, 32, False, 16, 16, 1.0, 0.25), (2, 40, True, 16, 16, 1.0, 0.6), (2, 37, False, 32, 16, 3.0, 0.25),
-            (2, 48, True, 32, 16, 1.0, 0.4), (1, 7, True, 16, 16, 1.0, 0.25), (2, 40, True, 16, 32, 1.0, 0.15)]):
-        g = _gen(1500 + seed)
-        q, k, v = _randn(g, b, n, 16, scale=amp), _randn(g, b, n, 16, scale=amp), _randn(g, b, n, 16)
-        label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, scale={sc}, BLOCK_M={bm}, BLOCK_N={bn}"
-                 + (" with large scores" if amp > 1 else "") + (", N < BLOCK" if n < bm else
-                                                                 ", a partial last block" if n % bn or n % bm else ""))
-        cases.append((label, q, k, v, causal, sc, bm, bn))
-    return cases
-
-
-def _kv_blocks_needed(n, causal, bm, bn):
-    """Key rows a forward loads per (batch entry), summed over its query blocks: all N per query block, or with
-    causal only the blocks that start before the query block's end (masked at N)."""
-    total = 0
-    for q0 in range(0, n, bm):
-        hi = min(q0 + bm, n) if causal else n
-        total += sum(min(bn, n - k0) for k0 in range(0, hi, bn))
-    return total
-
-
-def _forward_budget(b, n, d, causal, bm, bn, es=4):
-    kv = b * _kv_blocks_needed(n, causal, bm, bn) * d * es
-    return {"q": (b * n * d * es, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, b * n * d * es), "l": (0, b * n * es)}
-
-
-def _flash_launch(ns, label, q, k, v, causal, scale, bm, bn, pads=_FLASH_PADS, traffic=None):
-    b, n, d = q.shape
-    buffers = {"q": {"data": q}, "k": {"data": k}, "v": {"data": v}, "o": {"shape": [b, n, d], "output": True},
-               "l": {"shape": [b, n], "output": True}}
-    for key, (rows, cols) in pads.items():
-        buffers[key].update(pad_rows=rows, pad_cols=cols)
-    args = [["buf", x, None] for x in "qkvol"] + [["stride", x, dim] for x in "qkvo" for dim in (0, 1)] + \
-        [["stride", "l", 0], ["val", n], ["val", scale]]
-    out = run_guarded(ns, "flash_fwd_kernel", label, buffers, (cdiv(n, bm), b), args,
-                      {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal}, ["o", "l"], traffic=traffic)
-    return out["o"], out["l"]
-
-
-IGNORES_STRIDES = Mistake("ignores-strides", "the kernel is right on contiguous tensors but not on the grader's, "
-                          "whose rows are padded: address each tensor with its own strides (offs_n[:, None] * "
-                          "stride_kn + offs_d[None, :], pid * stride_kb), never with N or HEAD_DIM, and never with "
-                          "another tensor's strides", None)
-NOT_SKIPPED = Mistake("causal-blocks-not-skipped", "with CAUSAL the loop still loads the key blocks above the "
-                      "diagonal: a query block ending at row r needs keys < min(r + 1, N) only, so stop the loop "
-                      "there (the numbers are right, the bytes are not)", None)
-
-
-def _with_stride_diagnosis(run_case, run_contiguous):
-    """Run a kernel case; when it fails, launch once more on contiguous tensors: right there means strides."""
-    try:
-        return run_case()
-    except (NotDone, NotAccepted):
-        raise
-    except Fail as exc:
-        try:
-            run_contiguous()
-        except Exception:
-            raise exc from None
-        exc.mistakes = [IGNORES_STRIDES, *exc.mistakes]
-        raise exc from None
-
-
-def _fwd_case(Q, K, V, CAUSAL, scale, BLOCK_M, BLOCK_N):
-    """What a forward kernel case is (its parameter names label a counterexample's inputs)."""
-
-
-def _dkdv_case(Q, K, V, DO, CAUSAL, scale, BLOCK_M, BLOCK_N):
-    """What a dK/dV kernel case is (L and D are the reference's, from Q, K, V and DO)."""
-
-
-def _with_scale(q, k, v, causal, scale):
-    """O (B, N, d) and L (B, N) of attention with this ``scale``: attnlab.tiled's FlashAttention."""
-    o, lse = tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, scale=scale, block_m=64, block_n=64,
-                             return_lse=True)
-    return o[:, 0], lse[:, 0]
-
-
-def _kernel_fwd(**flags):
-    """A forward kernel's mistake (``_forward_emulation``'s switches) with the kernel's own scale argument."""
-    return lambda q, k, v, causal, scale, bm, bn: _forward_emulation(q, k, v, causal, scale, bm, bn, **flags)
-
-
-SCALE_IGNORED = Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) "
-                        "written in instead?): the caller chooses the scale, so multiply the scores by `scale`",
-                        lambda q, k, v, causal, scale, bm, bn: _forward_emulation(q, k, v, causal, None, bm, bn))
-
-
-def _flash_one(ns, label, q, k, v, causal, scale, bm, bn):
-    want = _with_scale(q, k, v, causal, scale)
-    out_keys = {m.key: m for m in _OUT_MISTAKES}
-    flags = {"acc-not-rescaled": dict(rescale_acc=False), "scale-forgotten": dict(use_scale=False),
-             "off-by-one-block-edge": dict(drop_tail=True), "causal-off-by-one": dict(causal_strict=True),
-             "causal-diagonal-unmasked": dict(diagonal_unmasked=True), "not-normalised": dict(normalise=False),
-             "causal-positions-in-tile": dict(causal_in_tile=True)}
-    out = [Mistake(key, out_keys[key].message, _kernel_fwd(**f)) for key, f in flags.items()]
-    out += [SCALE_IGNORED,
-            Mistake("masked-keys-not-masked", "keys past N are loaded as 0 and join the softmax with score 0: set "
-                    "their scores to -inf (offs_n < N)", _kernel_fwd(mask_tail=False)),
-            Mistake(_EXP2.key, _EXP2.message, _kernel_fwd(exp2=True))]
-    lse_keys = {m.key: m for m in _LSE_MISTAKES}
-    lse = [Mistake(key, lse_keys[key].message, _kernel_fwd(lse=how)) for key, how in
-           (("lse-missing-max", "no-max"), ("lse-is-max", "max"), ("lse-in-base-2", "base2"))]
-    mistakes = (out, lse)
-    args = (q, k, v, causal, scale, bm, bn)
-    traffic = {}
-
-    def run(pads, traffic=None):
-        got = _flash_launch(ns, label, q, k, v, causal, scale, bm, bn, pads, traffic)
-        _compare_outputs("flash_fwd_kernel", label, got, want, ("O", "L"), (mistakes[0], mistakes[0] + mistakes[1]),
-                         args, {}, kernel=True, spec=_fwd_case)
-
-    _with_stride_diagnosis(lambda: run(_FLASH_PADS, traffic), lambda: run({}))
-    b, n, d = q.shape
-    budget = _forward_budget(b, n, d, causal, bm, bn)
-    full_kv = _forward_budget(b, n, d, False, bm, bn)["k"][0]
-    extra = [NOT_SKIPPED] if causal and traffic.get("k", {}).get("load_bytes", 0) >= full_kv > budget["k"][0] else []
-    return check_traffic("flash_fwd_kernel", label, traffic, budget, extra, says=_BUDGET_FLASH_FWD)
-
-
-_EXP2 = Mistake("exp2-without-log2e", "exp2 is used without folding log2(e) into the scale: exp(x) = exp2(x * "
-                "log2(e)), so multiply the scores by scale * 1.4426950408889634 before exp2 (or use tl.exp)",
-                _fwd(exp2=True))
-
-
-@CHECKS("flash-kernel-loop")
-def _check_flash(ns):
-    cases = _flash_cases()
-    traced = [_flash_one(ns, *case) for case in cases]
-    tail = ("; each within its byte budget (Q read once, K and V once per query block, causal blocks skipped, "
-            "O and L written once)" if all(traced) else
-            "; traffic not checked: on a GPU the kernel is not traced (it is in Triton's interpreter)")
-    return f"{len(cases)} launches match O and L (causal, partial blocks, N < BLOCK, large scores){tail}"
-
-
-# ---------------------------------------------------------------------------------------------
-# the experiment: the bytes the Triton forward moves
-# ---------------------------------------------------------------------------------------------
-
-TRAFFIC_RTOL = 0.01   # the part's stated tolerance: bytes are exact for a kernel that moves only what it needs
-
-
-def _traffic_cases():
-    g = _gen(1700)
-    cases = []
-    # block sizes that differ from the default and from each other: a measurement must pass them on
-    for causal, low, bm, bn in ((False, 24, 16, 16), (True, 48, 16, 16), (True, 48, 32, 16), (False, 32, 16, 32)):
-        n = low + 8 * int(torch.randint(0, 3, (1,), generator=g))         # 24 ... 40, then 48 ... 64
-        seed = int(torch.randint(0, 10_000, (1,), generator=g))
-        cases.append((f"n={n}, causal={causal}, block_m={bm}, block_n={bn}, seed={seed}", (n, causal, bm, bn, seed),
-                      {}))
-    return cases
-
-
-def _traffic_of(part):
-    """A wrong measurement: ``part`` maps a trace of the reference kernel to a number."""
-    def impl(n, causal=False, block_m=16, block_n=16, seed=0):
-        from attnlab.kernels import flash_attention
-        from attnlab.memory import trace
-
-        g = torch.Generator().manual_seed(seed)
-        q, k, v = (torch.randn(1, 1, n, 16, generator=g) for _ in range(3))
-        kw = part.get("kwargs", lambda c, bm, bn: dict(causal=c, block_m=bm, block_n=bn))(causal, block_m, block_n)
-        return part["value"](trace(flash_attention, q, k, v, **kw))
-    return impl
-
-
-_TRAFFIC_MISTAKES = [
-    Mistake("reads-only", "only the bytes read are counted: the stores of O and L move bytes too",
-            _traffic_of({"value": lambda t: t.bytes_read})),
-    Mistake("unique-bytes", "each byte is counted once however often it moves (unique_bytes_read): the part asks "
-            "for every access, K and V once per query block", _traffic_of({
-                "value": lambda t: t.unique_bytes_read + t.unique_bytes_written})),
-    Mistake("elements-not-bytes", "these are elements: a float32 moves 4 bytes",
-            _traffic_of({"value": lambda t: t.total_bytes // 4})),
-    Mistake("causal-ignored", "the causal flag is not passed on: the measurement is of the non-causal kernel",
-            _traffic_of({"value": lambda t: t.total_bytes,
-                         "kwargs": lambda c, bm, bn: dict(causal=False, block_m=bm, block_n=bn)})),
-    Mistake("blocks-ignored", "block_m and block_n are not passed on: the measurement is of the kernel with 16 x 16 "
-            "blocks whatever the blocks asked for", _traffic_of({"value": lambda t: t.total_bytes,
-                                                                "kwargs": lambda c, bm, bn: dict(causal=c, block_m=16,
-                                                                                  block_n=16)})),
-    Mistake("kv-only", "only K and V are counted: Q, O and L are traffic too",
-            _traffic_of({"value": lambda t: t.by_tensor["K"]["read"] + t.by_tensor["V"]["read"]})),
-]
-
-
-@CHECKS("traffic-experiment")
-def _check_traffic_experiment(ns):
-    learner = learner_of(ns)
-    name = "forward_traffic"
-    cases = _traffic_cases()
-    reply = learner.call(name, [[a, kw] for _l, a, kw in cases])
-    present(reply, name)
-    results = reply.get("results", [])
-    lines = []
-    for i, (label, args, kwargs) in enumerate(cases):
-        if i >= len(results):
-            raise Fail(f"`{name}`: the grader got no result for {label}")
-        got = value_of(results[i], name, label)
-        if torch.is_tensor(got) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, numbers.Real):
-            raise Fail(f"`{name}` on {label}: expected a number of bytes, got {type(got).__name__}")
-        want = specs.forward_traffic(*args, **kwargs)
-        if not abs(got - want) <= TRAFFIC_RTOL * want:    # NaN is never within it
-            found = [m for m in _TRAFFIC_MISTAKES if abs(m.impl(*args, **kwargs) - got) <= TRAFFIC_RTOL * want]
-            hint_text = ""
-            if got > want and not found:
-                hint_text = (" (more than a kernel that reads K and V once per query block: does your kernel pass "
-                             "flash-kernel-loop's traffic check?)")
-            raise Fail(f"`{name}` on {label}: measured {got:,.0f} bytes; reproduced with the reference kernel: "
-                       f"{want:,} bytes (tolerance {TRAFFIC_RTOL:.0%}){hint_text}", found)
-        lines.append(f"{want:,} B at n={args[0]}{' causal' if args[1] else ''}, blocks {args[2]} x {args[3]}")
-    return f"your measurements reproduce ({', '.join(lines)}) within {TRAFFIC_RTOL:.0%}"
-
-
-# ---------------------------------------------------------------------------------------------
-# the backward, densely in PyTorch, with a switch per mistake (parts tiled-backward and dkdv-kernel)
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- the backward, with a switch per mistake
+# (parts tiled-backward and dkdv-kernel)
 
 def _backward_emulation(q, k, v, o, lse, do, causal=False, scale=None, block_m=16, block_n=16, subtract_d=True,
                         sign_flipped=False, scale_grads=True, recompute_scaled=True, mask="ok", d_per_tile=False):
@@ -614,13 +361,12 @@ class _WrongBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
         causal, block_m, block_n, flags = ctx.args
-        dq, dk, dv = _backward_emulation(q, k, v, o, lse, do, causal, None, block_m, block_n, **flags)
-        return dq, dk, dv, None, None, None, None
+        return (*_backward_emulation(*ctx.saved_tensors, do, causal, None, block_m, block_n, **flags), *[None] * 4)
 
 
 def _bwd(**flags):
+    """A wrong ``flash_attention_pytorch`` (one mistake's switches in its backward, kept on it as ``flags``)."""
     def impl(q, k, v, causal=False, block_m=16, block_n=16):
         return _WrongBackward.apply(q, k, v, causal, block_m, block_n, flags)
     impl.flags = flags
@@ -646,9 +392,7 @@ _BACKWARD_MISTAKES = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
-# part (c): the backward in PyTorch, wired into the autograd.Function
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- tiled-backward
 
 def _backward_cases():
     cases = []
@@ -675,15 +419,6 @@ _DIRECT_MISTAKES = [Mistake(m.key, m.message, _direct(**m.impl.flags)) for m in 
 _GRADS = ("dq", "dk", "dv")
 
 
-def _backward_direct_cases():
-    """[(label, (q, k, v, o, L, do, causal, block_m, block_n), {})] with the grader's own O and L."""
-    cases = []
-    for label, (q, k, v, causal, bq, bk), _kw, do in _backward_cases():
-        o, lse = specs.tiled_attention_forward(q, k, v, causal, bq, bk)
-        cases.append((label, (q, k, v, o, lse, do, causal, bq, bk), {}))
-    return cases
-
-
 GRADIENT_MISSING = Mistake("gradient-missing", "the backward must return exactly (dq, dk, dv), three tensors shaped "
                            "like q, k and v: the grader calls tiled_attention_backward itself, and a gradient that is "
                            "None or missing (or dk and dv swapped) is one the Function's backward cannot return", None)
@@ -705,16 +440,15 @@ def _three_gradients(name, label, got, args):
                        [GRADIENT_MISSING])
 
 
-@CHECKS("tiled-backward")
-def _check_backward(ns):
-    learner = learner_of(ns)
+def _measure_tiled_backward(learner):
+    learner = learner_of(learner)
     name = "tiled_attention_backward"
-    cases = _backward_direct_cases()
+    cases = [(label, (q, k, v, *specs.tiled_attention_forward(q, k, v, causal, bq, bk), do, causal, bq, bk), {})
+             for label, (q, k, v, causal, bq, bk), _kw, do in _backward_cases()]   # with the grader's own O and L
     for label, args, kwargs, got in each_result(learner, name, cases):
         _three_gradients(name, label, got, args)
-        want = specs.tiled_attention_backward(*args, **kwargs)
-        _compare_outputs(name, label, got, want, _GRADS, [_DIRECT_MISTAKES] * 3, args, kwargs, rtol=GRAD_RTOL,
-                         atol=GRAD_ATOL, spec=specs.tiled_attention_backward)
+        _compare_outputs(name, label, got, specs.tiled_attention_backward(*args, **kwargs), _GRADS,
+                         [_DIRECT_MISTAKES] * 3, args, kwargs, specs.tiled_attention_backward, GRAD_RTOL, GRAD_ATOL)
     # the peak memory of the hand-written backward itself, at a size where one N x N matrix dominates
     (q, k, v, *_), _kw, do = _peak_case(1890, grad=True)
     o, lse = specs.tiled_attention_forward(q, k, v, False, PEAK_BLOCK, PEAK_BLOCK)
@@ -727,28 +461,171 @@ def _check_backward(ns):
             f"FlashAttentionFunction's backward gives the same gradients")
 
 
-# ---------------------------------------------------------------------------------------------
-# part (d), bonus: the dK/dV kernel
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- the kernels
+# (flash-kernel-loop, dkdv-kernel). Each launch is engine.launch's; what a part measures besides (the causal skip
+# in the traffic, the TF32 diagnosis on a GPU, this exercise's words for ignored strides) is _measure_kernel's.
 
-DKDV_SIGNATURE = ("flash_bwd_dkdv_kernel(Q, K, V, DO, L, D, DK, DV, stride_qb, stride_qn, stride_kb, stride_kn, "
-                  "stride_vb, stride_vn, stride_dob, stride_don, stride_lb, N, scale, HEAD_DIM, BLOCK_M, BLOCK_N, "
-                  "CAUSAL)")
+IGNORES_STRIDES = Mistake("ignores-strides", "the kernel is right on contiguous tensors but not on the grader's, "
+                          "whose rows are padded: address each tensor with its own strides (offs_n[:, None] * "
+                          "stride_kn + offs_d[None, :], pid * stride_kb), never with N or HEAD_DIM, and never with "
+                          "another tensor's strides", None)
+TF32 = Mistake("tf32-dot", "close, but only to about 1e-3: on an NVIDIA GPU tl.dot multiplies float32 in TF32 "
+               "(10 mantissa bits) unless you pass input_precision=\"ieee\"", None)
+
+
+def _with_scale(q, k, v, causal, scale):
+    """O (B, N, d) and L (B, N) of attention with this ``scale``: attnlab.tiled's FlashAttention."""
+    o, lse = tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, scale=scale, block_m=64, block_n=64,
+                             return_lse=True)
+    return o[:, 0], lse[:, 0]
+
+
+def _launch_of(label, case, names, inputs, outputs, pads, strided, block, budget, want):
+    """A :class:`Launch` of one of this exercise's kernels on ``case`` (Q, ..., CAUSAL, scale, BLOCK_M, BLOCK_N):
+    ``inputs`` {buffer: tensor} then ``outputs`` {buffer: shape}, each padded by ``pads`` (rows, columns) so that
+    its strides are its own; the arguments are the buffers in that order, the batch and row strides of ``strided``,
+    L's batch stride, N and the scale; one program per ``block`` rows and batch entry."""
+    (b, n, d), (causal, scale, bm, bn) = case[0].shape, case[-4:]
+    buffers = {**{k: {"data": t} for k, t in inputs.items()},
+               **{k: {"shape": list(s), "output": True} for k, s in outputs.items()}}
+    for key, (rows, cols) in pads.items():
+        buffers[key].update(pad_rows=rows, pad_cols=cols)
+    args = ([["buf", x, None] for x in buffers] + [["stride", x, dim] for x in strided for dim in (0, 1)]
+            + [["stride", "l", 0], ["val", n], ["val", scale]])
+    return Launch(label, buffers, (cdiv(n, block), b), args,
+                  {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal}, want, case, names,
+                  budget(b, n, d, causal, bm, bn))
+
+
+def _launch(learner, table, case, traffic):
+    """:func:`attnlab.grading.engine.launch`, its stride diagnosis in this exercise's words; on a GPU, a failure
+    that TF32's tolerance (``uses_dot``) passes is tl.dot in TF32."""
+    try:
+        return engine.launch(learner, table, case, traffic)
+    except (NotDone, NotAccepted):
+        raise
+    except Fail as exc:
+        exc.mistakes = [IGNORES_STRIDES if m.key == engine.STRIDE_IGNORED.key else m for m in exc.mistakes]
+        if _device() == "cuda" and " raised " not in exc.message:
+            try:
+                engine.launch(learner, replace(table, mistakes=(), uses_dot=True), case)
+            except Fail:
+                pass
+            else:
+                exc.mistakes.append(TF32)
+        raise
+
+
+def _measure_kernel(table, buffer, budget, not_skipped, says):
+    """A kernel part's measurement: ``table``'s launches, each within its budget; with CAUSAL, loading as many
+    bytes of ``buffer`` as a non-causal launch (``budget(b, n, d, causal, bm, bn)``) is ``not_skipped``."""
+    def measure(learner):
+        launches = table.launches()
+        traced = True
+        for case in launches:
+            traffic = {}
+            _launch(learner, table, case, traffic)
+            c = case.constexprs
+            b, n, d = case.inputs[0].shape
+            full = budget(b, n, d, False, c["BLOCK_M"], c["BLOCK_N"])[buffer][0]
+            loaded = traffic.get(buffer, {}).get("load_bytes", 0)
+            extra = [not_skipped] if c["CAUSAL"] and loaded >= full > case.budget[buffer][0] else []
+            traced = check_traffic(table.name, case.label, traffic, case.budget, extra, says=table.budget_says) \
+                and traced
+        tail = (f"; each within its byte budget ({table.budget_says})" if traced else
+                "; traffic not checked: on a GPU the kernel is not traced (it is in Triton's interpreter)")
+        return f"{len(launches)} launches match {says}{tail}"
+    return measure
+
+
+# ----------------------------------------------------------------------------- flash-kernel-loop
+
+# each tensor padded differently, so that its strides are its own and not the row length
+_FLASH_PADS = {"q": (16, 0), "k": (8, 16), "v": (4, 0), "o": (8, 8), "l": (0, 8)}
+_FWD_NAMES = ("Q", "K", "V", "CAUSAL", "scale", "BLOCK_M", "BLOCK_N")   # the inputs, in a counterexample
+
+
+def _flash_launches():
+    launches = []
+    # scale is never only 1/sqrt(HEAD_DIM) = 0.25: a kernel must use its scale argument
+    for seed, (b, n, causal, bm, bn, amp, sc) in enumerate([
+            (2, 32, False, 16, 16, 1.0, 0.25), (2, 40, True, 16, 16, 1.0, 0.6), (2, 37, False, 32, 16, 3.0, 0.25),
+            (2, 48, True, 32, 16, 1.0, 0.4), (1, 7, True, 16, 16, 1.0, 0.25), (2, 40, True, 16, 32, 1.0, 0.15)]):
+        g = _gen(1500 + seed)
+        q, k, v = _randn(g, b, n, 16, scale=amp), _randn(g, b, n, 16, scale=amp), _randn(g, b, n, 16)
+        o, lse = _with_scale(q, k, v, causal, sc)
+        label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, scale={sc}, BLOCK_M={bm}, BLOCK_N={bn}"
+                 + (" with large scores" if amp > 1 else "") + (", N < BLOCK" if n < bm else
+                                                                 ", a partial last block" if n % bn or n % bm else ""))
+        launches.append(_launch_of(label, (q, k, v, causal, sc, bm, bn), _FWD_NAMES, {"q": q, "k": k, "v": v},
+                                   {"o": (b, n, 16), "l": (b, n)}, _FLASH_PADS, "qkvo", bm, _forward_budget,
+                                   {"o": o, "l": lse}))
+    return launches
+
+
+def _kv_blocks_needed(n, causal, bm, bn):
+    """Key rows a forward loads per (batch entry), summed over its query blocks: all N per query block, or with
+    causal only the blocks that start before the query block's end (masked at N)."""
+    total = 0
+    for q0 in range(0, n, bm):
+        hi = min(q0 + bm, n) if causal else n
+        total += sum(min(bn, n - k0) for k0 in range(0, hi, bn))
+    return total
+
+
+def _forward_budget(b, n, d, causal, bm, bn, es=4):
+    kv = b * _kv_blocks_needed(n, causal, bm, bn) * d * es
+    return {"q": (b * n * d * es, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, b * n * d * es), "l": (0, b * n * es)}
+
+
+def _kernel_fwd(index, **flags):
+    """Output ``index`` (0: O, 1: L) of a forward kernel's mistake, with the kernel's own scale argument. O and L
+    differ in shape, so each output's mistakes are only ever matched against that output."""
+    return lambda q, k, v, causal, scale, bm, bn: _forward_emulation(q, k, v, causal, scale, bm, bn, **flags)[index]
+
+
+_EXP2 = Mistake("exp2-without-log2e", "exp2 is used without folding log2(e) into the scale: exp(x) = exp2(x * "
+                "log2(e)), so multiply the scores by scale * 1.4426950408889634 before exp2 (or use tl.exp)",
+                _kernel_fwd(0, exp2=True))
+_FLASH_MISTAKES = [Mistake(m.key, m.message, _kernel_fwd(0, **m.impl.flags)) for m in _OUT_MISTAKES] + [
+    Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) written in "
+            "instead?): the caller chooses the scale, so multiply the scores by `scale`",
+            lambda q, k, v, causal, scale, bm, bn: _forward_emulation(q, k, v, causal, None, bm, bn)[0]),
+    Mistake("masked-keys-not-masked", "keys past N are loaded as 0 and join the softmax with score 0: set their "
+            "scores to -inf (offs_n < N)", _kernel_fwd(0, mask_tail=False)),
+    _EXP2,
+] + [Mistake(m.key, m.message, _kernel_fwd(1, **m.impl.flags)) for m in _LSE_MISTAKES]
+NOT_SKIPPED = Mistake("causal-blocks-not-skipped", "with CAUSAL the loop still loads the key blocks above the "
+                      "diagonal: a query block ending at row r needs keys < min(r + 1, N) only, so stop the loop "
+                      "there (the numbers are right, the bytes are not)", None)
+_FLASH = Kernel("flash_fwd_kernel", _flash_launches, _FLASH_MISTAKES,
+                budget_says="Q read once, K and V once per query block (with CAUSAL only the blocks on or below the "
+                "diagonal), O and L written once")
+
+
+# ----------------------------------------------------------------------------- dkdv-kernel
+
 # DK has K's layout, DV has V's, D has L's
 _DKDV_PADS = {"q": (16, 0), "k": (8, 16), "v": (4, 0), "do": (8, 8), "l": (0, 8), "d": (0, 8), "dk": (8, 16),
               "dv": (4, 0)}
 
 
-def _dkdv_cases():
-    cases = []
+def _dkdv_launches():
+    launches = []
     for seed, (b, n, causal, bm, bn, sc) in enumerate([(2, 32, False, 16, 16, 0.25), (2, 40, True, 16, 16, 0.6),
                                                        (1, 37, False, 32, 16, 0.4), (2, 48, True, 16, 32, 0.25)]):
         g = _gen(1900 + seed)
         q, k, v, do = _randn(g, b, n, 16), _randn(g, b, n, 16), _randn(g, b, n, 16), _randn(g, b, n, 16)
+        o, lse = _with_scale(q, k, v, causal, sc)
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        _with_scale(qq, kk, vv, causal, sc)[0].backward(do)
         label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, scale={sc}, BLOCK_M={bm}, BLOCK_N={bn}"
                  + (", a partial last block" if n % bm or n % bn else ""))
-        cases.append((label, q, k, v, do, causal, sc, bm, bn))
-    return cases
+        launches.append(_launch_of(label, (q, k, v, do, causal, sc, bm, bn), ("Q", "K", "V", "DO", *_FWD_NAMES[3:]),
+                                   {"q": q, "k": k, "v": v, "do": do, "l": lse, "d": (do * o).sum(-1)},
+                                   {"dk": (b, n, 16), "dv": (b, n, 16)}, _DKDV_PADS, ("q", "k", "v", "do"), bn,
+                                   _dkdv_budget, {"dk": kk.grad, "dv": vv.grad}))
+    return launches
 
 
 def _dkdv_budget(b, n, d, causal, bm, bn, es=4):
@@ -762,83 +639,128 @@ def _dkdv_budget(b, n, d, causal, bm, bn, es=4):
             "v": (kv, 0), "dk": (0, kv), "dv": (0, kv)}
 
 
-def _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, scale, bm, bn, pads, traffic=None):
-    b, n, d = q.shape
-    buffers = {"q": {"data": q}, "k": {"data": k}, "v": {"data": v}, "do": {"data": do}, "l": {"data": lse},
-               "d": {"data": delta}, "dk": {"shape": [b, n, d], "output": True},
-               "dv": {"shape": [b, n, d], "output": True}}
-    for key, (rows, cols) in pads.items():
-        buffers[key].update(pad_rows=rows, pad_cols=cols)
-    args = [["buf", x, None] for x in ("q", "k", "v", "do", "l", "d", "dk", "dv")] + \
-        [["stride", x, dim] for x in ("q", "k", "v", "do") for dim in (0, 1)] + \
-        [["stride", "l", 0], ["val", n], ["val", scale]]
-    out = run_guarded(ns, "flash_bwd_dkdv_kernel", label, buffers, (cdiv(n, bn), b), args,
-                      {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal}, ["dk", "dv"], traffic=traffic)
-    return out["dk"], out["dv"]
+def _dkdv_wrong(use_scale=True, padded_rows=False, **flags):
+    """dK of a dK/dV kernel's mistake (``_backward_emulation``'s switches), from the reference's L and D. Every
+    known mistake shows in dK, which is compared before dV."""
+    def impl(q, k, v, do, causal, scale, bm, bn):
+        o, lse = _with_scale(q, k, v, causal, scale)
+        dk = _backward_emulation(q, k, v, o, lse, do, causal, scale if use_scale else None, bm, bn, **flags)[1]
+        # rows past N in a partial last query block: P = exp(0 - (-inf)) = inf against every key, times dO = 0
+        return torch.full_like(dk, float("nan")) if padded_rows and q.shape[1] % bm else dk
+    return impl
 
 
-def _dkdv_one(ns, label, q, k, v, do, causal, scale, bm, bn):
-    o, lse = _with_scale(q, k, v, causal, scale)
-    delta = (do * o).sum(-1)                                                  # (B, N)
-    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
-    _with_scale(qq, kk, vv, causal, scale)[0].backward(do)
-    want = (kk.grad, vv.grad)
-    args = (q, k, v, do, causal, scale, bm, bn)
-
-    def wrong(use_scale=True, **flags):
-        def impl(q, k, v, do, causal, scale, bm, bn):
-            _dq, dk, dv = _backward_emulation(q, k, v, o, lse, do, causal, scale if use_scale else None, bm, bn,
-                                              **flags)
-            return dk, dv
-        return impl
-
-    ms = [Mistake("d-not-subtracted", "dS = P * (dP - D): subtract D_i (loaded from D) from each row of dP",
-                  wrong(subtract_d=False)),
-          Mistake("ds-sign-flipped", "the sign of dS is flipped: dS = P * (dP - D)", wrong(sign_flipped=True)),
-          Mistake("grad-scale-forgotten", "dK misses the scale: dK = dS^T Q * scale", wrong(scale_grads=False)),
-          Mistake("recompute-scale-forgotten", "P is recomputed from unscaled scores: P = exp(Q K^T * scale - L)",
-                  wrong(recompute_scaled=False)),
-          Mistake("causal-mask-missing-in-backward", "with CAUSAL the recomputed P must be 0 where key j > query i",
-                  wrong(mask="none")),
-          Mistake("causal-mask-missing-in-backward", "with CAUSAL the query blocks that see none of this key block "
-                  "are skipped, but inside the tile that crosses the diagonal P is not zeroed where j > i",
-                  wrong(mask="kblocks")),
-          Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) written in "
-                  "instead?): recompute P = exp(Q K^T * scale - L) and scale dK with the `scale` it is given",
-                  wrong(use_scale=False))]
-    traffic = {}
-
-    def run(pads, traffic=None):
-        got = _dkdv_launch(ns, label, q, k, v, do, lse, delta, causal, scale, bm, bn, pads, traffic)
-        try:
-            _compare_outputs("flash_bwd_dkdv_kernel", label, got, want, ("dK", "dV"), (ms, ms), args, {},
-                             rtol=GRAD_RTOL, atol=GRAD_ATOL, kernel=True, spec=_dkdv_case)
-        except Fail as exc:
-            if q.shape[1] % bm and not all(torch.isfinite(g).all() for g in got):
-                exc.mistakes.append(PADDED_ROWS)
-            raise
-
-    _with_stride_diagnosis(lambda: run(_DKDV_PADS, traffic), lambda: run({}))
-    b, n, d = q.shape
-    budget = _dkdv_budget(b, n, d, causal, bm, bn)
-    full = _dkdv_budget(b, n, d, False, bm, bn)["q"][0]
-    extra = [NOT_SKIPPED_BWD] if causal and traffic.get("q", {}).get("load_bytes", 0) >= full > budget["q"][0] else []
-    return check_traffic("flash_bwd_dkdv_kernel", label, traffic, budget, extra, says=_BUDGET_FLASH_BWD_DKDV)
-
-
-PADDED_ROWS = Mistake("padded-rows-not-zeroed", "NaN or inf in dK or dV with a partial last query block: the rows "
-                      "past N get P = exp(S - L) from whatever L was loaded there (other=-inf gives exp(+inf)), and "
-                      "inf times their dO = 0 is NaN; zero P where offs_m >= N and load L and D with other=0.0", None)
+_DKDV_MISTAKES = [
+    Mistake("d-not-subtracted", "dS = P * (dP - D): subtract D_i (loaded from D) from each row of dP",
+            _dkdv_wrong(subtract_d=False)),
+    Mistake("ds-sign-flipped", "the sign of dS is flipped: dS = P * (dP - D)", _dkdv_wrong(sign_flipped=True)),
+    Mistake("grad-scale-forgotten", "dK misses the scale: dK = dS^T Q * scale", _dkdv_wrong(scale_grads=False)),
+    Mistake("recompute-scale-forgotten", "P is recomputed from unscaled scores: P = exp(Q K^T * scale - L)",
+            _dkdv_wrong(recompute_scaled=False)),
+    Mistake("causal-mask-missing-in-backward", "with CAUSAL the recomputed P must be 0 where key j > query i",
+            _dkdv_wrong(mask="none")),
+    Mistake("causal-mask-missing-in-backward", "with CAUSAL the query blocks that see none of this key block "
+            "are skipped, but inside the tile that crosses the diagonal P is not zeroed where j > i",
+            _dkdv_wrong(mask="kblocks")),
+    Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) written in "
+            "instead?): recompute P = exp(Q K^T * scale - L) and scale dK with the `scale` it is given",
+            _dkdv_wrong(use_scale=False)),
+    Mistake("padded-rows-not-zeroed", "NaN or inf in dK or dV with a partial last query block: the rows past N get "
+            "P = exp(S - L) from whatever L was loaded there (other=-inf gives exp(+inf)), and inf times their "
+            "dO = 0 is NaN; zero P where offs_m >= N and load L and D with other=0.0", _dkdv_wrong(padded_rows=True)),
+]
 NOT_SKIPPED_BWD = Mistake("causal-blocks-not-skipped", "with CAUSAL a key block starting at key c is seen only by "
                           "queries i >= c: start the loop at the query block that holds row c, "
                           "(c // BLOCK_M) * BLOCK_M, instead of 0", None)
+_DKDV = Kernel("flash_bwd_dkdv_kernel", _dkdv_launches, _DKDV_MISTAKES,
+               budget_says="K and V read once, Q, dO, L and D once per key block (with CAUSAL only from the first "
+               "query block that sees it), dK and dV written once")
 
 
-@CHECKS("dkdv-kernel")
-def _check_dkdv(ns):
-    cases = _dkdv_cases()
-    traced = [_dkdv_one(ns, *case) for case in cases]
-    tail = ("; each within its byte budget (K and V read once, Q, dO, L and D once per key block, causal blocks "
-            "skipped, dK and dV written once)" if all(traced) else
-            "; traffic not checked: on a GPU the kernel is not traced (it is in Triton's interpreter)")
-    return f"{len(cases)} launches match dK and dV{tail}"
+# ----------------------------------------------------------------------------- traffic-experiment
+
+TRAFFIC_RTOL = 0.01   # the part's stated tolerance: bytes are exact for a kernel that moves only what it needs
+
+
+def _traffic_cases():
+    g = _gen(1700)
+    cases = []
+    # block sizes that differ from the default and from each other: a measurement must pass them on
+    for causal, low, bm, bn in ((False, 24, 16, 16), (True, 48, 16, 16), (True, 48, 32, 16), (False, 32, 16, 32)):
+        n = low + 8 * int(torch.randint(0, 3, (1,), generator=g))         # 24 ... 40, then 48 ... 64
+        seed = int(torch.randint(0, 10_000, (1,), generator=g))
+        cases.append((f"n={n}, causal={causal}, block_m={bm}, block_n={bn}, seed={seed}", (n, causal, bm, bn, seed),
+                      {}))
+    return cases
+
+
+def _traffic_of(value, kwargs=lambda causal, bm, bn: dict(causal=causal, block_m=bm, block_n=bn)):
+    """A wrong measurement: ``value`` reads a trace of the reference kernel, launched with ``kwargs``."""
+    def impl(n, causal=False, block_m=16, block_n=16, seed=0):
+        from attnlab.kernels import flash_attention
+        from attnlab.memory import trace
+
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(1, 1, n, 16, generator=g) for _ in range(3))
+        return value(trace(flash_attention, q, k, v, **kwargs(causal, block_m, block_n)))
+    return impl
+
+
+_TRAFFIC_MISTAKES = [
+    Mistake("reads-only", "only the bytes read are counted: the stores of O and L move bytes too",
+            _traffic_of(lambda t: t.bytes_read)),
+    Mistake("unique-bytes", "each byte is counted once however often it moves (unique_bytes_read): the part asks "
+            "for every access, K and V once per query block",
+            _traffic_of(lambda t: t.unique_bytes_read + t.unique_bytes_written)),
+    Mistake("elements-not-bytes", "these are elements: a float32 moves 4 bytes",
+            _traffic_of(lambda t: t.total_bytes // 4)),
+    Mistake("causal-ignored", "the causal flag is not passed on: the measurement is of the non-causal kernel",
+            _traffic_of(lambda t: t.total_bytes, lambda causal, bm, bn: dict(causal=False, block_m=bm, block_n=bn))),
+    Mistake("blocks-ignored", "block_m and block_n are not passed on: the measurement is of the kernel with 16 x 16 "
+            "blocks whatever the blocks asked for",
+            _traffic_of(lambda t: t.total_bytes, lambda causal, bm, bn: dict(causal=causal, block_m=16, block_n=16))),
+    Mistake("kv-only", "only K and V are counted: Q, O and L are traffic too",
+            _traffic_of(lambda t: t.by_tensor["K"]["read"] + t.by_tensor["V"]["read"])),
+]
+
+
+def _bytes(x):
+    return torch.tensor(float(x), dtype=torch.float64)
+
+
+def _measure_traffic(learner):
+    name = "forward_traffic"
+    tolerance = dict(rtol=TRAFFIC_RTOL, atol=0.0)
+    mistakes = [Mistake(m.key, m.message, lambda *a, impl=m.impl, **kw: _bytes(impl(*a, **kw)))
+                for m in _TRAFFIC_MISTAKES]
+    lines = []
+    for label, args, kwargs, got in each_result(learner, name, _traffic_cases()):
+        if torch.is_tensor(got) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            raise Fail(f"`{name}` on {label}: expected a number of bytes, got {type(got).__name__}")
+        want = specs.forward_traffic(*args, **kwargs)
+        if mismatch(_bytes(got), _bytes(want), **tolerance):    # NaN is never within it
+            found = diagnose(_bytes(got), mistakes, args, kwargs, **tolerance)
+            hint_text = (" (more than a kernel that reads K and V once per query block: does your kernel pass "
+                         "flash-kernel-loop's traffic check?)" if got > want and not found else "")
+            raise Fail(f"`{name}` on {label}: measured {got:,.0f} bytes; reproduced with the reference kernel: "
+                       f"{want:,} bytes (tolerance {TRAFFIC_RTOL:.0%}){hint_text}", found)
+        lines.append(f"{want:,} B at n={args[0]}{' causal' if args[1] else ''}, blocks {args[2]} x {args[3]}")
+    return f"your measurements reproduce ({', '.join(lines)}) within {TRAFFIC_RTOL:.0%}"
+
+
+TABLES = {
+    "online-softmax-update": Function("online_softmax_update", specs.online_softmax_update, _online_cases,
+                                      _ONLINE_MISTAKES, says="{n} cases match the spec, including the first block"),
+    "tiled-forward": Measured("peak-memory", _measure_tiled_forward, {
+        "tiled_attention_forward": _OUT_MISTAKES + _LSE_MISTAKES, "flash_attention_pytorch": _FUNCTION_MISTAKES}),
+    "flash-kernel-loop": Measured("kernel", _measure_kernel(
+        _FLASH, "k", _forward_budget, NOT_SKIPPED, "O and L (causal, partial blocks, N < BLOCK, large scores)"),
+        {"flash_fwd_kernel": _FLASH_MISTAKES}),
+    "traffic-experiment": Measured("experiment", _measure_traffic, {"forward_traffic": _TRAFFIC_MISTAKES}),
+    "tiled-backward": Measured("peak-memory", _measure_tiled_backward, {
+        "tiled_attention_backward": _DIRECT_MISTAKES, "flash_attention_pytorch": _BACKWARD_MISTAKES}),
+    "dkdv-kernel": Measured("kernel", _measure_kernel(_DKDV, "q", _dkdv_budget, NOT_SKIPPED_BWD, "dK and dV"),
+                            {"flash_bwd_dkdv_kernel": _DKDV_MISTAKES}),
+}
