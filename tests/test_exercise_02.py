@@ -154,26 +154,36 @@ WRONG.add("attention-row", "no-max-subtraction", attention_row=_row(stable=False
 # loop-timing: the learner's loop, verified from its values; timings are the grader's own and never scored
 # ---------------------------------------------------------------------------------------------
 
-def _loop(pick=lambda b, h, i: (b, h, i), heads=None, part=1):
-    """A learner's loop_attention (calling attention_row) with one thing changed."""
+def _loop(pick=lambda b, h, i: (b, h, i), heads=None, part=1, calls=1):
+    """A learner's loop_attention (calling attention_row ``calls`` times per query) with one thing changed."""
     def loop_attention(q, k, v):
         out = torch.zeros(*q.shape[:-1], v.shape[-1] if part == 1 else k.shape[-2])
         for b in range(q.shape[0]):
             for h in range(q.shape[1] if heads is None else heads):
                 for i in range(q.shape[2]):
+                    for _ in range(calls - 1):
+                        attention_row(q[pick(b, h, i)], k[b, h], v[b, h])   # the weights, say, in a call of its own
                     out[b, h, i] = attention_row(q[pick(b, h, i)], k[b, h], v[b, h])[part]
         return out
     return loop_attention
 
 
+def _called_once_then_batched(q, k, v):
+    """attention_row called (once), the numbers from batched attention: the loop the part times is not there."""
+    attention_row(q[0, 0, 0], k[0, 0], v[0, 0])
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
 def attention_row(q, k, v, keep=None):  # the learner's part 4 (a right one), as the loop's namespace sees it
-    weights = torch.softmax(k @ q / math.sqrt(q.shape[-1]), dim=-1)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)   # one query, or several
     return weights, weights @ v
 
 
 WRONG.add("loop-timing", "first-head-only", loop_attention=_loop(heads=1))
 WRONG.add("loop-timing", "one-query-repeated", loop_attention=_loop(pick=lambda b, h, i: (b, h, 0)))
 WRONG.add("loop-timing", "weights-not-output", loop_attention=_loop(part=0))
+WRONG.add("loop-timing", "row-never-called", loop_attention=_called_once_then_batched)
+WRONG.add("loop-timing", "not-one-call-per-query", loop_attention=_loop(calls=2))
 
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
 
@@ -185,6 +195,33 @@ def test_a_right_loop_passes_under_secret_salts_and_shows_the_grader_s_timing(sa
     assert result.passed, result.message
     assert "the grader's own timing" in result.message and "not scored" in result.message
     assert "N=256" in result.message
+
+
+def _one_call_per_head(q, k, v):
+    """attention_row called once per (b, h) on all of its queries at once (this attention_row takes them)."""
+    return torch.stack([torch.stack([attention_row(q[b, h], k[b, h], v[b, h])[1] for h in range(q.shape[1])])
+                        for b in range(q.shape[0])])
+
+
+def _backwards(q, k, v):
+    """One call per query, the queries taken last to first."""
+    rows = [[[attention_row(q[b, h, i], k[b, h], v[b, h])[1] for i in reversed(range(q.shape[2]))]
+             for h in range(q.shape[1])] for b in range(q.shape[0])]
+    return torch.stack([torch.stack([torch.stack(r[::-1]) for r in hs]) for hs in rows])
+
+
+def test_one_call_per_query_in_any_order_passes_and_the_calls_are_seen_not_read():
+    """The grader sees the calls (each case runs again with attention_row's k-th call shifted by k times a salted
+    step): a loop over the queries in any order passes; one call for all of a head's queries does not, and neither
+    does a loop whose code calls attention_row (so the syntax rule is met) but whose numbers come from elsewhere."""
+    for salt in (0, 777):
+        result = run_check("loop-timing", {"loop_attention": _backwards, "attention_row": attention_row}, salt=salt)
+        assert result.passed, result.message
+    result = run_check("loop-timing", {"loop_attention": _one_call_per_head, "attention_row": attention_row})
+    assert not result.passed and result.diagnosis == ["not-one-call-per-query"], result.message
+    result = run_check("loop-timing", {"loop_attention": _called_once_then_batched, "attention_row": attention_row})
+    assert not result.passed and result.diagnosis == ["row-never-called"], result.message
+    assert attention_row.__name__ == "attention_row"   # the tap is gone after the call
 
 
 def test_made_up_timings_score_nothing():

@@ -81,11 +81,11 @@ class LocalLearner:
         self.ns = ns
         self.forbidden = forbidden
 
-    def call(self, name, cases, grad=None, ranks=None):
+    def call(self, name, cases, grad=None, ranks=None, tap=None):
         from attnlab.grading.sandbox import agent
 
         return agent.handle({"op": "call", "name": name, "cases": cases, "ranks": ranks,
-                             **({"grad": grad} if grad else {})}, self.ns)
+                             **({"grad": grad} if grad else {}), **({"tap": tap} if tap else {})}, self.ns)
 
     def launch(self, request):
         from attnlab.grading.sandbox import agent
@@ -260,11 +260,13 @@ def randn(g, *shape, scale=1.0):
     return torch.randn(*shape, generator=g) * scale
 
 
-def each_result(learner, name, cases, copy=False):
+def each_result(learner, name, cases, copy=False, tap=None):
     """(label, args, kwargs, the learner's value) for each case [(label, args, kwargs)], all sent in one
-    request (copies of the inputs with ``copy``); raises NotDone/Fail as :func:`present` and :func:`value_of` do."""
+    request (copies of the inputs with ``copy``; ``tap``: see :func:`attnlab.grading.sandbox.agent._tapped`); raises
+    NotDone/Fail as :func:`present` and :func:`value_of` do."""
     learner = learner_of(learner)
-    reply = learner.call(name, [[clone(a), clone(kw)] if copy else [a, kw] for _label, a, kw in cases])
+    reply = learner.call(name, [[clone(a), clone(kw)] if copy else [a, kw] for _label, a, kw in cases],
+                         **({"tap": tap} if tap else {}))
     present(reply, name)
     results = reply.get("results", [])
     for i, (label, args, kwargs) in enumerate(cases):

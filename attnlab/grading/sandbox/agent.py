@@ -15,6 +15,8 @@ and :mod:`attnlab.grading.sandbox.isolated` (launches, of kernels taken from the
 data for the grader.
 """
 
+import contextlib
+
 GUARD = 4096  # elements of sentinel before and after every buffer
 
 
@@ -191,8 +193,6 @@ def run_launch(obj, req, before=None):
     runs before each launch (the isolated process verifies the kernel there). With ``"undefined_other": True``
     the masked lanes of a load without ``other=`` read NaN, as on a GPU they may
     (:func:`attnlab._interp_hooks.nan_for_missing_other`)."""
-    import contextlib
-
     from attnlab._interp_hooks import nan_for_missing_other
 
     with nan_for_missing_other() if req.get("undefined_other") else contextlib.nullcontext():
@@ -376,6 +376,40 @@ def _give_back_free_memory():
         pass
 
 
+@contextlib.contextmanager
+def _tapped(ns, tap):
+    """While one case runs, ``tap["name"]`` of ``ns`` (a function the part requires, in the namespace the called
+    function reads its globals from: the notebook's) adds ``tap["step"]`` times
+    k to each floating-point tensor its k-th call returns (in a tuple too): what the graded function returns then shows, to the grader's side,
+    how many times it called that function on this call and which output each call made (nothing is reported).
+    No tap, or a name that is not a function of the notebook: nothing changes."""
+    name = tap.get("name") if isinstance(tap, dict) else None
+    fn = ns.get(name) if isinstance(name, str) else None
+    if not callable(fn) or type(tap.get("step")) is not float:
+        yield
+        return
+    import torch
+
+    calls = []
+
+    def shifted(out):
+        if torch.is_tensor(out) and out.is_floating_point():
+            return out + tap["step"] * len(calls)
+        return type(out)(shifted(x) for x in out) if type(out) in (tuple, list) else out
+
+    def tapped(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        calls.append(None)
+        return shifted(out)
+
+    ns[name] = tapped
+    try:
+        yield
+    finally:
+        if ns.get(name) is tapped:
+            ns[name] = fn
+
+
 def handle(req, ns):
     """The answer to one request, given the notebook's namespace ``ns``."""
     try:
@@ -397,13 +431,14 @@ def _handle(req, ns):
             from attnlab.distributed.group import call_on_ranks
             return {"results": call_on_ranks(obj, req["cases"], req["ranks"], _outcome)}
         results = []
-        grad = req.get("grad")
+        grad, tap = req.get("grad"), req.get("tap")
         for case in req["cases"]:
             args, kwargs = case[0], case[1]
-            if grad is None:
-                results.append(_outcome(lambda: obj(*args, **kwargs)))
-            else:
-                results.append(_outcome(lambda: _call_with_grad(obj, args, kwargs, grad, case[2])))
+            with _tapped(getattr(obj, "__globals__", ns), tap):   # where the function reads its names
+                if grad is None:
+                    results.append(_outcome(lambda: obj(*args, **kwargs)))
+                else:
+                    results.append(_outcome(lambda: _call_with_grad(obj, args, kwargs, grad, case[2])))
             if "ok" not in results[-1]:
                 break  # the grader stops at the first failure
         return {"results": results}

@@ -261,7 +261,7 @@ class RemoteLearner:
     def pid(self):
         return None if self.runner is None else self.runner.pid
 
-    def call(self, name, cases, grad=None, ranks=None):
+    def call(self, name, cases, grad=None, ranks=None, tap=None):
         if self.broke is not None:
             return {"agent_error": f"an earlier call {self.broke}"}
         frames_for = None
@@ -280,6 +280,8 @@ class RemoteLearner:
             req = {"op": "call", "name": name, "cases": cases, "ranks": None}
         if grad is not None:
             req["grad"] = grad
+        if tap is not None:
+            req["tap"] = tap
         try:
             return self.runner.ask(req, frames_for=frames_for)
         except Dead as exc:

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from attnlab.grading.core import Mistake, gen as _gen, randn as _randn, salted_ints
+from attnlab.grading.core import Fail, Mistake, each_result, gen as _gen, mismatch, randn as _randn, salted_ints
 from attnlab.grading.engine import Function, Measured, run
 from attnlab.grading.exercises.e02 import spec as specs
 
@@ -274,9 +274,44 @@ _LOOP = Function("loop_attention", specs.loop_attention, _loop_cases, _LOOP_MIST
                       "secret seed, B and H > 1)")
 
 
+ROW_NEVER_CALLED = Mistake("row-never-called", "the numbers are right, but not one call of your attention_row made "
+                           "them: call attention_row(q[b, h, i], k[b, h], v[b, h]) by that name, once per query", None)
+ONE_CALL_PER_QUERY = Mistake("not-one-call-per-query", "the numbers are right, but the rows do not come from one call "
+                             "of attention_row each: loop over every (b, h, i) and call it once per query", None)
+
+
+def _check_one_call_per_query(learner):
+    """Seen by the grader, not read from the code: each case runs again with the learner's attention_row tapped
+    (agent._tapped: its k-th call's tensors are shifted by k times a step drawn from the secret salt), so row
+    (b, h, i) of a loop that makes one call per query is the spec's plus step * (the number of the call that made
+    it). The shifts of the B * H * Nq rows must be 1 .. B * H * Nq, one each, in any order."""
+    step = 4.0 + float(torch.rand(1, generator=_gen(504)))
+    cases = _loop_cases()
+    for label, args, kwargs, got in each_result(learner, "loop_attention", cases, copy=True,
+                                                tap={"name": "attention_row", "step": step}):
+        want = specs.loop_attention(*args, **kwargs).double()
+        if not torch.is_tensor(got) or got.shape != want.shape:
+            raise Fail(f"`loop_attention` on {label}, with attention_row's calls counted: expected a tensor of shape "
+                       f"{tuple(want.shape)}")
+        shift = (got.double() - want) / step                          # (B, H, Nq, dv): k for each entry of row k
+        calls = shift.round()
+        rows = calls.reshape(-1, calls.shape[-1])[:, 0] if calls.shape[-1] else calls.new_zeros(0)
+        if mismatch(shift, calls, rtol=0, atol=1e-2) is None and bool((calls == calls[..., :1]).all()) and \
+                sorted(rows.long().tolist()) == list(range(1, rows.numel() + 1)):
+            continue
+        seen = "none" if not torch.isfinite(shift).all() or bool((calls == 0).all()) else \
+            f"{int(calls.max()) if calls.numel() else 0} call(s) for {rows.numel()} queries"
+        raise Fail(f"`loop_attention` on {label}: with attention_row's k-th call shifted by k x {step:.3f}, the "
+                   f"rows did not move as one call per query would move them ({seen})",
+                   [ROW_NEVER_CALLED if seen == "none" else ONE_CALL_PER_QUERY])
+    return len(cases)
+
+
 def _measure_loop(learner):
-    """The loop against the spec; then the grader's own timing of its loop and batched attention (never scored)."""
+    """The loop against the spec, and one attention_row call per query, seen; then the grader's own timing of its
+    loop and batched attention (never scored)."""
     checked = run(_LOOP, learner)
+    checked += f"; every row came from an attention_row call of its own ({_check_one_call_per_query(learner)} cases seen)"
     t = specs.timing_table(TIMING_SIZES, d=TIMING_D, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=_gen(503))))
     timing = "; ".join(f"N={n}: {1e3 * a:.3g} ms one query at a time, {1e3 * b:.3g} ms all at once ({a / b:.0f}x)"
                        for n, a, b in zip(TIMING_SIZES, t["loop"].tolist(), t["batched"].tolist()))
@@ -295,5 +330,6 @@ TABLES = {
     "attention-row": Function("attention_row", specs.attention_row, _row_cases, _ROW_MISTAKES,
                               says="{n} cases match the spec (weights and output), including no key kept and large "
                                    "logits"),
-    "loop-timing": Measured("experiment", _measure_loop, {"loop_attention": _LOOP_MISTAKES}),
+    "loop-timing": Measured("experiment", _measure_loop, {"loop_attention": _LOOP_MISTAKES, "(calls seen)": [
+        ROW_NEVER_CALLED, ONE_CALL_PER_QUERY]}),
 }

@@ -7,7 +7,7 @@ import torch
 
 from attnlab.grading.core import (Fail, Mistake, diagnose, gen as _gen, learner_of, mismatch, present,
                                   randn as _randn, salted_ints, value_of)
-from attnlab.grading.engine import Function, Measured, run
+from attnlab.grading.engine import Function, InTurn, Measured
 from attnlab.grading.exercises.e03 import spec as specs
 
 
@@ -17,13 +17,9 @@ def _naive_softmax(x, dim=-1):
 
 
 def _float32_then_float16(name, reference, cases, fp16_cases, mistakes, rtol, atol, says):
-    """A part of one function whose cases need two tolerances: float32's (the engine's default) and, on float16
-    inputs, ``rtol``/``atol``. A :class:`Function` holds one tolerance, so the part is two, run in turn on the same
-    learner function with the same mistakes. (Generic; a candidate for the engine: per-case tolerances.)"""
-    float32 = Function(name, reference, cases, mistakes, says="{n}")
-    float16 = Function(name, reference, fp16_cases, mistakes, says="{n}", rtol=rtol, atol=atol)
-    return Measured("function", lambda learner: says.format(n=int(run(float32, learner)) + int(run(float16, learner))),
-                    {name: mistakes})
+    """A part of one function whose float16 cases need a looser tolerance (``rtol``/``atol``): two tables in turn."""
+    return InTurn(says, (Function(name, reference, cases, mistakes),
+                         Function(name, reference, fp16_cases, mistakes, rtol=rtol, atol=atol)))
 
 
 # ----------------------------------------------------------------------------- stable-softmax
