@@ -1,4 +1,4 @@
-"""The checks of exercise 09_capstone (one ``@CHECKS(part id)`` per graded part).
+"""The checks of exercise 09_capstone: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
 - ``capstone-sdpa``: the learner's attention (SDPA's signature) against the library's, forward and
   dQ, dK, dV, on the model's call and on masks, scales, Nq != Nk and large logits;
@@ -8,18 +8,20 @@
 - ``capstone-train``: the learner's training run with their kernel against SDPA's run from the same
   (salted) seed, every step's loss within a tolerance;
 - ``capstone-local-global``: the experiment's two loss curves, reproduced here with the reference.
+
+The last two name a failing earlier part (the run goes through the learner's kernel or my_sdpa) when no mistake
+of their own matches: :func:`_upstream` runs that part's table.
 """
 
 import torch
 
 from attnlab.attention import causal_mask
 from attnlab.grading.sandbox.agent import device as _device
-from attnlab.grading.core import (Fail, Mistake, NotDone, Registry, check_with_gradients, case_line, diagnose,
-                                  gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
+from attnlab.grading.core import (Fail, Mistake, NotDone, case_line, diagnose, each_result, gen as _gen, learner_of,
+                                  mismatch, randn as _randn)
+from attnlab.grading.engine import Gradients, Kernel, Launch, Measured, launch, run
 from attnlab.grading.exercises.e09 import spec as specs
-from attnlab.grading.kernel_check import cdiv, check_traffic, kernel_failure, run_guarded
-
-CHECKS = Registry()
+from attnlab.grading.kernel_check import cdiv, check_traffic
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,13 +111,6 @@ _SDPA_MISTAKES = [
             _sdpa_with(causal_replaces_mask=True)),
 ]
 
-
-@CHECKS("capstone-sdpa")
-def _check_sdpa(ns):
-    cases = _sdpa_cases()
-    n = check_with_gradients(ns, "my_sdpa", specs.my_sdpa, cases, inputs=(0, 1, 2), mistakes=_SDPA_MISTAKES,
-                             rtol=1e-4, atol=1e-5, labels=["dQ", "dK", "dV"])
-    return f"{n} cases match SDPA's function, output and dQ, dK, dV (masks, scale, Nq != Nk, large logits)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +202,8 @@ DENSE_LOOP = Mistake("dense-loop", "the loop visits every key block, also those 
                      "range(0, (pid_m + 1) * BLOCK_M, BLOCK_N)", None)
 
 
-def _kernel_cases():
-    cases = []
+def _kernel_launches():
+    out = []
     for seed, (bh, n, d, bm, bn, amp, what) in enumerate([
             (BH_MODEL, specs.SEQ, HS_MODEL, TILE_MODEL, TILE_MODEL, 1.0,
              f"the model's shape: BH={BH_MODEL} (batch {specs.BATCH} x {specs.TINY['n_heads']} heads), "
@@ -220,8 +215,16 @@ def _kernel_cases():
             (1, 100, 16, 16, 16, 1.0, "BH=1, N=100 (more keys than one tile of 64 holds), D=16")]):
         g = _gen(2000 + seed)
         q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
-        cases.append((f"{what}, tiles {bm}x{bn}", q, k, v, bm, bn))
-    return cases
+        scale = d ** -0.5
+        buffers = {"q": {"data": q, "pad_rows": 3}, "k": {"data": k, "pad_rows": 3}, "v": {"data": v, "pad_rows": 3},
+                   "o": {"shape": list(q.shape), "output": True, "pad_rows": 3}}
+        args = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None], ["stride", "o", 0],
+                ["stride", "o", 1], ["val", n], ["val", scale]]
+        want = specs.my_sdpa(q[None], k[None], v[None], is_causal=True)[0]
+        out.append(Launch(f"{what}, tiles {bm}x{bn}", buffers, (cdiv(n, bm), bh), args,
+                          {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, {"o": want}, (q, k, v, scale, bm, bn),
+                          ("Q", "K", "V", "scale", "BLOCK_M", "BLOCK_N"), traffic_budget(bh, n, d, bm, bn)))
+    return out
 
 
 def causal_kv_rows(n, bm, bn):
@@ -238,37 +241,28 @@ def traffic_budget(bh, n, d, bm, bn, element_size=4):
     return {"q": (once, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, once)}
 
 
-def _buffers(q, k, v, pad_rows):
-    return {"q": {"data": q, "pad_rows": pad_rows}, "k": {"data": k, "pad_rows": pad_rows},
-            "v": {"data": v, "pad_rows": pad_rows}, "o": {"shape": list(q.shape), "output": True, "pad_rows": pad_rows}}
+
+_KERNEL = Kernel("causal_attn_kernel", _kernel_launches, _KERNEL_MISTAKES, uses_dot=True,
+                 says="{n} launches match causal attention with no stray access")
 
 
-_ARGS = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None]]
-
-
-@CHECKS("capstone-kernel")
-def _check_kernel(ns):
-    cases = _kernel_cases()
-    traced = False
-    for label, q, k, v, bm, bn in cases:
-        bh, n, d = q.shape
-        scale = d ** -0.5
+def _measure_kernel(learner):
+    """Each launch through :func:`engine.launch`, then its traffic: K and V up to the diagonal (a kernel that loads
+    as much as a loop over every key block is named dense-loop), then Q read once and O written once."""
+    cases, traced = _KERNEL.launches(), True
+    for case in cases:
         traffic = {}
-        args = _ARGS + [["stride", "o", 0], ["stride", "o", 1], ["val", n], ["val", scale]]
-        got = run_guarded(ns, "causal_attn_kernel", label, _buffers(q, k, v, pad_rows=3), (cdiv(n, bm), bh), args,
-                          {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, ["o"], traffic=traffic)["o"]
-        want = specs.my_sdpa(q[None], k[None], v[None], is_causal=True)[0]
-        kernel_failure(label, "causal_attn_kernel", got, want, _KERNEL_MISTAKES, (q, k, v, scale, bm, bn), {},
-                       uses_dot=True)
-        budget = traffic_budget(bh, n, d, bm, bn)
-        dense = bh * cdiv(n, bm) * n * d * 4
+        launch(learner, _KERNEL, case, traffic)
+        bh, n, d = case.inputs[0].shape
+        dense = bh * cdiv(n, case.constexprs["BLOCK_M"]) * n * d * 4
         kv_seen = max(traffic.get(b, {}).get("load_bytes", 0) for b in ("k", "v")) if traffic else 0
-        extra = [DENSE_LOOP] if kv_seen >= dense > budget["k"][0] else []
-        traced = check_traffic("causal_attn_kernel", label, traffic, {b: budget[b] for b in ("k", "v")}, extra) or traced
-        check_traffic("causal_attn_kernel", label, traffic, {b: budget[b] for b in ("q", "o")})
+        extra = [DENSE_LOOP] if kv_seen >= dense > case.budget["k"][0] else []
+        kv, qo = ({b: case.budget[b] for b in pair} for pair in ("kv", "qo"))
+        traced = check_traffic(_KERNEL.name, case.label, traffic, kv, extra) and traced
+        check_traffic(_KERNEL.name, case.label, traffic, qo)
     where = ("and within the traffic budget (Q read once, K and V up to the diagonal, O written once)" if traced
              else "(on a GPU the traffic is not traced: the budget was not checked)")
-    return f"{len(cases)} launches match causal attention with no stray access, {where}"
+    return f"{_KERNEL.says.format(n=len(cases))}, {where}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,8 +273,8 @@ TRAIN_STEPS = 8
 
 
 def train_tolerance():
-    """Every step's loss within this of SDPA's run: float32 rounding on a CPU; on a GPU tl.dot multiplies
-    float32 in TF32, which moves the losses more."""
+    """Every step's loss within this of SDPA's run (in training and in the experiment): float32 rounding on a
+    CPU; on a GPU tl.dot multiplies float32 in TF32, which moves the losses more."""
     return 1e-2 if _device() == "cuda" else 1e-3
 
 
@@ -342,22 +336,16 @@ def _salted_seed(n):
     return int(torch.randint(0, 10**6, (1,), generator=_gen(n)))
 
 
-@CHECKS("capstone-train")
-def _check_train(ns):
-    learner = learner_of(ns)
-    seed = _salted_seed(2100)
-    label = f"seed {seed}, {TRAIN_STEPS} steps"
-    reply = learner.call("train_gpt", [[(seed, TRAIN_STEPS), {}]])
-    present(reply, "train_gpt")
-    results = reply.get("results", [])
-    if not results:
-        raise Fail("`train_gpt`: the grader got no result")
-    got = value_of(results[0], "train_gpt", label)
-    want = specs.train_gpt(seed, TRAIN_STEPS)
-    tol = train_tolerance()
+
+def _measure_train(learner):
+    learner = learner_of(learner)
+    seed, tol = _salted_seed(2100), train_tolerance()
+    label, args = f"seed {seed}, {TRAIN_STEPS} steps", (seed, TRAIN_STEPS)
+    _, _, _, got = next(each_result(learner, "train_gpt", [(label, args, {})]))
+    want = specs.train_gpt(*args)
     why = mismatch(got, want, rtol=0.0, atol=tol)
     if why:
-        found = diagnose(got, _TRAIN_MISTAKES, (seed, TRAIN_STEPS), {}, rtol=0.0, atol=tol)
+        found = diagnose(got, _TRAIN_MISTAKES, args, {}, rtol=0.0, atol=tol)
         losses = got
         if isinstance(got, (list, tuple)):
             try:
@@ -367,11 +355,10 @@ def _check_train(ns):
         if not found:
             found = _upstream(learner, (("capstone-kernel", "causal_attn_kernel"), ("capstone-sdpa", "my_sdpa")))
         if not found and torch.is_tensor(losses) and losses.shape == want.shape \
-                and not abs(float(losses[0]) - float(want[0])) <= tol:
+                and mismatch(losses[:1], want[:1], rtol=0.0, atol=tol):
             found = [FIRST_STEP]
-        raise Fail("\n    ".join([f"`train_gpt` on {label}: the losses are not those of the same run with SDPA "
-                                  f"(every step within {tol:g}): {why}",
-                                  case_line(label, (seed, TRAIN_STEPS), {}, specs.train_gpt)]), found)
+        raise Fail(f"`train_gpt` on {label}: the losses are not those of the same run with SDPA (every step within "
+                   f"{tol:g}): {why}\n    " + case_line(label, args, {}, specs.train_gpt), found)
     worst = (torch.as_tensor(got, dtype=torch.float64) - want.double()).abs().max().item()
     return (f"your run's {TRAIN_STEPS} losses follow SDPA's run from the same seed (largest difference "
             f"{worst:.1e}, tolerance {tol:g}): loss {float(want[0]):.3f} -> {float(want[-1]):.3f}")
@@ -438,17 +425,13 @@ _EXPERIMENT_MISTAKES = [
 ]
 
 
-def experiment_tolerance():
-    return 1e-2 if _device() == "cuda" else 1e-3
-
-
 def _upstream(learner, parts=(("capstone-sdpa", "my_sdpa"),)):
-    """[a Mistake] for the first of ``parts`` ((part, function)) whose own check fails: a run that goes through a
+    """[a Mistake] for the first of ``parts`` ((part, function)) whose own table fails: a run that goes through a
     function of the learner's that is wrong cannot be right before it is (both of local_vs_dense's runs go through
     my_sdpa; train_gpt's through the kernel forward and my_sdpa's backward)."""
     for part, name in parts:
         try:
-            CHECKS[part](learner)
+            run(TABLES[part], learner)
         except NotDone:
             continue  # not written (or not in this namespace): nothing to say of it
         except Fail as exc:
@@ -460,32 +443,34 @@ def _upstream(learner, parts=(("capstone-sdpa", "my_sdpa"),)):
     return []
 
 
-@CHECKS("capstone-local-global")
-def _check_experiment(ns):
-    learner = learner_of(ns)
-    cases = [(f"seed {s}, {EXPERIMENT_STEPS} steps, window={w}, n_global={ng}", (s, EXPERIMENT_STEPS, w, ng))
+def _measure_experiment(learner):
+    learner, tol = learner_of(learner), train_tolerance()
+    cases = [(f"seed {s}, {EXPERIMENT_STEPS} steps, window={w}, n_global={ng}", (s, EXPERIMENT_STEPS, w, ng), {})
              for s, w, ng in [(_salted_seed(2200), 8, 1), (_salted_seed(2201), 4, 2)]]
-    reply = learner.call("local_vs_dense", [[args, {}] for _label, args in cases])
-    present(reply, "local_vs_dense")
-    results = reply.get("results", [])
-    tol = experiment_tolerance()
-    for i, (label, args) in enumerate(cases):
-        if i >= len(results):
-            raise Fail(f"`local_vs_dense`: the grader got no result for {label}")
-        got = value_of(results[i], "local_vs_dense", label)
-        want = specs.local_vs_dense(*args)
-        seed, steps, window, n_global = args
-        _RUNS.clear()   # the reference's two runs, for the mistakes to share
-        _RUNS[(seed, steps, _mask_key(causal_mask(specs.SEQ)))] = want[0]
-        _RUNS[(seed, steps, _mask_key(specs.local_global_mask(specs.SEQ, window, n_global)))] = want[1]
-        why = mismatch(got, want, rtol=0.0, atol=tol)
-        if why:
-            found = diagnose(got, _EXPERIMENT_MISTAKES, args, {}, rtol=0.0, atol=tol)
-            _RUNS.clear()
-            if not found:
-                found = _upstream(learner)
-            raise Fail("\n    ".join([f"`local_vs_dense` on {label}: the grader's reproduction differs (every "
-                                      f"step within {tol:g}): {why}",
-                                      case_line(label, args, {}, specs.local_vs_dense)]), found)
-    _RUNS.clear()
-    return (f"{len(cases)} experiments reproduced (dense and local + global loss curves, every step within {tol:g})")
+    try:
+        for label, args, _, got in each_result(learner, "local_vs_dense", cases):
+            want = specs.local_vs_dense(*args)
+            seed, steps, window, n_global = args
+            _RUNS.clear()   # the reference's two runs, for the mistakes to share
+            _RUNS[(seed, steps, _mask_key(causal_mask(specs.SEQ)))] = want[0]
+            _RUNS[(seed, steps, _mask_key(specs.local_global_mask(specs.SEQ, window, n_global)))] = want[1]
+            why = mismatch(got, want, rtol=0.0, atol=tol)
+            if why:
+                found = diagnose(got, _EXPERIMENT_MISTAKES, args, {}, rtol=0.0, atol=tol) or _upstream(learner)
+                raise Fail(f"`local_vs_dense` on {label}: the grader's reproduction differs (every step within "
+                           f"{tol:g}): {why}\n    " + case_line(label, args, {}, specs.local_vs_dense), found)
+    finally:
+        _RUNS.clear()
+    return f"{len(cases)} experiments reproduced (dense and local + global loss curves, every step within {tol:g})"
+
+
+# capstone-train is a function part measured here: its tolerance is the device's, and a failure no mistake of its
+# own explains is put down to a failing earlier part (:func:`_upstream`)
+TABLES = {
+    "capstone-sdpa": Gradients("my_sdpa", specs.my_sdpa, _sdpa_cases, inputs=(0, 1, 2), mistakes=_SDPA_MISTAKES,
+                               labels=["dQ", "dK", "dV"], says="{n} cases match SDPA's function, output and dQ, dK, "
+                               "dV (masks, scale, Nq != Nk, large logits)"),
+    "capstone-kernel": Measured("kernel", _measure_kernel, {"causal_attn_kernel": _KERNEL_MISTAKES}),
+    "capstone-train": Measured("function", _measure_train, {"train_gpt": _TRAIN_MISTAKES}),
+    "capstone-local-global": Measured("experiment", _measure_experiment, {"local_vs_dense": _EXPERIMENT_MISTAKES}),
+}
