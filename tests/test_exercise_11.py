@@ -175,8 +175,6 @@ for _key in ("ring-turns-the-wrong-way", "future-blocks-computed", "diagonal-unm
 # ---------------------------------------------------------------------------------------------
 
 def _measured(flaw=None):
-    step_fn = _ring_step()
-
     def comm_bytes(world_sizes, n=48, heads=12, d=8, kv_heads=None):
         h_kv = heads if kv_heads is None or flaw == "kv-heads-ignored" else kv_heads
         table = torch.zeros(2, len(world_sizes), dtype=torch.int64)
@@ -185,10 +183,10 @@ def _measured(flaw=None):
             m = n // P
             o, lse = torch.zeros(1, h_kv, m, d), torch.full((1, h_kv, m), -math.inf)
             ring = 0
-            for t in range(P):
+            for t in range(P - 1 if flaw == "last-step-skipped" else P):   # the last step sends nothing
                 src = (0 - t) % P
                 ks, vs = k[:, :, src * m:(src + 1) * m], v[:, :, src * m:(src + 1) * m]
-                o, lse, sent = step_fn(o, lse, q[:, :, :m], ks, vs, 0, t, P)
+                o, lse, sent = ring_step(o, lse, q[:, :, :m], ks, vs, 0, t, P)   # the notebook's, by its name
                 if flaw == "ring-k-only":
                     sent = ks.numel() * ks.element_size() if t < P - 1 else 0
                 ring += sent
@@ -213,6 +211,39 @@ def _measured(flaw=None):
         return table.T if flaw == "transposed" else table
     return comm_bytes
 
+
+ring_step = _ring_step()   # the learner's right one, which comm_bytes reads as a notebook cell does (by its name)
+
+
+def _ring_row_by_formula(world_sizes, n=48, heads=12, d=8, kv_heads=None):
+    """comm_bytes with ring_step called, but the ring's row written as the formula: 2 (P - 1) shards' bytes."""
+    table = _measured()(world_sizes, n, heads, d, kv_heads)
+    h_kv = heads if kv_heads is None else kv_heads
+    table[0] = torch.tensor([2 * (P - 1) * h_kv * (n // P) * d * 4 for P in world_sizes])
+    return table
+
+
+WRONG.add("comm-bytes", "ring-row-not-from-ring-step", comm_bytes=_ring_row_by_formula)
+
+
+def test_the_ring_row_is_seen_to_come_from_ring_step_calls():
+    """comm_bytes runs again with ring_step tapped (its k-th send grows by k times a salted step): P calls of rank 0,
+    or P - 1 (the last step sends nothing), pass; one call whose send is multiplied does not."""
+    for flaw in (None, "last-step-skipped"):
+        result = run_check("comm-bytes", LocalLearner({"comm_bytes": _measured(flaw)}, forbidden=[]), salt=31)
+        assert result.passed and "sum of your ring_step's sends" in result.message, result.message
+
+    def once_then_multiplied(world_sizes, n=48, heads=12, d=8, kv_heads=None):
+        table = _measured()(world_sizes, n, heads, d, kv_heads)
+        h_kv = heads if kv_heads is None else kv_heads
+        for col, P in enumerate(world_sizes):
+            q = torch.randn(1, h_kv, n // P, d)
+            o, lse = torch.zeros_like(q), torch.full(q.shape[:-1], -math.inf)
+            table[0, col] = (P - 1) * ring_step(o, lse, q, q, q, 0, 0, P)[2]
+        return table
+
+    result = run_check("comm-bytes", LocalLearner({"comm_bytes": once_then_multiplied}, forbidden=[]))
+    assert not result.passed and result.diagnosis == ["ring-row-not-from-ring-step"], result.message
 
 for _key in ("ring-sends-every-step", "ring-k-only", "all-to-all-sends-own-piece", "all-to-all-output-forgotten",
              "all-to-all-whole-shard", "transposed", "kv-heads-ignored", "kv-heads-not-replicated"):

@@ -380,7 +380,8 @@ def _give_back_free_memory():
 def _tapped(ns, tap):
     """While one case runs, ``tap["name"]`` of ``ns`` (a function the part requires, in the namespace the called
     function reads its globals from: the notebook's) adds ``tap["step"]`` times
-    k to each floating-point tensor its k-th call returns (in a tuple too): what the graded function returns then shows, to the grader's side,
+    k to each floating-point tensor its k-th call returns (an int or integer tensor: int(step) times k; in a tuple
+    too): what the graded function returns then shows, to the grader's side,
     how many times it called that function on this call and which output each call made (nothing is reported).
     No tap, or a name that is not a function of the notebook: nothing changes."""
     name = tap.get("name") if isinstance(tap, dict) else None
@@ -395,6 +396,8 @@ def _tapped(ns, tap):
     def shifted(out):
         if torch.is_tensor(out) and out.is_floating_point():
             return out + tap["step"] * len(calls)
+        if type(out) is int or torch.is_tensor(out) and out.dtype in (torch.int32, torch.int64):
+            return out + int(tap["step"]) * len(calls)
         return type(out)(shifted(x) for x in out) if type(out) in (tuple, list) else out
 
     def tapped(*args, **kwargs):

@@ -27,7 +27,7 @@ from attnlab.distributed import attention_lse, shard
 from attnlab.distributed import group as ranks
 from attnlab.grading.core import (Fail, Mistake, clone, case_line, diagnose, each_result, gen as _gen, mismatch,
                                   present, randn as _randn, salted_ints, value_of)
-from attnlab.grading.engine import Function, Measured
+from attnlab.grading.engine import Function, Measured, run
 from attnlab.grading.exercises.e11 import spec as specs
 
 
@@ -550,6 +550,45 @@ def _bytes_cases():
 
 _BYTES = specs.comm_bytes(WORLD_SIZES, N, HEADS, D)   # what the notebook's run gives
 
+NOT_FROM_RING_STEP = Mistake("ring-row-not-from-ring-step", "the numbers are right, but the ring's row is not the sum "
+                             "of what your ring_step reported sending: drive rank 0 through its steps with ring_step "
+                             "(by that name) and add up the `sent` each call returns", None)
+
+
+def _check_ring_row_from_ring_step(learner):
+    """Seen by the grader, not read from the code: comm_bytes runs again, one world size P per case, with the
+    learner's ring_step tapped (agent._tapped: the int its k-th call returns grows by k times a step drawn from the
+    secret salt). A ring row that adds up the `sent` of c calls grows by step * c (c + 1) / 2; rank 0 driven through
+    its P steps makes c = P calls (P - 1 where the last one, which sends nothing, is skipped). The all-to-all row
+    does not move."""
+    step = 1000 + int(torch.randint(0, 1000, (1,), generator=_gen(11_350)))
+    h, d = salted_ints(11_351, (1, 3), (2, 8))
+    cases = [(f"world size {p}, n={12 * p}, heads={12 * h}, d={d}, ring_step's k-th send grown by k x {step}", ([p],),
+              {"n": 12 * p, "heads": 12 * h, "d": d}) for p in (2, 3, 4)]
+    for label, args, kwargs, got in each_result(learner, "comm_bytes", cases, copy=True,
+                                                tap={"name": "ring_step", "step": float(step)}):
+        want, p = specs.comm_bytes(*args, **kwargs), args[0][0]
+        if not torch.is_tensor(got) or got.shape != want.shape:
+            raise Fail(f"`comm_bytes` on {label}: expected an int64 tensor of shape {tuple(want.shape)}")
+        grown = int(got[0, 0]) - int(want[0, 0])
+        if mismatch(got[1], want[1], rtol=0, atol=0) is None and grown in {step * c * (c + 1) // 2 for c in (p - 1, p)}:
+            continue
+        raise Fail(f"`comm_bytes` on {label}: the ring's row grew by {grown} where {p} calls of ring_step, their "
+                   f"sends added up, grow it by {step * p * (p + 1) // 2}", [NOT_FROM_RING_STEP])
+    return len(cases)
+
+
+def _measure_bytes(learner):
+    message = run(_COMM, learner)
+    return message + f"; the ring's row is the sum of your ring_step's sends ({_check_ring_row_from_ring_step(learner)} " \
+                     f"world sizes seen)"
+
+
+_COMM = Function("comm_bytes", specs.comm_bytes, _bytes_cases, _BYTES_MISTAKES,
+                 says="your counted bytes equal the IO model's to the byte; at "
+                      f"P={WORLD_SIZES[-1]} a ring rank sends {_BYTES[0, -1] / _BYTES[1, -1]:.1f}x the "
+                      "bytes of an all-to-all rank")
+
 
 TABLES = {
     "merge-partials": Function("merge_two", specs.merge_two, _merge_cases, _MERGE_MISTAKES,
@@ -564,8 +603,6 @@ TABLES = {
     "ring-forward": Measured("function", _measure_ring, {"ring_step": _RING_MISTAKES}),
     "ring-group": Measured("process-group", _measure_group,
                            {"(every rank at once)": _GROUP_MISTAKES + [_DEADLOCK, _EXTRA_SENDS]}),
-    "comm-bytes": Function("comm_bytes", specs.comm_bytes, _bytes_cases, _BYTES_MISTAKES,
-                           says="your counted bytes equal the IO model's to the byte; at "
-                                f"P={WORLD_SIZES[-1]} a ring rank sends {_BYTES[0, -1] / _BYTES[1, -1]:.1f}x the "
-                                "bytes of an all-to-all rank"),
+    "comm-bytes": Measured("experiment", _measure_bytes, {"comm_bytes": _BYTES_MISTAKES,
+                                                          "(the calls seen)": [NOT_FROM_RING_STEP]}),
 }
