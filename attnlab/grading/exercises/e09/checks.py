@@ -29,34 +29,32 @@ from attnlab.grading.kernel_check import cdiv, check_traffic
 # ---------------------------------------------------------------------------------------------
 
 def _sdpa_cases():
-    cases = []
-    specs_ = [  # (label, (B, H, Nq, Nk, D), q/k amplitude, kwargs maker)
-        ("B=2, H=2, T=8, D=16, is_causal=True (the model's call)", (2, 2, 8, 8, 16), 1.0, "causal"),
-        ("B=1, H=3, Nq=5, Nk=7, D=8, no mask, not causal", (1, 3, 5, 7, 8), 1.0, "plain"),
-        ("B=2, H=1, T=6, D=4, is_causal=True, scale=0.3 (not 1/sqrt(4))", (2, 1, 6, 6, 4), 1.0, "scaled"),
+    def window(nq, nk):  # a window of 3 around the diagonal
+        return {"is_causal": True, "attn_mask": (torch.arange(nq)[:, None] - torch.arange(nk)[None, :]).abs() < 3}
+
+    def padding(nq, nk):  # key padding (B = 2: lengths nk and 3)
+        return {"attn_mask": (torch.arange(nk)[None, :] < torch.tensor([nk, 3])[:, None])[:, None, None, :]}
+
+    causal = {"is_causal": True}
+    rows = [  # (label, (B, H, Nq, Nk, D), q/k amplitude, kwargs or their maker)
+        ("B=2, H=2, T=8, D=16, is_causal=True (the model's call)", (2, 2, 8, 8, 16), 1.0, causal),
+        ("B=1, H=3, Nq=5, Nk=7, D=8, no mask, not causal", (1, 3, 5, 7, 8), 1.0, {}),
+        ("B=2, H=1, T=6, D=4, is_causal=True, scale=0.3 (not 1/sqrt(4))", (2, 1, 6, 6, 4), 1.0,
+         {"is_causal": True, "scale": 0.3}),
         ("B=1, H=2, T=9, D=16, is_causal=True, large logits (q, k x 10: scores in the hundreds)", (1, 2, 9, 9, 16),
-         10.0, "causal"),
-        ("B=2, H=2, T=8, D=8, attn_mask (8, 8) a window of 3 AND is_causal=True", (2, 2, 8, 8, 8), 1.0, "window"),
+         10.0, causal),
+        ("B=2, H=2, T=8, D=8, attn_mask (8, 8) a window of 3 AND is_causal=True", (2, 2, 8, 8, 8), 1.0, window),
         ("B=2, H=1, Nq=4, Nk=6, D=8, attn_mask (2, 1, 1, 6) key padding (lengths 6 and 3), not causal",
-         (2, 1, 4, 6, 8), 1.0, "padding"),
+         (2, 1, 4, 6, 8), 1.0, padding),
         ("B=1, H=1, Nq=4, Nk=6, D=8, is_causal=True (top-left: query i sees keys 0..i)", (1, 1, 4, 6, 8), 1.0,
-         "causal"),
+         causal),
     ]
-    for seed, (label, (b, h, nq, nk, d), amp, kind) in enumerate(specs_):
+    cases = []
+    for seed, (label, (b, h, nq, nk, d), amp, kwargs) in enumerate(rows):
         g = _gen(1900 + seed)
         q, k, v = _randn(g, b, h, nq, d, scale=amp), _randn(g, b, h, nk, d, scale=amp), _randn(g, b, h, nk, d)
-        do = _randn(g, b, h, nq, d)
-        kwargs = {}
-        if kind in ("causal", "scaled", "window"):
-            kwargs["is_causal"] = True
-        if kind == "scaled":
-            kwargs["scale"] = 0.3
-        if kind == "window":
-            i, j = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
-            kwargs["attn_mask"] = (i - j).abs() < 3
-        if kind == "padding":
-            kwargs["attn_mask"] = (torch.arange(nk)[None, :] < torch.tensor([nk, 3])[:, None])[:, None, None, :]
-        cases.append((label, (q, k, v), kwargs, do))
+        kwargs = kwargs(nq, nk) if callable(kwargs) else dict(kwargs)
+        cases.append((label, (q, k, v), kwargs, _randn(g, b, h, nq, d)))
     return cases
 
 
