@@ -33,16 +33,14 @@ def body_of(part_id):
     info(part_id)  # ValueError naming part_id for an unknown part
     if part_id in MANUAL:
         raise ValueError(f"part_id: {part_id!r} is graded by hand (a written answer), not by a check")
-    table = table_of(part_id)
-    return table if callable(table) else engine.body(table)
+    return engine.body(table_of(part_id))
 
 
 def table_of(part_id):
     """The table of ``part_id`` (:mod:`attnlab.grading.engine`), from its exercise's checks module."""
     module = importlib.import_module(f"attnlab.grading.exercises.{PACKAGE[part_id]}.checks")
-    tables = {**getattr(module, "CHECKS", {}), **getattr(module, "TABLES", {})}
     try:
-        return tables[part_id]
+        return module.TABLES[part_id]
     except KeyError:
         raise KeyError(f"{module.__name__} has no check for part {part_id!r}") from None
 

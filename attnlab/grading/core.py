@@ -227,19 +227,6 @@ def diagnose(got, mistakes, args, kwargs, rtol=1e-4, atol=1e-5):
     return found
 
 
-class Registry(dict):
-    """part id -> check body; ``@CHECKS("part-id")`` registers one (each exercise's checks.py has one)."""
-
-    def __call__(self, part_id):
-        def register(body):
-            if part_id in self:
-                raise KeyError(f"part {part_id!r} has two checks")
-            self[part_id] = body
-            return body
-
-        return register
-
-
 _SALT = [0]  # set by run_check for the grader (a secret), 0 for the inline check
 
 
