@@ -126,6 +126,7 @@ def _block_mask_cases():
         cases.append((label, (kind, arg, B, H, Nq, Nk, bs), {}))
     return cases
 
+
 def _doc_ids(g, B, N, padding=False):
     """Sorted document ids (B, N): a few documents of random lengths per row (-1: padding at the end)."""
     cuts = torch.rand(B, N, generator=g) < 0.12
@@ -240,6 +241,7 @@ def _measure_block_mask(learner):
                        diagnose(got, _BLOCK_MASK_MISTAKES, args, {}))
     return (f"{len(cases)} block masks (sliding window, prefix-LM, document; ragged lengths, Nq != Nk, "
             f"BQ != BK) equal torch's create_block_mask")
+
 
 # ---------------------------------------------------------------------------------------
 # Kernels: one launch, what each program may load, byte budgets, the measurement
