@@ -112,8 +112,9 @@ class Kernel:
 class Measured:
     """A part whose technique or result only a measurement of the grader's own shows.
 
-    ``kind``: "experiment", "peak-memory", "process-group" or "kernel" (a kernel part whose measurement is more
-    than a budget of bytes per buffer); ``measure(learner) -> message`` raises :class:`attnlab.grading.core.Fail`;
+    ``kind``: "experiment", "peak-memory", "process-group", "kernel" (a kernel part whose measurement is more
+    than a budget of bytes per buffer) or "function" (a function part that feeds the learner's outputs back in, or
+    says what its results mean); ``measure(learner) -> message`` raises :class:`attnlab.grading.core.Fail`;
     ``mistakes``: {the learner's function a list stands for: [Mistake]}, or {"(why no function)": [Mistake]} for
     a list that stands for none (tests/test_every_mistake.py reads them)."""
 
