@@ -60,7 +60,17 @@ def ring_step(o, lse, q, k, v, rank, step, world_size, causal=False, layout="con
 def comm_bytes(world_sizes, n=48, heads=12, d=8, kv_heads=None):
     """The experiment: bytes one rank sends in the forward (batch 1, float32) for each world size, ring attention
     (row 0) and all-to-all (row 1); int64 (2, len(world_sizes)). ``kv_heads`` (None: ``heads``): K and V have that
-    many heads (grouped-query attention), replicated in the all-to-all where fewer than the ranks."""
-    return torch.tensor([[iomodel.ring_attention_bytes(1, heads, n, d, p, 4, kv_heads=kv_heads) for p in world_sizes],
-                         [iomodel.ulysses_attention_bytes(1, heads, n, d, p, 4, kv_heads=kv_heads)
-                          for p in world_sizes]], dtype=torch.int64)
+    many heads (grouped-query attention), replicated in the all-to-all where fewer than the ranks. The ring's row is
+    counted as the exercise asks, rank 0 driven through its P steps with :func:`ring_step` and its sends added up
+    (equal to ``attnlab.iomodel.ring_attention_bytes``); the all-to-all's is ``iomodel.ulysses_attention_bytes``."""
+    kv = heads if kv_heads is None else kv_heads
+    ring = []
+    for p in world_sizes:
+        q, k, v = (torch.zeros(1, kv, n // p, d) for _ in range(3))   # one shard: what is sent depends on its size
+        o, lse, sent = torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf")), 0
+        for step in range(p):
+            o, lse, nbytes = ring_step(o, lse, q, k, v, 0, step, p)
+            sent += nbytes
+        ring.append(sent)
+    return torch.tensor([ring, [iomodel.ulysses_attention_bytes(1, heads, n, d, p, 4, kv_heads=kv_heads)
+                                for p in world_sizes]], dtype=torch.int64)
