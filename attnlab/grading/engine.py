@@ -76,7 +76,9 @@ class Launch:
 
     ``buffers``/``args``/``grid``/``constexprs``: see :func:`attnlab.grading.kernel_check.run_guarded`;
     ``want``: {output buffer: the reference's tensor}; ``inputs``: what the part's mistakes take, named ``names``
-    in a counterexample; ``budget``: {buffer: (max load bytes, max store bytes)}, held in the interpreter."""
+    in a counterexample; ``budget``: {buffer: (max load bytes, max store bytes)}, held in the interpreter;
+    ``allowed``: {buffer: allowed(program) -> bool tensor of the buffer's shape}, what each program (its program
+    ids) may load, held in the interpreter to the loads it traced (a stray load is the table's ``stray_loads``)."""
 
     label: str
     buffers: dict
@@ -87,6 +89,7 @@ class Launch:
     inputs: tuple = ()
     names: tuple = ()
     budget: dict = field(default_factory=dict)
+    allowed: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,13 @@ class Kernel:
     """The learner's kernel ``name`` launched on ``launches()`` [:class:`Launch`].
 
     ``budget_says``: the budget in the part's words (the diagnosis of extra traffic); ``traffic_mistakes``: the
-    mistakes that traffic over budget suggests; ``uses_dot``: the kernel multiplies with ``tl.dot`` (TF32 on a
-    GPU); ``undefined_other``: masked lanes of a load without ``other=`` read NaN, as undefined as on a GPU."""
+    mistakes that traffic over budget suggests, ``traffic_diagnosis(case, traffic) -> [Mistake]`` those that
+    the measured bytes suggest; ``stray_loads``: {buffer: the mistake a load outside a launch's ``allowed`` is},
+    ``loads_says``: what each program may load, in words; ``uses_dot``: the kernel multiplies with ``tl.dot``
+    (TF32's tolerance on a GPU); ``tf32``: the mistake a failure is on a GPU when TF32's tolerance passes it (the
+    part holds float32's, ``uses_dot`` False); ``stride_mistake``: what a kernel right only on contiguous rows is
+    named (:data:`STRIDE_IGNORED`); ``failure_diagnosis(learner, case, exc)``: diagnoses a failed launch further;
+    ``undefined_other``: masked lanes of a load without ``other=`` read NaN, as undefined as on a GPU."""
 
     name: str
     launches: Callable
@@ -103,7 +111,13 @@ class Kernel:
     says: str = "{n} launches match the spec, with no access outside the tensors"
     budget_says: str = None
     traffic_mistakes: Sequence = ()
+    traffic_diagnosis: Callable = None
+    stray_loads: dict = field(default_factory=dict)
+    loads_says: str = None
     uses_dot: bool = False
+    tf32: core.Mistake = None
+    stride_mistake: core.Mistake = None
+    failure_diagnosis: Callable = None
     undefined_other: bool = False
     kind = "kernel"
 
@@ -194,8 +208,10 @@ def _as_1d(x):
 
 def launch(learner, table, case, traffic=None, loads=None):
     """Launch ``table``'s kernel on one :class:`Launch` and compare its outputs with ``case.want``; a failure on
-    padded rows that a contiguous launch passes is named ``stride-ignored``. Fills ``traffic`` (and ``loads``) as
-    :func:`attnlab.grading.kernel_check.run_guarded` does; returns the outputs."""
+    padded rows that a contiguous launch passes is named ``table.stride_mistake`` (``stride-ignored``), one that
+    TF32's tolerance passes on a GPU ``table.tf32``, then ``table.failure_diagnosis`` has its say. Fills
+    ``traffic`` (and ``loads``) as :func:`attnlab.grading.kernel_check.run_guarded` does; returns the outputs."""
+    from attnlab.grading.sandbox.agent import device
     from attnlab.grading.sandbox.footprint import undefined_other
     from attnlab.grading.kernel_check import kernel_failure, labelled, run_guarded
 
@@ -206,16 +222,23 @@ def launch(learner, table, case, traffic=None, loads=None):
     def flat(impl):  # a (1, n) result compared as the (n,) output it is
         return None if impl is None else (lambda **kw: _as_1d(impl(**kw)))
 
-    def go(buffers, tr, ld):
+    def go(buffers, tr=None, ld=None, uses_dot=table.uses_dot, mistakes=named_mistakes):
         got = run_guarded(who, table.name, case.label, buffers, case.grid, case.args, case.constexprs,
                           list(case.want), loads=ld, traffic=tr)
         for k, w in case.want.items():
-            g, ms = got[k], named_mistakes
+            g, ms = got[k], mistakes
             if w.dim() == 2 and w.shape[0] == 1:
                 g, w = g.reshape(-1), w.reshape(-1)
                 ms = [core.Mistake(m.key, m.message, flat(m.impl)) for m in ms]
-            kernel_failure(case.label, table.name, g, w, ms, (), named, uses_dot=table.uses_dot)
+            kernel_failure(case.label, table.name, g, w, ms, (), named, uses_dot=uses_dot)
         return got
+
+    def passes(*args, **kwargs):
+        try:
+            go(*args, **kwargs)
+        except core.Fail:
+            return False
+        return True
 
     try:
         return go(case.buffers, traffic, loads)
@@ -225,16 +248,27 @@ def launch(learner, table, case, traffic=None, loads=None):
         if "never written" in exc.message:
             exc.mistakes.append(NEVER_WRITTEN)
         padded = any(b.get("pad_rows") or b.get("pad_cols") for b in case.buffers.values())
-        if padded and " raised " not in exc.message:
-            contiguous = {k: {kk: vv for kk, vv in b.items() if kk not in ("pad_rows", "pad_cols")}
-                          for k, b in case.buffers.items()}
-            try:
-                go(contiguous, None, None)
-            except core.Fail:
-                pass
-            else:
-                exc.mistakes.insert(0, STRIDE_IGNORED)
+        if padded and " raised " not in exc.message and passes(
+                {k: {kk: vv for kk, vv in b.items() if kk not in ("pad_rows", "pad_cols")}
+                 for k, b in case.buffers.items()}, mistakes=()):
+            exc.mistakes.insert(0, table.stride_mistake or STRIDE_IGNORED)
+        if table.tf32 and device() == "cuda" and " raised " not in exc.message and passes(
+                case.buffers, uses_dot=True, mistakes=()):
+            exc.mistakes.append(table.tf32)
+        if table.failure_diagnosis:
+            table.failure_diagnosis(learner, case, exc)
         raise
+
+
+def _stray_loads(table, case, loads):
+    """Fail at the first program that loaded an element of a buffer its ``case.allowed`` leaves out."""
+    for k, allowed in case.allowed.items():
+        for program, seen in sorted((loads[k] or {}).items()):
+            extra = seen & ~allowed(program)
+            if extra.any():
+                raise core.Fail(f"`{table.name}` on {case.label}: program {program[:len(case.grid)]} loaded "
+                                f"{int(extra.sum())} element(s) of `{k}` outside what it may load "
+                                f"({table.loads_says})", [table.stray_loads[k]])
 
 
 def _run_kernel(table, learner):
@@ -243,14 +277,19 @@ def _run_kernel(table, learner):
     cases = table.launches()
     traced = False
     for case in cases:
-        traffic = {}
-        launch(learner, table, case, traffic)
+        traffic, loads = {}, {k: None for k in case.allowed}
+        launch(learner, table, case, traffic, loads if case.allowed else None)
+        _stray_loads(table, case, loads)
         if case.budget:
-            traced = check_traffic(table.name, case.label, traffic, case.budget, table.traffic_mistakes,
+            found = table.traffic_diagnosis(case, traffic) if table.traffic_diagnosis and traffic else []
+            traced = check_traffic(table.name, case.label, traffic, case.budget, [*found, *table.traffic_mistakes],
                                    says=table.budget_says)
     message = table.says.format(n=len(cases))
-    if any(case.budget for case in cases):
-        message += ("; traffic within budget" + (f" ({table.budget_says})" if table.budget_says else "")
-                    if traced else "; traffic not checked: on a GPU there is no trace (the tracer watches Triton's "
-                    "interpreter only)")
+    loaded = any(case.allowed for case in cases)
+    if traced:
+        message += (f"; each program loads {table.loads_says}" if loaded else "") + "; traffic within budget" + (
+            f" ({table.budget_says})" if table.budget_says else "")
+    elif any(case.budget for case in cases):
+        message += ("; loads and traffic" if loaded else "; traffic") + " not checked: on a GPU there is no trace " \
+            "(the tracer watches Triton's interpreter only)"
     return message

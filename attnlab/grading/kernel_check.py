@@ -187,3 +187,47 @@ def labelled(names, args, mistakes):
         return None if impl is None else (lambda **kw: impl(*kw.values()))
 
     return kwargs, [Mistake(m.key, m.message, positional(m.impl)) for m in mistakes]
+
+
+# ----------------------------------------------------------------------------- attention kernels' launches
+
+def attention_launch(tensors, pads, strides, values, lists=()):
+    """(buffers, args) of an attention kernel's launch, as :func:`run_guarded` reads them. ``tensors``: {buffer:
+    an input tensor, or an output's shape}, each inside sentinel memory padded by ``pads`` ({buffer: rows, or
+    (rows, columns)}, or one number of rows for all) so that its strides are its own; the arguments are the
+    buffers in that order, the device tensors ``lists`` (block lists), the strides ``strides`` (a buffer: its
+    dims 0 and 1; (buffer, dim): that one), then the numbers ``values``."""
+    buffers = {}
+    for k, t in tensors.items():
+        pad = pads.get(k, 0) if isinstance(pads, dict) else pads
+        rows, cols = pad if isinstance(pad, tuple) else (pad, 0)
+        buffers[k] = {**({"data": t} if torch.is_tensor(t) else {"shape": list(t), "output": True}),
+                      "pad_rows": rows, "pad_cols": cols}
+    pairs = [p for s in strides for p in (((s, 0), (s, 1)) if isinstance(s, str) else (s,))]
+    args = ([["buf", k, None] for k in buffers] + [["dev", t] for t in lists]
+            + [["stride", k, dim] for k, dim in pairs] + [["val", x] for x in values])
+    return buffers, args
+
+
+def block_rows(j, block, n):
+    """Rows of key block ``j`` (of ``block`` rows) in a sequence of ``n``: the last one may be ragged."""
+    return max(0, min(n, (j + 1) * block) - j * block)
+
+
+def attention_budget(shape, kv_rows, element_size=4):
+    """{buffer: (max load bytes, max store bytes)} of an attention forward on (BH, N, D) ``shape``: Q read once,
+    ``kv_rows`` rows of K and of V (every program's, summed), O written once."""
+    bh, n, d = shape
+    once, kv = bh * n * d * element_size, kv_rows * d * element_size
+    return {"q": (once, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, once)}
+
+
+def blocks_allowed(visit, block, shape):
+    """allowed(program) for a launch's ``allowed``: program (pid_m, pid_h) may load, of a (BH, N, D) tensor
+    ``shape``, the rows of its own head's key blocks (of ``block`` rows) that ``visit`` (BH, n_qb, n_kb) marks."""
+    def allowed(program):
+        pid_m, pid_h = program[:2]
+        out = torch.zeros(shape, dtype=torch.bool)
+        out[pid_h] = visit[pid_h, pid_m].repeat_interleave(block)[:shape[1]].view(-1, *[1] * (len(shape) - 2))
+        return out
+    return allowed

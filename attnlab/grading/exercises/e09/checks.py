@@ -19,9 +19,9 @@ from attnlab.attention import causal_mask
 from attnlab.grading.sandbox.agent import device as _device
 from attnlab.grading.core import (Fail, Mistake, NotDone, case_line, diagnose, each_result, gen as _gen, learner_of,
                                   mismatch, randn as _randn)
-from attnlab.grading.engine import Gradients, Kernel, Launch, Measured, launch, run
+from attnlab.grading.engine import Gradients, Kernel, Launch, Measured, run
 from attnlab.grading.exercises.e09 import spec as specs
-from attnlab.grading.kernel_check import cdiv, check_traffic
+from attnlab.grading.kernel_check import attention_budget, attention_launch, cdiv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,10 +214,7 @@ def _kernel_launches():
         g = _gen(2000 + seed)
         q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
         scale = d ** -0.5
-        buffers = {"q": {"data": q, "pad_rows": 3}, "k": {"data": k, "pad_rows": 3}, "v": {"data": v, "pad_rows": 3},
-                   "o": {"shape": list(q.shape), "output": True, "pad_rows": 3}}
-        args = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None], ["stride", "o", 0],
-                ["stride", "o", 1], ["val", n], ["val", scale]]
+        buffers, args = attention_launch({"q": q, "k": k, "v": v, "o": q.shape}, 3, ["o"], [n, scale])
         want = specs.my_sdpa(q[None], k[None], v[None], is_causal=True)[0]
         out.append(Launch(f"{what}, tiles {bm}x{bn}", buffers, (cdiv(n, bm), bh), args,
                           {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, {"o": want}, (q, k, v, scale, bm, bn),
@@ -234,33 +231,14 @@ def causal_kv_rows(n, bm, bn):
 def traffic_budget(bh, n, d, bm, bn, element_size=4):
     """{buffer: (max load bytes, max store bytes)}: Q read once, K and V read once per query block up to
     the diagonal, O written once and never read."""
-    once = bh * n * d * element_size
-    kv = bh * causal_kv_rows(n, bm, bn) * d * element_size
-    return {"q": (once, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, once)}
+    return attention_budget((bh, n, d), bh * causal_kv_rows(n, bm, bn), element_size)
 
 
-
-_KERNEL = Kernel("causal_attn_kernel", _kernel_launches, _KERNEL_MISTAKES, uses_dot=True,
-                 says="{n} launches match causal attention with no stray access")
-
-
-def _measure_kernel(learner):
-    """Each launch through :func:`engine.launch`, then its traffic: K and V up to the diagonal (a kernel that loads
-    as much as a loop over every key block is named dense-loop), then Q read once and O written once."""
-    cases, traced = _KERNEL.launches(), True
-    for case in cases:
-        traffic = {}
-        launch(learner, _KERNEL, case, traffic)
-        bh, n, d = case.inputs[0].shape
-        dense = bh * cdiv(n, case.constexprs["BLOCK_M"]) * n * d * 4
-        kv_seen = max(traffic.get(b, {}).get("load_bytes", 0) for b in ("k", "v")) if traffic else 0
-        extra = [DENSE_LOOP] if kv_seen >= dense > case.budget["k"][0] else []
-        kv, qo = ({b: case.budget[b] for b in pair} for pair in ("kv", "qo"))
-        traced = check_traffic(_KERNEL.name, case.label, traffic, kv, extra) and traced
-        check_traffic(_KERNEL.name, case.label, traffic, qo)
-    where = ("and within the traffic budget (Q read once, K and V up to the diagonal, O written once)" if traced
-             else "(on a GPU the traffic is not traced: the budget was not checked)")
-    return f"{_KERNEL.says.format(n=len(cases))}, {where}"
+def _dense_loop(case, traffic):
+    """A kernel that loads as much K or V as a loop over every key block is the dense loop."""
+    bh, n, d = case.inputs[0].shape
+    dense = bh * cdiv(n, case.constexprs["BLOCK_M"]) * n * d * 4
+    return [DENSE_LOOP] if max(traffic[b]["load_bytes"] for b in "kv") >= dense > case.budget["k"][0] else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,7 +446,10 @@ TABLES = {
     "capstone-sdpa": Gradients("my_sdpa", specs.my_sdpa, _sdpa_cases, inputs=(0, 1, 2), mistakes=_SDPA_MISTAKES,
                                labels=["dQ", "dK", "dV"], says="{n} cases match SDPA's function, output and dQ, dK, "
                                "dV (masks, scale, Nq != Nk, large logits)"),
-    "capstone-kernel": Measured("kernel", _measure_kernel, {"causal_attn_kernel": _KERNEL_MISTAKES}),
+    "capstone-kernel": Kernel("causal_attn_kernel", _kernel_launches, _KERNEL_MISTAKES, uses_dot=True,
+                              says="{n} launches match causal attention with no stray access",
+                              budget_says="Q read once, K and V up to the diagonal, O written once",
+                              traffic_diagnosis=_dense_loop),
     "capstone-train": Measured("function", _measure_train, {"train_gpt": _TRAIN_MISTAKES}),
     "capstone-local-global": Measured("experiment", _measure_experiment, {"local_vs_dense": _EXPERIMENT_MISTAKES}),
 }
