@@ -29,31 +29,46 @@ import time
 from pathlib import Path
 
 from attnlab.grading import sandbox
-from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout, given_demos, given_sources, identify, learner_cell,
-                                    owners, slot_conflict, to_run)
+from attnlab.grading.layout import (_describe_cell, _grade_id, canonical_layout, given_demos, given_sources, identify,
+                                    learner_cell, owners, slot_conflict, to_run)
 from attnlab.grading.reports import plural
 from attnlab.grading.sandbox.isolated import IsolatedKernels
 from attnlab.grading.sandbox.runner import (DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, Dead, Functions,
-                                    RemoteLearner)
+                                            RemoteLearner)
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20
 
 
 def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIMEOUT, memory_mb=DEFAULT_MEMORY_MB):
-    """Grade one notebook in this process (which runs none of its code). Returns the report dict."""
-    import shutil
+    """Grade one notebook in this process (which runs none of its code). Returns the report dict.
 
-    import nbformat
+    In four steps: which exercise it is (:func:`_identify`); what each part's answer is made of, read from its
+    syntax (:func:`_read_answers`); its cells run in a sandboxed process, each part checked from here
+    (:func:`_run_and_check`); the score (:func:`_score`)."""
+    from attnlab.grading.parts import MANUAL, exercises, points
 
-    from attnlab.grading.checks import PARTS, run_check
-    from attnlab.grading.commands.generate import check_ids
-    from attnlab.grading.parts import MANUAL, either, exercises, forbidden, points, required
-    from attnlab.grading.shortcuts import missing, part_code, rebound, uses
-    from attnlab.grading.shortcuts import names as defined_by
-
-    EXERCISES, POINTS = exercises(), points()
     path = Path(path)
     report = {"path": str(path), "score": 0, "max_score": 0, "parts": [], "isolation": sandbox.isolation()}
+    nb, exercise = _identify(path, report)
+    if exercise is None:
+        return report
+    parts = [p for p in exercises()[exercise] if p not in MANUAL]
+    report["max_score"] = sum(points()[p] for p in parts)
+    owner = owners(nb, parts, canonical_layout(exercise, parts))
+    given = given_sources(exercise)
+    shortcut, unmet = _read_answers(nb, parts, owner, given)
+    limits = sandbox.Limits(memory_mb=memory_mb, cpu_s=int(timeout) + 30)
+    checked = _run_and_check(path, nb, exercise, parts, owner, given, limits, cell_timeout, timeout)
+    return _score(report, nb, exercise, parts, shortcut, unmet, *checked)
+
+
+def _identify(path, report):
+    """(the notebook, its exercise), nbgrader's hidden tests taken out; (None, None), with ``report["error"]``,
+    when it cannot be read, is no exercise, or is filed in another exercise's slot."""
+    import nbformat
+
+    from attnlab.grading.commands.generate import BEGIN_HIDDEN, END_HIDDEN, _strip_region
+
     try:
         with sandbox.open_notebook(path) as f:  # never through a symbolic link
             nb = nbformat.reads(f.read(MAX_NOTEBOOK_BYTES + 1).decode("utf-8"), as_version=4)
@@ -61,47 +76,47 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             raise ValueError("more than 5000 cells")
     except Exception as exc:
         report["error"] = f"could not read the notebook: {type(exc).__name__}: {exc}"
-        return report
+        return None, None
     exercise, warnings = identify(nb, path)
     if warnings:
         report["warnings"] = warnings
     if exercise is None:
         report["error"] = "not an attnlab exercise (no attnlab.exercise metadata, no grade_id of an exercise part, " \
                           "no NN_ file name)"
-        return report
+        return None, None
     report["exercise"] = exercise
     conflict = slot_conflict(exercise, path)
     if conflict:   # an exercise-02 notebook filed in 05's slot is credited to neither
         report["error"] = conflict
-        return report
-    manual = [p for p in EXERCISES[exercise] if p in MANUAL]
-    parts = [p for p in EXERCISES[exercise] if p not in MANUAL]
-    report["max_score"] = sum(POINTS[p] for p in parts)
-    names = {p: PARTS[p].names for p in parts}
-    from attnlab.grading.commands.generate import BEGIN_HIDDEN, END_HIDDEN, _strip_region
-
+        return None, None
     for cell in nb.cells:  # nbgrader's hidden tests ask this grader; here it grades by itself
         if cell.cell_type == "code" and BEGIN_HIDDEN in cell.source:
             try:
                 cell.source = _strip_region(cell.source, BEGIN_HIDDEN, END_HIDDEN, None)[0]
             except ValueError:
                 pass
-    owner = owners(nb, parts, canonical_layout(exercise, parts))
-    code = [c.source for c in nb.cells if c.cell_type == "code"]
-    given = given_sources(exercise)
+    return nb, exercise
 
-    # shortcuts, from the syntax of what each part's answer is made of: the statements of its learner cells, and of
-    # every other learner cell, that define its functions or a name they read (``_sm = torch.softmax`` above the
-    # first answer cell, a helper's helper, a relabelled answer), never a scratch comparison with torch.softmax
-    shortcut, unmet = {}, {}
+
+def _read_answers(nb, parts, owner, given):
+    """({part: [(forbidden name, where)]}, {part: what its answer never reads}), from the syntax of what each part's
+    answer is made of: the statements of its learner cells, and of every other learner cell, that define its
+    functions or a name they read (``_sm = torch.softmax`` above the first answer cell, a helper's helper, a
+    relabelled answer), never a scratch comparison with torch.softmax."""
+    from attnlab.grading.checks import PARTS
+    from attnlab.grading.parts import either, forbidden, required
+    from attnlab.grading.shortcuts import missing, names, part_code, rebound, uses
+
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
     learners = [c.source for c in nb.cells if c.cell_type == "code" and learner_cell(c, "", given)]
     changed = rebound(learners, list(given.values()))  # a given name bound otherwise: not the given one
+    shortcut, unmet = {}, {}
     for p in parts:
         mine = [c.source for c, o in zip(nb.cells, owner) if c.cell_type == "code" and o == p
                 and learner_cell(c, p, given)]
-        read = part_code(learners, names[p], mine)
+        read = part_code(learners, PARTS[p].names, mine)
         found = [(name, f"line {line}" if own else f"line {line} of another cell of yours, which defines "
-                  f"{', '.join(f'`{n}`' for n in sorted(defined_by(text, 'defined')))}")
+                  f"{', '.join(f'`{n}`' for n in sorted(names(text, 'defined')))}")
                  for text, own in read for name, line in uses([text], forbidden(p), code)]
         if found:
             shortcut[p] = found
@@ -109,23 +124,28 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         lacking = missing([text for text, _own in read], needs, code, changed) if needs else []
         if lacking:
             unmet[p] = "; ".join(f"the answer never uses {either(n)}: {needs[n]}" for n in lacking)
+    return shortcut, unmet
 
-    check_cell = {}  # part -> the cell that calls its check (nbgrader's autograded cell)
+
+def _run_and_check(path, nb, exercise, parts, owner, given, limits, cell_timeout, timeout):
+    """Run the cells :func:`attnlab.grading.layout.to_run` picks in a fresh sandboxed process, and check each part
+    from here when its check cell is reached (the rest at the end), on inputs from a secret salt. Returns (results,
+    problems, setup_problems, notes, check_cell): {part: its check's outcome}, {part: what went wrong in its
+    cells}, what went wrong in the setup, notes on other cells, {part: the cell that calls its check}."""
+    import shutil
+
+    from attnlab.grading.checks import PARTS, run_check
+    from attnlab.grading.commands.generate import check_ids
+
+    check_cell, grade_at = {}, {}  # part -> the cell that calls its check (nbgrader's autograded cell), and back
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code":
-            for q in check_ids(cell.source):
-                if q in parts:
-                    check_cell.setdefault(q, i)
-    grade_at = {}
-    for p, i in check_cell.items():
-        grade_at.setdefault(i, []).append(p)
-
-    problems = {p: [] for p in parts}
-    setup_problems, notes = [], []
-    results = {}
+        for q in check_ids(cell.source) if cell.cell_type == "code" else ():
+            if q in parts and q not in check_cell:
+                check_cell[q] = i
+                grade_at.setdefault(i, []).append(q)
+    problems, setup_problems, notes, results = {p: [] for p in parts}, [], [], {}
     salt = secrets.randbits(62)  # the inputs of this grading: never sent anywhere but as inputs
     deadline = time.monotonic() + timeout
-    limits = sandbox.Limits(memory_mb=memory_mb, cpu_s=int(timeout) + 30)
     root = sandbox.temp_root()
     functions = kernels = None
 
@@ -140,7 +160,8 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
         if learner.broke is not None:  # the process is gone: the next part gets a fresh one
             results[p]["message"] = f"the check of your code {learner.broke}\n    " + results[p]["message"]
 
-    runs = dict(to_run(nb, owner, given, given_demos(exercise), parts, {n for p in parts for n in names[p]}))
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    runs = dict(to_run(nb, owner, given, given_demos(exercise), parts, {n for p in parts for n in PARTS[p].names}))
     try:
         copy = sandbox.private_copy(path, root / "copy")
         functions = Functions(root, cell_timeout, deadline, limits, copy)
@@ -179,7 +200,14 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             functions.stop()
         sandbox.kill_descendants()
         shutil.rmtree(root, ignore_errors=True)
+    return results, problems, setup_problems, notes, check_cell
 
+
+def _score(report, nb, exercise, parts, shortcut, unmet, results, problems, setup_problems, notes, check_cell):
+    """``report`` with each part's points and feedback, the manual parts (never scored here) and the score."""
+    from attnlab.grading.parts import MANUAL, exercises, points
+
+    POINTS = points()
     for p in parts:
         r = results.get(p)
         reasons = setup_problems + problems[p]
@@ -203,7 +231,7 @@ def grade_notebook(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIME
             feedback += "\n    (its check cell is missing: graded at the end of the notebook)"
         report["parts"].append({"name": p, "points": POINTS[p] if passed else 0, "max_points": POINTS[p],
                                 "feedback": feedback, "diagnosis": [] if r is None else r.get("diagnosis", [])})
-    for p in manual:  # graded by a person in nbgrader: reported with the learner's text, never scored here
+    for p in [p for p in exercises()[exercise] if p in MANUAL]:  # graded by a person in nbgrader: reported with the learner's text, never scored here
         answer = _manual_answer(nb, p)
         state = "no answer written yet" if not answer else f"answered ({len(answer.split())} words)"
         report["parts"].append({"name": p, "points": 0, "max_points": 0, "manual": True, "diagnosis": [],
