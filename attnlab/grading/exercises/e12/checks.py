@@ -5,10 +5,10 @@ The references are spec.py's: the library's causal top-k (``attnlab.sparse.selec
 form must equal it) and byte counts (``attnlab.iomodel.kv_cache_bytes``, ``recurrent_state_bytes``). Two parts
 measure more than their outputs:
 
-- ``selected-kernel`` (``Measured("kernel", ...)``): the learner's Triton kernel, launched under guard by
-  :func:`attnlab.grading.engine.launch` on selections made by ``select_blocks``; in Triton's interpreter every load
-  is recorded, so a kernel that loads a key block its query block did not select fails, and the bytes are held to
-  a budget (:data:`_BUDGET`);
+- ``selected-kernel`` (a :class:`~attnlab.grading.engine.Kernel`): the learner's Triton kernel, launched under
+  guard on selections made by ``select_blocks``; in Triton's interpreter every load is recorded, so a kernel that
+  loads a key block its query block did not select fails (each launch's ``allowed``), and the bytes are held to a
+  budget (:data:`_BUDGET`);
 - ``delta-chunked`` (``Measured("peak-memory", ...)``): the chunkwise form's numbers on ragged lengths and chunk
   sizes that do not divide them, then its peak memory at N = 4096 (:func:`attnlab.grading.sandbox.footprint.peak_growth`):
   an N x N matrix (the whole sequence as one chunk, or the parallel form) or a state kept per token is 64 MiB
@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.grading.core import Fail, Mistake, check_function, gen as _gen, randn as _randn
-from attnlab.grading.engine import Function, Kernel, Launch, Measured, launch, run
+from attnlab.grading.engine import Function, Kernel, Launch, Measured, run
 from attnlab.grading.exercises.e12 import spec as specs
-from attnlab.grading.kernel_check import cdiv, check_traffic
+from attnlab.grading.kernel_check import attention_budget, attention_launch, block_rows, blocks_allowed, cdiv
 from attnlab.grading.sandbox.footprint import peak_growth
 
 NEG_INF = float("-inf")
@@ -132,30 +132,25 @@ _KERNEL_CASES = [("BH=2, N=64, D=16, BLOCK=16, topk=1 (the diagonal block only)"
                  ("BH=2, N=70, D=16, BLOCK=32, topk=2, ragged N", 2, 70, 16, 32, 2, 1.0, 0.35)]
 
 
-def _rows_in(j, block, n):
-    return max(0, min(n, (j + 1) * block) - j * block)
-
-
 def _launches():
     """One :class:`Launch` per case: q, k, v and o each inside sentinel memory with 16 extra rows per head, one
-    program per (query block, head), the selection of each head made by the library's ``select_blocks``."""
+    program per (query block, head), the selection of each head made by the library's ``select_blocks``; each
+    program may load K and V of its selected blocks only."""
     launches = []
     for seed, (label, bh, n, d, bs, topk, amp, scale) in enumerate(_KERNEL_CASES):
         g = _gen(12_100 + seed)
         q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
         nqb = cdiv(n, bs)
         block_indices = specs.select_blocks(_randn(g, bh, nqb, nqb), topk)     # (BH, nqb, topk), per head
-        buffers = {**{name: {"data": x, "pad_rows": 16} for name, x in zip("qkv", (q, k, v))},
-                   "o": {"shape": list(q.shape), "output": True, "pad_rows": 16}}
-        args = [["buf", "q", None], ["buf", "k", None], ["buf", "v", None], ["buf", "o", None],
-                ["dev", block_indices.contiguous()], ["stride", "o", 0], ["stride", "o", 1], ["val", n], ["val", nqb],
-                ["val", topk], ["val", scale]]
-        kv = sum(_rows_in(j, bs, n) for j in block_indices.flatten().tolist() if j >= 0) * d * 4
-        qo = bh * n * d * 4
+        buffers, args = attention_launch({"q": q, "k": k, "v": v, "o": q.shape}, 16, ["o"], [n, nqb, topk, scale],
+                                         [block_indices.contiguous()])
+        kv = sum(block_rows(j, bs, n) for j in block_indices.flatten().tolist() if j >= 0)
+        visit = torch.zeros(bh, nqb, nqb + 1, dtype=torch.bool).scatter_(
+            -1, torch.where(block_indices < 0, nqb, block_indices).long(), True)[..., :nqb]
         launches.append(Launch(f"{label}, scale={scale}", buffers, (nqb, bh), args, {"HEAD_DIM": d, "BLOCK": bs},
                                {"o": specs.selected_attention(q, k, v, block_indices, bs, scale)},
                                (q, k, v, scale, block_indices, bs), ("Q", "K", "V", "scale", "block_indices", "BLOCK"),
-                               {"q": (qo, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, qo)}))
+                               attention_budget(q.shape, kv), dict.fromkeys("kv", blocks_allowed(visit, bs, q.shape))))
     return launches
 
 
@@ -225,58 +220,27 @@ UNSELECTED_LOADED = Mistake(
     "j = block_indices[..., i] for each slot with j >= 0", None)
 
 
-def _stray(loaded, block_indices, block, n, what):
-    """None when each program loaded only rows of its own head's selected blocks, else a sentence."""
-    for (pid_m, pid_h), seen in sorted((tuple(p[:2]), s) for p, s in loaded.items()):
-        allowed = torch.zeros_like(seen)
-        for j in block_indices[pid_h, pid_m].tolist():
-            if j >= 0:
-                allowed[pid_h, j * block:min(n, (j + 1) * block)] = True
-        extra = seen & ~allowed
-        if extra.any():
-            return (f"program (pid_m={pid_m}, pid_h={pid_h}) loaded {int(extra.sum())} element(s) of `{what}` "
-                    f"outside the key blocks it selected ({[j for j in block_indices[pid_h, pid_m].tolist()]})")
-    return None
+def _padding_read(learner, case, exc):
+    """An out-of-bounds load where no block is ragged: the stray rows are a -1 slot's."""
+    q, _k, _v, _scale, block_indices, bs = case.inputs
+    if any(m.key == "out-of-bounds-load" for m in exc.mistakes) and q.shape[1] % bs == 0 and \
+            bool((block_indices < 0).any()):
+        exc.mistakes.insert(0, PADDING_READ)
 
 
-_KERNEL = Kernel("selected_attn_kernel", _launches, _KERNEL_MISTAKES, budget_says=_BUDGET, uses_dot=True)
+def _padding_as_block_zero(case, traffic):
+    """Block 0 loaded once more for every -1 slot: the signature of a -1 read as block 0."""
+    q, _k, _v, _scale, block_indices, bs = case.inputs
+    pads, (n, d) = int((block_indices < 0).sum()), q.shape[1:]
+    extra = traffic["k"]["load_bytes"] - case.budget["k"][0]
+    return [_KERNEL_MISTAKES[0]] if pads and extra == pads * block_rows(0, bs, n) * d * 4 else []
 
 
-def _measure_kernel(learner):
-    """Each launch's output (:func:`attnlab.grading.engine.launch`), then in the interpreter which blocks each
-    program loaded and the bytes of the budget; a -1 slot read is named where no block is ragged."""
-    traced = False
-    launches = _launches()
-    for case in launches:
-        q, _k, _v, _scale, block_indices, bs = case.inputs
-        n, d = q.shape[1:]
-        loads, traffic = {"k": None, "v": None}, {}
-        try:
-            launch(learner, _KERNEL, case, traffic, loads)
-        except Fail as exc:
-            if any(m.key == "out-of-bounds-load" for m in exc.mistakes) and n % bs == 0 and \
-                    bool((block_indices < 0).any()):
-                exc.mistakes.insert(0, PADDING_READ)   # no ragged block here: the stray rows are a -1 slot's
-            raise
-        if loads["k"] is not None:   # the interpreter recorded every load (no such record on a GPU)
-            for name in ("k", "v"):
-                why = _stray(loads[name], block_indices, bs, n, name.upper())
-                if why:
-                    raise Fail(f"`{_KERNEL.name}` on {case.label}: {why}", [UNSELECTED_LOADED])
-        try:
-            traced = check_traffic(_KERNEL.name, case.label, traffic, case.budget, says=_BUDGET) or traced
-        except Fail as exc:   # block 0 once more for every -1 slot: the signature of a -1 read as block 0
-            pads = int((block_indices < 0).sum())
-            if pads and traffic.get("k", {}).get("load_bytes", 0) - case.budget["k"][0] == \
-                    pads * _rows_in(0, bs, n) * d * 4:
-                exc.mistakes.insert(0, _KERNEL_MISTAKES[0])
-            raise
-    done = (f"{len(launches)} launches match selected attention (causal, -1 slots, ragged N, topk up to every past "
-            f"block, a scale)")
-    if not traced:
-        return done + "; that unselected blocks are never loaded, and the byte budget, are checked only in " \
-                      "Triton's interpreter (CPU): skipped on this GPU"
-    return done + ", loading K and V of the selected blocks only, each once per query block"
+_KERNEL = Kernel("selected_attn_kernel", _launches, _KERNEL_MISTAKES, uses_dot=True,
+                 says="{n} launches match selected attention (causal, -1 slots, ragged N, topk up to every past "
+                      "block, a scale)", budget_says=_BUDGET, traffic_diagnosis=_padding_as_block_zero,
+                 stray_loads=dict.fromkeys("kv", UNSELECTED_LOADED),
+                 loads_says="K and V of the key blocks it selected only", failure_diagnosis=_padding_read)
 
 
 # ----------------------------------------------------------------------------- delta-recurrence
@@ -528,7 +492,7 @@ TABLES = {
     "causal-topk": Function("select_blocks", specs.select_blocks, _topk_cases, _TOPK_MISTAKES, rtol=0, atol=0,
                             says="{n} selections equal the indexer's causal top-k (3-D and 4-D scores, -inf blocks, "
                                  "negative scores, topk above the number of blocks, n_q_blocks != n_k_blocks)"),
-    "selected-kernel": Measured("kernel", _measure_kernel, {"selected_attn_kernel": _KERNEL_MISTAKES}),
+    "selected-kernel": _KERNEL,
     "delta-recurrence": Function("delta_recurrence", specs.delta_recurrence,
                                  lambda: _delta_cases(12_200, _RECURRENCE_CASES), _RECURRENCE_MISTAKES,
                                  says="{n} cases match the gated delta rule, output and final state (gates, "
