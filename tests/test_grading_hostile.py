@@ -142,6 +142,18 @@ def test_an_experiment_s_numbers_written_as_the_formula_score_nothing(graded):
     assert parts["comm-bytes"]["points"] == 0 and "never uses `ring_step`" in parts["comm-bytes"]["feedback"]
 
 
+def test_a_required_function_called_for_show_earns_nothing(graded):
+    # the syntax rule is met (the function is called), the numbers come from elsewhere: the taps see it
+    parts = _parts(graded["reports"]["show_calls_02.ipynb"])
+    assert parts["loop-timing"]["points"] == 0 and parts["loop-timing"]["diagnosis"] == ["row-never-called"], \
+        parts["loop-timing"]
+    assert parts["attention-row"]["points"] == parts["attention-row"]["max_points"]  # the rest keeps its points
+    parts = _parts(graded["reports"]["show_calls_11.ipynb"])
+    assert parts["comm-bytes"]["points"] == 0 and parts["comm-bytes"]["diagnosis"] == ["ring-row-not-from-ring-step"], \
+        parts["comm-bytes"]
+    assert parts["ring-forward"]["points"] == parts["ring-forward"]["max_points"]
+
+
 def test_a_forbidden_function_under_another_module_s_name_is_read(graded):
     parts = _parts(graded["reports"]["shortcut_collective_11.ipynb"])
     assert parts["ring-group"]["points"] == 0

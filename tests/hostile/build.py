@@ -507,6 +507,24 @@ FORMULA_11 = '''def comm_bytes(world_sizes, n=48, heads=12, d=8, kv_heads=None):
     return torch.tensor([ring, a2a], dtype=torch.int64)
 '''
 
+# a required function called for show: the syntax rule is met, the numbers come from elsewhere (the grader sees the
+# calls: exercise 02's attention_row and exercise 11's ring_step are tapped while the part's function runs)
+SHOW_02 = {"loop-timing-answer": '''def loop_attention(q, k, v):
+    attention_row(q[0, 0, 0], k[0, 0], v[0, 0])          # called once, for the syntax rule
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return (e / e.sum(-1, keepdim=True)) @ v
+'''}
+SHOW_11 = {"comm-bytes-answer": '''def comm_bytes(world_sizes, n=48, heads=12, d=8, kv_heads=None):
+    kv = heads if kv_heads is None else kv_heads
+    x = torch.zeros(1, kv, n // world_sizes[-1], 1)
+    ring_step(x, x[..., 0] - float("inf"), x, x, x, 0, 0, world_sizes[-1])   # called once, for the syntax rule
+    ring = [2 * (P - 1) * kv * (n // P) * d * 4 for P in world_sizes]
+    a2a = [(2 * (P - 1) * (heads // P) + 2 * (P - 1) * max(kv // P, 1) if kv >= P else
+            2 * (P - 1) * (heads // P) + 2 * (P - 1)) * (n // P) * d * 4 for P in world_sizes]
+    return torch.tensor([ring, a2a], dtype=torch.int64)
+'''}
+
 # exercise 11: the forbidden all_gather under the name of the module that defines it
 COLLECTIVE_11 = {"ring-group-answer": '''import torch.distributed as dist
 from torch.distributed.distributed_c10d import all_gather as gather_all
@@ -634,6 +652,8 @@ def probes():
                                                      FORGE_META)
     out["forge_predicted_10.ipynb"] = _edit(_load("exercises", "10_inference"), PREDICT_10)
     out["shortcut_collective_11.ipynb"] = _edit(_load("solutions", "11_across_devices"), COLLECTIVE_11)
+    out["show_calls_02.ipynb"] = _edit(_load("solutions", "02_queries_keys_values"), SHOW_02)
+    out["show_calls_11.ipynb"] = _edit(_load("solutions", "11_across_devices"), SHOW_11)
     out["shortcut_backend_09.ipynb"] = _edit(_load("exercises", "09_capstone"), _backends_09())
     for exercise, edits in FAKE_KERNELS.items():
         nb = _edit(_load("exercises", exercise), edits)

@@ -299,11 +299,12 @@ def _check_one_call_per_query(learner):
         if mismatch(shift, calls, rtol=0, atol=1e-2) is None and bool((calls == calls[..., :1]).all()) and \
                 sorted(rows.long().tolist()) == list(range(1, rows.numel() + 1)):
             continue
-        seen = "none" if not torch.isfinite(shift).all() or bool((calls == 0).all()) else \
-            f"{int(calls.max()) if calls.numel() else 0} call(s) for {rows.numel()} queries"
+        never = not torch.isfinite(shift).all() or bool((calls == 0).all())
+        seen = "no row moved: none came from a call of attention_row" if never else \
+            f"the rows moved as {int(calls.max()) if calls.numel() else 0} call(s) for {rows.numel()} queries would"
         raise Fail(f"`loop_attention` on {label}: with attention_row's k-th call shifted by k x {step:.3f}, the "
                    f"rows did not move as one call per query would move them ({seen})",
-                   [ROW_NEVER_CALLED if seen == "none" else ONE_CALL_PER_QUERY])
+                   [ROW_NEVER_CALLED if never else ONE_CALL_PER_QUERY])
     return len(cases)
 
 
