@@ -3,9 +3,8 @@
 The expected values come from PyTorch's FlexAttention, run eagerly on the CPU: its
 ``create_block_mask`` for the block lists and its ``flex_attention`` for the outputs
 (:func:`_torch_block_mask`, :func:`_flex_reference`), and from attnlab's
-``block_sparse_reference`` for the block-skipping loop. The two kernel parts measure more than a byte
-budget per buffer (which key blocks and MASK tiles each program loaded), so they are ``Measured`` parts
-whose measurement launches through :func:`attnlab.grading.engine.launch`.
+``block_sparse_reference`` for the block-skipping loop. The two kernel parts are ``Kernel`` rows whose launches
+say which key blocks and MASK tiles each program may load (``Launch.allowed``), besides a byte budget per buffer.
 """
 
 import dataclasses
@@ -14,11 +13,12 @@ import warnings
 import torch
 
 from attnlab.attention import block_sparse_reference, scaled_dot_product_attention
-from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, case_line, clone, diagnose, each_result,
-                                  gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
+from attnlab.grading.core import (Fail, Mistake, case_line, clone, diagnose, each_result, gen as _gen, learner_of,
+                                  mismatch, present, randn as _randn, value_of)
 from attnlab.grading.engine import Kernel, Launch, Measured, launch
 from attnlab.grading.exercises.e08 import spec as specs
-from attnlab.grading.kernel_check import cdiv, check_traffic, run_guarded
+from attnlab.grading.kernel_check import (attention_budget, attention_launch, block_rows, blocks_allowed, cdiv,
+                                          run_guarded)
 from attnlab.mask_mods import MASK_MODS
 
 
@@ -244,25 +244,39 @@ def _measure_block_mask(learner):
 
 
 # ---------------------------------------------------------------------------------------
-# Kernels: one launch, what each program may load, byte budgets, the measurement
+# Kernels: one launch, what each program may load, byte budgets
 # ---------------------------------------------------------------------------------------
 
-def _attention_launch(label, q, k, v, lists, scale, bm, bn, want, inputs, names, budget, mask=None, mask_pad=(3, 5)):
+def _attention_launch(label, q, k, v, lists, scale, bm, bn, want, inputs, names, visit, mask=None, partial=None):
     """One launch of a block-sparse kernel on (BH, N, D) inputs and its int32 block lists ``lists`` (BH, n_qb[,
-    n_kb]); ``mask``: flex_fwd_kernel's element mask (BH, N, N), its rows ``mask_pad`` rows and columns further
-    apart than they are long."""
+    n_kb]), each tensor inside sentinel memory with 16 extra rows per head (so stride_h is not N * D). ``visit``
+    (BH, n_qb, n_kb): the key blocks the lists name, the only ones whose K and V a program may load (Q read once,
+    each listed K/V block once per query block, O written once). ``mask``: flex_fwd_kernel's element mask (BH, N,
+    N), its rows 3 rows and 5 columns further apart than they are long, readable in the ``partial`` blocks only
+    (int8: one byte per element)."""
     bh, n, d = q.shape
     nqb, nkb = lists[1].shape[-2:]
-    # each inside sentinel memory with 16 extra rows per head (so stride_h is not N * D)
-    buffers = {"q": {"data": q, "pad_rows": 16}, "k": {"data": k, "pad_rows": 16}, "v": {"data": v, "pad_rows": 16},
-               "o": {"shape": list(q.shape), "output": True, "pad_rows": 16}}
-    args = [["buf", b, None] for b in "qkvo"] + [["dev", t] for t in lists] + [["stride", "o", 0], ["stride", "o", 1]]
+    tensors, strides = {"q": q, "k": k, "v": v, "o": q.shape}, ["o"]
+    allowed = dict.fromkeys("kv", blocks_allowed(visit, bn, q.shape))
+    budget = attention_budget(q.shape, sum(block_rows(j, bn, n) for j in visit.nonzero()[:, 2].tolist()))
     if mask is not None:
-        buffers["mask"] = {"data": mask.to(torch.int8), "pad_rows": mask_pad[0], "pad_cols": mask_pad[1]}
-        args = args[:4] + [["buf", "mask", None]] + args[4:] + [["stride", "mask", 0], ["stride", "mask", 1]]
-    args += [["val", n], ["val", nqb], ["val", nkb], ["val", scale]]
+        tensors["mask"], strides = mask.to(torch.int8), ["o", "mask"]
+        allowed["mask"] = _mask_allowed(partial, bm, bn, n)
+        budget["mask"] = (int(_tiles(partial, bm, bn, n, n).sum()), 0)
+    buffers, args = attention_launch(tensors, {**dict.fromkeys("qkvo", 16), "mask": (3, 5)}, strides,
+                                     [n, nqb, nkb, scale], lists)
     return Launch(label, buffers, (nqb, bh), args, {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, {"o": want},
-                  inputs, names, budget)
+                  inputs, names, budget, allowed)
+
+
+def _mask_allowed(partial, bm, bn, n):
+    """allowed(program) of MASK (BH, N, N): program (pid_m, pid_h) may read its own rows of its partial blocks."""
+    def allowed(program):
+        pid_m, pid_h = program[:2]
+        out = torch.zeros(partial.shape[0], n, n, dtype=torch.bool)
+        out[pid_h, pid_m * bm:(pid_m + 1) * bm] = partial[pid_h, pid_m].repeat_interleave(bn)[:n]
+        return out
+    return allowed
 
 
 def _tiles(x, bm, bn, n_q, n_k):
@@ -270,77 +284,11 @@ def _tiles(x, bm, bn, n_q, n_k):
     return specs.block_to_element_mask(x, (bm, bn), n_q, n_k)
 
 
-def _rows_in(j, bn, n):
-    return max(0, min(n, (j + 1) * bn) - j * bn)
-
-
-def _stray_loads(loaded, allowed, what, outside="from key blocks its lists leave out"):
-    """None when every program loaded only elements ``allowed`` for it, else a sentence.
-
-    loaded: {program: bool (BH, ...)} from run_guarded; allowed(pid_m, pid_h) -> bool of the same shape;
-    outside: where the stray elements of the program's own head lie, in words.
-    """
-    for program, seen in sorted(loaded.items()):
-        pid_m, pid_h = program[0], program[1]
-        extra = seen & ~allowed(pid_m, pid_h)
-        if extra.any():
-            where = outside if extra.sum() == extra[pid_h].sum() else "from other heads"
-            return f"program (pid_m={pid_m}, pid_h={pid_h}) loaded {int(extra.sum())} element(s) of `{what}` {where}"
-    return None
-
-
-def _kv_allowed(case, visit):
-    """[(buffer, allowed(pid_m, pid_h), where, mistake)] for K and V: the rows of the key blocks ``visit``
-    (BH, n_qb, n_kb) lists."""
-    bh, n, d = case.inputs[0].shape
-    bn = case.constexprs["BLOCK_N"]
-
-    def allowed(pid_m, pid_h):
-        out = torch.zeros(bh, n, d, dtype=torch.bool)
-        out[pid_h] = visit[pid_h, pid_m].repeat_interleave(bn)[:n, None]
-        return out
-    return [(name, allowed, "from key blocks its lists leave out", LOADS_SKIPPED) for name in ("k", "v")]
-
-
-def _kv_budget(visit, bm, bn, n, d, bh, element_size=4):
-    """Bytes a correct kernel moves: Q once, each visited K/V block once per query block, O once."""
-    kv = sum(_rows_in(j, bn, n) for j in visit.nonzero()[:, 2].tolist()) * d * element_size
-    qo = bh * n * d * element_size
-    return {"q": (qo, 0), "k": (kv, 0), "v": (kv, 0), "o": (0, qo)}
-
-
 LOADS_SKIPPED = Mistake(
     "loads-skipped-blocks", "the kernel loads K/V blocks its lists leave out: the output is right, but a kernel that "
     "loads every block and masks the scores afterwards moves as many bytes as dense attention. Loop over the list "
     "(for i in range(0, num): j = tl.load(indices + ...)) and load K and V of block j only", None)
 
-
-def _measured_kernel(table, allowed, checked, on_fail=lambda learner, case, exc: None):
-    """The measurement of a kernel part: each of ``table``'s launches through :func:`engine.launch`, then what
-    each program loaded held to ``allowed(case)`` [(buffer, allowed(pid_m, pid_h), where stray elements lie,
-    Mistake)] and the traffic to the launch's budget. ``on_fail(learner, case, exc)`` diagnoses a failed launch
-    further; ``checked``: what the message adds when the launches were traced."""
-    def measure(learner):
-        cases, traced = table.launches(), True
-        for case in cases:
-            rules = allowed(case)
-            loads, traffic = {buffer: None for buffer, *_ in rules}, {}
-            try:
-                launch(learner, table, case, traffic, loads)
-            except (NotDone, NotAccepted):
-                raise
-            except Fail as exc:
-                on_fail(learner, case, exc)
-                raise
-            for buffer, ok, outside, mistake in rules:
-                why = loads[buffer] is not None and _stray_loads(loads[buffer], ok, buffer.upper(), outside)
-                if why:
-                    raise Fail(f"`{table.name}` on {case.label}: {why}", [mistake])
-            traced = check_traffic(table.name, case.label, traffic, case.budget, says=table.budget_says) and traced
-        return table.says.format(n=len(cases)) + (checked if traced else "; which blocks are loaded, and the byte "
-                                                  "budget, are checked only in Triton's interpreter (CPU): skipped "
-                                                  "on this GPU")
-    return measure
 
 # ---------------------------------------------------------------------------------------
 # Part (b): the block-skipping loop
@@ -449,14 +397,14 @@ def _sparse_launches():
         out.append(_attention_launch(f"BH={bh}, N={n}, D={d}, BLOCK_M={bm}, BLOCK_N={bn}, {kind} block lists, "
                                      f"scale={scale}", q, k, v, specs.block_lists(visit), scale, bm, bn, want,
                                      (q, k, v, scale, visit, bm, bn),
-                                     ("Q", "K", "V", "scale", "visited blocks", "BLOCK_M", "BLOCK_N"),
-                                     _kv_budget(visit, bm, bn, n, d, bh)))
+                                     ("Q", "K", "V", "scale", "visited blocks", "BLOCK_M", "BLOCK_N"), visit))
     return out
 
 
 _SPARSE = Kernel("block_sparse_fwd_kernel", _sparse_launches, _SPARSE_MISTAKES, uses_dot=True,
                  says="{n} launches match block_sparse_reference (random, windowed and empty lists, ragged N)",
-                 budget_says="Q read once, each listed K/V block once per query block that lists it, O written once")
+                 budget_says="Q read once, each listed K/V block once per query block that lists it, O written once",
+                 stray_loads=dict.fromkeys("kv", LOADS_SKIPPED), loads_says="K and V of the blocks its lists name only")
 
 
 # ---------------------------------------------------------------------------------------
@@ -529,13 +477,11 @@ def _flex_launch(label, q, k, v, e, lists, bm, bn, want=None):
     """flex_fwd_kernel on (BH, N, D) inputs, the (BH, N, N) element mask ``e`` and torch's ``lists``."""
     bh, n, d = q.shape
     partial, full = _dense_lists(lists, bh)
-    budget = _kv_budget(partial | full, bm, bn, n, d, bh)
-    budget["mask"] = (int(_tiles(partial, bm, bn, n, n).sum()), 0)  # int8: one byte per element of a partial tile
     flat = [t.reshape(bh, *t.shape[2:]).to(torch.int32).contiguous() for t in lists]
     return _attention_launch(label, q, k, v, flat, d ** -0.5, bm, bn, want,
                              (q, k, v, d ** -0.5, e, partial, full, bm, bn),
                              ("Q", "K", "V", "scale", "MASK", "partial blocks", "full blocks", "BLOCK_M", "BLOCK_N"),
-                             budget, mask=e)
+                             partial | full, e, partial)
 
 
 def _flex_launches():
@@ -565,27 +511,14 @@ def _flex_launches():
     return out
 
 
-def _flex_allowed(case):
-    """K and V in the listed blocks only, MASK in the partial ones only."""
-    q, partial, full, bm, bn = (case.inputs[i] for i in (0, 5, 6, 7, 8))
-    n = q.shape[1]
-
-    def mask_allowed(pid_m, pid_h):
-        out = torch.zeros(partial.shape[0], n, n, dtype=torch.bool)
-        rows = torch.zeros(n, dtype=torch.bool)
-        rows[pid_m * bm:(pid_m + 1) * bm] = True
-        out[pid_h] = rows[:, None] & partial[pid_h, pid_m].repeat_interleave(bn)[:n][None, :]
-        return out
-    return _kv_allowed(case, partial | full) + [("mask", mask_allowed, "outside its partial blocks", MASK_FOR_FULL)]
-
-
 def _flex_failure(learner, case, exc):
     """A failed launch, diagnosed further: MASK's rows read n_ctx apart (the kernel is right when they are), or
     NaN where flex_attention's output is finite."""
     if any(m.key == "out-of-bounds-load" for m in exc.mistakes):
         contiguous = {**case.buffers, "mask": {"data": case.buffers["mask"]["data"]}}
         try:
-            launch(learner, _FLEX, dataclasses.replace(case, buffers=contiguous))
+            launch(learner, dataclasses.replace(_FLEX, failure_diagnosis=None),
+                   dataclasses.replace(case, buffers=contiguous))
         except Fail:
             return
         exc.mistakes = [MASK_STRIDE_IGNORED]  # its "stray" loads are MASK's own padding, read as rows
@@ -602,7 +535,9 @@ _FLEX = Kernel("flex_fwd_kernel", _flex_launches, _FLEX_MISTAKES, uses_dot=True,
                says="{n} launches match torch's flex_attention (sliding window, prefix-LM, documents, padding rows "
                     "that see nothing; ragged N)",
                budget_says="Q read once, each listed K/V block and each MASK tile of a partial block once, O written "
-                           "once")
+                           "once", stray_loads={"k": LOADS_SKIPPED, "v": LOADS_SKIPPED, "mask": MASK_FOR_FULL},
+               loads_says="K and V of the blocks its lists name only, MASK of its partial blocks only",
+               failure_diagnosis=_flex_failure)
 
 
 # ---------------------------------------------------------------------------------------
@@ -618,7 +553,7 @@ def _model_point(w, n, d, block_size):
     lists = _torch_lists("sliding_window", w, 1, 1, n, n, block_size)
     partial, full = _dense_lists(lists, 1)
     visit = partial | full
-    kv = 2 * sum(_rows_in(j, block_size, n) for j in visit.nonzero()[:, 2].tolist()) * d * 4
+    kv = 2 * sum(block_rows(j, block_size, n) for j in visit.nonzero()[:, 2].tolist()) * d * 4
     e = _element_mask("sliding_window", w, 1, 1, n, n)[0, 0]
     mask_bytes = int(_tiles(partial, block_size, block_size, n, n).sum())
     lists_bytes = 4 * (2 * visit.shape[1] + int(visit.sum()))
@@ -700,12 +635,7 @@ def _measure_experiment(learner):
 # right blocks is told apart from wrong blocks
 TABLES = {
     "flex-block-mask": Measured("function", _measure_block_mask, {"block_mask_for": _BLOCK_MASK_MISTAKES}),
-    "block-sparse-loop": Measured("kernel", _measured_kernel(_SPARSE, lambda case: _kv_allowed(case, case.inputs[4]),
-                                                             ", with no K or V load outside the lists and each "
-                                                             "visited block loaded once"),
-                                  {"block_sparse_fwd_kernel": _SPARSE_MISTAKES}),
-    "partial-blocks": Measured("kernel", _measured_kernel(_FLEX, _flex_allowed, ", reading MASK only in partial "
-                                                          "blocks and K/V only in listed blocks, each once",
-                                                          _flex_failure), {"flex_fwd_kernel": _FLEX_MISTAKES}),
+    "block-sparse-loop": _SPARSE,
+    "partial-blocks": _FLEX,
     "bytes-vs-density": Measured("experiment", _measure_experiment, {"bytes_against_density": _EXPERIMENT_MISTAKES}),
 }
