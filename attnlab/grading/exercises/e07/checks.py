@@ -24,18 +24,14 @@ matmul FLOPs are also counted, as feedback.
 
 import math
 import numbers
-from dataclasses import replace
 
 import torch
 
-from attnlab.grading import engine
-from attnlab.grading.core import (Fail, Mistake, NotAccepted, NotDone, case_line, check_function,
-                                  check_with_gradients, diagnose, each_result, gen as _gen, learner_of, mismatch,
-                                  present, randn as _randn, value_of)
+from attnlab.grading.core import (Fail, Mistake, case_line, check_function, check_with_gradients, diagnose,
+                                  each_result, gen as _gen, learner_of, mismatch, present, randn as _randn, value_of)
 from attnlab.grading.engine import Function, Kernel, Launch, Measured
 from attnlab.grading.exercises.e07 import spec as specs
-from attnlab.grading.kernel_check import cdiv, check_traffic
-from attnlab.grading.sandbox.agent import device as _device
+from attnlab.grading.kernel_check import attention_launch, cdiv
 from attnlab.grading.sandbox.footprint import measured_call, peak_growth
 from attnlab.tiled import tiled_attention
 
@@ -462,8 +458,8 @@ def _measure_tiled_backward(learner):
 
 
 # ----------------------------------------------------------------------------- the kernels
-# (flash-kernel-loop, dkdv-kernel). Each launch is engine.launch's; what a part measures besides (the causal skip
-# in the traffic, the TF32 diagnosis on a GPU, this exercise's words for ignored strides) is _measure_kernel's.
+# (flash-kernel-loop, dkdv-kernel): Kernel rows, held to float32's tolerance on a GPU too (a failure that TF32's
+# passes is named tf32-dot), their stride diagnosis in this exercise's words, the causal skip read from the traffic
 
 IGNORES_STRIDES = Mistake("ignores-strides", "the kernel is right on contiguous tensors but not on the grader's, "
                           "whose rows are padded: address each tensor with its own strides (offs_n[:, None] * "
@@ -480,62 +476,26 @@ def _with_scale(q, k, v, causal, scale):
     return o[:, 0], lse[:, 0]
 
 
-def _launch_of(label, case, names, inputs, outputs, pads, strided, block, budget, want):
+def _launch_of(label, case, names, tensors, pads, strided, block, budget, want):
     """A :class:`Launch` of one of this exercise's kernels on ``case`` (Q, ..., CAUSAL, scale, BLOCK_M, BLOCK_N):
-    ``inputs`` {buffer: tensor} then ``outputs`` {buffer: shape}, each padded by ``pads`` (rows, columns) so that
-    its strides are its own; the arguments are the buffers in that order, the batch and row strides of ``strided``,
+    ``tensors`` {buffer: an input, or an output's shape}, each padded by ``pads`` (rows, columns) so that its
+    strides are its own; the arguments are the buffers in that order, the batch and row strides of ``strided``,
     L's batch stride, N and the scale; one program per ``block`` rows and batch entry."""
     (b, n, d), (causal, scale, bm, bn) = case[0].shape, case[-4:]
-    buffers = {**{k: {"data": t} for k, t in inputs.items()},
-               **{k: {"shape": list(s), "output": True} for k, s in outputs.items()}}
-    for key, (rows, cols) in pads.items():
-        buffers[key].update(pad_rows=rows, pad_cols=cols)
-    args = ([["buf", x, None] for x in buffers] + [["stride", x, dim] for x in strided for dim in (0, 1)]
-            + [["stride", "l", 0], ["val", n], ["val", scale]])
+    buffers, args = attention_launch(tensors, pads, [*strided, ("l", 0)], [n, scale])
     return Launch(label, buffers, (cdiv(n, block), b), args,
                   {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal}, want, case, names,
                   budget(b, n, d, causal, bm, bn))
 
 
-def _launch(learner, table, case, traffic):
-    """:func:`attnlab.grading.engine.launch`, its stride diagnosis in this exercise's words; on a GPU, a failure
-    that TF32's tolerance (``uses_dot``) passes is tl.dot in TF32."""
-    try:
-        return engine.launch(learner, table, case, traffic)
-    except (NotDone, NotAccepted):
-        raise
-    except Fail as exc:
-        exc.mistakes = [IGNORES_STRIDES if m.key == engine.STRIDE_IGNORED.key else m for m in exc.mistakes]
-        if _device() == "cuda" and " raised " not in exc.message:
-            try:
-                engine.launch(learner, replace(table, mistakes=(), uses_dot=True), case)
-            except Fail:
-                pass
-            else:
-                exc.mistakes.append(TF32)
-        raise
-
-
-def _measure_kernel(table, buffer, budget, not_skipped, says):
-    """A kernel part's measurement: ``table``'s launches, each within its budget; with CAUSAL, loading as many
-    bytes of ``buffer`` as a non-causal launch (``budget(b, n, d, causal, bm, bn)``) is ``not_skipped``."""
-    def measure(learner):
-        launches = table.launches()
-        traced = True
-        for case in launches:
-            traffic = {}
-            _launch(learner, table, case, traffic)
-            c = case.constexprs
-            b, n, d = case.inputs[0].shape
-            full = budget(b, n, d, False, c["BLOCK_M"], c["BLOCK_N"])[buffer][0]
-            loaded = traffic.get(buffer, {}).get("load_bytes", 0)
-            extra = [not_skipped] if c["CAUSAL"] and loaded >= full > case.budget[buffer][0] else []
-            traced = check_traffic(table.name, case.label, traffic, case.budget, extra, says=table.budget_says) \
-                and traced
-        tail = (f"; each within its byte budget ({table.budget_says})" if traced else
-                "; traffic not checked: on a GPU the kernel is not traced (it is in Triton's interpreter)")
-        return f"{len(launches)} launches match {says}{tail}"
-    return measure
+def _not_skipped(buffer, budget, mistake):
+    """A traffic diagnosis: with CAUSAL, loading as many bytes of ``buffer`` as a non-causal launch
+    (``budget(b, n, d, False, bm, bn)``) is ``mistake``."""
+    def diagnosis(case, traffic):
+        c, (b, n, d) = case.constexprs, case.inputs[0].shape
+        full = budget(b, n, d, False, c["BLOCK_M"], c["BLOCK_N"])[buffer][0]
+        return [mistake] if c["CAUSAL"] and traffic[buffer]["load_bytes"] >= full > case.budget[buffer][0] else []
+    return diagnosis
 
 
 # ----------------------------------------------------------------------------- flash-kernel-loop
@@ -557,9 +517,9 @@ def _flash_launches():
         label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, scale={sc}, BLOCK_M={bm}, BLOCK_N={bn}"
                  + (" with large scores" if amp > 1 else "") + (", N < BLOCK" if n < bm else
                                                                  ", a partial last block" if n % bn or n % bm else ""))
-        launches.append(_launch_of(label, (q, k, v, causal, sc, bm, bn), _FWD_NAMES, {"q": q, "k": k, "v": v},
-                                   {"o": (b, n, 16), "l": (b, n)}, _FLASH_PADS, "qkvo", bm, _forward_budget,
-                                   {"o": o, "l": lse}))
+        launches.append(_launch_of(label, (q, k, v, causal, sc, bm, bn), _FWD_NAMES,
+                                   {"q": q, "k": k, "v": v, "o": (b, n, 16), "l": (b, n)}, _FLASH_PADS, "qkvo", bm,
+                                   _forward_budget, {"o": o, "l": lse}))
     return launches
 
 
@@ -599,8 +559,10 @@ NOT_SKIPPED = Mistake("causal-blocks-not-skipped", "with CAUSAL the loop still l
                       "diagonal: a query block ending at row r needs keys < min(r + 1, N) only, so stop the loop "
                       "there (the numbers are right, the bytes are not)", None)
 _FLASH = Kernel("flash_fwd_kernel", _flash_launches, _FLASH_MISTAKES,
+                says="{n} launches match O and L (causal, partial blocks, N < BLOCK, large scores)",
                 budget_says="Q read once, K and V once per query block (with CAUSAL only the blocks on or below the "
-                "diagonal), O and L written once")
+                "diagonal), O and L written once", traffic_diagnosis=_not_skipped("k", _forward_budget, NOT_SKIPPED),
+                tf32=TF32, stride_mistake=IGNORES_STRIDES)
 
 
 # ----------------------------------------------------------------------------- dkdv-kernel
@@ -622,8 +584,8 @@ def _dkdv_launches():
         label = (f"B={b}, N={n}, HEAD_DIM=16, causal={causal}, scale={sc}, BLOCK_M={bm}, BLOCK_N={bn}"
                  + (", a partial last block" if n % bm or n % bn else ""))
         launches.append(_launch_of(label, (q, k, v, do, causal, sc, bm, bn), ("Q", "K", "V", "DO", *_FWD_NAMES[3:]),
-                                   {"q": q, "k": k, "v": v, "do": do, "l": lse, "d": (do * o).sum(-1)},
-                                   {"dk": (b, n, 16), "dv": (b, n, 16)}, _DKDV_PADS, ("q", "k", "v", "do"), bn,
+                                   {"q": q, "k": k, "v": v, "do": do, "l": lse, "d": (do * o).sum(-1),
+                                    "dk": (b, n, 16), "dv": (b, n, 16)}, _DKDV_PADS, ("q", "k", "v", "do"), bn,
                                    _dkdv_budget, {"dk": kk.grad, "dv": vv.grad}))
     return launches
 
@@ -672,9 +634,11 @@ _DKDV_MISTAKES = [
 NOT_SKIPPED_BWD = Mistake("causal-blocks-not-skipped", "with CAUSAL a key block starting at key c is seen only by "
                           "queries i >= c: start the loop at the query block that holds row c, "
                           "(c // BLOCK_M) * BLOCK_M, instead of 0", None)
-_DKDV = Kernel("flash_bwd_dkdv_kernel", _dkdv_launches, _DKDV_MISTAKES,
+_DKDV = Kernel("flash_bwd_dkdv_kernel", _dkdv_launches, _DKDV_MISTAKES, says="{n} launches match dK and dV",
                budget_says="K and V read once, Q, dO, L and D once per key block (with CAUSAL only from the first "
-               "query block that sees it), dK and dV written once")
+               "query block that sees it), dK and dV written once",
+               traffic_diagnosis=_not_skipped("q", _dkdv_budget, NOT_SKIPPED_BWD), tf32=TF32,
+               stride_mistake=IGNORES_STRIDES)
 
 
 # ----------------------------------------------------------------------------- traffic-experiment
@@ -755,12 +719,9 @@ TABLES = {
                                       _ONLINE_MISTAKES, says="{n} cases match the spec, including the first block"),
     "tiled-forward": Measured("peak-memory", _measure_tiled_forward, {
         "tiled_attention_forward": _OUT_MISTAKES + _LSE_MISTAKES, "flash_attention_pytorch": _FUNCTION_MISTAKES}),
-    "flash-kernel-loop": Measured("kernel", _measure_kernel(
-        _FLASH, "k", _forward_budget, NOT_SKIPPED, "O and L (causal, partial blocks, N < BLOCK, large scores)"),
-        {"flash_fwd_kernel": _FLASH_MISTAKES}),
+    "flash-kernel-loop": _FLASH,
     "traffic-experiment": Measured("experiment", _measure_traffic, {"forward_traffic": _TRAFFIC_MISTAKES}),
     "tiled-backward": Measured("peak-memory", _measure_tiled_backward, {
         "tiled_attention_backward": _DIRECT_MISTAKES, "flash_attention_pytorch": _BACKWARD_MISTAKES}),
-    "dkdv-kernel": Measured("kernel", _measure_kernel(_DKDV, "q", _dkdv_budget, NOT_SKIPPED_BWD, "dK and dV"),
-                            {"flash_bwd_dkdv_kernel": _DKDV_MISTAKES}),
+    "dkdv-kernel": _DKDV,
 }
