@@ -10,8 +10,9 @@ that reads them. Four kinds:
   part);
 - :class:`Gradients`: the same, and the gradients of chosen inputs, backpropagated from a given output gradient;
 - :class:`Kernel`: the learner's ``@triton.jit`` kernel, launched by the grader (its grid, block sizes and
-  sentinel-guarded buffers; :mod:`attnlab.grading.kernel_check`), its outputs compared with the reference and its
-  traced traffic held to the budget of each launch;
+  sentinel-guarded buffers; :mod:`attnlab.grading.kernel_check`), its outputs compared with the reference and, in
+  the interpreter, its traced traffic held to the budget of each launch and each program's loads to what it may
+  load;
 - :class:`Measured`: what only a measurement of the grader's own shows (an experiment reproduced on salted
   parameters, peak memory, a process group's traffic): ``measure(learner) -> message``, with the known mistakes
   it names by the learner's function each list stands for.
@@ -126,9 +127,8 @@ class Kernel:
 class Measured:
     """A part whose technique or result only a measurement of the grader's own shows.
 
-    ``kind``: "experiment", "peak-memory", "process-group", "kernel" (a kernel part whose measurement is more
-    than a budget of bytes per buffer) or "function" (a function part that feeds the learner's outputs back in, or
-    says what its results mean); ``measure(learner) -> message`` raises :class:`attnlab.grading.core.Fail`;
+    ``kind``: "experiment", "peak-memory", "process-group" or "function" (a function part that feeds the
+    learner's outputs back in, or says what its results mean; a kernel part is a :class:`Kernel`); ``measure(learner) -> message`` raises :class:`attnlab.grading.core.Fail`;
     ``mistakes``: {the learner's function a list stands for: [Mistake]}, or {"(why no function)": [Mistake]} for
     a list that stands for none (tests/test_every_mistake.py reads them)."""
 
