@@ -175,29 +175,39 @@ def _other_values(case, g=None):
     return {k: _other_values(v, g) for k, v in case.items()} if isinstance(case, dict) else case
 
 
-def peak_growth(learner, name, case, label, what, grad=None, spec=None):
-    """The peak memory growth (bytes) of one call of the learner's ``name`` on ``case``, after one unmeasured call
-    on other values of the same shapes (the allocator grows on a first call; the process gives its free heap back at
-    the end of every call request, :func:`attnlab.grading.sandbox.agent.handle`, so memory freed earlier cannot hide this
-    call's). With ``spec``, the measured call's result must be right too: a result remembered from the first call
-    is not this one. Raises Fail when the call fails or the growth cannot be measured: a part that asks for a
-    measured property (``what``: "that no N x N matrix is held") is never credited unmeasured."""
+def peak_growth(learner, name, case, label, what, grad=None, spec=None, second=None, limit=None):
+    """The peak memory growth (bytes) of a call of the learner's ``name`` on ``case``, after one unmeasured call on
+    other values of the same shapes (the allocator grows on a first call; the process gives its free heap back at
+    the end of every call request, :func:`attnlab.grading.sandbox.agent.handle`, so memory freed earlier cannot hide
+    this call's). It is measured twice, on ``case`` and on values no earlier call saw (``second``, a case of the same
+    shapes where the values must keep a domain; default: fresh random values) where the first grows by more than
+    ``limit`` (always, without one), and the smaller growth is the call's: a one-off allocation of the process
+    while one call ran (a thread's first heap) is not the call's, and each call must compute its own result to be
+    small. With ``spec``, each measured call's result must be right
+    too: a result remembered from an earlier call is not this one. Raises Fail when a call fails or the growth
+    cannot be measured: a part that asks for a measured property (``what``: "that no N x N matrix is held") is never
+    credited unmeasured."""
     from attnlab.grading.core import Fail, clone, mismatch, present, value_of
 
     learner_of(learner).call(name, [_other_values(case)], grad=grad)
-    reply, cost = measured_call(learner, name, case, grad=grad, flops=False)
-    present(reply, name)
-    got = value_of((reply.get("results") or [{"raised": "no result"}])[0], name, label)
-    if spec is not None and grad is None:
-        why = mismatch(got, spec(*clone(case[0]), **clone(case[1])), rtol=1e-3, atol=1e-4)
-        if why:
-            raise Fail(f"`{name}` on {label}: the call whose memory the grader measured returned a wrong result "
-                       f"({why}); a result kept from an earlier call is not this call's")
-    if cost["peak_bytes"] is None:
-        raise Fail(f"`{name}`: the grader could not measure the peak memory of the process your code ran in (no "
-                   f"cgroup and no readable /proc/PID/status here), so it cannot tell {what}; the part scores 0 on "
-                   f"this machine")
-    return cost["peak_bytes"]
+    peaks = []
+    for measured in (case, _other_values(case) if second is None else second):
+        reply, cost = measured_call(learner, name, measured, grad=grad, flops=False)
+        present(reply, name)
+        got = value_of((reply.get("results") or [{"raised": "no result"}])[0], name, label)
+        if spec is not None and grad is None:
+            why = mismatch(got, spec(*clone(measured[0]), **clone(measured[1])), rtol=1e-3, atol=1e-4)
+            if why:
+                raise Fail(f"`{name}` on {label}: a call whose memory the grader measured returned a wrong result "
+                           f"({why}); a result kept from an earlier call is not this call's")
+        if cost["peak_bytes"] is None:
+            raise Fail(f"`{name}`: the grader could not measure the peak memory of the process your code ran in (no "
+                       f"cgroup and no readable /proc/PID/status here), so it cannot tell {what}; the part scores 0 "
+                       f"on this machine")
+        peaks.append(cost["peak_bytes"])
+        if limit is not None and peaks[-1] <= limit:
+            break
+    return min(peaks)
 
 
 class _UndefinedOther:

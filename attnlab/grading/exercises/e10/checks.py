@@ -210,7 +210,7 @@ CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per qu
 def _peak_within(learner, name, args, label, what, where, mistake):
     """Fail naming ``mistake`` when the peak memory of one call of ``name`` on ``args`` grows by more than
     PEAK_LIMIT, or cannot be measured (attnlab/grading/sandbox/footprint.py); ``where``: what the sizes would be."""
-    peak = peak_growth(learner, name, [args, {}], label, what, spec=getattr(specs, name))
+    peak = peak_growth(learner, name, [args, {}], label, what, spec=getattr(specs, name), limit=PEAK_LIMIT)
     if peak > PEAK_LIMIT:
         raise Fail(f"`{name}` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during the call, "
                    f"where {where}", [mistake])

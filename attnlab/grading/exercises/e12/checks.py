@@ -433,8 +433,10 @@ def _measure_chunked(learner):
     B, H, N, dk, dv, C = PEAK_CASE
     q, k, v, beta, gates, _ = _delta_inputs(_gen(12_390), B, H, N, dk, dv, "mild")
     label = f"B={B}, H={H}, N={N}, d_k=d_v={dk}, chunk_size={C}"
+    second = _delta_inputs(_gen(12_391), B, H, N, dk, dv, "mild")[:5]
     peak = peak_growth(learner, "delta_chunkwise", [(q, k, v, beta, gates, C), {}], label,
-                       "that no N x N matrix and no state per token is held", spec=specs.delta_chunkwise_fast)
+                       "that no N x N matrix and no state per token is held", spec=specs.delta_chunkwise_fast,
+                       second=[(*second, C), {}], limit=PEAK_LIMIT)
     if peak > PEAK_LIMIT:
         raise Fail(f"`delta_chunkwise` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during the "
                    f"call, where an N x N matrix is {4 * N * N / 2**20:.0f} MiB, a state per token "
