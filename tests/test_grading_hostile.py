@@ -139,7 +139,8 @@ def test_an_experiment_s_numbers_written_as_the_formula_score_nothing(graded):
     assert parts["decode-bytes"]["points"] == 0
     assert "never uses `attnlab.memory.trace`" in parts["decode-bytes"]["feedback"]
     parts = _parts(graded["reports"]["shortcut_collective_11.ipynb"])
-    assert parts["comm-bytes"]["points"] == 0 and "never uses `ring_step`" in parts["comm-bytes"]["feedback"]
+    assert parts["comm-bytes"]["points"] == 0 and parts["comm-bytes"]["diagnosis"] == ["ring-row-not-from-ring-step"], \
+        parts["comm-bytes"]   # the tap saw no ring_step call behind the ring's row (the syntax rule says so too)
 
 
 def test_a_required_function_called_for_show_earns_nothing(graded):
