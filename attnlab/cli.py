@@ -16,9 +16,9 @@ from importlib import import_module
 COMMANDS = {
     "doctor": ("attnlab.doctor", "check the environment and say how to fix what is wrong"),
     "lab": ("attnlab.lab", "open JupyterLab on the lessons"),
-    "generate": ("attnlab.grading.commands.generate", "write exercises/ from solutions/ (instructors)"),
+    "generate": ("attnlab.course.generate", "write exercises/ from solutions/ (instructors)"),
     "grade": ("attnlab.grading.commands.grade", "grade exercise notebooks and print a score report"),
-    "start": ("attnlab.grading.commands.workspace", "copy the exercises into your own working folder"),
+    "start": ("attnlab.course.start", "copy the exercises into your own working folder"),
     "progress": ("attnlab.grading.commands.progress", "show which exercise parts pass in your working folder"),
     "checkpoints": ("attnlab.pretrained", "retrain the small models that ship with the course"),
     "gpt-checkpoint": ("attnlab.capstone", "retrain lesson 09's GPT on the standard library's source"),

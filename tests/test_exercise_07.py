@@ -633,20 +633,20 @@ def test_the_tracer_is_allowed_where_attnlab_kernels_are_forbidden():
 
 
 def test_hints_are_wrapped_like_the_rest_of_the_feedback(capsys):
-    from attnlab.grading import checks
+    from attnlab.course import hints as course_hints
     from attnlab.grading.feedback import WIDTH
 
-    checks._HINTS_SHOWN.pop("tiled-forward", None)
+    course_hints._SHOWN.pop("tiled-forward", None)
     words = []
     for _ in range(4):  # the three hints, then the last one again
-        checks.hint("tiled-forward")
+        course_hints.hint("tiled-forward")
         out = capsys.readouterr().out
         assert all(len(line) <= WIDTH for line in out.splitlines()), out
         words.append(out.split())
-    hints = __import__("attnlab.grading.exercises.e07", fromlist=["HINTS"]).HINTS["tiled-forward"]
+    hints = course_hints.all_hints()["tiled-forward"]
     assert max(len(h) for h in hints) > WIDTH                      # there was something to wrap
     assert all(" ".join(hints[i].split()) in " ".join(w) for i, w in enumerate(words[:3]))  # no word lost
-    checks._HINTS_SHOWN.pop("tiled-forward", None)
+    course_hints._SHOWN.pop("tiled-forward", None)
 
 
 def test_a_nan_byte_count_is_not_within_the_tolerance():

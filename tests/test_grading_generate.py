@@ -7,8 +7,9 @@ import nbformat
 import pytest
 
 from attnlab.cli import main as cli
-from attnlab.grading.commands import generate, progress
-from attnlab.grading.course import find_course
+from attnlab.course import generate
+from attnlab.grading.commands import progress
+from attnlab.course import find_course
 from attnlab.grading.parts import TABLE, exercises, points
 
 ROOT = Path(__file__).resolve().parents[1]

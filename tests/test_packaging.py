@@ -88,6 +88,7 @@ def test_wheel_ships_kernels_as_attnlab_kernels(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "attnlab/kernels/__init__.py" in names
     assert "attnlab/constraints.txt" in names
+    assert "attnlab/course/hints/01_soft_alignment.md" in names  # hint() reads them from the package
     assert not any(n.startswith("kernels/") for n in names), "kernels/ must ship inside attnlab/"
 
     venv = tmp_path / "venv"

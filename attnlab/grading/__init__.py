@@ -1,4 +1,5 @@
-"""Grading: exercises generated from solutions, inline checks, the grader and working copies.
+"""Grading: inline checks and the grader (exercises generated from solutions, working copies and hints:
+:mod:`attnlab.course`).
 
 In an exercise notebook::
 
@@ -15,7 +16,11 @@ __all__ = ["check", "hint", "run_check"]
 
 def __getattr__(name):
     # imported on first use: the CLI (grade, start, progress) must not pay for torch
-    if name in ("check", "hint", "run_check"):
+    if name == "hint":  # course text, not grading: attnlab/course/hints/
+        from attnlab.course.hints import hint
+
+        return hint
+    if name in ("check", "run_check"):
         from attnlab.grading import checks
 
         return getattr(checks, name)

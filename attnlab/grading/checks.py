@@ -1,4 +1,4 @@
-"""``check(part)`` and ``hint(part)`` for notebooks, and ``run_check`` for the grader.
+"""``check(part)`` for notebooks, and ``run_check`` for the grader (``hint(part)``: :mod:`attnlab.course.hints`).
 
 ``check("attention-masks")`` finds the learner's function in the notebook (the caller's
 namespace), runs it against the exercise's reference (``attnlab/grading/exercises/eNN/spec.py``)
@@ -19,8 +19,7 @@ import sys
 
 from attnlab.grading import core, engine
 from attnlab.grading.core import LocalLearner, learner_of, run_part
-from attnlab.grading.feedback import wrap
-from attnlab.grading.parts import HINTS, MANUAL, PACKAGE, TABLE, either, exercises, forbidden, info, required
+from attnlab.grading.parts import MANUAL, PACKAGE, TABLE, either, exercises, forbidden, info, required
 
 
 # part id -> its row of the exercise package's table (id, title, points, names, kind), in notebook order
@@ -103,27 +102,4 @@ def check(part_id, namespace=None):
     print(result.report())
     if not result.passed and (os.environ.get("NBGRADER_EXECUTION") or os.environ.get("NBGRADER_VALIDATING")):
         raise AssertionError(result.report())
-    return None
-
-
-_HINTS_SHOWN = {}  # part id -> how many hints this kernel has shown
-
-
-def hint(part_id):
-    """Print the next hint of ``part_id`` (up to three, one more per call); returns None.
-
-    The hints go from where to start to nearly the answer's shape; none is the answer. Wrapped at word
-    boundaries to the width of the rest of the feedback (:func:`attnlab.grading.feedback.wrap`).
-    """
-    row = info(part_id)
-    hints = HINTS.get(part_id, [])
-    if not hints:
-        print(f"{part_id}: no hints for this part")
-        return None
-    shown = _HINTS_SHOWN.get(part_id, 0)
-    if shown >= len(hints):
-        print(wrap(f"{part_id}: all {len(hints)} hints shown; the last one again:\n  {shown}. {hints[-1]}"))
-        return None
-    _HINTS_SHOWN[part_id] = shown + 1
-    print(wrap(f"{part_id} ({row.title}), hint {shown + 1} of {len(hints)}:\n  {hints[shown]}"))
     return None

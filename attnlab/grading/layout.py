@@ -114,7 +114,7 @@ def _course_exercise(exercise):
     import nbformat
 
     try:
-        from attnlab.grading.course import find_course
+        from attnlab.course import find_course
 
         return nbformat.read(str(find_course() / "exercises" / f"{exercise}.ipynb"), as_version=4)
     except Exception:

@@ -11,7 +11,7 @@ from attnlab.grading.exercises import KINDS, PACKAGES, Part
 
 
 def _load():
-    table, package, forbidden, hints, allowed, required = {}, {}, {}, {}, {}, {}
+    table, package, forbidden, allowed, required = {}, {}, {}, {}, {}
     for name in PACKAGES:
         try:
             mod = importlib.import_module(f"attnlab.grading.exercises.{name}")
@@ -29,17 +29,16 @@ def _load():
             package[row.id] = name
         table[mod.EXERCISE] = rows
         forbidden.update(getattr(mod, "FORBIDDEN", {}))
-        hints.update(getattr(mod, "HINTS", {}))
         allowed.update(getattr(mod, "ALLOWED", {}))
         required.update(getattr(mod, "REQUIRED", {}))
-    return table, package, forbidden, hints, allowed, required
+    return table, package, forbidden, allowed, required
 
 
-# exercise -> [Part, ...] in notebook order; part id -> its package; part id -> forbidden patterns / hints /
+# exercise -> [Part, ...] in notebook order; part id -> its package; part id -> forbidden patterns /
 # library patterns the part may use after all (an experiment that trains the course's model: "attnlab.models.*");
 # part id -> {name: why}, the names its answer must read (the technique the part asks for: exercise 09's training
 # run through the given kernel_attention, an experiment that measures with trace rather than writing the formula)
-TABLE, PACKAGE, FORBIDDEN, HINTS, ALLOWED, REQUIRED = _load()
+TABLE, PACKAGE, FORBIDDEN, ALLOWED, REQUIRED = _load()
 
 # Parts graded by a person, not by `attnlab grade` (an nbgrader manually graded cell: a short written
 # explanation): reported as "manual" with no points, and left out of the score.

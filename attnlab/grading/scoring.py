@@ -67,7 +67,7 @@ def _identify(path, report):
     when it cannot be read, is no exercise, or is filed in another exercise's slot."""
     import nbformat
 
-    from attnlab.grading.commands.generate import BEGIN_HIDDEN, END_HIDDEN, _strip_region
+    from attnlab.course.generate import BEGIN_HIDDEN, END_HIDDEN, _strip_region
 
     try:
         with sandbox.open_notebook(path) as f:  # never through a symbolic link
@@ -135,7 +135,7 @@ def _run_and_check(path, nb, exercise, parts, owner, given, limits, cell_timeout
     import shutil
 
     from attnlab.grading.checks import PARTS, run_check
-    from attnlab.grading.commands.generate import check_ids
+    from attnlab.course.generate import check_ids
 
     check_cell, grade_at = {}, {}  # part -> the cell that calls its check (nbgrader's autograded cell), and back
     for i, cell in enumerate(nb.cells):
@@ -260,7 +260,7 @@ def _problem(status):
 
 def _manual_answer(nb, part):
     """The learner's written answer of the manual part ``part`` ("" when none is written)."""
-    from attnlab.grading.commands.generate import MANUAL_MARK
+    from attnlab.course.generate import MANUAL_MARK
 
     for cell in nb.cells:
         if cell.cell_type == "markdown" and (_grade_id(cell) == part or part in MANUAL_MARK.findall(cell.source)):

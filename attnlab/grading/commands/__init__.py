@@ -1,2 +1,3 @@
-"""The commands: ``attnlab generate`` (instructors), ``attnlab grade``, ``attnlab start`` and ``attnlab progress``,
-and nbgrader's and Gradescope's ends of ``attnlab grade`` (:mod:`attnlab.grading.commands.nbgrader`)."""
+"""The grader's commands: ``attnlab grade`` and ``attnlab progress``, and nbgrader's and Gradescope's ends of
+``attnlab grade`` (:mod:`attnlab.grading.commands.nbgrader`). The course's own (``generate``, ``start``) are in
+:mod:`attnlab.course`."""

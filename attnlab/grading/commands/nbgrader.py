@@ -78,7 +78,7 @@ def _is_course_source(folder):
     """True in the course checkout's own solutions/ folder (the source notebooks, run by nbval and by
     instructors): they are graded by the tests (tests/test_grading_notebooks.py), not once more here.
     A submission is never there: nbgrader grades in autograded/<student>/<assignment>/."""
-    from attnlab.grading.course import find_course
+    from attnlab.course import find_course
 
     try:
         course = find_course()

@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from attnlab.grading.commands.grade import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT, grade_in_subprocess
-from attnlab.grading.course import add_course_argument
-from attnlab.grading.commands.workspace import DEFAULT_DIR
+from attnlab.course import add_course_argument
+from attnlab.course.start import DEFAULT_DIR
 
 
 def _mark(part):
@@ -136,7 +136,7 @@ def run(args):
         print(f"attnlab progress: no exercise notebooks in {folder} (run `attnlab start` first)", file=sys.stderr)
         return 2
     try:
-        from attnlab.grading.course import find_course
+        from attnlab.course import find_course
 
         course = find_course(args.course)
     except FileNotFoundError:

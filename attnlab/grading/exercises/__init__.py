@@ -1,4 +1,4 @@
-"""The exercises, one package each: ``eNN/__init__.py`` (parts, forbidden calls, hints; light),
+"""The exercises, one package each: ``eNN/__init__.py`` (parts, forbidden calls; light),
 ``eNN/spec.py`` (the references) and ``eNN/checks.py`` (the checks).
 
 A part is one of three kinds:
@@ -10,7 +10,7 @@ A part is one of three kinds:
   ``<!-- manual: PART-ID -->`` and a solution region), reported as ``manual`` and never auto-scored.
 
 To add an exercise: a package here, its name in ``PACKAGES`` and in pyproject.toml's packages, and
-``solutions/NN_name.ipynb``. The packages share one layout on purpose: their part tables, hint lists and
+``solutions/NN_name.ipynb``. The packages share one layout on purpose: their part tables and
 known-mistake tables (``Mistake(key, message, wrong version of the reference)``) look alike from one exercise
 to the next, and each row is that exercise's own.
 """

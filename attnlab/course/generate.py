@@ -27,7 +27,7 @@ import re
 import sys
 from pathlib import Path
 
-from attnlab.grading.course import add_course_argument, find_course
+from attnlab.course import add_course_argument, find_course
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"

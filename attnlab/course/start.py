@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from attnlab.grading.course import add_course_argument, find_course
+from attnlab.course import add_course_argument, find_course
 
 DEFAULT_DIR = "my-work"
 

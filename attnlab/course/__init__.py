@@ -1,4 +1,9 @@
-"""Where the course's exercises/ and solutions/ are.
+"""The course as a checkout: where its exercises/ and solutions/ are, and its tools that are not grading:
+``attnlab generate`` (:mod:`attnlab.course.generate`, instructors), ``attnlab start``
+(:mod:`attnlab.course.start`) and ``hint(part)`` (:mod:`attnlab.course.hints`, text in ``hints/``).
+
+Where the course's exercises/ and solutions/ are
+------------------------------------------------
 
 Looked for in this order, so the commands work from a source checkout, a git
 worktree and an installed package alike:
