@@ -10,53 +10,48 @@ from attnlab.grading.engine import Function, Measured, run
 from attnlab.grading.exercises.e02 import spec as specs
 
 
-def _naive_softmax(s, dim=-1):
-    e = torch.exp(s)
-    return e / e.sum(dim=dim, keepdim=True)
+def _tril(n_q, n_k, diagonal=0):
+    return torch.ones(n_q, n_k, dtype=torch.bool).tril(diagonal)
 
 
-def _both(make, key, message, **kwargs):
-    """The mistake ``make(**kwargs)`` with a softmax that gives NaN on empty rows, and with one that gives zeros."""
-    return [Mistake(key, message, make(**kwargs)),
-            Mistake(key, message, make(fix=lambda p: torch.nan_to_num(p, nan=0.0), **kwargs))]
+def _qkv(g, b, h, nq, nk, d, dv, scale=1.0):
+    """q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv), drawn from ``g`` in that order; ``scale`` multiplies q
+    and k."""
+    return _randn(g, b, h, nq, d, scale=scale), _randn(g, b, h, nk, d, scale=scale), _randn(g, b, h, nk, dv)
 
 
-# how a mask (True = attend) reaches the scores, right ("fill") and wrong
-_FILLS = {"fill": lambda s, m: s.masked_fill(~m, float("-inf")), "finite": lambda s, m: s.masked_fill(~m, -1e9),
-          "inverted": lambda s, m: s.masked_fill(m, float("-inf")), "zero": lambda s, m: s * m}
+def _mistakes(make, table):
+    """A Mistake per row (key, message, change): ``make(**change)``, and again with a softmax that gives zeros on a
+    row with no key to attend to instead of NaN, unless the row ends in "once" (the two are one, or the NaN is the
+    mistake)."""
+    return [Mistake(key, message, make(**change, **fix)) for key, message, change, *once in table
+            for fix in ([{}] if once else [{}, {"fix": lambda p: torch.nan_to_num(p, nan=0.0)}])]
 
 
 # ----------------------------------------------------------------------------- padding-mask
 
 def _padding_cases():
-    g = _gen(300)
-    lengths = torch.randint(0, 8, (5,), generator=g)
-    return [
-        ("lengths [3, 1, 4], max_len 4", (torch.tensor([3, 1, 4]), 4), {}),
-        ("lengths [3, 1, 4], max_len 6 (longer than the longest sequence)", (torch.tensor([3, 1, 4]), 6), {}),
-        ("lengths [0, 5], max_len 6 (an empty sequence)", (torch.tensor([0, 5]), 6), {}),
-        ("lengths [2], max_len 2 (one sequence, no padding)", (torch.tensor([2]), 2), {}),
-        (f"random lengths {lengths.tolist()}, max_len 7", (lengths, 7), {}),
-    ]
+    lengths = torch.randint(0, 8, (5,), generator=_gen(300))
+    return [(f"lengths {x.tolist()}, max_len {n}{note}", (x, n), {}) for x, n, note in [
+        (torch.tensor([3, 1, 4]), 4, ""), (torch.tensor([3, 1, 4]), 6, " (longer than the longest sequence)"),
+        (torch.tensor([0, 5]), 6, " (an empty sequence)"), (torch.tensor([2]), 2, " (one sequence, no padding)"),
+        (lengths, 7, " (random lengths)")]]
 
 
-_PADDING_MISTAKES = [
-    Mistake("off-by-one", "off by one: position j is real when j < length (j = 0 .. length-1), not j <= length",
-            lambda lengths, max_len: torch.arange(max_len)[None, :] <= lengths[:, None]),
-    Mistake("inverted", "the mask is inverted: True must mark real tokens (attend), False padding",
-            lambda lengths, max_len: torch.arange(max_len)[None, :] >= lengths[:, None]),
-    *[Mistake("not-bool", "the mask should be a bool tensor (True = real token), not numbers",
-              lambda lengths, max_len, dtype=dtype: specs.padding_mask(lengths, max_len).to(dtype))
+_PADDING_MISTAKES = [Mistake(*row) for row in [
+    ("off-by-one", "off by one: position j is real when j < length (j = 0 .. length-1), not j <= length",
+     lambda lengths, n: torch.arange(n)[None, :] <= lengths[:, None]),
+    ("inverted", "the mask is inverted: True must mark real tokens (attend), False padding",
+     lambda lengths, n: torch.arange(n)[None, :] >= lengths[:, None]),
+    *[("not-bool", "the mask should be a bool tensor (True = real token), not numbers",
+       lambda lengths, n, dtype=dtype: specs.padding_mask(lengths, n).to(dtype))
       for dtype in (torch.float, torch.long)],
-    Mistake("max-len-ignored", "the mask has max(lengths) columns; it must have max_len (the padded length "
-            "of the batch, which can be longer than every sequence)",
-            lambda lengths, max_len: specs.padding_mask(lengths, int(lengths.max()))),
-    Mistake("left-padded", "the real tokens are at the end: this course pads on the right, so the real tokens "
-            "of sequence b are positions 0 .. lengths[b]-1",
-            lambda lengths, max_len: torch.arange(max_len)[None, :] >= max_len - lengths[:, None]),
-    Mistake("transposed", "the mask is transposed: one row per sequence, shape (B, max_len)",
-            lambda lengths, max_len: specs.padding_mask(lengths, max_len).T),
-]
+    ("max-len-ignored", "the mask has max(lengths) columns; it must have max_len (the padded length of the batch, "
+     "which can be longer than every sequence)", lambda lengths, n: specs.padding_mask(lengths, int(lengths.max()))),
+    ("left-padded", "the real tokens are at the end: this course pads on the right, so the real tokens of sequence b "
+     "are positions 0 .. lengths[b]-1", lambda lengths, n: torch.arange(n)[None, :] >= n - lengths[:, None]),
+    ("transposed", "the mask is transposed: one row per sequence, shape (B, max_len)",
+     lambda lengths, n: specs.padding_mask(lengths, n).T)]]
 
 
 # ----------------------------------------------------------------------------- causal-mask
@@ -68,34 +63,23 @@ def _causal_cases():
              (a, b, " (random sizes)")]]
 
 
-def _tril(n_q, n_k, diagonal=0):
-    return torch.ones(n_q, n_k, dtype=torch.bool).tril(diagonal)
-
-
-_CAUSAL_MISTAKES = [
-    Mistake("off-by-one-diagonal", "the diagonal is masked: a query may attend to its own position (j <= i)",
-            lambda n_q, n_k, device=None: _tril(n_q, n_k, -1)),
-    Mistake("transposed", "the mask is transposed: query i may see keys j <= i, not j >= i",
-            lambda n_q, n_k, device=None: torch.ones(n_q, n_k, dtype=torch.bool).triu()),
-    Mistake("bottom-right", "the mask is aligned bottom-right; this course (like PyTorch's is_causal) aligns it "
-            "top-left: key j <= query i, whatever n_q and n_k", lambda n_q, n_k, device=None: _tril(n_q, n_k, n_k - n_q)),
-    Mistake("square-only", "the mask is (n_q, n_q): it must have one column per key, shape (n_q, n_k)",
-            lambda n_q, n_k, device=None: _tril(n_q, n_q)),
-    Mistake("not-bool", "the mask should be a bool tensor (True = attend), not 1.0/0.0",
-            lambda n_q, n_k, device=None: _tril(n_q, n_k).float()),
-    Mistake("additive-mask", "this is an additive mask (0 and -inf, added to the scores); the course's masks are "
-            "bool, True = attend", lambda n_q, n_k, device=None: torch.zeros(n_q, n_k).masked_fill(
-                ~_tril(n_q, n_k), float("-inf"))),
-]
+_CAUSAL_MISTAKES = [Mistake(key, message, lambda n_q, n_k, device=None, mask=mask: mask(n_q, n_k))
+                    for key, message, mask in [
+    ("off-by-one-diagonal", "the diagonal is masked: a query may attend to its own position (j <= i)",
+     lambda n_q, n_k: _tril(n_q, n_k, -1)),
+    ("transposed", "the mask is transposed: query i may see keys j <= i, not j >= i",
+     lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).triu()),
+    ("bottom-right", "the mask is aligned bottom-right; this course (like PyTorch's is_causal) aligns it top-left: "
+     "key j <= query i, whatever n_q and n_k", lambda n_q, n_k: _tril(n_q, n_k, n_k - n_q)),
+    ("square-only", "the mask is (n_q, n_q): it must have one column per key, shape (n_q, n_k)",
+     lambda n_q, n_k: _tril(n_q, n_q)),
+    ("not-bool", "the mask should be a bool tensor (True = attend), not 1.0/0.0",
+     lambda n_q, n_k: _tril(n_q, n_k).float()),
+    ("additive-mask", "this is an additive mask (0 and -inf, added to the scores); the course's masks are bool, "
+     "True = attend", lambda n_q, n_k: torch.zeros(n_q, n_k).masked_fill(~_tril(n_q, n_k), float("-inf")))]]
 
 
 # ----------------------------------------------------------------------------- attention-masks
-
-def _qkv(g, b, h, nq, nk, d, dv, scale=1.0):
-    """q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv), drawn from ``g`` in that order; ``scale`` multiplies q
-    and k."""
-    return _randn(g, b, h, nq, d, scale=scale), _randn(g, b, h, nk, d, scale=scale), _randn(g, b, h, nk, dv)
-
 
 def _attention_cases():
     g = _gen(400)
@@ -124,12 +108,19 @@ def _attention_cases():
     ]
 
 
-def _attn_with(*, scale=None, dim=-1, mask_mode="fill", causal_mode="and", softmax=torch.softmax, fix=None):
-    """A version of the spec with one thing changed (a known mistake); ``fix`` post-processes the weights."""
+# how a mask (True = attend) reaches the scores, right ("fill") and wrong
+_FILLS = {"fill": lambda s, m: s.masked_fill(~m, float("-inf")), "finite": lambda s, m: s.masked_fill(~m, -1e9),
+          "inverted": lambda s, m: s.masked_fill(m, float("-inf")), "zero": lambda s, m: s * m}
+
+
+def _attn_with(*, scale=None, dim=-1, mask_mode="fill", causal_mode="and", softmax=torch.softmax, fix=None,
+               swap=False, normalise=True, weights=False):
+    """The spec with one thing changed (a known mistake); ``fix`` post-processes the weights, returned with the
+    output when ``weights``."""
     def impl(q, k, v, mask=None, causal=False):
-        d = q.shape[-1]
+        k, v = (v, k) if swap else (k, v)
+        d, nq, nk = q.shape[-1], q.shape[-2], k.shape[-2]
         s = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(d) if scale is None else scale(d))  # (B, H, Nq, Nk)
-        nq, nk = q.shape[-2], k.shape[-2]
         if mask_mode == "ignored":  # the mask argument never read: causal alone, if asked for
             mask = None
         if causal and causal_mode != "ignored":
@@ -137,50 +128,50 @@ def _attn_with(*, scale=None, dim=-1, mask_mode="fill", causal_mode="and", softm
             mask = tri if causal_mode == "replaces" or mask is None else mask & tri
         if mask is not None and mask_mode in _FILLS:
             s = _FILLS[mask_mode](s, mask)
-        p = softmax(s, dim=dim)
-        if mask is not None and mask_mode == "after":
-            p = p * mask
-        return (p if fix is None else fix(p)) @ v
+        p = softmax(s, dim=dim) if normalise else torch.exp(s)
+        p = p * mask if mask is not None and mask_mode == "after" else p
+        p = p if fix is None else fix(p)
+        return (p, p @ v) if weights else p @ v
     return impl
 
 
-_MASKED_ATTENTION_MISTAKES = [
+def _naive_softmax(s, dim=-1):
+    return torch.exp(s) / torch.exp(s).sum(dim=dim, keepdim=True)
+
+
+_MASKED_ATTENTION_MISTAKES = _mistakes(_attn_with, [
     # the most natural one: the scores and the causal mask done, the mask argument never used
-    Mistake("mask-ignored", "the mask argument is ignored, so padded keys still get weight: where mask is False "
-            "set the scores to -inf before the softmax (mask broadcasts to (B, H, Nq, Nk)), and AND it with the "
-            "causal mask when causal=True", _attn_with(mask_mode="ignored")),
-    *_both(_attn_with, "mask-after-softmax", "the mask is applied after the softmax, so the kept weights no longer "
-           "sum to 1: set masked scores to -inf before the softmax", mask_mode="after"),
-    *_both(_attn_with, "inverted-mask", "the mask is inverted: True means attend, so fill the scores where mask is "
-           "False", mask_mode="inverted"),
-    *_both(_attn_with, "scale-forgotten", "the 1/sqrt(d) scale is forgotten", scale=lambda d: 1.0),
-    *_both(_attn_with, "scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)",
-           scale=lambda d: 1.0 / d),
-    *_both(_attn_with, "wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)", dim=-2),
-    Mistake("mask-zero-fill", "masked scores are set to 0, which still gets weight exp(0): set them to -inf",
-            _attn_with(mask_mode="zero")),
-    *_both(_attn_with, "causal-ignored", "causal=True is ignored: AND the causal mask (key j <= query i) into the "
-           "mask", causal_mode="ignored"),
-    *_both(_attn_with, "causal-bottom-right", "the causal mask is aligned bottom-right; the course aligns it "
-           "top-left (key j <= query i, whatever Nq and Nk), as PyTorch's is_causal does", causal_mode="bottom-right"),
-    *_both(_attn_with, "causal-replaces-mask", "with causal=True the padding mask is dropped: combine both masks "
-           "with &", causal_mode="replaces"),
-    Mistake("fully-masked-row", "a query with no key to attend to gives NaN (0/0): it should output zeros",
-            _attn_with()),
-    Mistake("finite-fill", "masked scores are set to a large finite number (like -1e9): a row whose keys are all "
-            "masked then averages every value instead of giving zeros; use -inf and turn empty rows into zeros",
-            _attn_with(mask_mode="finite")),
-    *_both(_attn_with, "no-max-subtraction", "exp overflows on large scores: use a softmax that subtracts each "
-           "row's max", softmax=_naive_softmax),
-]
+    ("mask-ignored", "the mask argument is ignored, so padded keys still get weight: where mask is False set the "
+     "scores to -inf before the softmax (mask broadcasts to (B, H, Nq, Nk)), and AND it with the causal mask when "
+     "causal=True", {"mask_mode": "ignored"}, "once"),
+    ("mask-after-softmax", "the mask is applied after the softmax, so the kept weights no longer sum to 1: set "
+     "masked scores to -inf before the softmax", {"mask_mode": "after"}),
+    ("inverted-mask", "the mask is inverted: True means attend, so fill the scores where mask is False",
+     {"mask_mode": "inverted"}),
+    ("scale-forgotten", "the 1/sqrt(d) scale is forgotten", {"scale": lambda d: 1.0}),
+    ("scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)", {"scale": lambda d: 1.0 / d}),
+    ("wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)", {"dim": -2}),
+    ("mask-zero-fill", "masked scores are set to 0, which still gets weight exp(0): set them to -inf",
+     {"mask_mode": "zero"}, "once"),
+    ("causal-ignored", "causal=True is ignored: AND the causal mask (key j <= query i) into the mask",
+     {"causal_mode": "ignored"}),
+    ("causal-bottom-right", "the causal mask is aligned bottom-right; the course aligns it top-left (key j <= query "
+     "i, whatever Nq and Nk), as PyTorch's is_causal does", {"causal_mode": "bottom-right"}),
+    ("causal-replaces-mask", "with causal=True the padding mask is dropped: combine both masks with &",
+     {"causal_mode": "replaces"}),
+    ("fully-masked-row", "a query with no key to attend to gives NaN (0/0): it should output zeros", {}, "once"),
+    ("finite-fill", "masked scores are set to a large finite number (like -1e9): a row whose keys are all masked "
+     "then averages every value instead of giving zeros; use -inf and turn empty rows into zeros",
+     {"mask_mode": "finite"}, "once"),
+    ("no-max-subtraction", "exp overflows on large scores: use a softmax that subtracts each row's max",
+     {"softmax": _naive_softmax})])
 
 
 # ----------------------------------------------------------------------------- attention-row
 
 def _row_cases():
-    cases = []
     g = _gen(450)
-    cases.append(("q (4,), k (5, 4), v (5, 4), keep=None", (_randn(g, 4), _randn(g, 5, 4), _randn(g, 5, 4)), {}))
+    cases = [("q (4,), k (5, 4), v (5, 4), keep=None", (_randn(g, 4), _randn(g, 5, 4), _randn(g, 5, 4)), {})]
     q, k, v = _randn(g, 8), _randn(g, 6, 8), _randn(g, 6, 3)
     keep = torch.rand(6, generator=g) < 0.5
     keep[int(torch.randint(0, 6, (1,), generator=g))] = True
@@ -188,42 +179,29 @@ def _row_cases():
     cases.append(("a single key: q (4,), k (1, 4), v (1, 2)", (_randn(g, 4), _randn(g, 1, 4), _randn(g, 1, 2)), {}))
     cases.append(("keep all False: nothing to attend to (zeros)", (_randn(g, 4), _randn(g, 3, 4), _randn(g, 3, 5)),
                   {"keep": torch.zeros(3, dtype=torch.bool)}))
-    cases.append(("large logits: q (16,) of size ~50, scores in the hundreds",
-                  (_randn(g, 16, scale=50.0), _randn(g, 7, 16), _randn(g, 7, 4)), {}))
-    return cases
+    return cases + [("large logits: q (16,) of size ~50, scores in the hundreds",
+                     (_randn(g, 16, scale=50.0), _randn(g, 7, 16), _randn(g, 7, 4)), {})]
 
 
-def _row_with(*, scale=None, mode="fill", softmax=torch.softmax, swap=False, fix=None, normalise=True):
-    """The spec's row with one thing changed (a known mistake); ``fix`` post-processes the weights."""
-    def impl(q, k, v, keep=None):
-        if swap:
-            k, v = v, k
-        s = k @ q * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale(q.shape[-1]))  # (Nk,)
-        if keep is not None and mode in _FILLS:
-            s = _FILLS[mode](s, keep)
-        w = softmax(s, dim=-1) if normalise else torch.exp(s)
-        if keep is not None and mode == "after":
-            w = w * keep
-        w = w if fix is None else fix(w)
-        return w, w @ v
-    return impl
+def _row_with(**change):
+    """The spec's row with one thing changed: the attention above, on the one query, ``keep`` its mask."""
+    attend = _attn_with(weights=True, **change)
+    return lambda q, k, v, keep=None: tuple(x[0] for x in attend(q[None], k, v, keep))
 
 
-_ROW_MISTAKES = [
-    *_both(_row_with, "scale-forgotten", "the 1/sqrt(d) scale is forgotten", scale=lambda d: 1.0),
-    *_both(_row_with, "keys-values-swapped", "keys and values are swapped: the scores compare the query with the "
-           "keys (k), and the weights average the values (v)", swap=True),
-    *_both(_row_with, "not-normalised", "the weights are exp(scores) without dividing by their sum: the softmax "
-           "normalises them to sum to 1", normalise=False),
-    *_both(_row_with, "mask-after-softmax", "the keys are dropped after the softmax, so the kept weights no longer "
-           "sum to 1: set the scores of dropped keys to -inf before the softmax", mode="after"),
-    Mistake("fully-masked-row", "with no key kept the weights are NaN (0/0): return zeros (weights and output)",
-            _row_with()),
-    Mistake("finite-fill", "dropped keys get a large finite score (like -1e9): with every key dropped the "
-            "weights become uniform instead of zeros", _row_with(mode="finite")),
-    *_both(_row_with, "no-max-subtraction", "exp overflows on large scores: subtract the max score before exp",
-           softmax=_naive_softmax),
-]
+_ROW_MISTAKES = _mistakes(_row_with, [
+    ("scale-forgotten", "the 1/sqrt(d) scale is forgotten", {"scale": lambda d: 1.0}),
+    ("keys-values-swapped", "keys and values are swapped: the scores compare the query with the keys (k), and the "
+     "weights average the values (v)", {"swap": True}),
+    ("not-normalised", "the weights are exp(scores) without dividing by their sum: the softmax normalises them to "
+     "sum to 1", {"normalise": False}),
+    ("mask-after-softmax", "the keys are dropped after the softmax, so the kept weights no longer sum to 1: set the "
+     "scores of dropped keys to -inf before the softmax", {"mask_mode": "after"}),
+    ("fully-masked-row", "with no key kept the weights are NaN (0/0): return zeros (weights and output)", {}, "once"),
+    ("finite-fill", "dropped keys get a large finite score (like -1e9): with every key dropped the weights become "
+     "uniform instead of zeros", {"mask_mode": "finite"}, "once"),
+    ("no-max-subtraction", "exp overflows on large scores: subtract the max score before exp",
+     {"softmax": _naive_softmax})])
 
 
 # ----------------------------------------------------------------------------- loop-timing (experiment)
@@ -246,14 +224,11 @@ def _loop_cases():
 def _loop_with(pick=lambda b, h, i: (b, h, i), fill=lambda b, h: True, output=1):
     """The spec's loop with one thing changed: the query each step reads, which (b, h) it fills, what it keeps."""
     def impl(q, k, v):
-        width = k.shape[-2] if output == 0 else v.shape[-1]
-        out = torch.zeros(*q.shape[:-1], width)  # (B, H, Nq, dv)
+        out = torch.zeros(*q.shape[:-1], k.shape[-2] if output == 0 else v.shape[-1])  # (B, H, Nq, dv)
         for b in range(q.shape[0]):
-            for h in range(q.shape[1]):
-                if fill(b, h):
-                    for i in range(q.shape[2]):
-                        qb, qh, qi = pick(b, h, i)
-                        out[b, h, i] = specs.attention_row(q[qb, qh, qi], k[b, h], v[b, h])[output]
+            for h in (h for h in range(q.shape[1]) if fill(b, h)):
+                for i in range(q.shape[2]):
+                    out[b, h, i] = specs.attention_row(q[pick(b, h, i)], k[b, h], v[b, h])[output]
         return out
     return impl
 
@@ -268,12 +243,6 @@ _LOOP_MISTAKES = [
     Mistake("weights-not-output", "each row holds attention_row's weights (its first result); the loop keeps the "
             "output, its second: attention_row(...)[1]", _loop_with(output=0)),
 ]
-
-_LOOP = Function("loop_attention", specs.loop_attention, _loop_cases, _LOOP_MISTAKES,
-                 says="{n} cases match masked attention to round-off, one query at a time (sizes from the grader's "
-                      "secret seed, B and H > 1)")
-
-
 ROW_NEVER_CALLED = Mistake("row-never-called", "the numbers are right, but not one call of your attention_row made "
                            "them: call attention_row(q[b, h, i], k[b, h], v[b, h]) by that name, once per query", None)
 ONE_CALL_PER_QUERY = Mistake("not-one-call-per-query", "the numbers are right, but the rows do not come from one call "
@@ -308,11 +277,16 @@ def _check_one_call_per_query(learner):
     return len(cases)
 
 
+_LOOP = Function("loop_attention", specs.loop_attention, _loop_cases, _LOOP_MISTAKES,
+                 says="{n} cases match masked attention to round-off, one query at a time (sizes from the grader's "
+                      "secret seed, B and H > 1)")
+
+
 def _measure_loop(learner):
     """The loop against the spec, and one attention_row call per query, seen; then the grader's own timing of its
     loop and batched attention (never scored)."""
-    checked = run(_LOOP, learner)
-    checked += f"; every row came from an attention_row call of its own ({_check_one_call_per_query(learner)} cases seen)"
+    checked = f"{run(_LOOP, learner)}; every row came from an attention_row call of its own " \
+              f"({_check_one_call_per_query(learner)} cases seen)"
     t = specs.timing_table(TIMING_SIZES, d=TIMING_D, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=_gen(503))))
     timing = "; ".join(f"N={n}: {1e3 * a:.3g} ms one query at a time, {1e3 * b:.3g} ms all at once ({a / b:.0f}x)"
                        for n, a, b in zip(TIMING_SIZES, t["loop"].tolist(), t["batched"].tolist()))

@@ -1,13 +1,13 @@
 """The references of exercise 02_queries_keys_values: what the grader compares the learner's answers with.
 
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
-The maths has one home, the library (``attnlab.attention``): these functions only give it the
-signatures the exercise asks for. ``timing_table`` is the grader's own timing, shown (never scored) beside
-the loop.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. The maths has one
+home, the library (``attnlab.attention``): these functions only give it the signatures the exercise asks for.
+``timing_table`` is the grader's own timing, shown (never scored) beside the loop.
 """
 
+import itertools
 import math
-import time
+import timeit
 
 import torch
 
@@ -25,37 +25,26 @@ def causal_mask(n_q, n_k, device=None):
 
 
 def masked_attention(q, k, v, mask=None, causal=False):
-    """softmax(q k^T / sqrt(d), masked scores removed) v.
-
-    q: (B, H, Nq, d); k: (B, H, Nk, d); v: (B, H, Nk, dv); mask: bool broadcastable to
-    (B, H, Nq, Nk), True = attend, or None; causal: AND the top-left causal mask. A query row
-    with no key to attend to outputs zeros. Returns (B, H, Nq, dv).
-    """
+    """softmax(q k^T / sqrt(d), masked scores removed) v: q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv); mask
+    bool broadcastable to (B, H, Nq, Nk), True = attend; causal ANDs the top-left causal mask. A query row with no
+    key to attend to outputs zeros. Returns (B, H, Nq, dv)."""
     return _attention.scaled_dot_product_attention(q, k, v, mask=mask, causal=causal)
 
 
 def attention_row(q, k, v, keep=None):
-    """One query's row of the attention matrix and its output.
-
-    q: (d,); k: (Nk, d); v: (Nk, dv); keep: bool (Nk,) (True = attend) or None.
-    Returns (weights (Nk,), out (dv,)); with no key kept, both are zeros.
-    """
+    """One query's row: q (d,), k (Nk, d), v (Nk, dv), keep bool (Nk,) (True = attend) or None. Returns
+    (weights (Nk,), out (dv,)); with no key kept, both are zeros."""
     out, weights = _attention.scaled_dot_product_attention(
         q[None, None, None], k[None, None], v[None, None], mask=keep, return_weights=True)  # (1,1,1,dv), (1,1,1,Nk)
     return weights[0, 0, 0], out[0, 0, 0]
 
 
 def loop_attention(q, k, v):
-    """Attention one query at a time: out[b, h, i] is ``attention_row(q[b, h, i], k[b, h], v[b, h])``'s output.
-
-    q: (B, H, Nq, d); k: (B, H, Nk, d); v: (B, H, Nk, dv). Returns (B, H, Nq, dv), equal (to round-off) to
-    ``masked_attention(q, k, v)``.
-    """
+    """out[b, h, i] is ``attention_row(q[b, h, i], k[b, h], v[b, h])``'s output: (B, H, Nq, dv), equal (to
+    round-off) to ``masked_attention(q, k, v)``."""
     out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)  # (B, H, Nq, dv)
-    for b in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            for i in range(q.shape[2]):
-                out[b, h, i] = attention_row(q[b, h, i], k[b, h], v[b, h])[1]  # (dv,) row i's output
+    for b, h, i in itertools.product(*map(range, q.shape[:-1])):
+        out[b, h, i] = attention_row(q[b, h, i], k[b, h], v[b, h])[1]  # (dv,) row i's output
     return out
 
 
@@ -63,19 +52,13 @@ def _plain_loop(q, k, v):
     """(1, 1, N, d) attention one query at a time, each row as ``attention_row`` computes it without its argument
     checks: a plain row costs about what a learner's does, so the grader's timing compares with the learner's."""
     k0, v0, scale = k[0, 0], v[0, 0], 1.0 / math.sqrt(q.shape[-1])
-    out = torch.empty(q.shape[2], v.shape[-1], dtype=q.dtype)  # (N, dv)
-    for i in range(q.shape[2]):
-        weights = _attention.softmax(k0 @ q[0, 0, i] * scale)  # (N,) row i of the attention matrix
-        out[i] = weights @ v0  # (dv,)
-    return out[None, None]  # (1, 1, N, dv)
+    return torch.stack([_attention.softmax(k0 @ row * scale) @ v0 for row in q[0, 0]])[None, None]  # (1, 1, N, dv)
 
 
 def timing_table(sizes, d=32, seed=0, repeat=5):
-    """The grader's own timing, shown beside a passing loop: for each N, q, k, v of shape (1, 1, N, d), the
-    fastest of ``repeat`` runs (seconds, one thread) of the loop and of the batched attention.
-
-    Returns {"loop": float64 (len(sizes),), "batched": float64 (len(sizes),)}.
-    """
+    """The grader's own timing, shown beside a passing loop: for each N, q, k, v of shape (1, 1, N, d), the fastest
+    of ``repeat`` runs (seconds, one thread) of the loop and of the batched attention. Returns {"loop", "batched"}:
+    float64 (len(sizes),) each."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the same conditions as the exercise's setup cell
     try:
@@ -83,17 +66,8 @@ def timing_table(sizes, d=32, seed=0, repeat=5):
         loop, batched = [], []
         for n in sizes:
             q, k, v = (torch.randn(1, 1, n, d, generator=g) for _ in range(3))
-            loop.append(_best_time(lambda: _plain_loop(q, k, v), repeat))
-            batched.append(_best_time(lambda: masked_attention(q, k, v), repeat))
+            loop.append(min(timeit.repeat(lambda: _plain_loop(q, k, v), number=1, repeat=repeat)))
+            batched.append(min(timeit.repeat(lambda: masked_attention(q, k, v), number=1, repeat=repeat)))
     finally:
         torch.set_num_threads(threads)
     return {"loop": torch.tensor(loop, dtype=torch.float64), "batched": torch.tensor(batched, dtype=torch.float64)}
-
-
-def _best_time(fn, repeat):
-    best = math.inf
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
