@@ -247,19 +247,19 @@ def randn(g, *shape, scale=1.0):
     return torch.randn(*shape, generator=g) * scale
 
 
-def each_result(learner, name, cases, copy=False, tap=None):
-    """(label, args, kwargs, the learner's value) for each case [(label, args, kwargs)], all sent in one
-    request (copies of the inputs with ``copy``; ``tap``: see :func:`attnlab.grading.sandbox.agent._tapped`); raises
-    NotDone/Fail as :func:`present` and :func:`value_of` do."""
+def each_result(learner, name, cases, copy=False, tap=None, grad=None):
+    """``(*case, the learner's value)`` for each case [(label, args, kwargs, ...)], all sent in one request (copies
+    of the inputs with ``copy``; ``tap``: see :func:`attnlab.grading.sandbox.agent._tapped`; ``grad``: see
+    :func:`check_with_gradients`); raises NotDone/Fail as :func:`present` and :func:`value_of` do."""
     learner = learner_of(learner)
-    reply = learner.call(name, [[clone(a), clone(kw)] if copy else [a, kw] for _label, a, kw in cases],
-                         **({"tap": tap} if tap else {}))
+    reply = learner.call(name, [[clone(x) if copy else x for x in case[1:]] for case in cases],
+                         **({"tap": tap} if tap else {}), **({"grad": grad} if grad else {}))
     present(reply, name)
     results = reply.get("results", [])
-    for i, (label, args, kwargs) in enumerate(cases):
+    for i, case in enumerate(cases):
         if i >= len(results):
-            raise Fail(f"`{name}`: the grader got no result for {label}")
-        yield label, args, kwargs, value_of(results[i], name, label)
+            raise Fail(f"`{name}`: the grader got no result for {case[0]}")
+        yield (*case, value_of(results[i], name, case[0]))
 
 
 def check_function(learner, name, spec, cases, mistakes=(), rtol=1e-4, atol=1e-5):
@@ -311,18 +311,11 @@ def check_with_gradients(learner, name, spec, cases, inputs, output=None, mistak
     output and ``spec_grads`` is computed here by autograd through the spec. labels: names of the
     gradients in messages (default dArg0...). Returns the number of cases passed.
     """
-    learner = learner_of(learner)
-    grad = {"inputs": list(inputs), "output": output}
-    reply = learner.call(name, [[clone(a), clone(k), clone(g)] for _l, a, k, g in cases], grad=grad)
-    present(reply, name)
-    results = reply.get("results", [])
     params = parameter_names(spec)
     names = labels or [f"the gradient of `{params[i]}`" if i < len(params) else f"the gradient of argument {i + 1}"
                        for i in inputs]
-    for i, (label, args, kwargs, grad_output) in enumerate(cases):
-        if i >= len(results):
-            raise Fail(f"`{name}`: the grader got no result for {label}")
-        got = value_of(results[i], name, label)
+    grad = {"inputs": list(inputs), "output": output}
+    for label, args, kwargs, grad_output, got in each_result(learner, name, cases, copy=True, grad=grad):
         if not isinstance(got, dict) or "out" not in got:
             raise Fail(f"`{name}` on {label}: the grader could not read the result")
         want_out, want_grads = backward(spec, clone(args), clone(kwargs), inputs, output, grad_output)
