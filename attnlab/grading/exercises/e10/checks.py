@@ -11,7 +11,7 @@ import torch
 
 from attnlab import iomodel
 from attnlab.grading.core import Fail, Mistake, gen as _gen, randn as _randn, salted_ints
-from attnlab.grading.engine import Function, Measured, run
+from attnlab.grading.engine import Function, InTurn, Measured, run
 from attnlab.grading.exercises.e10 import spec as specs
 from attnlab.grading.sandbox.footprint import peak_growth
 from attnlab.kvcache import to_paged
@@ -23,127 +23,101 @@ LLAMA = (6.7e9, 32, 32, 128)                              # params, layers, kv_h
 GQA8 = (6.7e9 - 32 * 2 * 4096 * (32 - 8) * 128, 32, 8, 128)  # lesson 10's what-if: K, V projections 4x narrower
 
 
-def _salted_model(seed):
-    """(params, layers, kv_heads, d, bytes_per_element, label) drawn from the salt."""
+def _models(seed):
+    """(label, (params, layers, kv_heads, d), kwargs): the course's models, and one drawn from the salt."""
     millions, layers, kv_heads, d, e = salted_ints(seed, (50, 9000), (2, 48), (1, 16), (0, 2), (0, 2))
     d, e = (64, 96, 128)[d], (1, 2, 4)[e]
-    return (millions * 10**6, layers, kv_heads, d, e,
-            f"{millions}M params, {layers} layers, {kv_heads} KV heads, d={d}, bytes_per_element={e}")
-
-
-def _cost_cases():
-    batch, context = salted_ints(10_010, (2, 64), (1, 8192))
-    *model, e, label = _salted_model(10_011)
-    return [("Llama-2-7B-like (6.7e9 params, 32 layers, 32 KV heads, d=128, fp16), batch 1, context 4096",
-             (1, 4096, *LLAMA), {}),
-            ("Llama-2-7B-like, batch 32, context 512", (32, 512, *LLAMA), {}),
-            ("Llama-2-7B-like, batch 32, context 4096", (32, 4096, *LLAMA), {}),
-            (f"grouped-query ({GQA8[0]:,} params, 32 layers, 8 KV heads, d=128), batch 16, context 2048",
-             (16, 2048, *GQA8), {}),
-            ("GPT-2-small-like in fp32 (124M params, 12 layers, 12 KV heads, d=64), batch 4, context 1024",
-             (4, 1024, 124_000_000, 12, 12, 64), {"bytes_per_element": 4}),
-            (f"{label}, batch {batch}, context {context}", (batch, context, *model), {"bytes_per_element": e})]
-
-
-def _crossover_cases():
-    *model, e, label = _salted_model(10_012)
     return [("Llama-2-7B-like (6.7e9 params, 32 layers, 32 KV heads, d=128, fp16)", LLAMA, {}),
             (f"grouped-query ({GQA8[0]:,} params, 32 layers, 8 KV heads, d=128)", GQA8, {}),
             ("GPT-2-small-like in fp32 (124M params, 12 layers, 12 KV heads, d=64)", (124_000_000, 12, 12, 64),
              {"bytes_per_element": 4}),
-            (label, tuple(model), {"bytes_per_element": e})]
+            (f"{millions}M params, {layers} layers, {kv_heads} KV heads, d={d}, bytes_per_element={e}",
+             (millions * 10**6, layers, kv_heads, d), {"bytes_per_element": e})]
 
 
-def _per_token(layers, kv_heads, d, e, kv=2, with_layers=True):
-    return kv * (layers if with_layers else 1) * kv_heads * d * e
+def _cost_cases():
+    batch, context = salted_ints(10_010, (2, 64), (1, 8192))
+    llama, gqa, gpt2, salted = _models(10_011)
+    return [(f"{label}, batch {b}, context {n}", (b, n, *model), kwargs) for (label, model, kwargs), b, n in
+            [(llama, 1, 4096), (llama, 32, 512), (llama, 32, 4096), (gqa, 16, 2048), (gpt2, 4, 1024),
+             (salted, batch, context)]]
 
 
-def _cost_with(weights="once", kv=2, with_layers=True, e_rule="bytes", cache="per-sequence", tokens="context"):
-    """A wrong decode_step_bytes."""
+def _cost_with(weights="once", kv=2, with_layers=True, unit="bytes", cache_unit=None, cache="per-sequence",
+               new_token=False):
+    """A wrong decode_step_bytes: ``unit`` what an element counts as, ``cache_unit`` the cache's when it differs."""
     def impl(batch, context, params, layers, kv_heads, d, bytes_per_element=2):
-        e = {"bytes": bytes_per_element, "ignored": 1, "bits": 8 * bytes_per_element}[e_rule]
-        c = _per_token(layers, kv_heads, d, e, kv, with_layers)
-        w = {"once": params * e, "per-sequence": batch * params * e, "none": 0}[weights]
-        n = context + 1 if tokens == "plus-new" else context
-        return w + (batch if cache == "per-sequence" else 1) * n * c
+        e = {"bytes": bytes_per_element, "elements": 1, "bits": 8 * bytes_per_element}
+        per_token = kv * (layers if with_layers else 1) * kv_heads * d * e[cache_unit or unit]
+        w = {"once": 1, "per-sequence": batch, "none": 0}[weights] * params * e[unit]
+        return w + (batch if cache == "per-sequence" else 1) * (context + new_token) * per_token
     return impl
 
 
-def _crossover_with(inverted=False, kv=2, with_layers=True, units="bytes"):
-    """A wrong crossover_tokens."""
+def _crossover_of(cost):
+    """The crossover a wrong decode_step_bytes gives: its weights' bytes over its cache's bytes per token."""
     def impl(params, layers, kv_heads, d, bytes_per_element=2):
-        e = bytes_per_element
-        weights = params if units == "weights-in-params" else params * e
-        c = _per_token(layers, kv_heads, d, 1 if units == "cache-in-elements" else e, kv, with_layers)
-        return c / weights if inverted else weights / c
+        weights = cost(1, 0, params, layers, kv_heads, d, bytes_per_element)
+        return weights / (cost(1, 1, params, layers, kv_heads, d, bytes_per_element) - weights)
     return impl
 
 
-_COST_MISTAKES = [
-    Mistake("weights-per-sequence", "the weights are counted once per sequence (times the batch): every sequence's "
-            "token meets the same matrices, so a step reads them once for the whole batch", _cost_with("per-sequence")),
-    Mistake("k-only", "only the keys are counted: the cache holds K and V, 2 x layers x kv_heads x d x e bytes per "
-            "token", _cost_with(kv=1)),
-    Mistake("cache-layers-missing", "the cache per token is counted for one layer: every layer has its own K and V, "
-            "2 x layers x kv_heads x d x e bytes per token", _cost_with(with_layers=False)),
-    Mistake("element-size-ignored", "elements are counted, not bytes: multiply the parameters and the cache's "
-            "entries by bytes_per_element", _cost_with(e_rule="ignored")),
-    Mistake("bits-not-bytes", "the element size is in bits (16 for fp16): bytes_per_element is already in bytes",
-            _cost_with(e_rule="bits")),
-    Mistake("weights-forgotten", "only the caches are counted: a step also reads every weight once, params x "
-            "bytes_per_element bytes", _cost_with("none")),
-    Mistake("cache-not-per-sequence", "one cache is counted for the whole batch: each of the batch's sequences has "
-            "its own cache of `context` tokens, read at every step", _cost_with(cache="shared")),
-    Mistake("new-token-counted", "context + 1 tokens are counted: the step reads the `context` cached tokens; the "
-            "new token's K and V entry is written, not read, and not counted here", _cost_with(tokens="plus-new")),
-]
+_COST_MISTAKES = [Mistake(*row) for row in [
+    ("weights-per-sequence", "the weights are counted once per sequence (times the batch): every sequence's token "
+     "meets the same matrices, so a step reads them once for the whole batch", _cost_with("per-sequence")),
+    ("k-only", "only the keys are counted: the cache holds K and V, 2 x layers x kv_heads x d x e bytes per token",
+     _cost_with(kv=1)),
+    ("cache-layers-missing", "the cache per token is counted for one layer: every layer has its own K and V, 2 x "
+     "layers x kv_heads x d x e bytes per token", _cost_with(with_layers=False)),
+    ("element-size-ignored", "elements are counted, not bytes: multiply the parameters and the cache's entries by "
+     "bytes_per_element", _cost_with(unit="elements")),
+    ("bits-not-bytes", "the element size is in bits (16 for fp16): bytes_per_element is already in bytes",
+     _cost_with(unit="bits")),
+    ("weights-forgotten", "only the caches are counted: a step also reads every weight once, params x "
+     "bytes_per_element bytes", _cost_with("none")),
+    ("cache-not-per-sequence", "one cache is counted for the whole batch: each of the batch's sequences has its own "
+     "cache of `context` tokens, read at every step", _cost_with(cache="shared")),
+    ("new-token-counted", "context + 1 tokens are counted: the step reads the `context` cached tokens; the new "
+     "token's K and V entry is written, not read, and not counted here", _cost_with(new_token=True))]]
 
-_CROSSOVER_MISTAKES = [
-    Mistake("crossover-inverted", "this is the cache's bytes per token over the weights' bytes: the crossover is "
-            "the number of cached tokens whose read equals the weights', params x e / (cache bytes per token)",
-            _crossover_with(inverted=True)),
-    Mistake("crossover-k-only", "the cache per token counts only the keys: K and V, 2 x layers x kv_heads x d x e bytes",
-            _crossover_with(kv=1)),
-    Mistake("crossover-layers-missing", "the cache per token is counted for one layer: 2 x layers x kv_heads x d x e "
-            "bytes", _crossover_with(with_layers=False)),
-    Mistake("crossover-weights-in-parameters", "the weights are counted in parameters and the cache in bytes: count both in "
-            "bytes (params x e), or both in elements", _crossover_with(units="weights-in-params")),
-    Mistake("crossover-cache-in-elements", "the weights are counted in bytes and the cache in elements: count both in bytes "
-            "(2 x layers x kv_heads x d x e per token), or both in elements", _crossover_with(units="cache-in-elements")),
-]
+_CROSSOVER_MISTAKES = [Mistake(*row) for row in [
+    ("crossover-inverted", "this is the cache's bytes per token over the weights' bytes: the crossover is the number "
+     "of cached tokens whose read equals the weights', params x e / (cache bytes per token)",
+     lambda *args, **kwargs: 1 / specs.crossover_tokens(*args, **kwargs)),
+    ("crossover-k-only", "the cache per token counts only the keys: K and V, 2 x layers x kv_heads x d x e bytes",
+     _crossover_of(_cost_with(kv=1))),
+    ("crossover-layers-missing", "the cache per token is counted for one layer: 2 x layers x kv_heads x d x e bytes",
+     _crossover_of(_cost_with(with_layers=False))),
+    ("crossover-weights-in-parameters", "the weights are counted in parameters and the cache in bytes: count both in "
+     "bytes (params x e), or both in elements", _crossover_of(_cost_with(unit="elements", cache_unit="bytes"))),
+    ("crossover-cache-in-elements", "the weights are counted in bytes and the cache in elements: count both in bytes "
+     "(2 x layers x kv_heads x d x e per token), or both in elements",
+     _crossover_of(_cost_with(cache_unit="elements")))]]
 
-
-def _measure_cost(learner):
-    """Both functions of the part, and what they say of a 7B model."""
-    n = run(Function("decode_step_bytes", specs.decode_step_bytes, _cost_cases, _COST_MISTAKES, says="{n}"), learner)
-    m = run(Function("crossover_tokens", specs.crossover_tokens, _crossover_cases, _CROSSOVER_MISTAKES, says="{n}"),
-            learner)
-    one = specs.decode_step_bytes(1, 4096, *LLAMA)
-    return (f"{n} steps and {m} crossovers match: at batch 1 and 4,096 tokens the weights are "
-            f"{LLAMA[0] * 2 / one:.0%} of a 7B step; the caches' read passes the weights' past "
-            f"{specs.crossover_tokens(*LLAMA):,.0f} tokens (MHA), {specs.crossover_tokens(*GQA8):,.0f} (8 KV heads)")
+_STEP = specs.decode_step_bytes(1, 4096, *LLAMA)   # a 7B model's step at batch 1 and 4,096 tokens
+_COST = InTurn(f"{{n}} cases match (steps and crossovers): at batch 1 and 4,096 tokens the weights are "
+               f"{LLAMA[0] * 2 / _STEP:.0%} of a 7B step; the caches' read passes the weights' past "
+               f"{specs.crossover_tokens(*LLAMA):,.0f} tokens (MHA), {specs.crossover_tokens(*GQA8):,.0f} (8 KV heads)",
+               (Function("decode_step_bytes", specs.decode_step_bytes, _cost_cases, _COST_MISTAKES),
+                Function("crossover_tokens", specs.crossover_tokens, lambda: _models(10_012), _CROSSOVER_MISTAKES)))
 
 
 # ----------------------------------------------------------------------------- decode-attention
 
 def _decode_cases():
     cases = []
-    for seed, (label, (B, hq, hkv, nq, D, lens), scale) in enumerate([
-            ("one sequence, 2 heads, one new query, L = 7 (a full cache)", (1, 2, 2, 1, 8, [7]), None),
+    for seed, (label, (B, hq, hkv, nq, D, lens), kwargs) in enumerate([
+            ("one sequence, 2 heads, one new query, L = 7 (a full cache)", (1, 2, 2, 1, 8, [7]), {}),
             ("ragged lengths [9, 4, 1] in a cache of 9 (positions past L hold garbage)", (3, 2, 2, 1, 8, [9, 4, 1]),
-             None),
-            ("3 new queries, lengths [10, 5]: query i at position L - 3 + i", (2, 1, 1, 3, 8, [10, 5]), None),
-            ("grouped-query: 4 query heads, 2 KV heads, lengths [6, 8]", (2, 4, 2, 1, 16, [6, 8]), None),
-            ("multi-query: 4 query heads, 1 KV head, 2 new queries, lengths [7, 3]", (2, 4, 1, 2, 8, [7, 3]), None),
-            ("grouped-query, 2 new queries, scale=0.3 (not 1/sqrt(D))", (1, 6, 3, 2, 4, [5]), 0.3)]):
+             {}),
+            ("3 new queries, lengths [10, 5]: query i at position L - 3 + i", (2, 1, 1, 3, 8, [10, 5]), {}),
+            ("grouped-query: 4 query heads, 2 KV heads, lengths [6, 8]", (2, 4, 2, 1, 16, [6, 8]), {}),
+            ("multi-query: 4 query heads, 1 KV head, 2 new queries, lengths [7, 3]", (2, 4, 1, 2, 8, [7, 3]), {}),
+            ("grouped-query, 2 new queries, scale=0.3 (not 1/sqrt(D))", (1, 6, 3, 2, 4, [5]), {"scale": 0.3})]):
         g = _gen(10_000 + seed)
-        S = max(lens)
-        q = _randn(g, B, hq, nq, D)
-        k, v = _randn(g, B, hkv, S, D), _randn(g, B, hkv, S, D)
+        q, k, v = _randn(g, B, hq, nq, D), _randn(g, B, hkv, max(lens), D), _randn(g, B, hkv, max(lens), D)
         for b, L in enumerate(lens):       # garbage past each length: a query that sees it is wrong, clearly
-            k[b, :, L:] = 50.0
-            v[b, :, L:] = 100.0
-        kwargs = {} if scale is None else {"scale": scale}
+            k[b, :, L:], v[b, :, L:] = 50.0, 100.0
         cases.append((label, (q, k, v, torch.tensor(lens, dtype=torch.int32)), kwargs))
     return cases
 
@@ -159,38 +133,36 @@ def _decode_with(lengths=True, causal="bottom-right", diagonal=0, head_map="div"
         out = torch.empty_like(q)
         for b in range(B):
             L = int(cache_seqlens[b]) if lengths else k_cache.shape[2]
+            j, i = torch.arange(L)[None, :], torch.arange(nq)[:, None]
+            keep = {"bottom-right": j <= L - nq + i + diagonal, "top-left": j <= i,
+                    "none": torch.ones(nq, L, dtype=torch.bool)}[causal]
             for h in range(hq):
                 kv = h // (hq // hkv) if head_map == "div" else h % hkv
-                s = q[b, h] @ k_cache[b, kv, :L].T * sc                     # (Nq, L)
-                j, i = torch.arange(L)[None, :], torch.arange(nq)[:, None]
-                keep = {"bottom-right": j <= L - nq + i + diagonal, "top-left": j <= i,
-                        "none": torch.ones(nq, L, dtype=torch.bool)}[causal]
-                s = s.masked_fill(~keep, float("-inf"))
+                s = (q[b, h] @ k_cache[b, kv, :L].T * sc).masked_fill(~keep, float("-inf"))   # (Nq, L)
                 w = torch.exp(s - s.amax(-1, keepdim=True))
                 out[b, h] = (w / w.sum(-1, keepdim=True)) @ v_cache[b, kv, :L]
         return out
     return impl
 
 
-_DECODE_MISTAKES = [
-    Mistake("lengths-ignored", "every query attends to the whole cache: positions past cache_seqlens[b] are not "
-            "tokens (keep only k_cache[b, :, :L])", _decode_with(lengths=False)),
-    Mistake("new-queries-see-the-future", "all the new queries see every key up to L: query i sits at position "
-            "L - Nq + i and must not see the new keys after it", _decode_with(causal="none")),
-    Mistake("causal-top-left", "the causal mask is aligned top-left (query i sees keys 0..i): in decoding the "
-            "queries are the last Nq positions, so query i sees keys 0..L - Nq + i", _decode_with(causal="top-left")),
-    Mistake("causal-diagonal-excluded", "a query does not see its own key: keep keys j <= L - Nq + i",
-            _decode_with(diagonal=-1)),
-    Mistake("causal-off-by-one", "each query also sees the key one position after it: query i sits at position "
-            "L - Nq + i and sees keys j <= L - Nq + i (not L - Nq + i + 1)", _decode_with(diagonal=1)),
-    Mistake("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is "
-            "given)", _decode_with(scale_rule="none")),
-    Mistake("kv-head-modulo", "query head h reads KV head h % H_kv; consecutive query heads share a KV head: "
-            "h // (H_q // H_kv)", _decode_with(head_map="mod")),
-    Mistake("scale-1-over-d", "the default scale is 1/sqrt(D), not 1/D", _decode_with(scale_rule="d")),
-    Mistake("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(D)",
-            _decode_with(ignore_scale=True)),
-]
+_DECODE_MISTAKES = [Mistake(*row) for row in [
+    ("lengths-ignored", "every query attends to the whole cache: positions past cache_seqlens[b] are not tokens "
+     "(keep only k_cache[b, :, :L])", _decode_with(lengths=False)),
+    ("new-queries-see-the-future", "all the new queries see every key up to L: query i sits at position L - Nq + i "
+     "and must not see the new keys after it", _decode_with(causal="none")),
+    ("causal-top-left", "the causal mask is aligned top-left (query i sees keys 0..i): in decoding the queries are "
+     "the last Nq positions, so query i sees keys 0..L - Nq + i", _decode_with(causal="top-left")),
+    ("causal-diagonal-excluded", "a query does not see its own key: keep keys j <= L - Nq + i",
+     _decode_with(diagonal=-1)),
+    ("causal-off-by-one", "each query also sees the key one position after it: query i sits at position L - Nq + i "
+     "and sees keys j <= L - Nq + i (not L - Nq + i + 1)", _decode_with(diagonal=1)),
+    ("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is given)",
+     _decode_with(scale_rule="none")),
+    ("kv-head-modulo", "query head h reads KV head h % H_kv; consecutive query heads share a KV head: h // (H_q // "
+     "H_kv)", _decode_with(head_map="mod")),
+    ("scale-1-over-d", "the default scale is 1/sqrt(D), not 1/D", _decode_with(scale_rule="d")),
+    ("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(D)",
+     _decode_with(ignore_scale=True))]]
 
 
 # the technique: query heads read their KV head in place, measured from outside the learner's code
@@ -238,102 +210,90 @@ _DECODE = Function("decode_attention", specs.decode_attention, _decode_cases, _D
 
 def _split_cases():
     cases = []
-    for seed, (label, (B, H, nq, D, N, S), amp, scale) in enumerate([
-            ("B=1, H=2, one query, D=8, N=12 keys, 3 splits of 4", (1, 2, 1, 8, 12, 3), 1.0, None),
-            ("B=2, H=1, one query, N=10, 3 splits: chunks of 4, 4 and 2", (2, 1, 1, 8, 10, 3), 1.0, None),
+    for seed, (label, (B, H, nq, D, N, S), amp, kwargs) in enumerate([
+            ("B=1, H=2, one query, D=8, N=12 keys, 3 splits of 4", (1, 2, 1, 8, 12, 3), 1.0, {}),
+            ("B=2, H=1, one query, N=10, 3 splits: chunks of 4, 4 and 2", (2, 1, 1, 8, 10, 3), 1.0, {}),
             ("B=1, H=1, 2 queries, D=4, N=5, 4 splits: chunks of 2, 2, 1 and an empty one", (1, 1, 2, 4, 5, 4), 1.0,
-             None),
-            ("large logits (q, k x 12: scores in the hundreds), N=9, 2 splits", (1, 2, 1, 16, 9, 2), 12.0, None),
-            ("N=7, 2 splits, scale=0.3", (2, 2, 1, 4, 7, 2), 1.0, 0.3)]):
+             {}),
+            ("large logits (q, k x 12: scores in the hundreds), N=9, 2 splits", (1, 2, 1, 16, 9, 2), 12.0, {}),
+            ("N=7, 2 splits, scale=0.3", (2, 2, 1, 4, 7, 2), 1.0, {"scale": 0.3})]):
         g = _gen(10_100 + seed)
         q, k, v = _randn(g, B, H, nq, D, scale=amp), _randn(g, B, H, N, D, scale=amp), _randn(g, B, H, N, D)
-        cases.append((label, (q, k, v, S), {} if scale is None else {"scale": scale}))
+        cases.append((label, (q, k, v, S), kwargs))
     return cases
 
 
-def _partials_with(stable=True, stable_o=True, normalise=True, chunk_rule="ceil", lse_units="e", lse_scaled=True,
+def _partials_with(stable=True, stable_o=True, normalise=True, floor=False, log2=False, lse_scaled=True,
                    empty_lse=float("-inf"), strided=False, scaled=True, max_added=True):
     """A wrong split_partials."""
     def impl(q, k, v, num_splits, scale=None):
-        B, H, nq, D = q.shape
-        N = k.shape[2]
+        (B, H, nq, D), N = q.shape, k.shape[2]
         sc = 1.0 if not scaled else D ** -0.5 if scale is None else scale
-        chunk = -(-N // num_splits) if chunk_rule == "ceil" else max(1, N // num_splits)
-        o = q.new_zeros(B, H, num_splits, nq, D)
-        lse = q.new_full((B, H, num_splits, nq), empty_lse)
+        chunk = max(1, N // num_splits) if floor else -(-N // num_splits)
+        o, lse = q.new_zeros(B, H, num_splits, nq, D), q.new_full((B, H, num_splits, nq), empty_lse)
         for s in range(num_splits):
-            lo, hi = s * chunk, min((s + 1) * chunk, N)
-            idx = torch.arange(s, N, num_splits) if strided else torch.arange(lo, max(lo, hi))
-            if idx.numel() == 0:
-                continue
-            raw = q @ k[:, :, idx].transpose(-1, -2)
-            sco = raw * sc
-            m = sco.amax(-1, keepdim=True) if stable_o else torch.zeros_like(sco[..., :1])
-            p = torch.exp(sco - m)
-            o[:, :, s] = (p @ v[:, :, idx]) / (p.sum(-1, keepdim=True) if normalise else 1.0)
-            base = sco if lse_scaled else raw
-            mb = base.amax(-1, keepdim=True) if stable else torch.zeros_like(base[..., :1])
-            l_ = (mb[..., 0] if max_added else 0) + torch.log(torch.exp(base - mb).sum(-1))
-            lse[:, :, s] = l_ / math.log(2) if lse_units == "2" else l_
+            lo = s * chunk
+            idx = torch.arange(s, N, num_splits) if strided else torch.arange(lo, max(lo, min(lo + chunk, N)))
+            if idx.numel():
+                raw = q @ k[:, :, idx].transpose(-1, -2)
+                p = torch.exp(raw * sc - (raw * sc).amax(-1, keepdim=True)) if stable_o else torch.exp(raw * sc)
+                o[:, :, s] = (p @ v[:, :, idx]) / (p.sum(-1, keepdim=True) if normalise else 1.0)
+                base = raw * sc if lse_scaled else raw
+                m = base.amax(-1, keepdim=True) if stable else torch.zeros_like(base[..., :1])
+                lse[:, :, s] = ((m[..., 0] if max_added else 0) + torch.log(torch.exp(base - m).sum(-1))) / \
+                    (math.log(2) if log2 else 1)
         return o, lse
     return impl
 
 
-_PARTIAL_MISTAKES = [
-    Mistake("lse-overflows", "exp(scores) is summed without subtracting the max: with scores in the hundreds it "
-            "overflows to inf; compute lse = m + log(sum(exp(s - m)))", _partials_with(stable=False)),
-    Mistake("lse-overflows", "exp(scores) is taken without subtracting the max, in the output and the log-sum-exp: "
-            "with scores in the hundreds it overflows to inf; subtract each row's max m first",
-            _partials_with(stable=False, stable_o=False)),
-    Mistake("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is "
-            "given), in the output and the log-sum-exp alike", _partials_with(scaled=False)),
-    Mistake("lse-max-not-added-back", "the log-sum-exp leaves out the max it subtracted: lse = m + log(sum(exp(s - "
-            "m))), not log(sum(exp(s - m)))", _partials_with(max_added=False)),
-    Mistake("partial-not-normalised", "each split's output must be normalised over its own keys: "
-            "(p @ v_s) / p.sum(-1, keepdim=True)", _partials_with(normalise=False)),
-    Mistake("chunk-rounded-down", "the chunk size is N // num_splits: it must round up, ceil(N / num_splits), so "
-            "that the splits cover every key", _partials_with(chunk_rule="floor")),
-    Mistake("lse-base-2", "the log-sum-exp is in base 2: use the natural log (torch.log), as exp in the merge",
-            _partials_with(lse_units="2")),
-    Mistake("lse-unscaled", "the log-sum-exp is taken over the unscaled scores q k^T: use the scaled ones, the "
-            "same scores whose softmax weighs the values", _partials_with(lse_scaled=False)),
-    Mistake("empty-split-lse-zero", "an empty split's log-sum-exp is -inf (no softmax mass), not 0",
-            _partials_with(empty_lse=0.0)),
-    Mistake("splits-strided", "split s takes every num_splits-th key (s, s + S, ...): it takes one contiguous "
-            "chunk [s * chunk, (s + 1) * chunk)", _partials_with(strided=True)),
-]
+_PARTIAL_MISTAKES = [Mistake(*row) for row in [
+    *[("lse-overflows", "exp(scores) is taken without subtracting the max (in the log-sum-exp, or in the output "
+       "too): with scores in the hundreds it overflows to inf; subtract each row's max m, lse = m + log(sum(exp(s - "
+       "m)))", _partials_with(stable=False, stable_o=stable_o)) for stable_o in (True, False)],
+    ("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is given), in "
+     "the output and the log-sum-exp alike", _partials_with(scaled=False)),
+    ("lse-max-not-added-back", "the log-sum-exp leaves out the max it subtracted: lse = m + log(sum(exp(s - m))), not "
+     "log(sum(exp(s - m)))", _partials_with(max_added=False)),
+    ("partial-not-normalised", "each split's output must be normalised over its own keys: (p @ v_s) / p.sum(-1, "
+     "keepdim=True)", _partials_with(normalise=False)),
+    ("chunk-rounded-down", "the chunk size is N // num_splits: it must round up, ceil(N / num_splits), so that the "
+     "splits cover every key", _partials_with(floor=True)),
+    ("lse-base-2", "the log-sum-exp is in base 2: use the natural log (torch.log), as exp in the merge",
+     _partials_with(log2=True)),
+    ("lse-unscaled", "the log-sum-exp is taken over the unscaled scores q k^T: use the scaled ones, the same scores "
+     "whose softmax weighs the values", _partials_with(lse_scaled=False)),
+    ("empty-split-lse-zero", "an empty split's log-sum-exp is -inf (no softmax mass), not 0",
+     _partials_with(empty_lse=0.0)),
+    ("splits-strided", "split s takes every num_splits-th key (s, s + S, ...): it takes one contiguous chunk "
+     "[s * chunk, (s + 1) * chunk)", _partials_with(strided=True))]]
 
 
 # ----------------------------------------------------------------------------- split-merge
 
 def _merge_cases():
-    cases = []
-    for seed, (label, case, shift) in enumerate([
-            ("partials of 3 splits of N=12 keys (B=1, H=2, one query)", _split_cases()[0], 0.0),
-            ("partials with an empty split (lse = -inf) and 2 queries", _split_cases()[2], 0.0),
-            ("partials from scores in the hundreds (lse ~ 300)", _split_cases()[3], 0.0),
-            ("3 splits, every lse shifted by +800 (exp(lse) overflows float32, and float64 past ~709)", _split_cases()[1],
-             800.0)]):
-        o, lse = specs.split_partials(*case[1], **case[2])
+    split, g, cases = _split_cases(), _gen(10_200), []
+    for label, i, shift in [
+            ("partials of 3 splits of N=12 keys (B=1, H=2, one query)", 0, 0.0),
+            ("partials with an empty split (lse = -inf) and 2 queries", 2, 0.0),
+            ("partials from scores in the hundreds (lse ~ 300)", 3, 0.0),
+            ("3 splits, every lse shifted by +800 (exp(lse) overflows float32, and float64 past ~709)", 1, 800.0)]:
+        o, lse = specs.split_partials(*split[i][1], **split[i][2])
         cases.append((label, (o, lse + shift), {}))
-    g = _gen(10_200)
-    cases.append(("one split only (S = 1): the merge returns it", (_randn(g, 2, 2, 1, 2, 8), _randn(g, 2, 2, 1, 2)),
-                  {}))
-    return cases
+    return cases + [("one split only (S = 1): the merge returns it", (_randn(g, 2, 2, 1, 2, 8), _randn(g, 2, 2, 1, 2)),
+                     {})]
 
 
-def _merge_by(weights):
-    """A wrong merge_splits: the partials weighed by ``weights(lse)`` (B, H, S, Nq) and summed over the splits."""
-    return lambda o, lse: (weights(lse)[..., None] * o).sum(dim=2)
+def _merge_by(weights, dtype=None):
+    """A wrong merge_splits: the partials weighed by ``weights(lse)`` (B, H, S, Nq) and summed over the splits, in
+    ``dtype`` if given."""
+    def impl(o, lse):
+        wide = (o, lse) if dtype is None else (o.to(dtype), lse.to(dtype))
+        return (weights(wide[1])[..., None] * wide[0]).sum(dim=2).to(o.dtype)
+    return impl
 
 
 def _normalised(w, dim=2):
     return w / w.sum(dim, keepdim=True)
-
-
-def _merge_max_only(o, lse):
-    best = lse.argmax(2, keepdim=True)                                     # (B, H, 1, Nq)
-    return torch.gather(o, 2, best[..., None].expand(*best.shape, o.shape[-1])).squeeze(2)
 
 
 def _merge_running(rescale_acc=True, rescale_total=True):
@@ -344,39 +304,30 @@ def _merge_running(rescale_acc=True, rescale_total=True):
         m = torch.full_like(lse[:, :, 0], float("-inf"))
         for s in range(o.shape[2]):
             m_new = torch.maximum(m, lse[:, :, s])
-            alpha = torch.nan_to_num(torch.exp(m - m_new))
-            w = torch.nan_to_num(torch.exp(lse[:, :, s] - m_new))
+            alpha, w = torch.nan_to_num(torch.exp(m - m_new)), torch.nan_to_num(torch.exp(lse[:, :, s] - m_new))
             acc = (acc * alpha[..., None] if rescale_acc else acc) + w[..., None] * o[:, :, s]
-            total = (total * alpha if rescale_total else total) + w
-            m = m_new
+            total, m = (total * alpha if rescale_total else total) + w, m_new
         return acc / total[..., None]
     return impl
 
 
-_MERGE_MISTAKES = [
-    Mistake("running-not-rescaled", "the running merge does not rescale what it holds when the max grows: multiply "
-            "the running output and the running sum by exp(m_old - m_new) before adding a split",
-            _merge_running(rescale_acc=False, rescale_total=False)),
-    Mistake("running-sum-not-rescaled", "the running output is rescaled by exp(m_old - m_new) when the max grows, "
-            "but the running sum is not: rescale both", _merge_running(rescale_total=False)),
-    Mistake("running-output-not-rescaled", "the running sum is rescaled by exp(m_old - m_new) when the max grows, "
-            "but the running output is not: rescale both", _merge_running(rescale_acc=False)),
-    Mistake("mean-of-partials", "the partials are averaged: each must weigh by its split's softmax mass, "
-            "exp(lse_s) over the sum", lambda o, lse: o.mean(dim=2)),
-    Mistake("exp-overflows", "exp(lse) is taken without subtracting the max over the splits: large lse overflow "
-            "to inf and the weights become NaN", _merge_by(lambda lse: _normalised(torch.exp(lse)))),
-    Mistake("exp-overflows-float64", "exp(lse) is taken in float64 without subtracting the max over the splits: "
-            "float64 only postpones the overflow (exp is inf past lse ~ 709); subtract the max",
-            lambda o, lse: _merge_by(lambda l: _normalised(torch.exp(l.double())))(o.double(), lse).to(o.dtype)),
-    Mistake("not-normalised", "the weights exp(lse_s - M) are not divided by their sum",
-            _merge_by(lambda lse: torch.exp(lse - lse.amax(2, keepdim=True)))),
-    Mistake("linear-weights", "the weights are lse_s / sum(lse): the mass of a split is exp(lse_s)",
-            _merge_by(_normalised)),
-    Mistake("max-only", "only the split with the largest lse is kept: every split contributes its share",
-            _merge_max_only),
-    Mistake("wrong-axis", "the weights are normalised over the queries (dim -1); they are over the splits (dim 2)",
-            _merge_by(lambda lse: _normalised(torch.exp(lse - lse.amax(-1, keepdim=True)), -1))),
-]
+_MERGE_MISTAKES = [Mistake(*row) for row in [
+    *[("running-not-rescaled", "the running merge does not rescale all it holds when the max grows: multiply the "
+       "running output and the running sum alike by exp(m_old - m_new) before adding a split",
+       _merge_running(rescale_acc=acc, rescale_total=total)) for acc, total in ((False, False), (True, False),
+                                                                                (False, True))],
+    ("mean-of-partials", "the partials are averaged: each must weigh by its split's softmax mass, exp(lse_s) over the "
+     "sum", lambda o, lse: o.mean(dim=2)),
+    *[("exp-overflows", "exp(lse) is taken without subtracting the max over the splits: large lse overflow to inf (in "
+       "float64 too, past lse ~ 709) and the weights become NaN; subtract the max",
+       _merge_by(lambda lse: _normalised(torch.exp(lse)), dtype)) for dtype in (None, torch.float64)],
+    ("not-normalised", "the weights exp(lse_s - M) are not divided by their sum",
+     _merge_by(lambda lse: torch.exp(lse - lse.amax(2, keepdim=True)))),
+    ("linear-weights", "the weights are lse_s / sum(lse): the mass of a split is exp(lse_s)", _merge_by(_normalised)),
+    ("max-only", "only the split with the largest lse is kept: every split contributes its share",
+     _merge_by(lambda lse: torch.nn.functional.one_hot(lse.argmax(2), lse.shape[2]).movedim(-1, 2).to(lse.dtype))),
+    ("wrong-axis", "the weights are normalised over the queries (dim -1); they are over the splits (dim 2)",
+     _merge_by(lambda lse: _normalised(torch.exp(lse - lse.amax(-1, keepdim=True)), -1)))]]
 
 
 # ----------------------------------------------------------------------------- paged-gather
@@ -384,17 +335,16 @@ _MERGE_MISTAKES = [
 def _paged_cases():
     g = _gen(10_300)
     k = _randn(g, 3, 2, 12, 3)                                              # (B, H_kv, 12, D)
-    lens = torch.tensor([12, 6, 3], dtype=torch.int32)
-    pool, _, table = to_paged(k, k, lens, 4, generator=g)                   # pages of 4, shuffled in the pool
+    pool, _, table = to_paged(k, k, torch.tensor([12, 6, 3], dtype=torch.int32), 4, generator=g)  # shuffled pages
     table = torch.cat([table, torch.zeros(3, 1, dtype=torch.int32)], dim=1)  # an unused column
     return [(f"sequence {b}, length {L} (pages of 4 in a shuffled pool of {pool.shape[0]})", (pool, table, b, L), {})
             for b, L in ((0, 12), (1, 6), (2, 3), (0, 9), (1, 1))]
 
 
-def _gather_with(pages="table", heads_first=True, n_pages="ceil", trim=True):
+def _gather_with(pages="table", heads_first=True, floor=False, trim=True):
     def impl(pool, block_table, b, length):
         ps = pool.shape[2]
-        n = -(-length // ps) if n_pages == "ceil" else max(1, length // ps)
+        n = max(1, length // ps) if floor else -(-length // ps)
         idx = {"table": block_table[b, :n].long(), "first-row": block_table[0, :n].long(), "order": torch.arange(n)}
         kv = pool[idx[pages]]
         kv = (kv.transpose(0, 1) if heads_first else kv).reshape(pool.shape[1], n * ps, pool.shape[3])
@@ -402,18 +352,17 @@ def _gather_with(pages="table", heads_first=True, n_pages="ceil", trim=True):
     return impl
 
 
-_GATHER_MISTAKES = [
-    Mistake("table-ignored", "the pages are taken in order 0, 1, 2, ... of the pool: they are where the block table "
-            "says, block_table[b, n // page_size]", _gather_with(pages="order")),
-    Mistake("wrong-row", "every sequence reads row 0 of the block table: sequence b reads row b",
-            _gather_with(pages="first-row")),
-    Mistake("heads-not-first", "the pages were reshaped with the heads still inside them: transpose to "
-            "(H_kv, n_pages, page_size, D) before flattening the pages", _gather_with(heads_first=False)),
-    Mistake("pages-rounded-down", "length // page_size pages miss a last, partly filled page: use "
-            "ceil(length / page_size)", _gather_with(n_pages="floor")),
-    Mistake("not-trimmed", "the last page's unused positions are returned too: keep the first `length`",
-            _gather_with(trim=False)),
-]
+_GATHER_MISTAKES = [Mistake(*row) for row in [
+    ("table-ignored", "the pages are taken in order 0, 1, 2, ... of the pool: they are where the block table says, "
+     "block_table[b, n // page_size]", _gather_with(pages="order")),
+    ("wrong-row", "every sequence reads row 0 of the block table: sequence b reads row b",
+     _gather_with(pages="first-row")),
+    ("heads-not-first", "the pages were reshaped with the heads still inside them: transpose to (H_kv, n_pages, "
+     "page_size, D) before flattening the pages", _gather_with(heads_first=False)),
+    ("pages-rounded-down", "length // page_size pages miss a last, partly filled page: use ceil(length / page_size)",
+     _gather_with(floor=True)),
+    ("not-trimmed", "the last page's unused positions are returned too: keep the first `length`",
+     _gather_with(trim=False))]]
 
 
 # ----------------------------------------------------------------------------- latent-decode
@@ -426,64 +375,52 @@ def _latent_inputs(g, B, H, d_h, d_lat, d_rope, L):
 
 def _latent_cases():
     B, H, L, d_lat = salted_ints(10_350, (1, 3), (2, 6), (3, 21), (4, 24))
-    cases = []
-    for seed, (label, sizes, scale) in enumerate([
-            ("B=1, H=2, d_h=4, d_latent=6, d_rope=2, L=5", (1, 2, 4, 6, 2, 5), None),
-            ("B=2, H=4, d_h=8, d_latent=12, d_rope=4, L=9", (2, 4, 8, 12, 4, 9), None),
-            ("B=1, H=3, d_latent=4 below d_h=8, d_rope=6, L=7", (1, 3, 8, 4, 6, 7), None),
-            (f"B={B}, H={H}, d_h=8, d_latent={d_lat}, d_rope=4, L={L}", (B, H, 8, d_lat, 4, L), None),
-            ("B=2, H=2, d_h=4, d_latent=8, d_rope=2, L=6, scale=0.3 (not 1/sqrt(d_h + d_rope))", (2, 2, 4, 8, 2, 6),
-             0.3)]):
-        args = _latent_inputs(_gen(10_360 + seed), *sizes)
-        cases.append((label, args, {} if scale is None else {"scale": scale}))
-    return cases
+    return [(label, _latent_inputs(_gen(10_360 + seed), *sizes), kwargs) for seed, (label, sizes, kwargs) in enumerate([
+        ("B=1, H=2, d_h=4, d_latent=6, d_rope=2, L=5", (1, 2, 4, 6, 2, 5), {}),
+        ("B=2, H=4, d_h=8, d_latent=12, d_rope=4, L=9", (2, 4, 8, 12, 4, 9), {}),
+        ("B=1, H=3, d_latent=4 below d_h=8, d_rope=6, L=7", (1, 3, 8, 4, 6, 7), {}),
+        (f"B={B}, H={H}, d_h=8, d_latent={d_lat}, d_rope=4, L={L}", (B, H, 8, d_lat, 4, L), {}),
+        ("B=2, H=2, d_h=4, d_latent=8, d_rope=2, L=6, scale=0.3 (not 1/sqrt(d_h + d_rope))", (2, 2, 4, 8, 2, 6),
+         {"scale": 0.3})])]
 
 
 def _latent_with(swap=False, rope=True, scale_rule="sum", ignore_scale=False, axis=-1, normalise=True):
     """A wrong latent_decode, absorbed as asked, with one flaw."""
     def impl(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
         d_h, d_lat, d_rope = q_nope.shape[-1], c.shape[-1], q_rope.shape[-1]
-        if swap:
-            w_uk, w_uv = w_uv, w_uk
+        w_uk, w_uv = (w_uv, w_uk) if swap else (w_uk, w_uv)
         width = {"sum": d_h + d_rope, "head": d_h, "latent": d_lat + d_rope}.get(scale_rule, 1)
         sc = 1.0 if scale_rule == "none" else width ** -0.5 if (scale is None or ignore_scale) else scale
-        q_lat = torch.einsum("bhd,hdc->bhc", q_nope, w_uk)                   # (B, H, d_latent)
-        s = torch.einsum("bhc,blc->bhl", q_lat, c)
-        if rope:
-            s = s + torch.einsum("bhr,blr->bhl", q_rope, k_rope)
-        s = s * sc
+        s = torch.einsum("bhc,blc->bhl", torch.einsum("bhd,hdc->bhc", q_nope, w_uk), c)   # W_UK absorbed: (B, H, L)
+        s = (s + torch.einsum("bhr,blr->bhl", q_rope, k_rope) if rope else s) * sc
         p = torch.exp(s - s.amax(axis, keepdim=True))
-        if normalise:
-            p = p / p.sum(axis, keepdim=True)
-        o_lat = torch.einsum("bhl,blc->bhc", p, c)                            # (B, H, d_latent)
-        return torch.einsum("hdc,bhc->bhd", w_uv, o_lat)                      # (B, H, d_h)
+        p = p / p.sum(axis, keepdim=True) if normalise else p
+        return torch.einsum("hdc,bhc->bhd", w_uv, torch.einsum("bhl,blc->bhc", p, c))      # (B, H, d_h)
     return impl
 
 
-_LATENT_MISTAKES = [
-    Mistake("up-projections-swapped", "W_UV is absorbed into the query and W_UK applied to the output: the keys are "
-            "W_UK_i c (q_lat = W_UK_i^T q_nope_i), the values W_UV_i c (applied to the weighted latent)",
-            _latent_with(swap=True)),
-    Mistake("rope-forgotten", "the scores leave out the decoupled rotary part: head i's key is [W_UK_i c_j ; "
-            "k_rope_j], so the score adds q_rope_i . k_rope_j to q_lat_i . c_j", _latent_with(rope=False)),
-    Mistake("scale-missing", "the scores are not scaled: multiply by scale (1/sqrt(d_h + d_rope) when none is "
-            "given)", _latent_with(scale_rule="none")),
-    Mistake("scale-head-only", "the default scale is 1/sqrt(d_h): the key head i scores with is [W_UK_i c ; k_rope], "
-            "d_h + d_rope wide, so 1/sqrt(d_h + d_rope)", _latent_with(scale_rule="head")),
-    Mistake("scale-latent-width", "the default scale is taken from the absorbed query's width, 1/sqrt(d_latent + "
-            "d_rope): absorbing W_UK changes how the scores are computed, not what they are; they are the unabsorbed "
-            "scores, scaled by 1/sqrt(d_h + d_rope)", _latent_with(scale_rule="latent")),
-    Mistake("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(d_h + d_rope)",
-            _latent_with(ignore_scale=True)),
-    Mistake("softmax-wrong-axis", "the softmax is over the heads (dim 1): each head's weights are over the L cached "
-            "positions (the last dim of the scores (B, H, L))", _latent_with(axis=1)),
-    Mistake("not-normalised", "the weights exp(s - max) are not divided by their sum over the positions",
-            _latent_with(normalise=False)),
-]
+_LATENT_MISTAKES = [Mistake(*row) for row in [
+    ("up-projections-swapped", "W_UV is absorbed into the query and W_UK applied to the output: the keys are W_UK_i c "
+     "(q_lat = W_UK_i^T q_nope_i), the values W_UV_i c (applied to the weighted latent)", _latent_with(swap=True)),
+    ("rope-forgotten", "the scores leave out the decoupled rotary part: head i's key is [W_UK_i c_j ; k_rope_j], so "
+     "the score adds q_rope_i . k_rope_j to q_lat_i . c_j", _latent_with(rope=False)),
+    ("scale-missing", "the scores are not scaled: multiply by scale (1/sqrt(d_h + d_rope) when none is given)",
+     _latent_with(scale_rule="none")),
+    ("scale-head-only", "the default scale is 1/sqrt(d_h): the key head i scores with is [W_UK_i c ; k_rope], d_h + "
+     "d_rope wide, so 1/sqrt(d_h + d_rope)", _latent_with(scale_rule="head")),
+    ("scale-latent-width", "the default scale is taken from the absorbed query's width, 1/sqrt(d_latent + d_rope): "
+     "absorbing W_UK changes how the scores are computed, not what they are; they are the unabsorbed scores, scaled "
+     "by 1/sqrt(d_h + d_rope)", _latent_with(scale_rule="latent")),
+    ("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(d_h + d_rope)",
+     _latent_with(ignore_scale=True)),
+    ("softmax-wrong-axis", "the softmax is over the heads (dim 1): each head's weights are over the L cached "
+     "positions (the last dim of the scores (B, H, L))", _latent_with(axis=1)),
+    ("not-normalised", "the weights exp(s - max) are not divided by their sum over the positions",
+     _latent_with(normalise=False))]]
 
-# reading only the latent cache, measured from outside the learner's code (attnlab/grading/sandbox/footprint.py): 32 heads of
-# d_h = 64 over 8192 latents of 64 + 16: the latent cache is 2.5 MiB, the per-head K (d_h + d_rope wide) and V
-# that the unabsorbed form makes are 144 MiB; the scores are 1 MiB
+# reading only the latent cache, measured from outside the learner's code (attnlab/grading/sandbox/footprint.py): 32
+# heads of d_h = 64 over 8192 latents of 64 + 16: the latent cache is 2.5 MiB, the per-head K (d_h + d_rope wide) and
+# V that the unabsorbed form makes are 144 MiB; the scores are 1 MiB
 LATENT_CASE = (1, 32, 64, 64, 16, 8192)   # B, H, d_h, d_latent, d_rope, L
 EXPANDED_KV = Mistake("expanded-kv", "the per-head keys or values were made (W_UK_i c_j or W_UV_i c_j for every "
                       "position j, or k_rope repeated per head): that is the unabsorbed decode, H x L x d_h numbers "
@@ -513,41 +450,33 @@ _LATENT = Function("latent_decode", specs.latent_decode, _latent_cases, _LATENT_
 CONTEXTS, KV_HEADS, HEADS, D = [48, 130], [8, 2, 1], 8, 16
 
 
-def _bytes_with(what="total", e=2):
+def _bytes_cases():
+    first, second, kv = salted_ints(10_400, (3, 40), (41, 90), (0, 2))
+    return [(f"contexts {c}, kv_heads {h}, {HEADS} query heads, d={D}", (c, h), {"heads": HEADS, "d": D})
+            for c, h in ((CONTEXTS, KV_HEADS), ([first, second], [(4, 2, 1)[kv]]))]
+
+
+def _bytes_with(what="total", e=2, transposed=False):
+    """A wrong decode_bytes: ``what`` of each step's IO, with elements of ``e`` bytes."""
     def impl(contexts, kv_heads_list, heads=8, d=16):
-        rows = []
-        for h in kv_heads_list:
-            row = []
-            for L in contexts:
-                io = iomodel.decode_io(1, heads, L, d, e, kv_heads=h, num_splits=1)
-                row.append({"total": io.total_bytes, "read": io.bytes_read,
-                            "k-only": io.total_bytes - L * h * d * e,
-                            "cache": iomodel.kv_cache_bytes(L, 1, h, d, e)}[what])
-            rows.append(row)
-        return torch.tensor(rows, dtype=torch.int64)
+        def cell(h, L):
+            io = iomodel.decode_io(1, heads, L, d, e, kv_heads=h, num_splits=1)
+            return {"total": io.total_bytes, "read": io.bytes_read, "k-only": io.total_bytes - L * h * d * e,
+                    "cache": iomodel.kv_cache_bytes(L, 1, h, d, e)}[what]
+        table = torch.tensor([[cell(h, L) for L in contexts] for h in kv_heads_list], dtype=torch.int64)
+        return table.T if transposed else table
     return impl
 
 
-_BYTES_MISTAKES = [
-    Mistake("reads-only", "only the bytes read are counted: a step also writes its partial outputs and the "
-            "output (t.bytes_read + t.bytes_written)", _bytes_with("read")),
-    Mistake("values-not-counted", "the values' reads are missing: the kernel reads K and V", _bytes_with("k-only")),
-    Mistake("float32-cache", "the caches are float32: the experiment's are float16 (2 bytes per element)",
-            _bytes_with(e=4)),
-    Mistake("cache-size-not-traffic", "this is the size of the cache, 2 L kv_heads d bytes of K and V: the "
-            "traffic of a step also reads Q and writes and re-reads the partial results", _bytes_with("cache")),
-    Mistake("transposed", "rows are context lengths: one row per kv_heads, one column per context length",
-            lambda contexts, kv_heads_list, heads=8, d=16: _bytes_with()(contexts, kv_heads_list, heads, d).T),
-]
-
-
-def _bytes_cases():
-    first, second, kv = salted_ints(10_400, (3, 40), (41, 90), (0, 2))
-    return [(f"contexts {CONTEXTS}, kv_heads {KV_HEADS}, {HEADS} query heads, d={D}", (CONTEXTS, KV_HEADS),
-             {"heads": HEADS, "d": D}),
-            (f"contexts {[first, second]}, kv_heads {[(4, 2, 1)[kv]]}, {HEADS} query heads, d={D}",
-             ([first, second], [(4, 2, 1)[kv]]), {"heads": HEADS, "d": D})]
-
+_BYTES_MISTAKES = [Mistake(*row) for row in [
+    ("reads-only", "only the bytes read are counted: a step also writes its partial outputs and the output "
+     "(t.bytes_read + t.bytes_written)", _bytes_with("read")),
+    ("values-not-counted", "the values' reads are missing: the kernel reads K and V", _bytes_with("k-only")),
+    ("float32-cache", "the caches are float32: the experiment's are float16 (2 bytes per element)", _bytes_with(e=4)),
+    ("cache-size-not-traffic", "this is the size of the cache, 2 L kv_heads d bytes of K and V: the traffic of a step "
+     "also reads Q and writes and re-reads the partial results", _bytes_with("cache")),
+    ("transposed", "rows are context lengths: one row per kv_heads, one column per context length",
+     _bytes_with(transposed=True))]]
 
 _BYTES = specs.decode_bytes(CONTEXTS, KV_HEADS, HEADS, D)   # what the notebook's run gives
 
@@ -558,8 +487,7 @@ def _with(table, then):
 
 
 TABLES = {
-    "decode-cost": Measured("function", _measure_cost, {"decode_step_bytes": _COST_MISTAKES,
-                                                        "crossover_tokens": _CROSSOVER_MISTAKES}),
+    "decode-cost": _COST,
     "decode-attention": Measured("peak-memory", _with(_DECODE, _check_no_copy),
                                  {"decode_attention": _DECODE_MISTAKES + [CACHE_COPIED]}),
     "split-partials": Function("split_partials", specs.split_partials, _split_cases, _PARTIAL_MISTAKES,

@@ -1,15 +1,10 @@
 """The references of exercise 10_inference: what the grader compares the learner's answers with.
 
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
-The maths has one home, the library: the bytes a whole model's decoding step reads and their crossover are
-``attnlab.iomodel.decode_step_bytes`` (its ``bytes_read``: the new token's K and V entry is written, not read) and
-``attnlab.iomodel.decode_crossover_tokens``; decoding attention is ``attnlab.kvcache.decode_reference``, a paged
-gather ``attnlab.kvcache.gather_cache``, the bytes of a decoding step ``attnlab.iomodel.decode_io`` (equal to
-the traced kernel, tests/test_kernels_decode.py). What is specific to the exercise: the split of the keys into
-chunks written in PyTorch, and the merge; and multi-head latent attention's decode with plain tensors for weights,
-whose reference is the *unabsorbed* form (every head's K and V up-projected from the latents, then the library's
-attention), so that the learner's absorbed answer is checked against the other way of computing it (the two are
-equal in ``attnlab.mla.MLA``, tests/test_mla.py).
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. The maths has one
+home, the library (``attnlab.iomodel``'s cost model and decode IO, equal to the traced kernel; ``attnlab.kvcache``'s
+decoding attention and paged gather). Specific to the exercise: the split of the keys into chunks and their merge,
+and multi-head latent attention's decode with plain tensors for weights, computed absorbed here and checked against
+the unabsorbed definition (tests/test_exercise_10.py; the two are equal in ``attnlab.mla.MLA``, tests/test_mla.py).
 """
 
 import math
@@ -21,9 +16,9 @@ from attnlab.kvcache import decode_reference, gather_cache
 
 
 def decode_step_bytes(batch, context, params, layers, kv_heads, d, bytes_per_element=2):
-    """Bytes one decoding step of a whole model reads: the ``params`` weights once, shared by the batch, and each of
-    the ``batch`` sequences' K and V caches of ``context`` tokens, 2 x layers x kv_heads x d x e bytes per token.
-    The new token's K and V entry, written, is not counted (lesson 10 section 1: P e + B L c)."""
+    """Bytes one decoding step of a whole model reads: the weights once, shared by the batch, and each sequence's
+    K and V cache, 2 x layers x kv_heads x d x e bytes per token; the new token's entry, written, is not counted
+    (lesson 10 section 1: P e + B L c)."""
     return iomodel.decode_step_bytes(batch, context, params=params, layers=layers, heads=kv_heads, d=d,
                                      kv_heads=kv_heads, bytes_per_element=bytes_per_element).bytes_read
 
@@ -77,10 +72,8 @@ def latent_decode(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
     """One new query per sequence against an MLA latent cache (DeepSeek-V2 section 2.1; ``attnlab.mla``'s weights):
     q_nope (B, H, d_h), q_rope (B, H, d_rope), w_uk and w_uv (H, d_h, d_latent) (head i's key W_UK_i c, value
     W_UV_i c), c (B, L, d_latent), k_rope (B, L, d_rope) shared by the heads; every position is seen. Scale
-    1/sqrt(d_h + d_rope) unless given. Returns (B, H, d_h).
-
-    Defined by the unabsorbed form (per-head K = [W_UK c, k_rope], V = W_UV c, then attention), computed here
-    absorbed, as the part asks (tests/test_exercise_10.py checks the two agree): the cache is read as it is."""
+    1/sqrt(d_h + d_rope) unless given. Returns (B, H, d_h): the unabsorbed form's (per-head K = [W_UK c, k_rope],
+    V = W_UV c, then attention), computed absorbed as the part asks."""
     scale = (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 if scale is None else scale
     q_lat = torch.einsum("bhd,hdc->bhc", q_nope, w_uk)                       # (B, H, d_latent): W_UK absorbed
     s = (torch.einsum("bhc,blc->bhl", q_lat, c) + torch.einsum("bhr,blr->bhl", q_rope, k_rope)) * scale  # (B, H, L)
