@@ -1,11 +1,8 @@
 """The references of exercise 11_across_devices: what the grader compares the learner's answers with.
 
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
-The maths has one home, the library: the merge is ``attnlab.distributed.merge_partials``, one block's (O, L)
-``attnlab.distributed.attention_lse``, the layouts ``attnlab.distributed.shard_indices`` and ``chunk_ids``, and
-the bytes ``attnlab.iomodel.ring_attention_bytes`` and ``ulysses_attention_bytes`` (equal to what the real
-ring and all-to-all send on a gloo group, tests/test_distributed.py). What is specific to the exercise: one
-rank's ring step as a function of the shard it holds, and the schedule as a table of block kinds.
+Never shown in the exercise. The maths has one home, the library (:mod:`attnlab.distributed`, the bytes
+:mod:`attnlab.iomodel`, equal to what a real gloo group sends: tests/test_distributed.py); specific to the exercise
+are one rank's ring step as a function of the shard it holds, and the schedule as a table of block kinds.
 """
 
 import torch
@@ -58,11 +55,10 @@ def ring_step(o, lse, q, k, v, rank, step, world_size, causal=False, layout="con
 
 
 def comm_bytes(world_sizes, n=48, heads=12, d=8, kv_heads=None):
-    """The experiment: bytes one rank sends in the forward (batch 1, float32) for each world size, ring attention
-    (row 0) and all-to-all (row 1); int64 (2, len(world_sizes)). ``kv_heads`` (None: ``heads``): K and V have that
-    many heads (grouped-query attention), replicated in the all-to-all where fewer than the ranks. The ring's row is
-    counted as the exercise asks, rank 0 driven through its P steps with :func:`ring_step` and its sends added up
-    (equal to ``attnlab.iomodel.ring_attention_bytes``); the all-to-all's is ``iomodel.ulysses_attention_bytes``."""
+    """The experiment: bytes one rank sends in the forward (batch 1, float32) per world size, ring attention (row 0:
+    rank 0 driven through its P steps with :func:`ring_step`, its sends added up) and all-to-all (row 1:
+    ``iomodel.ulysses_attention_bytes``); int64 (2, len(world_sizes)). K and V have ``kv_heads`` heads (None:
+    ``heads``), replicated in the all-to-all where fewer than the ranks."""
     kv = heads if kv_heads is None else kv_heads
     ring = []
     for p in world_sizes:
