@@ -1,14 +1,11 @@
 """The references of exercise 01_soft_alignment: what the grader compares the learner's answers with.
 
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
-The softmax and its mask are the library's (``attnlab.attention.softmax``, ``masked_softmax``);
-what is specific to the exercise is the decomposition it asks for (score, then weights and
-context, then one decoder step) and the experiment: train the course's RNNsearch with an
-alignment model plugged in and measure how much of the swapped adjective-noun pairs' weight
-crosses.
+Never shown in the exercise. The softmax and its mask are the library's; specific to the exercise are the
+decomposition it asks for (score, then weights and context, then one decoder step) and the experiment: the course's
+RNNsearch trained with an alignment model plugged in, and how much of the swapped adjective-noun pairs' weight crosses.
 """
 
-
+import itertools
 from functools import lru_cache
 
 import torch
@@ -17,33 +14,23 @@ from attnlab.attention import masked_softmax, softmax
 
 
 def additive_scores(s, h, w, u, v):
-    """Alignment scores e_j = v^T tanh(W s + U h_j).
-
-    s: (B, Dq) decoder state; h: (B, N, Dk) encoder states;
-    w: (A, Dq), u: (A, Dk), v: (A,).  Returns (B, N).
-    """
+    """Alignment scores e_j = v^T tanh(W s + U h_j): s (B, Dq) decoder state, h (B, N, Dk) encoder states,
+    w (A, Dq), u (A, Dk), v (A,) -> (B, N)."""
     ws = s @ w.T  # (B, A)
     uh = h @ u.T  # (B, N, A)
     return torch.tanh(ws[:, None, :] + uh) @ v  # (B, N)
 
 
 def context_vector(scores, h, mask=None):
-    """Softmax the scores over the N source positions and average the encoder states.
-
-    scores: (B, N); h: (B, N, Dk); mask: bool (B, N), True = real token, or None.
-    Returns (context (B, Dk), weights (B, N)). A row with no real token gets zero weights.
-    """
+    """(context (B, Dk), weights (B, N)): scores (B, N) softmaxed over the N source positions (mask: bool (B, N),
+    True = real token, or None; a row with none gets zero weights), and the encoder states h (B, N, Dk) averaged."""
     weights = softmax(scores, dim=-1) if mask is None else masked_softmax(scores, mask, dim=-1)  # (B, N)
     return torch.einsum("bn,bnd->bd", weights, h), weights  # (B, Dk), (B, N)
 
 
 def decode_step(s, h, w, u, v, w_s, w_c, mask=None):
-    """One step of an attention decoder: attend with the current state, then update it.
-
-    s: (B, Dq); h: (B, N, Dk); w, u, v as in ``additive_scores``;
-    w_s: (Dq, Dq), w_c: (Dq, Dk); mask: bool (B, N) or None.
-    Returns (new state (B, Dq) = tanh(s W_s^T + c W_c^T), weights (B, N)).
-    """
+    """One step of an attention decoder, (new state tanh(s W_s^T + c W_c^T) (B, Dq), weights (B, N)): s (B, Dq);
+    h, w, u, v as in ``additive_scores``; w_s (Dq, Dq), w_c (Dq, Dk); mask as in ``context_vector``."""
     scores = additive_scores(s, h, w, u, v)  # (B, N)
     c, weights = context_vector(scores, h, mask)  # (B, Dk), (B, N)
     s_new = torch.tanh(s @ w_s.T + c @ w_c.T)  # (B, Dq)
@@ -85,12 +72,9 @@ def train_rnnsearch(seed, steps, score_fn=additive_scores, context_fn=context_ve
         model = RNNsearch(n_src, n_tgt, emb_dim=r["emb_dim"], hidden_dim=r["hidden_dim"], maxout_dim=r["hidden_dim"],
                           score_fn=score_fn, context_fn=context_fn)
         generator = torch.Generator().manual_seed(seed)
-
-        def stream():
-            while True:
-                yield from batches(src_ids, tgt_ids, r["batch_size"], generator=generator)
-
-        fit(model, stream(), lambda b: model.loss(b[0], b[1], b[2]), steps, lr=r["lr"], progress=False)
+        stream = itertools.chain.from_iterable(batches(src_ids, tgt_ids, r["batch_size"], generator=generator)
+                                               for _ in itertools.count())
+        fit(model, stream, lambda b: model.loss(b[0], b[1], b[2]), steps, lr=r["lr"], progress=False)
     return model
 
 
