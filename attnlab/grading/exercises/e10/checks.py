@@ -84,10 +84,8 @@ _CROSSOVER_MISTAKES = [Mistake(*row) for row in [
     ("crossover-inverted", "this is the cache's bytes per token over the weights' bytes: the crossover is the number "
      "of cached tokens whose read equals the weights', params x e / (cache bytes per token)",
      lambda *args, **kwargs: 1 / specs.crossover_tokens(*args, **kwargs)),
-    ("crossover-k-only", "the cache per token counts only the keys: K and V, 2 x layers x kv_heads x d x e bytes",
-     _crossover_of(_cost_with(kv=1))),
-    ("crossover-layers-missing", "the cache per token is counted for one layer: 2 x layers x kv_heads x d x e bytes",
-     _crossover_of(_cost_with(with_layers=False))),
+    *[(f"crossover-{key}", m.message, _crossover_of(m.impl))      # the step's k-only and cache-layers-missing
+      for key, m in zip(("k-only", "layers-missing"), _COST_MISTAKES[1:3])],
     ("crossover-weights-in-parameters", "the weights are counted in parameters and the cache in bytes: count both in "
      "bytes (params x e), or both in elements", _crossover_of(_cost_with(unit="elements", cache_unit="bytes"))),
     ("crossover-cache-in-elements", "the weights are counted in bytes and the cache in elements: count both in bytes "
@@ -122,25 +120,21 @@ def _decode_cases():
     return cases
 
 
-def _decode_with(lengths=True, causal="bottom-right", diagonal=0, head_map="div", scale_rule="sqrt",
-                 ignore_scale=False):
-    """A wrong decode_attention."""
+def _decode_with(lengths=True, seen=lambda i, L, nq: L - nq + i, head=lambda h, G, hkv: h // G,
+                 default=lambda D: D ** -0.5, scale_used=True):
+    """A wrong decode_attention: query i sees keys 0 .. ``seen``, query head h reads KV head ``head``; ``default``
+    the scale when none is given, or when a given one is not used."""
     def impl(q, k_cache, v_cache, cache_seqlens, scale=None):
         B, hq, nq, D = q.shape
-        hkv = k_cache.shape[1]
-        default = 1.0 / D if scale_rule == "d" else D ** -0.5
-        sc = 1.0 if scale_rule == "none" else default if (scale is None or ignore_scale) else scale
+        sc = default(D) if scale is None or not scale_used else scale
+        heads = head(torch.arange(hq), hq // k_cache.shape[1], k_cache.shape[1])
         out = torch.empty_like(q)
         for b in range(B):
             L = int(cache_seqlens[b]) if lengths else k_cache.shape[2]
-            j, i = torch.arange(L)[None, :], torch.arange(nq)[:, None]
-            keep = {"bottom-right": j <= L - nq + i + diagonal, "top-left": j <= i,
-                    "none": torch.ones(nq, L, dtype=torch.bool)}[causal]
-            for h in range(hq):
-                kv = h // (hq // hkv) if head_map == "div" else h % hkv
-                s = (q[b, h] @ k_cache[b, kv, :L].T * sc).masked_fill(~keep, float("-inf"))   # (Nq, L)
-                w = torch.exp(s - s.amax(-1, keepdim=True))
-                out[b, h] = (w / w.sum(-1, keepdim=True)) @ v_cache[b, kv, :L]
+            s = q[b] @ k_cache[b, heads, :L].transpose(-1, -2) * sc                   # (H_q, Nq, L)
+            s = s.masked_fill(torch.arange(L) > seen(torch.arange(nq)[:, None], L, nq), float("-inf"))
+            w = torch.exp(s - s.amax(-1, keepdim=True))
+            out[b] = (w / w.sum(-1, keepdim=True)) @ v_cache[b, heads, :L]
         return out
     return impl
 
@@ -149,27 +143,43 @@ _DECODE_MISTAKES = [Mistake(*row) for row in [
     ("lengths-ignored", "every query attends to the whole cache: positions past cache_seqlens[b] are not tokens "
      "(keep only k_cache[b, :, :L])", _decode_with(lengths=False)),
     ("new-queries-see-the-future", "all the new queries see every key up to L: query i sits at position L - Nq + i "
-     "and must not see the new keys after it", _decode_with(causal="none")),
+     "and must not see the new keys after it", _decode_with(seen=lambda i, L, nq: L)),
     ("causal-top-left", "the causal mask is aligned top-left (query i sees keys 0..i): in decoding the queries are "
-     "the last Nq positions, so query i sees keys 0..L - Nq + i", _decode_with(causal="top-left")),
+     "the last Nq positions, so query i sees keys 0..L - Nq + i", _decode_with(seen=lambda i, L, nq: i)),
     ("causal-diagonal-excluded", "a query does not see its own key: keep keys j <= L - Nq + i",
-     _decode_with(diagonal=-1)),
+     _decode_with(seen=lambda i, L, nq: L - nq + i - 1)),
     ("causal-off-by-one", "each query also sees the key one position after it: query i sits at position L - Nq + i "
-     "and sees keys j <= L - Nq + i (not L - Nq + i + 1)", _decode_with(diagonal=1)),
+     "and sees keys j <= L - Nq + i (not L - Nq + i + 1)", _decode_with(seen=lambda i, L, nq: L - nq + i + 1)),
     ("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is given)",
-     _decode_with(scale_rule="none")),
+     _decode_with(default=lambda D: 1.0, scale_used=False)),
     ("kv-head-modulo", "query head h reads KV head h % H_kv; consecutive query heads share a KV head: h // (H_q // "
-     "H_kv)", _decode_with(head_map="mod")),
-    ("scale-1-over-d", "the default scale is 1/sqrt(D), not 1/D", _decode_with(scale_rule="d")),
+     "H_kv)", _decode_with(head=lambda h, G, hkv: h % hkv)),
+    ("scale-1-over-d", "the default scale is 1/sqrt(D), not 1/D", _decode_with(default=lambda D: 1.0 / D)),
     ("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(D)",
-     _decode_with(ignore_scale=True))]]
+     _decode_with(scale_used=False))]]
 
 
-# the technique: query heads read their KV head in place, measured from outside the learner's code
-# (attnlab/grading/sandbox/footprint.py). 32 query heads share 2 KV heads of 8192 positions: K and V are 8 MiB together,
-# a copy of them per query head (k_cache[:, h_idx], torch.cat of the heads) is 128 MiB.
+PEAK_LIMIT = 48 * 2**20   # the inputs, the scores (1 MiB) and softmax: far below what either part below rules out
+
+
+def _peak_part(table, args, label, what, where, mistake, held):
+    """(check, part): ``check(learner)`` measures the peak memory of one call of ``table.name`` on ``args()`` (drawn
+    when the check runs, under its salt) from outside the learner's code (attnlab/grading/sandbox/footprint.py); a
+    growth over PEAK_LIMIT, or none measured, fails naming ``mistake``. ``where``: what the sizes would be; ``held``:
+    what a pass shows. ``part``: ``table``'s cases, then the check."""
+    def check(learner):
+        peak = peak_growth(learner, table.name, [args(), {}], label, what, spec=table.reference, limit=PEAK_LIMIT)
+        if peak > PEAK_LIMIT:
+            raise Fail(f"`{table.name}` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during "
+                       f"the call, where {where}", [mistake])
+        return f"{held} (peak memory growth under {PEAK_LIMIT // 2**20} MiB at {label})"
+    return check, Measured("peak-memory", lambda learner: f"{run(table, learner)}; {check(learner)}",
+                           {table.name: [*table.mistakes, mistake]})
+
+
+# the technique: query heads read their KV head in place. 32 query heads share 2 KV heads of 8192 positions: K and V
+# are 8 MiB together, a copy of them per query head (k_cache[:, h_idx], torch.cat of the heads) is 128 MiB.
 COPY_CASE = (1, 32, 2, 64, 8192)   # B, H_q, H_kv, D, L
-PEAK_LIMIT = 48 * 2**20            # the inputs as they arrive, the scores (1 MiB) and softmax: far below one copy
 CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per query head (indexing k_cache with a "
                        "list or tensor of heads, repeat_interleave, torch.cat or .expand(...).reshape/.contiguous() of "
                        "the KV heads copies them, and so does a broadcasting matmul, q.view(B, H_kv, G, Nq, D) @ "
@@ -179,31 +189,21 @@ CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per qu
                        "(B, H_kv, G * Nq, D) and multiply by each KV head once", None)
 
 
-def _peak_within(learner, name, args, label, what, where, mistake):
-    """Fail naming ``mistake`` when the peak memory of one call of ``name`` on ``args`` grows by more than
-    PEAK_LIMIT, or cannot be measured (attnlab/grading/sandbox/footprint.py); ``where``: what the sizes would be."""
-    peak = peak_growth(learner, name, [args, {}], label, what, spec=getattr(specs, name), limit=PEAK_LIMIT)
-    if peak > PEAK_LIMIT:
-        raise Fail(f"`{name}` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during the call, "
-                   f"where {where}", [mistake])
+def _decode_part(B, hq, hkv, D, L):
+    def args():
+        g = _gen(10_090)
+        return (_randn(g, B, hq, 1, D), _randn(g, B, hkv, L, D), _randn(g, B, hkv, L, D),
+                torch.tensor([L] * B, dtype=torch.int32))
+    cache = 2 * B * hkv * L * D * 4 / 2**20   # MiB of K and V (float32)
+    return _peak_part(
+        Function("decode_attention", specs.decode_attention, _decode_cases, _DECODE_MISTAKES, says="{n} cases match "
+                 "the reference over the cache (ragged lengths, new queries, GQA and MQA, a scale)"),
+        args, f"B={B}, H_q={hq}, H_kv={hkv}, one new query, D={D}, L={L}", "that the cache is not copied per query "
+        f"head", f"the whole K and V cache is {cache:.0f} MiB and a copy of it per query head {hq // hkv * cache:.0f} "
+        "MiB", CACHE_COPIED, "the cache is read in place")
 
 
-def _check_no_copy(learner):
-    """Fail when the peak memory of a call at COPY_CASE grows by more than PEAK_LIMIT, or cannot be measured."""
-    B, hq, hkv, D, L = COPY_CASE
-    g = _gen(10_090)
-    args = (_randn(g, B, hq, 1, D), _randn(g, B, hkv, L, D), _randn(g, B, hkv, L, D),
-            torch.tensor([L] * B, dtype=torch.int32))
-    cache = 2 * B * hkv * L * D * 4
-    _peak_within(learner, "decode_attention", args, f"B={B}, H_q={hq}, H_kv={hkv}, one new query, D={D}, L={L}",
-                 "that the cache is not copied per query head", f"the whole K and V cache is {cache / 2**20:.0f} MiB "
-                 f"and a copy of it per query head {hq // hkv * cache / 2**20:.0f} MiB", CACHE_COPIED)
-    return f"the cache is read in place (peak memory growth under {PEAK_LIMIT // 2**20} MiB at L={L}, {hq} query heads)"
-
-
-_DECODE = Function("decode_attention", specs.decode_attention, _decode_cases, _DECODE_MISTAKES,
-                   says="{n} cases match the reference over the cache (ragged lengths, new queries, GQA and MQA, a "
-                        "scale)")
+_check_no_copy, _DECODE = _decode_part(*COPY_CASE)
 
 
 # ----------------------------------------------------------------------------- split-partials
@@ -418,9 +418,8 @@ _LATENT_MISTAKES = [Mistake(*row) for row in [
     ("not-normalised", "the weights exp(s - max) are not divided by their sum over the positions",
      _latent_with(normalise=False))]]
 
-# reading only the latent cache, measured from outside the learner's code (attnlab/grading/sandbox/footprint.py): 32
-# heads of d_h = 64 over 8192 latents of 64 + 16: the latent cache is 2.5 MiB, the per-head K (d_h + d_rope wide) and
-# V that the unabsorbed form makes are 144 MiB; the scores are 1 MiB
+# reading only the latent cache: 32 heads of d_h = 64 over 8192 latents of 64 + 16: the latent cache is 2.5 MiB, the
+# per-head K (d_h + d_rope wide) and V that the unabsorbed form makes are 144 MiB; the scores are 1 MiB
 LATENT_CASE = (1, 32, 64, 64, 16, 8192)   # B, H, d_h, d_latent, d_rope, L
 EXPANDED_KV = Mistake("expanded-kv", "the per-head keys or values were made (W_UK_i c_j or W_UV_i c_j for every "
                       "position j, or k_rope repeated per head): that is the unabsorbed decode, H x L x d_h numbers "
@@ -428,21 +427,18 @@ EXPANDED_KV = Mistake("expanded-kv", "the per-head keys or values were made (W_U
                       "k_rope as they are, and apply W_UV to each head's one weighted latent", None)
 
 
-def _check_latent_memory(learner):
-    B, H, d_h, d_lat, d_rope, L = LATENT_CASE
-    expanded = B * H * L * (2 * d_h + d_rope) * 4
-    _peak_within(learner, "latent_decode", _latent_inputs(_gen(10_390), *LATENT_CASE),
-                 f"B={B}, H={H}, d_h={d_h}, d_latent={d_lat}, d_rope={d_rope}, L={L}",
-                 "that only the latent cache is read", f"the latent cache is "
-                 f"{B * L * (d_lat + d_rope) * 4 / 2**20:.1f} MiB and the per-head K and V {expanded / 2**20:.0f} MiB",
-                 EXPANDED_KV)
-    return (f"only the latent cache is read (peak memory growth under {PEAK_LIMIT // 2**20} MiB at L={L}, {H} heads, "
-            f"where per-head K and V would be {expanded / 2**20:.0f} MiB)")
+def _latent_part(B, H, d_h, d_lat, d_rope, L):
+    expanded = B * H * L * (2 * d_h + d_rope) * 4 / 2**20   # MiB of per-head K and V (float32)
+    return _peak_part(
+        Function("latent_decode", specs.latent_decode, _latent_cases, _LATENT_MISTAKES, says="{n} cases equal the "
+                 "unabsorbed decode (per-head K and V up-projected), with a scale and d_h other than d_latent"),
+        lambda: _latent_inputs(_gen(10_390), *LATENT_CASE), f"B={B}, H={H}, d_h={d_h}, d_latent={d_lat}, "
+        f"d_rope={d_rope}, L={L}", "that only the latent cache is read", f"the latent cache is "
+        f"{B * L * (d_lat + d_rope) * 4 / 2**20:.1f} MiB and the per-head K and V {expanded:.0f} MiB", EXPANDED_KV,
+        f"only the latent cache is read, where per-head K and V would be {expanded:.0f} MiB")
 
 
-_LATENT = Function("latent_decode", specs.latent_decode, _latent_cases, _LATENT_MISTAKES,
-                   says="{n} cases equal the unabsorbed decode (per-head K and V up-projected), with a scale and d_h "
-                        "other than d_latent")
+_check_latent_memory, _LATENT = _latent_part(*LATENT_CASE)
 
 
 # ----------------------------------------------------------------------------- decode-bytes
@@ -481,23 +477,16 @@ _BYTES_MISTAKES = [Mistake(*row) for row in [
 _BYTES = specs.decode_bytes(CONTEXTS, KV_HEADS, HEADS, D)   # what the notebook's run gives
 
 
-def _with(table, then):
-    """``table`` run, and ``then(learner)`` after it: a part whose outputs are checked, then a measurement."""
-    return lambda learner: f"{run(table, learner)}; {then(learner)}"
-
-
 TABLES = {
     "decode-cost": _COST,
-    "decode-attention": Measured("peak-memory", _with(_DECODE, _check_no_copy),
-                                 {"decode_attention": _DECODE_MISTAKES + [CACHE_COPIED]}),
+    "decode-attention": _DECODE,
     "split-partials": Function("split_partials", specs.split_partials, _split_cases, _PARTIAL_MISTAKES,
                                says="{n} cases match: uneven and empty chunks, scores in the hundreds, a scale"),
     "split-merge": Function("merge_splits", specs.merge_splits, _merge_cases, _MERGE_MISTAKES,
                             says="{n} cases match: empty splits, lse in the hundreds, one split"),
     "paged-gather": Function("gather_sequence", specs.gather_sequence, _paged_cases, _GATHER_MISTAKES,
                              says="{n} sequences gathered exactly through a shuffled block table"),
-    "latent-decode": Measured("peak-memory", _with(_LATENT, _check_latent_memory),
-                              {"latent_decode": _LATENT_MISTAKES + [EXPANDED_KV]}),
+    "latent-decode": _LATENT,
     "decode-bytes": Function("decode_bytes", specs.decode_bytes, _bytes_cases, _BYTES_MISTAKES,
                              says="your traced bytes equal the IO model's to the byte; at "
                                   f"L={CONTEXTS[-1]} MQA moves {_BYTES[0, -1] / _BYTES[-1, -1]:.1f}x fewer bytes "

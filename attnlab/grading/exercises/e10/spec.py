@@ -41,18 +41,14 @@ def split_partials(q, k, v, num_splits, scale=None):
     returns (o_parts (B, H, S, Nq, D), lse (B, H, S, Nq)): each chunk's softmax-normalised output and its
     log-sum-exp (natural log); an empty chunk gives 0 and -inf."""
     B, H, n_q, D = q.shape
-    N = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    chunk = -(-N // num_splits)
+    chunk = -(-k.shape[2] // num_splits)
     o = q.new_zeros(B, H, num_splits, n_q, D)
     lse = q.new_full((B, H, num_splits, n_q), float("-inf"))
-    for s in range(num_splits):
-        lo, hi = s * chunk, min((s + 1) * chunk, N)
-        if hi <= lo:
-            continue
-        scores = q @ k[:, :, lo:hi].transpose(-1, -2) * scale               # (B, H, Nq, n_s)
+    for s, (k_s, v_s) in enumerate(zip(k.split(chunk, dim=2), v.split(chunk, dim=2))):  # splits past N stay empty
+        scores = q @ k_s.transpose(-1, -2) * scale                           # (B, H, Nq, n_s)
         lse[:, :, s] = torch.logsumexp(scores, dim=-1)
-        o[:, :, s] = torch.softmax(scores, dim=-1) @ v[:, :, lo:hi]
+        o[:, :, s] = torch.softmax(scores, dim=-1) @ v_s
     return o, lse
 
 
