@@ -233,9 +233,8 @@ def test_undefined_other_reaches_every_launch_through_the_checks_wrapper(monkeyp
         used.append(True)
         yield
     monkeypatch.setattr(_interp_hooks, "nan_for_missing_other", spy)
-    monkeypatch.setattr(agent, "_run_launch", lambda obj, req, before: "ran")
-    assert agent.run_launch(None, {"sentinels": []}) == "ran" and not used  # local and isolated launches alike
-    assert agent.run_launch(None, {"sentinels": [], "undefined_other": True}) == "ran" and used == [True]
+    assert agent.run_launch(None, {"sentinels": []}) == [] and not used  # local and isolated launches alike
+    assert agent.run_launch(None, {"sentinels": [], "undefined_other": True}) == [] and used == [True]
 
 
 def test_a_cell_that_resets_its_own_peak_memory_is_a_shortcut():

@@ -1,39 +1,11 @@
-"""Where and how ``attnlab grade`` runs a learner's code: an unprivileged user, a private filesystem, limits.
+"""Where and how ``attnlab grade`` runs a learner's code: the confinement, the boundary between grader and learner.
 
-This package is the boundary between the grader and the learner's code. Here: the confinement (this module);
-:mod:`.runner`, the sandboxed processes and the grader's end of their pipes; :mod:`.frames`, the one wire format,
-decoded and checked on the trusted side; :mod:`.agent`, what the functions process does with a request (calls,
-guarded launches); :mod:`.isolated`, the kernel process for Triton parts; :mod:`.footprint`, memory measured
-around a call; :mod:`.ranks`, a process group's shards delivered rank by rank. The engine that decides a part
-(:mod:`attnlab.grading.engine`) runs outside it, on what came back.
-
-With bubblewrap (``bwrap``, Debian package ``bubblewrap``) on Linux a sandboxed process sees only:
-
-- read-only: the Python it runs (the interpreter's prefix and the virtual environment) and the
-  installed ``attnlab`` package, with every exercise package's references and checks replaced by
-  empty files (only each package's ``__init__.py``, the parts table, stays);
-- a private copy of the one notebook it runs, read-only, in a working folder that is a tmpfs of
-  ``Limits.work_mb``; a private ``/tmp`` of ``Limits.tmp_mb`` and ``/dev/shm`` of ``Limits.shm_mb``.
-
-Nothing else of ``/`` exists in it: no ``solutions/``, no other submission, no report, none of the
-grader's files. It has its own process, network (none), IPC and UTS namespaces, dies with the grader
-and has no capabilities:
-
-- started by root (Gradescope, a container): bubblewrap builds the mounts, then ``setpriv`` drops
-  to a user id of its own (:func:`sandbox_uid`, no passwd entry, no groups), clears every capability
-  (bounding set too) and sets no-new-privileges before Python starts. The mounts are locked: a
-  process without ``CAP_SYS_ADMIN`` in their namespace cannot remount them;
-- started by anyone else: bubblewrap in a user namespace of its own, ``--cap-drop ALL``; the process
-  keeps the user's id (it cannot become anyone else), but still sees only what is listed above.
-
-Limits (:class:`Limits`): per process (``setrlimit``): memory (the data segment), CPU seconds, file
-size, no core files; for the whole submission: a memory and process cgroup (:class:`Cgroup`,
-version 1 or 2, where this machine lets one be made: root, or a delegated v2 subtree) holding the
-process, its children and its tmpfs pages; otherwise the process count per user id (``RLIMIT_NPROC``,
-which as root is the sandbox's own id: every process of the submission counts) and the tmpfs sizes.
-
-Without bubblewrap only the rlimits hold (the process runs as the grader's user in a temporary
-folder): :func:`isolation` says which is in use; ``attnlab doctor`` and every report show it.
+Here: the confinement (this module: bubblewrap's mounts and namespaces, ``setpriv`` to a user id of the sandbox's own
+when the grader is root, rlimits, a memory and process :class:`Cgroup`); :mod:`.runner`, the sandboxed processes and
+the grader's end of their pipes; :mod:`.frames`, the one wire format, decoded on the trusted side; :mod:`.agent`, what
+the functions process does with a request; :mod:`.isolated`, the kernel process for Triton parts; :mod:`.footprint`,
+memory measured around a call; :mod:`.ranks`, a process group's shards delivered rank by rank. What each guarantees,
+as root and as any other user, is in docs/grading.md; :func:`isolation` says which confinement is in use.
 """
 
 import ctypes
@@ -51,6 +23,8 @@ from pathlib import Path
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 UID_BASE = 2_000_000  # sandbox user ids: UID_BASE + the worker's pid (unique while it runs), never a real user
+MB = 2**20
+LINUX = sys.platform.startswith("linux")
 
 
 @dataclass
@@ -66,16 +40,34 @@ class Limits:
 
 def _prctl(option, value):
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, value, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
 
+def set_limit(which, value):
+    """``setrlimit`` soft and hard to ``value``, never above the hard limit already set; ignored where refused."""
+    try:
+        hard = resource.getrlimit(which)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
+    except (ValueError, OSError):
+        pass
+
+
+def kill(pids):
+    """SIGKILL each of ``pids`` that still exists."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def protect_grader():
-    """Make this process hard to tamper with: not dumpable, and a child subreaper (orphans of the
-    sandboxed processes become its children, so :func:`kill_descendants` finds them)."""
-    if sys.platform.startswith("linux"):
+    """Not dumpable, and a child subreaper (orphans of the sandboxed processes become this process's children, so
+    :func:`kill_descendants` finds them)."""
+    if LINUX:
         _prctl(PR_SET_DUMPABLE, 0)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
@@ -85,27 +77,25 @@ def as_root():
 
 
 def sandbox_uid():
-    """The user id a sandboxed process runs as when the grader is root (its own, unused by anyone else)."""
     return UID_BASE + os.getpid()
 
 
 @functools.lru_cache(maxsize=1)
 def bwrap():
     """The path of a working bubblewrap (that can also drop to the sandbox's user), or None."""
-    if not sys.platform.startswith("linux") or os.environ.get("ATTNLAB_NO_BWRAP"):
+    if not LINUX or os.environ.get("ATTNLAB_NO_BWRAP"):
         return None
     path = shutil.which("bwrap")
     if path is None or (as_root() and shutil.which("setpriv") is None):
         return None
-    root = tempfile.mkdtemp(prefix="attnlab-probe-")
+    root = Path(tempfile.mkdtemp(prefix="attnlab-probe-"))
     try:
-        cmd = _command(path, ["/bin/true"], Path(root) / "work", Path(root), None, Limits(), probe=True)
-        probe = subprocess.run(cmd, capture_output=True, timeout=20)
+        cmd = _command(path, ["/bin/true"], root / "work", root, None, Limits(), probe=True)
+        return path if subprocess.run(cmd, capture_output=True, timeout=20).returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         return None
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return path if probe.returncode == 0 else None
 
 
 def isolation():
@@ -116,7 +106,7 @@ def isolation():
         limit = "a memory and process cgroup" if Cgroup.available() else "rlimits, RLIMIT_NPROC per user id"
         return (f"{who}; sees only Python, attnlab (without references) and a copy of the notebook; "
                 f"tmpfs working folder, /tmp and /dev/shm; no network; {limit}")
-    how = "no bubblewrap" if sys.platform.startswith("linux") else f"no bubblewrap on {sys.platform}"
+    how = "no bubblewrap" if LINUX else f"no bubblewrap on {sys.platform}"
     return (f"rlimits only ({how}: install the Debian packages bubblewrap and util-linux for an unprivileged, "
             "private, offline sandbox); a temporary folder, own session, process tree killed")
 
@@ -133,41 +123,38 @@ def _readable_roots():
         candidates.add(str(Path(kernels.__file__).resolve().parent))
     except Exception:  # pragma: no cover - triton missing: nothing will need them
         pass
-    course = package.parent
     found = set()
-    for c in candidates:
-        if not c:
-            continue
+    for c in filter(None, candidates):
         for p in {Path(c).resolve(), Path(os.path.abspath(c))}:  # a linked virtual environment: both paths
-            if not p.exists() or p in (Path("/"), course) or p == Path.cwd().resolve():
-                continue  # never the course checkout itself (solutions/), nor a folder a notebook came from
-            found.add(p)
+            if p.exists() and p not in (Path("/"), package.parent, Path.cwd().resolve()):
+                found.add(p)  # never the course checkout itself (solutions/), nor a folder a notebook came from
     return [p for p in sorted(found) if not any(q != p and p.is_relative_to(q) for q in found)]
 
 
-def _exercise_files():
-    """(the exercise packages' folder, [(path, shown)]): every file and folder of it but bytecode caches;
-    ``shown`` for the ``__init__.py`` of the folder and of each exercise package, None for a folder. The
-    references and checks (``shown`` False) are what a sandboxed process never gets, as source or as a
-    ``__pycache__`` ``.pyc`` (which a byte-compiling install or a writable checkout holds)."""
+def _exercise_mounts(empty):
+    """bubblewrap's arguments for the exercise packages: a fresh read-only folder holding the ``__init__.py`` of the
+    folder and of each package, and ``empty`` in place of every other file (the references and checks), with no
+    ``__pycache__`` (a byte-compiling install or a checkout the grader wrote bytecode into holds them as ``.pyc``)."""
     from attnlab.grading import exercises
 
     root = Path(exercises.__file__).resolve().parent
-    entries = []
+    args = ["--size", str(MB), "--perms", "0755", "--tmpfs", str(root)]
     for p in sorted(root.rglob("*")):
         if "__pycache__" in p.relative_to(root).parts:
             continue
-        shown = None if p.is_dir() else p.name == "__init__.py" and root in (p.parent, p.parent.parent)
-        entries.append((p, shown))
-    return root, entries
+        if p.is_dir():
+            args += ["--perms", "0755", "--dir", str(p)]
+        else:
+            shown = p.name == "__init__.py" and root in (p.parent, p.parent.parent)
+            args += ["--ro-bind", str(p if shown else empty), str(p)]
+    return args + ["--remount-ro", str(root)]
 
 
 def _command(path, cmd, work, runtime, notebook, limits, probe=False):
-    mb = 2**20
     args = [path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
             "--new-session", "--proc", "/proc", "--dev", "/dev",
-            "--size", str(limits.tmp_mb * mb), "--perms", "1777", "--tmpfs", "/tmp",
-            "--size", str(limits.shm_mb * mb), "--perms", "1777", "--tmpfs", "/dev/shm"]
+            "--size", str(limits.tmp_mb * MB), "--perms", "1777", "--tmpfs", "/tmp",
+            "--size", str(limits.shm_mb * MB), "--perms", "1777", "--tmpfs", "/dev/shm"]
     if not as_root():
         args += ["--unshare-user", "--cap-drop", "ALL"]
     for folder in ("/usr", "/bin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
@@ -176,28 +163,19 @@ def _command(path, cmd, work, runtime, notebook, limits, probe=False):
     made = set()
 
     def parents(folder):  # made 0755 (bubblewrap would make them 0700: the sandbox's user could not pass)
-        out = []
-        for parent in reversed(Path(folder).parents[:-1]):
-            if parent not in made:
-                made.add(parent)
-                out += ["--perms", "0755", "--dir", str(parent)]
-        return out
+        new = [p for p in reversed(Path(folder).parents[:-1]) if p not in made]
+        made.update(new)
+        return [a for p in new for a in ("--perms", "0755", "--dir", str(p))]
 
     if not probe:
         for folder in _readable_roots():
             args += parents(folder) + ["--ro-bind", str(folder), str(folder)]
-        # the exercise packages: a fresh read-only folder holding their __init__.py and an empty file for each other
         empty = Path(runtime) / "empty.py"
         empty.touch()
-        root, entries = _exercise_files()
-        args += ["--size", str(mb), "--perms", "0755", "--tmpfs", str(root)]
-        for p, shown in entries:
-            args += ["--perms", "0755", "--dir", str(p)] if shown is None else ["--ro-bind", str(p if shown else empty), str(p)]
-        args += ["--remount-ro", str(root)]
+        args += _exercise_mounts(empty)
         for dev in sorted(Path("/dev").glob("nvidia*")):  # a GPU stays usable
             args += ["--dev-bind", str(dev), str(dev)]
-    args += parents(work)
-    args += ["--size", str(limits.work_mb * mb), "--perms", "1777", "--tmpfs", str(work)]
+    args += parents(work) + ["--size", str(limits.work_mb * MB), "--perms", "1777", "--tmpfs", str(work)]
     if notebook is not None:
         args += ["--ro-bind", str(notebook), str(Path(work) / Path(notebook).name)]
     args += ["--remount-ro", "/", "--chdir", str(work), "--"]
@@ -211,9 +189,7 @@ def _command(path, cmd, work, runtime, notebook, limits, probe=False):
 def wrap_command(cmd, work, runtime, notebook=None, limits=None):
     """``cmd`` run in the sandbox (working folder ``work``, the grader's files for it in ``runtime``), or as is."""
     path = bwrap()
-    if path is None:
-        return list(cmd)
-    return _command(path, cmd, work, runtime, notebook, limits or Limits())
+    return list(cmd) if path is None else _command(path, cmd, work, runtime, notebook, limits or Limits())
 
 
 class Cgroup:
@@ -223,71 +199,58 @@ class Cgroup:
 
     def __init__(self, limits):
         self.paths = []
-        name = f"attnlab-grade-{os.getpid()}"
-        mb = 2**20
+        name, memory = f"attnlab-grade-{os.getpid()}", limits.memory_mb * MB
         if (self.V2 / "cgroup.controllers").exists():
-            base = self.V2 / _own_cgroup("")
-            folder = base / name
+            layout = [("", {"memory.max": memory, "memory.swap.max": 0, "pids.max": limits.processes})]
+        else:
+            layout = [("memory", {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}),
+                      ("pids", {"pids.max": limits.processes})]
+        for controller, settings in layout:
+            folder = self.V2 / controller / _own_cgroup(controller) / name
             folder.mkdir()
             self.paths.append(folder)
-            _write(folder / "memory.max", limits.memory_mb * mb)
-            _write(folder / "memory.swap.max", 0, missing_ok=True)
-            _write(folder / "pids.max", limits.processes)
-        else:
-            for controller, settings in (("memory", {"memory.limit_in_bytes": limits.memory_mb * mb,
-                                                     "memory.memsw.limit_in_bytes": limits.memory_mb * mb}),
-                                         ("pids", {"pids.max": limits.processes})):
-                folder = self.V2 / controller / _own_cgroup(controller).lstrip("/") / name
-                folder.mkdir()
-                self.paths.append(folder)
-                for key, value in settings.items():
-                    _write(folder / key, value, missing_ok=key.startswith("memory.memsw"))
+            for key, value in settings.items():
+                try:
+                    (folder / key).write_text(str(value))
+                except FileNotFoundError:  # no swap accounting on this kernel: there is no swap to limit
+                    if key not in ("memory.swap.max", "memory.memsw.limit_in_bytes"):
+                        raise
 
     @staticmethod
     @functools.lru_cache(maxsize=1)
     def available():
-        if not sys.platform.startswith("linux"):
-            return False
-        try:
-            Cgroup(Limits()).remove()
-            return True
-        except OSError:
-            return False
+        if LINUX:
+            try:
+                Cgroup(Limits()).remove()
+                return True
+            except OSError:
+                pass
+        return False
 
     @classmethod
     def make(cls, limits):
         """A cgroup, or None where none can be made here."""
-        if not cls.available():
-            return None
         try:
-            return cls(limits)
+            return cls(limits) if cls.available() else None
         except OSError:
             return None
 
     def enter(self):
         """Move the calling process in (from the child, before it runs the sandbox)."""
         for folder in self.paths:
-            _write(folder / "cgroup.procs", os.getpid())
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
 
-    def kill(self):
-        for _ in range(20):
-            pids = set()
-            for folder in self.paths:
-                try:
-                    pids |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
-                except (OSError, ValueError):
-                    pass
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.05)
+    def _procs(self):
+        pids = set()
+        for folder in self.paths:
+            try:
+                pids |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
+            except (OSError, ValueError):
+                pass
+        return pids
 
     def remove(self):
-        self.kill()
+        _kill_until_gone(self._procs, lambda: time.sleep(0.05))
         for folder in self.paths:
             for _ in range(50):
                 try:
@@ -307,33 +270,17 @@ def _own_cgroup(controller):
     raise OSError(f"no {controller or 'v2'} cgroup")
 
 
-def _write(path, value, missing_ok=False):
-    try:
-        with open(path, "w") as f:
-            f.write(str(value))
-    except FileNotFoundError:
-        if not missing_ok:
-            raise
-
-
 def preexec(limits, cgroup=None):
     """A function for Popen(preexec_fn=...): the limits, the cgroup, and death with the grader."""
     def apply():
         if cgroup is not None:
             cgroup.enter()
-        mb = 2**20
         # as root the count is the sandbox's own user id's: the submission's processes and threads alone;
         # otherwise it is the grader's user's, shared with everything else that user runs
-        processes = limits.processes if as_root() else 4 * limits.processes
-        for which, value in ((resource.RLIMIT_DATA, limits.memory_mb * mb), (resource.RLIMIT_CPU, limits.cpu_s),
-                             (resource.RLIMIT_FSIZE, limits.file_mb * mb), (resource.RLIMIT_CORE, 0),
-                             (resource.RLIMIT_NPROC, processes)):
-            try:
-                hard = resource.getrlimit(which)[1]
-                value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-                resource.setrlimit(which, (value, value))
-            except (ValueError, OSError):
-                pass
+        for which, value in ((resource.RLIMIT_DATA, limits.memory_mb * MB), (resource.RLIMIT_CPU, limits.cpu_s),
+                             (resource.RLIMIT_FSIZE, limits.file_mb * MB), (resource.RLIMIT_CORE, 0),
+                             (resource.RLIMIT_NPROC, limits.processes * (1 if as_root() else 4))):
+            set_limit(which, value)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     return apply
 
@@ -362,50 +309,54 @@ def open_notebook(path):
 def _children():
     """{pid: parent pid} of every process on this machine (Linux /proc)."""
     out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                text = f.read()
-            out[int(entry)] = int(text.rsplit(")", 1)[1].split()[1])
+                out[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
     return out
 
 
+def below(root):
+    """Pids of every process below ``root``, nearest first."""
+    parents, found, level = _children(), set(), {root}
+    while level:
+        level = {pid for pid, ppid in parents.items() if ppid in level and pid not in found}
+        found |= level
+        yield from sorted(level)
+
+
 def descendants(root=None):
     """Pids of every process below ``root`` (default: this one)."""
-    root = os.getpid() if root is None else root
-    parents = _children()
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier and pid not in found}
-        found |= frontier
-    return found
+    return set(below(os.getpid() if root is None else root))
 
 
-def kill_descendants(rounds=20):
-    """SIGKILL every process below this one until none is left (reaping the orphans re-parented here)."""
-    if not os.path.isdir("/proc"):
-        return
+def _kill_until_gone(find, wait, rounds=20):
     for _ in range(rounds):
-        victims = descendants()
-        if not victims:
+        pids = find()
+        if not pids:
             return
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        deadline = time.monotonic() + 1
-        while time.monotonic() < deadline:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                time.sleep(0.02)
+        kill(pids)
+        wait()
+
+
+def _reap():
+    """Reap this process's dead children (the orphans re-parented here too) for up to a second."""
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.02)
+
+
+def kill_descendants():
+    """SIGKILL every process below this one until none is left."""
+    if os.path.isdir("/proc"):
+        _kill_until_gone(descendants, _reap)
 
 
 def temp_root():

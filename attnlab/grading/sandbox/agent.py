@@ -1,52 +1,46 @@
 """Calling the learner's functions and launching kernels, in the process that holds them.
 
-:func:`handle` answers one request on a namespace of the learner's names: ``call`` (``name`` and
-``cases``, [args, kwargs] or [args, kwargs, grad_output] with ``grad``) returns the learner's *outputs*;
-``launch`` launches the learner's ``@triton.jit`` kernel ``name`` on tensors placed inside sentinel-filled
-memory (:class:`Buffer`), once per sentinel, in Triton's interpreter through
-:func:`attnlab._interp_hooks.memory_hooks` (on a GPU: natively), and returns the outputs and what the memory
-shows: elements changed outside the tensors, loads outside them, output elements no ``tl.store`` wrote, and
-which program loaded which elements. Nothing here knows the references or the scores, or what a part forbids
-(that is read from the learner's code by :mod:`attnlab.grading.shortcuts`).
-
-Two processes use it: the inline ``check()`` in a notebook (:class:`attnlab.grading.core.LocalLearner`,
-feedback), and under ``attnlab grade`` the fresh sandboxed process of :mod:`attnlab.grading.sandbox.runner` (calls)
-and :mod:`attnlab.grading.sandbox.isolated` (launches, of kernels taken from the notebook as text), whose answers are
-data for the grader.
+:func:`handle` answers one request on a namespace of the learner's names: ``call`` returns the learner's
+*outputs*; ``launch`` launches the learner's ``@triton.jit`` kernel on tensors inside sentinel-filled memory
+(:class:`Buffer`), once per sentinel, traced in Triton's interpreter (on a GPU: natively), and returns the outputs and
+what the memory shows. Nothing here knows the references, the scores or what a part forbids. It runs in the inline
+``check()`` (:class:`attnlab.grading.core.LocalLearner`: feedback) and, under ``attnlab grade``, in the sandboxed
+processes of :mod:`.runner` (calls) and :mod:`.isolated` (launches), whose answers are data for the grader.
 """
 
+import ast
 import contextlib
+import ctypes
+import inspect
+import math
+import textwrap
+
+import numpy as np
+import torch
+
+from attnlab.grading.feedback import describe_exception as describe_error  # the learner's line first, in plain words
 
 GUARD = 4096  # elements of sentinel before and after every buffer
 
 
-# ---------------------------------------------------------------------------------------
-# Triton launches
-# ---------------------------------------------------------------------------------------
+class Refused(Exception):
+    pass
 
 
 def device():
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class Buffer:
-    """A tensor of ``data``'s shape inside sentinel-filled memory; ``pad_rows``/``pad_cols`` extra
-    rows/cols after each slice, and ``GUARD`` elements before and after.
-
-    ``view`` is what the kernel gets; everything else in ``memory`` must stay the sentinel.
-    """
+    """A tensor of ``data``'s shape inside sentinel-filled memory; ``pad_rows``/``pad_cols`` extra rows/cols after
+    each slice, and ``GUARD`` elements before and after. ``view`` is what the kernel gets; everything else in
+    ``memory`` must stay the sentinel."""
 
     def __init__(self, data, sentinel, pad_rows=0, pad_cols=0):
-        import torch
-
         *lead, rows, cols = data.shape
         self.shape = tuple(data.shape)
         inner = (*lead, rows + pad_rows, cols + pad_cols)
-        numel = 1
-        for s in inner:
-            numel *= s
+        numel = math.prod(inner)
         self.memory = torch.full((2 * GUARD + numel,), sentinel, dtype=data.dtype, device=device())
         body = self.memory[GUARD:GUARD + numel].view(inner)
         self.view = body[..., :rows, :cols]
@@ -59,23 +53,19 @@ class Buffer:
         v = self.view
         self.element.as_strided(v.shape, v.stride(), v.storage_offset()).copy_(torch.arange(v.numel()).view(v.shape))
 
-    def outside_changed(self):
-        return int((self.memory.cpu()[~self.inside] != self.sentinel).sum())
-
-    def never_written(self):
-        return int((self.view == self.sentinel).sum())
-
     def indices(self, addresses):
         """Indices into ``memory`` of those ``addresses`` (numpy uint64) that fall in it."""
-        import numpy as np
-
+    
         start, size = self.memory.data_ptr(), self.memory.element_size()
         index = (np.asarray(addresses).astype(np.int64) - start) // size
         return index[(index >= 0) & (index < self.memory.numel())]
 
 
-def _kernel_function(obj, name):
-    """The Python function of a real ``@triton.jit`` kernel; Refused for anything else."""
+def launch(obj, name, grid, args, kwargs, buffers, loads=()):
+    """Launch the kernel ``obj`` once with ``args`` on ``buffers`` ({name: Buffer}): the outputs, elements changed
+    outside the tensors, output elements never written and, traced, loads outside them, elements no ``tl.store``
+    wrote, the bytes moved and which program loaded which elements of the tensors named in ``loads``. Raises
+    Refused (not a real ``@triton.jit`` kernel), NotImplementedError or the kernel's exception."""
     from attnlab._interp_hooks import kernel_function
 
     fn = kernel_function(obj)
@@ -83,24 +73,6 @@ def _kernel_function(obj, name):
         raise Refused(f"`{name}` must be a Triton kernel: a function decorated with @triton.jit, got "
                       f"{type(obj).__name__}. The grader launches it through Triton itself, so an object that "
                       f"only looks like a kernel (kernel[grid](...) computing the result in PyTorch) gets no points")
-    return fn
-
-
-class Refused(Exception):
-    pass
-
-
-def launch(obj, name, grid, make_args, kwargs, buffers, loads=()):
-    """Launch the kernel ``obj`` once on ``buffers`` ({name: Buffer}); ``make_args(buffers)``.
-
-    Returns the observations (see the module doc). Raises Refused, NotImplementedError or the
-    kernel's exception.
-    """
-    import numpy as np
-    import torch
-
-    fn = _kernel_function(obj, name)
-    args = make_args(buffers)
     if device() == "cuda":
         from attnlab._interp_hooks import compiled
 
@@ -120,72 +92,46 @@ def launch(obj, name, grid, make_args, kwargs, buffers, loads=()):
         with interpreter_session(), jit_helpers_interpreted(), memory_hooks(lambda info: None, on_access), \
                 np.errstate(all="ignore"):
             kernel[tuple(grid)](*args, **kwargs)
-    out = {"outside_changed": {k: b.outside_changed() for k, b in buffers.items()},
-           "never_written": {k: b.never_written() for k, b in buffers.items()},
+    out = {"outside_changed": {k: int((b.memory.cpu()[~b.inside] != b.sentinel).sum()) for k, b in buffers.items()},
+           "never_written": {k: int((b.view == b.sentinel).sum()) for k, b in buffers.items()},
            "values": {k: b.view.detach().cpu().clone() for k, b in buffers.items()},
            "traced": seen is not None}
-    if seen is not None:
-        loads_outside, stored, loaded, traffic = {}, {}, {k: {} for k in loads}, {}
-        for k, b in buffers.items():
-            outside, written = 0, np.zeros(b.memory.numel(), dtype=bool)
-            flags = b.inside.numpy()
-            element = b.element.numpy()
-            moved = {"load_bytes": 0, "store_bytes": 0}
-            distinct = np.zeros(b.memory.numel(), dtype=bool)
-            for program, op, addresses in seen:
-                index = b.indices(addresses)
-                if not index.size:
-                    continue
-                moved[f"{op}_bytes"] += int(flags[index].sum()) * b.memory.element_size()
-                if op == "load":
-                    distinct[index[flags[index]]] = True
-                    outside += int((~flags[index]).sum())
-                    if k in loaded:
-                        flat = element[index]
-                        flat = flat[flat >= 0]
-                        if flat.size:
-                            loaded[k].setdefault(program, set()).update(flat.tolist())
-                else:
-                    written[index] = True
-            loads_outside[k] = outside
-            stored[k] = int((flags & ~written).sum())
-            traffic[k] = {**moved, "load_elements": int(distinct.sum())}
-        out["loads_outside"] = loads_outside
-        out["not_stored"] = stored
-        out["traffic"] = traffic  # bytes inside each tensor, every access counted (a row loaded twice: twice)
-        out["loaded"] = {k: [[list(p), torch.tensor(sorted(s), dtype=torch.long)] for p, s in sorted(v.items())]
-                         for k, v in loaded.items()}
+    if seen is None:
+        return out
+    # traffic: bytes inside each tensor, every access counted (a row loaded twice: twice)
+    out.update(loads_outside={}, not_stored={}, traffic={}, loaded={k: [] for k in loads})
+    for k, b in buffers.items():
+        flags, element, loaded = b.inside.numpy(), b.element.numpy(), {}
+        written, distinct = np.zeros_like(flags), np.zeros_like(flags)
+        moved, outside = {"load_bytes": 0, "store_bytes": 0}, 0
+        for program, op, addresses in seen:
+            index = b.indices(addresses)
+            moved[f"{op}_bytes"] += int(flags[index].sum()) * b.memory.element_size()
+            if op != "load":
+                written[index] = True
+                continue
+            distinct[index[flags[index]]] = True
+            outside += int((~flags[index]).sum())
+            flat = element[index]
+            if k in loads and (flat >= 0).any():
+                loaded.setdefault(program, set()).update(flat[flat >= 0].tolist())
+        out["loads_outside"][k], out["not_stored"][k] = outside, int((flags & ~written).sum())
+        out["traffic"][k] = {**moved, "load_elements": int(distinct.sum())}
+        if k in loads:
+            out["loaded"][k] = [[list(p), torch.tensor(sorted(s), dtype=torch.long)] for p, s in sorted(loaded.items())]
     return out
 
 
 def build_args(spec, buffers):
     """Kernel arguments from the grader's description: ["buf", name, row], ["stride", name, dim],
     ["val", value] or ["dev", tensor]."""
-    out = []
-    for item in spec:
-        kind = item[0]
+    def arg(kind, what, index=None):
         if kind == "buf":
-            view = buffers[item[1]].view
-            out.append(view if item[2] is None else view[item[2]])
-        elif kind == "stride":
-            out.append(buffers[item[1]].view.stride(item[2]))
-        elif kind == "dev":
-            out.append(item[1].to(device()))
-        else:
-            out.append(item[1])
-    return out
-
-
-def describe_error(exc):
-    from attnlab.grading.feedback import describe_exception  # the learner's line first, in plain words
-
-    return describe_exception(exc)
-
-
-def torch_full(shape, value):
-    import torch
-
-    return torch.full(tuple(shape), value)
+            return buffers[what].view if index is None else buffers[what].view[index]
+        if kind == "stride":
+            return buffers[what].view.stride(index)
+        return what.to(device()) if kind == "dev" else what
+    return [arg(*item) for item in spec]
 
 
 def run_launch(obj, req, before=None):
@@ -195,20 +141,16 @@ def run_launch(obj, req, before=None):
     (:func:`attnlab._interp_hooks.nan_for_missing_other`)."""
     from attnlab._interp_hooks import nan_for_missing_other
 
-    with nan_for_missing_other() if req.get("undefined_other") else contextlib.nullcontext():
-        return _run_launch(obj, req, before)
-
-
-def _run_launch(obj, req, before):
     results = []
-    for sentinel in req["sentinels"]:
-        buffers = {k: Buffer(b["data"] if not b.get("output") else torch_full(b["shape"], sentinel), sentinel,
-                             b.get("pad_rows", 0), b.get("pad_cols", 0)) for k, b in req["buffers"].items()}
-        args = build_args(req["args"], buffers)
-        if before is not None:
-            before(args)
-        results.append(launch(obj, req["name"], req["grid"], lambda bufs: args, req.get("kwargs", {}), buffers,
-                              loads=req.get("loads", []) if not results else ()))
+    with nan_for_missing_other() if req.get("undefined_other") else contextlib.nullcontext():
+        for sentinel in req["sentinels"]:
+            buffers = {k: Buffer(torch.full(tuple(b["shape"]), sentinel) if b.get("output") else b["data"], sentinel,
+                                 b.get("pad_rows", 0), b.get("pad_cols", 0)) for k, b in req["buffers"].items()}
+            args = build_args(req["args"], buffers)
+            if before is not None:
+                before(args)
+            results.append(launch(obj, req["name"], req["grid"], args, req.get("kwargs", {}), buffers,
+                                  loads=req.get("loads", []) if not results else ()))
     return results
 
 
@@ -218,10 +160,6 @@ _TL = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp6
 
 def _signature(fn, args, kwargs):
     """Triton's (signature, constexprs) of the function ``fn`` for one launch's arguments."""
-    import inspect
-
-    import torch
-
     params = list(inspect.signature(fn).parameters.values())
     sig, constexprs = {}, {}
     values = dict(zip([p.name for p in params], args))
@@ -256,10 +194,6 @@ def outside_subset(fn):
     (:func:`attnlab.grading.sandbox.isolated.not_triton`), read from its source with the names of its module: constants
     (numbers, strings, Triton's constexpr and dtypes) and other kernels; None when it is inside, or when its source
     cannot be read here (the grader reads it from the notebook's text)."""
-    import ast
-    import inspect
-    import textwrap
-
     import triton.language as tl
 
     from attnlab._interp_hooks import kernel_function
@@ -309,23 +243,16 @@ def verifier(name, obj, req, verified):
     return verified_first
 
 
-# ---------------------------------------------------------------------------------------
-# Requests
-# ---------------------------------------------------------------------------------------
-
-
 def _outcome(fn):
     """{"ok": value}, {"refused": why} or {"raised": ..., "not_implemented": bool}."""
     try:
-        value = fn()
-        out = {"ok": value}
+        return {"ok": fn()}
     except Refused as exc:
-        out = {"refused": str(exc)}
+        return {"refused": str(exc)}
     except NotImplementedError:
-        out = {"raised": "NotImplementedError", "not_implemented": True}
+        return {"raised": "NotImplementedError", "not_implemented": True}
     except BaseException as exc:  # the learner's bug (even SystemExit), reported, never fatal here
-        out = {"raised": describe_error(exc), "not_implemented": "NotImplementedError" in repr(exc)}
-    return out
+        return {"raised": describe_error(exc), "not_implemented": "NotImplementedError" in repr(exc)}
 
 
 def backward(fn, args, kwargs, inputs, output, grad_output):
@@ -333,8 +260,6 @@ def backward(fn, args, kwargs, inputs, output, grad_output):
     from its output (``output``: an index into a returned tuple, or None for the whole output). Returns
     (the output, detached; [each input's .grad, None if it got none]). The learner's function, the spec and
     the mistakes all go through here, so the three are differentiated the same way."""
-    import torch
-
     args = list(args)
     for i in inputs:
         args[i] = args[i].detach().clone().requires_grad_(True)
@@ -355,42 +280,18 @@ def backward(fn, args, kwargs, inputs, output, grad_output):
     return detached(out), [None if args[i].grad is None else args[i].grad.detach() for i in inputs]
 
 
-def _call_with_grad(obj, args, kwargs, grad, grad_output):
-    """{"out": the output (detached), "grads": [each input's .grad]} of :func:`backward` for a request's ``grad``."""
-    out, grads = backward(obj, args, kwargs, grad["inputs"], grad.get("output"), grad_output)
-    return {"out": out, "grads": grads}
-
-
-def _give_back_free_memory():
-    """Return the C heap's free pages to the system (glibc's ``malloc_trim(0)``; nothing where there is none).
-
-    Done after every call request: memory freed by earlier work stays resident in the heap, and a later
-    allocation that reuses it adds nothing to the process's resident memory, which is what the peak-memory
-    checks measure (:mod:`attnlab.grading.sandbox.footprint`). In a long-lived process (the tests, a notebook kernel)
-    a copy of a whole KV cache went unseen that way."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 @contextlib.contextmanager
 def _tapped(ns, tap):
     """While one case runs, ``tap["name"]`` of ``ns`` (a function the part requires, in the namespace the called
-    function reads its globals from: the notebook's) adds ``tap["step"]`` times
-    k to each floating-point tensor its k-th call returns (an int or integer tensor: int(step) times k; in a tuple
-    too): what the graded function returns then shows, to the grader's side,
-    how many times it called that function on this call and which output each call made (nothing is reported).
-    No tap, or a name that is not a function of the notebook: nothing changes."""
+    function reads its globals from) adds ``tap["step"]`` times k to each floating-point tensor its k-th call returns
+    (an int or integer tensor: int(step) times k; in a tuple too): what the graded function returns then shows the
+    grader how many times it called that function and which output each call made. No tap, or a name that is not a
+    function of the notebook: nothing changes."""
     name = tap.get("name") if isinstance(tap, dict) else None
     fn = ns.get(name) if isinstance(name, str) else None
     if not callable(fn) or type(tap.get("step")) is not float:
         yield
         return
-    import torch
-
     calls = []
 
     def shifted(out):
@@ -413,13 +314,24 @@ def _tapped(ns, tap):
             ns[name] = fn
 
 
+def _with_grad(obj, args, kwargs, grad, grad_output):
+    out, grads = backward(obj, args, kwargs, grad["inputs"], grad.get("output"), grad_output)
+    return {"out": out, "grads": grads}
+
+
 def handle(req, ns):
-    """The answer to one request, given the notebook's namespace ``ns``."""
+    """The answer to one request, given the notebook's namespace ``ns``. After a call request the C heap's free
+    pages go back to the system (glibc's ``malloc_trim``): memory freed earlier stays resident in the heap, and the
+    peak-memory checks (:mod:`.footprint`) would not see a later call reuse it (a copy of a whole KV cache went
+    unseen that way in a long-lived process)."""
     try:
         return _handle(req, ns)
     finally:
         if req.get("op") == "call":
-            _give_back_free_memory()
+            try:
+                ctypes.CDLL(None).malloc_trim(0)
+            except (OSError, AttributeError):
+                pass
 
 
 def _handle(req, ns):
@@ -433,15 +345,12 @@ def _handle(req, ns):
         if req.get("ranks"):  # each case: one [args, kwargs] per rank, called in a gloo group (ranks.py)
             from attnlab.distributed.group import call_on_ranks
             return {"results": call_on_ranks(obj, req["cases"], req["ranks"], _outcome)}
-        results = []
-        grad, tap = req.get("grad"), req.get("tap")
+        results, grad = [], req.get("grad")
         for case in req["cases"]:
             args, kwargs = case[0], case[1]
-            with _tapped(getattr(obj, "__globals__", ns), tap):   # where the function reads its names
-                if grad is None:
-                    results.append(_outcome(lambda: obj(*args, **kwargs)))
-                else:
-                    results.append(_outcome(lambda: _call_with_grad(obj, args, kwargs, grad, case[2])))
+            with _tapped(getattr(obj, "__globals__", ns), req.get("tap")):   # where the function reads its names
+                results.append(_outcome(lambda: obj(*args, **kwargs) if grad is None else
+                                        _with_grad(obj, args, kwargs, grad, case[2])))
             if "ok" not in results[-1]:
                 break  # the grader stops at the first failure
         return {"results": results}

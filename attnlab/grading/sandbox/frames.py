@@ -1,16 +1,13 @@
 """The frames between the grader and a process that holds learner code: ``torch.save`` bytes of plain values, read
-back with ``torch.load(weights_only=True)``, so that nothing in a frame can run code.
-
-Used by :mod:`attnlab.grading.sandbox.runner` (the functions process), :mod:`attnlab.grading.sandbox.isolated` (the Triton parts'
-process) and :mod:`attnlab.grading.sandbox.ranks` (a rank's outcome to the process that forked it).
-"""
+back with ``torch.load(weights_only=True)``, so that nothing in a frame can run code (the sandboxed processes, and a
+rank's outcome to the process that forked it)."""
 
 import io
 import os
 import struct
 
-
 MAX_FRAME = 512 * 2**20
+MAX_VALUES = 1_000_000  # lists, dicts and values in one frame, counted as visited (a shared list counts each time)
 
 
 def _send(stream, obj):
@@ -38,6 +35,15 @@ def _receive(stream, limit=MAX_FRAME):
     if len(data) != size:
         raise EOFError("the process stopped in the middle of a frame")
     return _restored(torch.load(io.BytesIO(data), weights_only=True))
+
+
+def requests(stream):
+    """The frames read from ``stream`` until the other end closes it."""
+    while True:
+        try:
+            yield _receive(stream)
+        except EOFError:
+            return
 
 
 def frames(in_fd, out_fd):
@@ -83,9 +89,6 @@ def _plain(x, depth=0):
     if type(x) is dict and all(type(k) is str and not k.startswith("__") for k in x):
         return {k: _plain(v, depth + 1) for k, v in x.items()}
     return {"__unsupported__": type(x).__name__}
-
-
-MAX_VALUES = 1_000_000  # lists, dicts and values in one frame, counted as visited (a shared list counts each time)
 
 
 def _restored(x, seen=None, depth=0):

@@ -1,40 +1,18 @@
-"""The learner's Triton kernels, taken from the notebook as text and launched where the learner cannot reach.
-
-``attnlab grade`` never asks the learner's process to launch a Triton part's kernel: whatever
-that process says about a launch (traced or not, in bounds or not) could be forged by a learner cell.
-Instead (:class:`IsolatedKernels`):
-
-1. the grader reads every ``@triton.jit`` function of the notebook's code cells, as *text*, with the
-   module-level constants they may name (:func:`kernel_module`); nothing else of the notebook's code;
-2. a fresh process (:func:`main`, in the same sandbox as the kernel: :mod:`attnlab.grading.sandbox`)
-   defines only those functions, and before the first launch of a kernel with a given signature
-   checks with Triton's own frontend that it is Triton code: it is lowered to TTIR (which needs no
-   GPU; an ``import``, a call of a Python function or any other construct Triton does not compile is
-   refused), then launches and traces it (:func:`attnlab.grading.sandbox.agent.launch`: sentinel-filled
-   buffers, every load and store recorded in Triton's interpreter; natively on a GPU);
-3. requests and replies cross as ``torch.save`` bytes, read back with ``torch.load(weights_only=True)``
-   (tensors, numbers, strings, lists, tuples, dicts: nothing that runs code).
-
-Example (in the grader)::
-
-    kernels = IsolatedKernels(code_cells, root, limits)
-    reply = kernels.launch({"name": "scale_kernel", "grid": [4], ...})   # what run_guarded sends
-"""
+"""The learner's Triton kernels, taken from the notebook as text (:func:`kernel_module`: the ``@triton.jit`` functions
+and module-level constants, nothing else; one outside the Triton subset refused) and launched in a fresh sandboxed
+process (:class:`IsolatedKernels`, :func:`main`), never by the learner's process, whose word on a launch a cell could
+forge. There Triton's frontend lowers each kernel to TTIR before its first launch of a signature."""
 
 import ast
 import os
 from pathlib import Path
 
-from attnlab.grading.sandbox.runner import Dead, Sandboxed, _receive, _send, frames
+from attnlab.grading.sandbox.frames import _receive, _send, frames, requests
+from attnlab.grading.sandbox.runner import Dead, Sandboxed
 from attnlab.grading.triton_subset import _CALLS, _NAMES, _language_names, not_triton
 
 _JIT = {"triton.jit", "jit", "triton.autotune", "triton.heuristics"}
 _FILENAME = "<the notebook's @triton.jit functions>"
-
-
-def _decorator_name(node):
-    """``triton.jit`` for ``@triton.jit`` and ``@triton.jit(...)``: the dotted name, as written."""
-    return ast.unparse(node.func if isinstance(node, ast.Call) else node)
 
 
 _RESERVED = {"math", "tl", "triton", "float", "int", "bool"}
@@ -98,14 +76,19 @@ def kernel_module(sources):
     from attnlab.grading.shortcuts import _parse
 
     kernels, nodes, constants, defined, todo, refused = {}, {}, {}, set(), set(), {}
+
+    def forget(name):  # redefined: no longer a kernel or a constant
+        for table in (kernels, refused, constants):
+            table.pop(name, None)
+
     for source in sources:
         tree = _parse(source)
         if tree is None:
             continue
         for node in tree.body:
             defined |= defined_here(node)
-            if isinstance(node, ast.FunctionDef) and any(_decorator_name(d) in _JIT for d in node.decorator_list) \
-                    and node.name not in _RESERVED:
+            if isinstance(node, ast.FunctionDef) and node.name not in _RESERVED and any(  # @triton.jit(...) too
+                    ast.unparse(getattr(d, "func", d)) in _JIT for d in node.decorator_list):
                 node.decorator_list = [ast.parse("triton.jit", mode="eval").body]  # only Triton's own jit
                 constants.pop(node.name, None)
                 code = _when_defined(node, constants)
@@ -124,14 +107,10 @@ def kernel_module(sources):
                 else:
                     todo.discard(node.name)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                kernels.pop(node.name, None)  # redefined as something else: no longer a kernel
-                refused.pop(node.name, None)
-                constants.pop(node.name, None)
+                forget(node.name)
             else:
                 for name in defined_here(node):  # a module-level name: a constant, or no longer one
-                    kernels.pop(name, None)
-                    refused.pop(name, None)
-                    constants.pop(name, None)
+                    forget(name)
                 target = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and len(target) == 1 and \
                         isinstance(target[0], ast.Name) and target[0].id not in _RESERVED and node.value is not None:
@@ -150,10 +129,6 @@ def kernel_module(sources):
     return text, set(kernels), defined | {f"{n} (not implemented)" for n in todo & set(kernels)}, refused
 
 
-# ---------------------------------------------------------------------------------------
-# the fresh process
-# ---------------------------------------------------------------------------------------
-
 def main(in_fd, out_fd):
     """The fresh process: the module text first, then launch requests."""
     import linecache
@@ -169,25 +144,11 @@ def main(in_fd, out_fd):
     exec(compile(text, _FILENAME, "exec"), space)
     _send(frames_out, {"loaded": True})
     verified = set()
-    while True:
-        try:
-            req = _receive(frames_in)
-        except EOFError:
-            return
-        _send(frames_out, _launch(req, space, names, verified, agent))
-
-
-def _launch(req, space, names, verified, agent):
-    name = req["name"]
-    if name not in names or name not in space:
-        return {"missing": True}
-    obj = space[name]
-    return {"result": agent._outcome(lambda: agent.run_launch(obj, req, agent.verifier(name, obj, req, verified)))}
-
-
-# ---------------------------------------------------------------------------------------
-# the grader's side
-# ---------------------------------------------------------------------------------------
+    for req in requests(frames_in):
+        name = req["name"]
+        obj = space.get(name) if name in names else None
+        _send(frames_out, {"missing": True} if obj is None else {"result": agent._outcome(
+            lambda: agent.run_launch(obj, req, agent.verifier(name, obj, req, verified)))})
 
 
 class IsolatedKernels(Sandboxed):
@@ -201,8 +162,8 @@ class IsolatedKernels(Sandboxed):
         self.text, self.names, self.defined, self.refused = kernel_module(sources)
         self.broken = None
 
-    def _started(self):
-        self._exchange({"module": self.text, "names": sorted(self.names)}, self._budget(), "did not start")
+    def _first(self):
+        return [({"module": self.text, "names": sorted(self.names)}, "did not start")]
 
     def launch(self, request):
         name = request["name"]

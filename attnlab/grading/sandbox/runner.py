@@ -1,21 +1,10 @@
-"""The learner's functions in a fresh sandboxed Python process, and the worker process that grades a notebook.
-
-:class:`Functions` (the grader's side) starts one plain Python process in :mod:`attnlab.grading.sandbox`
-(:func:`main`, the process's side: no Jupyter, no zmq). It runs the cells it is sent through IPython's
-``InteractiveShell`` (magics as IPython runs them) and answers with each cell's status, read from
-``run_cell``'s result; then it answers ``call`` requests with the learner's outputs
-(:func:`attnlab.grading.sandbox.agent.handle`), and ``ranks`` requests by forking a process group's ranks before it is sent
-their shards (:func:`attnlab.grading.sandbox.ranks.serve`). Frames (:mod:`attnlab.grading.sandbox.frames`) are ``torch.save`` bytes, read
-with ``weights_only=True``, on two pipes of their own; :class:`Sandboxed` is such a process, also the Triton parts'
-(:mod:`attnlab.grading.sandbox.isolated`). The process's own stdout and stderr are ``/dev/null``:
-nothing it prints reaches the grader. A cell or call that hangs is ended by the grader killing the process;
-a later part gets a fresh process that runs the same cells again. What the process answers is data: it
-decides nothing. :func:`grade_in_subprocess` grades one notebook in a worker process of its own
-(``python -I`` from an empty folder, its memory capped), whose report comes back through a pipe.
-"""
+"""The sandboxed processes, their grader's end (:class:`Sandboxed`, :class:`Functions`: frames on two pipes of their
+own, stdin, stdout and stderr ``/dev/null``), the functions process itself (:func:`main`: the cells through IPython's
+``InteractiveShell``, then calls), and the worker process that grades a notebook (:func:`grade_in_subprocess`)."""
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -25,13 +14,14 @@ import time
 from pathlib import Path
 
 from attnlab.grading import sandbox
-from attnlab.grading.sandbox.frames import MAX_FRAME, _receive, _send, frames  # noqa: F401 (isolated.py, the tests)
+from attnlab.grading.sandbox.frames import _receive, _send, frames, requests
 from attnlab.grading.reports import sanitize
 
 DEFAULT_CELL_TIMEOUT = 120
 DEFAULT_TIMEOUT = 600
 DEFAULT_MEMORY_MB = 4096
 WORKER_GRACE = 60  # seconds a worker may take beyond --timeout (process start, parent-side checks)
+COURSE = str(Path(__file__).resolve().parents[3])  # the course's own code comes first on a process's sys.path
 
 
 def kernel_env(work):
@@ -39,19 +29,18 @@ def kernel_env(work):
     keep = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     env = {k: os.environ[k] for k in keep if k in os.environ}
-    root = str(Path(__file__).resolve().parents[3])
-    work = str(work)
     env.update({
-        "PYTHONPATH": root, "HOME": work, "IPYTHONDIR": f"{work}/.ipython", "MPLCONFIGDIR": f"{work}/.matplotlib",
+        "PYTHONPATH": COURSE, "HOME": str(work), "IPYTHONDIR": f"{work}/.ipython",
+        "MPLCONFIGDIR": f"{work}/.matplotlib",
         "TRITON_CACHE_DIR": f"{work}/.triton", "XDG_CACHE_HOME": f"{work}/.cache", "TMPDIR": "/tmp",
         "ATTNLAB_GRADING": "1", "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
     })
     return env
 
 
-# ---------------------------------------------------------------------------------------
-# the process's side
-# ---------------------------------------------------------------------------------------
+def _boot(module, call):
+    """``python -I -c`` code that runs ``call`` of ``module``, imported from the course's own code."""
+    return f"import sys; sys.path.insert(0, {COURSE!r}); from {module} import {call}"
 
 
 def _status(result, shell):
@@ -66,8 +55,7 @@ def _status(result, shell):
 
 
 def main(in_fd, out_fd):
-    """The functions process: cells and calls from the grader, answers to it; its stdin, stdout and stderr are
-    ``/dev/null`` (nothing it prints is kept, and nothing it writes there reaches a frame)."""
+    """The functions process: cells and calls from the grader, answers to it."""
     frames_in, frames_out = frames(in_fd, out_fd)
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -75,11 +63,7 @@ def main(in_fd, out_fd):
 
     shell = InteractiveShell.instance()
     shell.ask_exit = lambda: setattr(shell, "exit_now", True)  # what exit() calls (a terminal's shell has it)
-    while True:
-        try:
-            req = _receive(frames_in)
-        except EOFError:
-            return
+    for req in requests(frames_in):
         try:
             if req.get("op") == "run":
                 reply = _status(shell.run_cell(req["source"], store_history=True), shell)
@@ -92,19 +76,14 @@ def main(in_fd, out_fd):
         _send(frames_out, reply)
 
 
-# ---------------------------------------------------------------------------------------
-# the grader's side
-# ---------------------------------------------------------------------------------------
-
-
 class Dead(Exception):
     """The process hung (killed after its time) or died; the text says which."""
 
 
 class Sandboxed:
     """One fresh sandboxed ``python -I`` process at a time, running ``ENTRY`` (module, function), which is given
-    the two pipes' descriptors; frames both ways. A request that runs past its time kills the process; a
-    process that dies raises :class:`Dead`, and the next request starts a fresh one."""
+    the two pipes' descriptors. A request that runs past its time kills the process; a process that dies raises
+    :class:`Dead`, and the next request starts a fresh one."""
 
     ENTRY = ("attnlab.grading.sandbox.runner", "main")
 
@@ -116,8 +95,8 @@ class Sandboxed:
     def remaining(self):
         return self.deadline - time.monotonic()
 
-    def _budget(self):
-        budget = min(self.timeout, self.remaining())
+    def _budget(self, most=None):
+        budget = min(self.timeout if most is None else most, self.remaining())
         if budget <= 1:
             raise Dead("the notebook ran past the total time limit")
         return budget
@@ -128,10 +107,7 @@ class Sandboxed:
         work.mkdir(parents=True)  # outside the sandbox: where its tmpfs goes
         to_child, from_grader = os.pipe()[::-1]
         from_child, to_grader = os.pipe()
-        course = str(Path(__file__).resolve().parents[3])
-        module, function = self.ENTRY
-        boot = f"import sys; sys.path.insert(0, {course!r}); from {module} import {function} as f; " \
-               f"f({from_grader}, {to_grader})"
+        boot = _boot(*self.ENTRY) + f" as f; f({from_grader}, {to_grader})"
         cmd = sandbox.wrap_command([sys.executable, "-I", "-c", boot], work, self.root, self.copy, self.limits)
         self.cgroup = sandbox.Cgroup.make(self.limits)
         try:
@@ -143,12 +119,14 @@ class Sandboxed:
             os.close(from_grader)
             os.close(to_grader)
         self.proc.frames = os.fdopen(to_child, "wb"), os.fdopen(from_child, "rb")
-        self._exchange(None, min(120, self.remaining()), "did not start")
+        self._exchange(None, self._budget(120), "did not start")
         self.pid = _python_below(self.proc.pid)  # found before any learner code runs: it cannot fork a decoy first
-        self._started()
+        for req, what in self._first():
+            self._exchange(req, self._budget(), what)
 
-    def _started(self):
-        """What a fresh process is sent before the first request."""
+    def _first(self):
+        """(request, what failing it means) sent to a fresh process before anything else."""
+        return []
 
     def _exchange(self, req, budget, what, frames_for=None):
         """Send ``req``, read the reply; where the process answers ``{"send": key}`` (ranks.serve: its ranks are
@@ -181,21 +159,17 @@ class Sandboxed:
         if self.proc is None:
             try:
                 self._start()
-            except Dead:
-                raise
-            except Exception as exc:
+            except Exception as exc:  # a process half started is not left behind
                 self.stop()
+                if isinstance(exc, Dead):
+                    raise
                 raise Dead(f"no process could be started ({type(exc).__name__}: {exc})")
         return self._exchange(req, self._budget(), what, frames_for)
 
     def stop(self):
         proc, self.proc, self.pid = self.proc, None, None
         if proc is not None:
-            for pid in [proc.pid, *sandbox.descendants(proc.pid)]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            sandbox.kill([proc.pid, *sandbox.descendants(proc.pid)])
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -211,17 +185,15 @@ class Sandboxed:
 
 
 class Functions(Sandboxed):
-    """The notebook's cells and the learner's functions (:func:`main`). ``run(index, source)`` runs a cell (its
-    status); ``ask(req)`` a call. A fresh process runs the cells that ran so far again (not those that ended a
-    process), their statuses not read again."""
+    """The notebook's cells and the learner's functions (:func:`main`). A fresh process runs the cells that ran so
+    far again (not those that ended a process), their statuses not read again."""
 
     def __init__(self, root, cell_timeout, deadline, limits, copy=None):
         super().__init__(root, limits, cell_timeout, deadline, copy)
         self.ran = []  # (index, source) of the cells run so far
 
-    def _started(self):
-        for _, source in self.ran:
-            self._exchange({"op": "run", "source": source}, self._budget(), "stopped while its cells ran again")
+    def _first(self):
+        return [({"op": "run", "source": source}, "stopped while its cells ran again") for _, source in self.ran]
 
     def run(self, index, source):
         """Run one cell: its status dict; raises Dead (and the cell is never run again)."""
@@ -235,23 +207,20 @@ def _python_below(root):
     a process the learner forks is below it)."""
     exe = os.fsencode(sys.executable)
     for _ in range(100):
-        parents, level = sandbox._children(), [root]
-        while level:
-            for pid in level:
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        if f.read().split(b"\0")[0] == exe:
-                            return pid
-                except OSError:
-                    pass
-            level = [p for p, q in parents.items() if q in level]
+        for pid in [root, *sandbox.below(root)]:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[0] == exe:
+                        return pid
+            except OSError:
+                pass
         time.sleep(0.02)
     return None
 
 
 class RemoteLearner:
-    """The learner's functions, called in the :class:`Functions` process (see :class:`core.LocalLearner`); the
-    learner's Triton kernels, launched from their text in a fresh process (:mod:`attnlab.grading.sandbox.isolated`)."""
+    """The learner's functions, called in the :class:`Functions` process (as :class:`core.LocalLearner` calls them);
+    the learner's Triton kernels, launched from their text in a fresh process (:mod:`.isolated`)."""
 
     def __init__(self, runner, kernels=None):
         self.runner, self.kernels = runner, kernels
@@ -264,24 +233,19 @@ class RemoteLearner:
     def call(self, name, cases, grad=None, ranks=None, tap=None):
         if self.broke is not None:
             return {"agent_error": f"an earlier call {self.broke}"}
-        frames_for = None
         if ranks:  # the shards travel only once the process has forked its ranks, each to its own (ranks.serve)
             if any(len(case) != ranks for case in cases):
                 raise ValueError(f"ranks: each case needs one [args, kwargs] per rank ({ranks})")
             req, asked = {"op": "ranks", "name": name, "cases": len(cases), "ranks": ranks}, []
 
-            def shards(index):
+            def frames_for(index):
                 if type(index) is not int or index != len(asked) or index >= len(cases):
                     raise TypeError(f"the process asked for the shards of case {index!r} out of turn")
                 asked.append(index)
                 return [[args, kwargs] for args, kwargs in cases[index]]
-            frames_for = shards
         else:
-            req = {"op": "call", "name": name, "cases": cases, "ranks": None}
-        if grad is not None:
-            req["grad"] = grad
-        if tap is not None:
-            req["tap"] = tap
+            req, frames_for = {"op": "call", "name": name, "cases": cases, "ranks": None}, None
+        req.update({k: v for k, v in (("grad", grad), ("tap", tap)) if v is not None})
         try:
             return self.runner.ask(req, frames_for=frames_for)
         except Dead as exc:
@@ -295,74 +259,54 @@ class RemoteLearner:
 
 
 def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT_TIMEOUT, memory_mb=DEFAULT_MEMORY_MB):
-    """Grade one notebook in a worker process of its own; the report dict.
-
-    The report comes back through a pipe this process made and only the worker holds (the
-    kernel inherits no file descriptor), never through a file a notebook could find.
-    """
+    """Grade one notebook in a worker process of its own; the report dict. The report comes back through a pipe
+    this process made and only the worker holds (the kernel inherits no file descriptor), never through a file a
+    notebook could find."""
     read_fd, write_fd = os.pipe()
     chunks = []
     reader = threading.Thread(target=lambda: chunks.append(_read_all(read_fd)), daemon=True)
     env = dict(os.environ, ATTNLAB_GRADING="0")
     env.pop("PYTHONPATH", None)
-    root = str(Path(__file__).resolve().parents[3])
     # -I: no PYTHONPATH, no user site, not the current folder (a submission's nbformat/ never runs here);
     # the course's own code first, started from a folder of its own
-    boot = f"import sys; sys.path.insert(0, {root!r}); from attnlab.grading.scoring import _worker_main; " \
-           "sys.exit(_worker_main(sys.argv[1:]))"
+    boot = _boot("attnlab.grading.scoring", "_worker_main") + "; sys.exit(_worker_main(sys.argv[1:]))"
     cmd = [sys.executable, "-I", "-c", boot, str(Path(path).absolute()), "--report-fd", str(write_fd),
            "--cell-timeout", str(cell_timeout), "--timeout", str(timeout), "--memory", str(memory_mb)]
     neutral = tempfile.mkdtemp(prefix="attnlab-worker-")
+    # the worker's own memory: its references and the kernel's replies, never what a notebook prints
+    cap = (2 * memory_mb + 4096) * 2**20
     with tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     pass_fds=(write_fd,), start_new_session=True, cwd=neutral,
-                                    preexec_fn=_cap_worker(memory_mb))
+                                    preexec_fn=lambda: sandbox.set_limit(resource.RLIMIT_DATA, cap))
         finally:
             os.close(write_fd)
         reader.start()
         try:
             proc.wait(timeout=timeout + WORKER_GRACE)
-            stderr = None
+            timed_out = False
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            proc.wait()
-            stderr = "the grader's worker did not finish in time"
+            timed_out = True
         try:  # the worker's session (other workers run beside it: kill only what is its own)
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
+        proc.wait()
         reader.join(timeout=10)
         os.close(read_fd)
         os.rmdir(neutral)
-        data = chunks[0] if chunks else b""
-        if data:
+        if chunks and chunks[0]:
             try:
-                return sanitize(json.loads(data))
+                return sanitize(json.loads(chunks[0]))
             except ValueError:
                 pass
-        if stderr is None:
-            err.seek(0)
-            stderr = err.read().decode(errors="replace")
-    tail = "\n".join(stderr.strip().splitlines()[-5:])
+        err.seek(0)
+        tail = "\n".join(err.read().decode(errors="replace").strip().splitlines()[-5:])
+    if timed_out:
+        tail = "the grader's worker did not finish in time"
     return sanitize({"path": str(path), "score": 0, "max_score": 0, "parts": [],
                      "error": f"the grader's worker failed: {tail}"})
-
-
-def _cap_worker(memory_mb):
-    """The worker's own memory: its references and the kernel's replies, never what a notebook prints."""
-    def apply():
-        import resource
-
-        limit = (2 * memory_mb + 4096) * 2**20
-        try:
-            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-        except (ValueError, OSError):
-            pass
-    return apply
 
 
 def _read_all(fd, limit=64 * 2**20):
