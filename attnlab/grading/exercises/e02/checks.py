@@ -15,15 +15,13 @@ def _tril(n_q, n_k, diagonal=0):
 
 
 def _qkv(g, b, h, nq, nk, d, dv, scale=1.0):
-    """q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv), drawn from ``g`` in that order; ``scale`` multiplies q
-    and k."""
+    """q (B, H, Nq, d), k (B, H, Nk, d) (both times ``scale``) and v (B, H, Nk, dv), drawn from ``g`` in order."""
     return _randn(g, b, h, nq, d, scale=scale), _randn(g, b, h, nk, d, scale=scale), _randn(g, b, h, nk, dv)
 
 
 def _mistakes(make, table):
-    """A Mistake per row (key, message, change): ``make(**change)``, and again with a softmax that gives zeros on a
-    row with no key to attend to instead of NaN, unless the row ends in "once" (the two are one, or the NaN is the
-    mistake)."""
+    """A Mistake per row (key, message, change): ``make(**change)``, and again with zeros for NaN in the weights (a
+    row with no key), unless the row ends in "once" (the two are one, or the NaN is the mistake)."""
     return [Mistake(key, message, make(**change, **fix)) for key, message, change, *once in table
             for fix in ([{}] if once else [{}, {"fix": lambda p: torch.nan_to_num(p, nan=0.0)}])]
 
@@ -90,8 +88,7 @@ def _attention_cases():
     g = _gen(405)
     explicit = _qkv(g, 1, 2, 4, 5, 4, 4)
     mask = torch.rand(4, 5, generator=g) < 0.6
-    mask[:, 0] = True
-    mask[2] = False  # query 2 has nothing to attend to
+    mask[:, 0], mask[2] = True, False  # query 2 has nothing to attend to
     return [
         (f"{shape}, no mask", qkv, {}),
         (f"{shape}, padding mask (B, 1, 1, Nk) of lengths {lengths.tolist()}", qkv, {"mask": pad}),
@@ -141,9 +138,8 @@ def _naive_softmax(s, dim=-1):
 
 _MASKED_ATTENTION_MISTAKES = _mistakes(_attn_with, [
     # the most natural one: the scores and the causal mask done, the mask argument never used
-    ("mask-ignored", "the mask argument is ignored, so padded keys still get weight: where mask is False set the "
-     "scores to -inf before the softmax (mask broadcasts to (B, H, Nq, Nk)), and AND it with the causal mask when "
-     "causal=True", {"mask_mode": "ignored"}, "once"),
+    ("mask-ignored", "the mask argument is ignored, so padded keys get weight: where mask is False set the scores to "
+     "-inf before the softmax (mask broadcasts), AND-ed with the causal mask", {"mask_mode": "ignored"}, "once"),
     ("mask-after-softmax", "the mask is applied after the softmax, so the kept weights no longer sum to 1: set "
      "masked scores to -inf before the softmax", {"mask_mode": "after"}),
     ("inverted-mask", "the mask is inverted: True means attend, so fill the scores where mask is False",
@@ -160,9 +156,8 @@ _MASKED_ATTENTION_MISTAKES = _mistakes(_attn_with, [
     ("causal-replaces-mask", "with causal=True the padding mask is dropped: combine both masks with &",
      {"causal_mode": "replaces"}),
     ("fully-masked-row", "a query with no key to attend to gives NaN (0/0): it should output zeros", {}, "once"),
-    ("finite-fill", "masked scores are set to a large finite number (like -1e9): a row whose keys are all masked "
-     "then averages every value instead of giving zeros; use -inf and turn empty rows into zeros",
-     {"mask_mode": "finite"}, "once"),
+    ("finite-fill", "masked scores are set to a large finite number (like -1e9): a row with every key masked then "
+     "averages the values; use -inf and turn empty rows into zeros", {"mask_mode": "finite"}, "once"),
     ("no-max-subtraction", "exp overflows on large scores: use a softmax that subtracts each row's max",
      {"softmax": _naive_softmax})])
 
@@ -171,16 +166,17 @@ _MASKED_ATTENTION_MISTAKES = _mistakes(_attn_with, [
 
 def _row_cases():
     g = _gen(450)
-    cases = [("q (4,), k (5, 4), v (5, 4), keep=None", (_randn(g, 4), _randn(g, 5, 4), _randn(g, 5, 4)), {})]
+    first = (_randn(g, 4), _randn(g, 5, 4), _randn(g, 5, 4))
     q, k, v = _randn(g, 8), _randn(g, 6, 8), _randn(g, 6, 3)
     keep = torch.rand(6, generator=g) < 0.5
     keep[int(torch.randint(0, 6, (1,), generator=g))] = True
-    cases.append((f"q (8,), k (6, 8), v (6, 3), keep={keep.tolist()}", (q, k, v), {"keep": keep}))
-    cases.append(("a single key: q (4,), k (1, 4), v (1, 2)", (_randn(g, 4), _randn(g, 1, 4), _randn(g, 1, 2)), {}))
-    cases.append(("keep all False: nothing to attend to (zeros)", (_randn(g, 4), _randn(g, 3, 4), _randn(g, 3, 5)),
-                  {"keep": torch.zeros(3, dtype=torch.bool)}))
-    return cases + [("large logits: q (16,) of size ~50, scores in the hundreds",
-                     (_randn(g, 16, scale=50.0), _randn(g, 7, 16), _randn(g, 7, 4)), {})]
+    return [("q (4,), k (5, 4), v (5, 4), keep=None", first, {}),
+            (f"q (8,), k (6, 8), v (6, 3), keep={keep.tolist()}", (q, k, v), {"keep": keep}),
+            ("a single key: q (4,), k (1, 4), v (1, 2)", (_randn(g, 4), _randn(g, 1, 4), _randn(g, 1, 2)), {}),
+            ("keep all False: nothing to attend to (zeros)", (_randn(g, 4), _randn(g, 3, 4), _randn(g, 3, 5)),
+             {"keep": torch.zeros(3, dtype=torch.bool)}),
+            ("large logits: q (16,) of size ~50, scores in the hundreds",
+             (_randn(g, 16, scale=50.0), _randn(g, 7, 16), _randn(g, 7, 4)), {})]
 
 
 def _row_with(**change):
@@ -233,16 +229,15 @@ def _loop_with(pick=lambda b, h, i: (b, h, i), fill=lambda b, h: True, output=1)
     return impl
 
 
-_LOOP_MISTAKES = [
-    Mistake("first-head-only", "only batch 0, head 0 is computed: loop over every b < B and h < H as well as every "
-            "query i", _loop_with(fill=lambda b, h: b == 0 and h == 0)),
-    Mistake("first-head-only", "only head 0 of each batch entry is computed: loop over every h < H as well",
-            _loop_with(fill=lambda b, h: h == 0)),
-    Mistake("one-query-repeated", "every row is query 0's output: step i must use query i, q[b, h, i]",
-            _loop_with(pick=lambda b, h, i: (b, h, 0))),
-    Mistake("weights-not-output", "each row holds attention_row's weights (its first result); the loop keeps the "
-            "output, its second: attention_row(...)[1]", _loop_with(output=0)),
-]
+_LOOP_MISTAKES = [Mistake(*row) for row in [
+    ("first-head-only", "only batch 0, head 0 is computed: loop over every b < B and h < H as well as every query i",
+     _loop_with(fill=lambda b, h: b == 0 and h == 0)),
+    ("first-head-only", "only head 0 of each batch entry is computed: loop over every h < H as well",
+     _loop_with(fill=lambda b, h: h == 0)),
+    ("one-query-repeated", "every row is query 0's output: step i must use query i, q[b, h, i]",
+     _loop_with(pick=lambda b, h, i: (b, h, 0))),
+    ("weights-not-output", "each row holds attention_row's weights (its first result); the loop keeps the output, its "
+     "second: attention_row(...)[1]", _loop_with(output=0))]]
 ROW_NEVER_CALLED = Mistake("row-never-called", "the numbers are right, but not one call of your attention_row made "
                            "them: call attention_row(q[b, h, i], k[b, h], v[b, h]) by that name, once per query", None)
 ONE_CALL_PER_QUERY = Mistake("not-one-call-per-query", "the numbers are right, but the rows do not come from one call "
@@ -264,13 +259,13 @@ def _check_one_call_per_query(learner):
                        f"{tuple(want.shape)}")
         shift = (got.double() - want) / step                          # (B, H, Nq, dv): k for each entry of row k
         calls = shift.round()
-        rows = calls.reshape(-1, calls.shape[-1])[:, 0] if calls.shape[-1] else calls.new_zeros(0)
+        rows = calls[..., 0].flatten()                                # every size is at least 1
         if mismatch(shift, calls, rtol=0, atol=1e-2) is None and bool((calls == calls[..., :1]).all()) and \
                 sorted(rows.long().tolist()) == list(range(1, rows.numel() + 1)):
             continue
         never = not torch.isfinite(shift).all() or bool((calls == 0).all())
         seen = "no row moved: none came from a call of attention_row" if never else \
-            f"the rows moved as {int(calls.max()) if calls.numel() else 0} call(s) for {rows.numel()} queries would"
+            f"the rows moved as {int(calls.max())} call(s) for {rows.numel()} queries would"
         raise Fail(f"`loop_attention` on {label}: with attention_row's k-th call shifted by k x {step:.3f}, the "
                    f"rows did not move as one call per query would move them ({seen})",
                    [ROW_NEVER_CALLED if never else ONE_CALL_PER_QUERY])
@@ -283,8 +278,7 @@ _LOOP = Function("loop_attention", specs.loop_attention, _loop_cases, _LOOP_MIST
 
 
 def _measure_loop(learner):
-    """The loop against the spec, and one attention_row call per query, seen; then the grader's own timing of its
-    loop and batched attention (never scored)."""
+    """The loop's values and its calls, checked; then the grader's own timing, never scored."""
     checked = f"{run(_LOOP, learner)}; every row came from an attention_row call of its own " \
               f"({_check_one_call_per_query(learner)} cases seen)"
     t = specs.timing_table(TIMING_SIZES, d=TIMING_D, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=_gen(503))))
@@ -294,17 +288,15 @@ def _measure_loop(learner):
 
 
 TABLES = {
-    "padding-mask": Function("padding_mask", specs.padding_mask, _padding_cases, _PADDING_MISTAKES,
-                             says="{n} cases match the spec, including an empty sequence and max_len beyond every "
-                                  "length"),
+    "padding-mask": Function("padding_mask", specs.padding_mask, _padding_cases, _PADDING_MISTAKES, says="{n} cases "
+                             "match the spec, including an empty sequence and max_len beyond every length"),
     "causal-mask": Function("causal_mask", specs.causal_mask, _causal_cases, _CAUSAL_MISTAKES,
                             says="{n} cases match the spec, square and rectangular"),
     "attention-masks": Function("masked_attention", specs.masked_attention, _attention_cases,
                                 _MASKED_ATTENTION_MISTAKES, says="{n} cases match the spec (padding, causal with "
                                 "Nq != Nk, both together, empty rows, large scores)"),
-    "attention-row": Function("attention_row", specs.attention_row, _row_cases, _ROW_MISTAKES,
-                              says="{n} cases match the spec (weights and output), including no key kept and large "
-                                   "logits"),
+    "attention-row": Function("attention_row", specs.attention_row, _row_cases, _ROW_MISTAKES, says="{n} cases "
+                              "match the spec (weights and output), including no key kept and large logits"),
     "loop-timing": Measured("experiment", _measure_loop, {"loop_attention": _LOOP_MISTAKES, "(calls seen)": [
         ROW_NEVER_CALLED, ONE_CALL_PER_QUERY]}),
 }
