@@ -1,8 +1,7 @@
 """The references of exercise 06_triton_primer: what the grader compares the learner's kernels with.
 
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
-The general concepts come from the library (the row softmax, the causal mask, the tiled matmul's
-traffic model); what is here is specific to the puzzles. Memory budgets are in bytes.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. The general
+concepts come from the library (the row softmax, the causal mask, the tiled matmul's traffic model).
 """
 
 from attnlab.attention import causal_mask, softmax
@@ -47,13 +46,8 @@ def causal_scores(s, scale):
 def tiles_touching_causal(n_q, n_k, block_m, block_n):
     """Elements of S in the (block_m, block_n) tiles that hold at least one kept (j <= i) entry:
     what a causal kernel needs to read at most (tiles wholly above the diagonal are all -inf)."""
-    total = 0
-    for i0 in range(0, n_q, block_m):
-        last_row = min(i0 + block_m, n_q) - 1
-        for j0 in range(0, n_k, block_n):
-            if j0 <= last_row:
-                total += (min(i0 + block_m, n_q) - i0) * (min(j0 + block_n, n_k) - j0)
-    return total
+    return sum((min(i0 + block_m, n_q) - i0) * min(n_k, ((min(i0 + block_m, n_q) - 1) // block_n + 1) * block_n)
+               for i0 in range(0, n_q, block_m))
 
 
 def matmul_traffic(M, N, K, block, seed=0):
