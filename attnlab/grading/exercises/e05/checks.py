@@ -6,39 +6,30 @@ import numbers
 
 import torch
 
-from attnlab.grading.core import Fail, Mistake, gen as _gen, learner_of, mismatch, present, salted_ints, value_of
+from attnlab.grading.core import Fail, Mistake, each_result, gen as _gen, mismatch, salted_ints
 from attnlab.grading.engine import Function, InTurn, Measured
 from attnlab.grading.exercises.e05 import spec as specs
 
-
-_SIZES = [(1, 1, 1024, 64, ""), (2, 8, 512, 128, ""), (4, 12, 2048, 64, ""),
-          (1, 2, 100, 30, ", n and d not powers of 2"), (3, 1, 1, 16, ", a single position"),
-          (8, 16, 16384, 128, ", a long sequence")]
-_ELEMENT_SIZES = [4, 2, 2, 1, 4, 2]
+# (batch, heads, n, d, element_size, what the case shows); then one size no one knows
+_SIZES = [(1, 1, 1024, 64, 4, ""), (2, 8, 512, 128, 2, ""), (4, 12, 2048, 64, 2, ""),
+          (1, 2, 100, 30, 1, ", n and d not powers of 2"), (3, 1, 1, 16, 4, ", a single position"),
+          (8, 16, 16384, 128, 2, ", a long sequence")]
 
 
 def _size_cases(with_elem=False):
-    cases = []
-    b, h, n, d, e = salted_ints(1500, (1, 4), (1, 16), (3, 3000), (8, 160), (0, 2))   # and one size no one knows
-    for i, (b, h, n, d, note) in enumerate(_SIZES + [(b, h, n, d, "")]):
-        label = f"batch={b}, heads={h}, n={n}, d={d}"
-        if with_elem:
-            es = (_ELEMENT_SIZES + [(1, 2, 4)[e]])[i]
-            cases.append((f"{label}, element_size={es}{note}", (b, h, n, d, es), {}))
-        else:
-            cases.append((f"{label}{note}", (b, h, n, d), {}))
-    return cases
+    b, h, n, d, e = salted_ints(1500, (1, 4), (1, 16), (3, 3000), (8, 160), (0, 2))
+    return [(f"batch={b}, heads={h}, n={n}, d={d}" + (f", element_size={es}" if with_elem else "") + note,
+             (b, h, n, d, es) if with_elem else (b, h, n, d), {})
+            for b, h, n, d, es, note in _SIZES + [(b, h, n, d, (1, 2, 4)[e], "")]]
 
 
-# ----------------------------------------------------------------------------------------------------- attention-flops
-
+_PER_HEAD = "this is one head of one sequence: multiply by batch and heads"
 _FLOPS_MISTAKES = [
     Mistake("multiply-add-once", "a multiply-add counts as 2 FLOPs (or: both matmuls, QK^T and PV, must be counted)",
             lambda b, h, n, d: b * h * 2 * n * n * d),
     Mistake("swapped-n-d", "n and d are swapped: each matmul costs 2 n^2 d, quadratic in the sequence length",
             lambda b, h, n, d: b * h * 4 * n * d * d),
-    Mistake("per-head-only", "this is one head of one sequence: multiply by batch and heads",
-            lambda b, h, n, d: 4 * n * n * d),
+    Mistake("per-head-only", _PER_HEAD, lambda b, h, n, d: 4 * n * n * d),
     Mistake("heads-forgotten", "every head does its own two matmuls: multiply by heads too",
             lambda b, h, n, d: b * 4 * n * n * d),
     Mistake("batch-forgotten", "every sequence of the batch does the work: multiply by batch too",
@@ -48,36 +39,28 @@ _FLOPS_MISTAKES = [
 ]
 
 
-# ----------------------------------------------------------------------------------------------------- attention-bytes
-
-def _steps(b, h, n, d, es, *, scores=None, softmax=None, pv=None, swap=False, unit=None):
-    """Per-step (read, written) bytes with one step's element counts replaced (a wrong version)."""
-    counts = {"scores": (2 * n * d, n * n), "softmax": (n * n, n * n), "pv": (n * n + n * d, n * d)}
-    for name, value in (("scores", scores), ("softmax", softmax), ("pv", pv)):
-        if value is not None:
-            counts[name] = value(n, d)
-    size = es if unit is None else unit
-    out = tuple((b * h * r * size, b * h * w * size) for r, w in counts.values())
-    return tuple((w, r) for r, w in out) if swap else out
+def _steps_with(unit=None, swap=False, per_head=False, **counts):
+    """A wrong step_bytes: ``counts`` {step: f(n, d) -> its (read, written) elements} replace the right ones."""
+    def impl(b, h, n, d, es=4):
+        steps = {"scores": (2 * n * d, n * n), "softmax": (n * n, n * n), "pv": (n * n + n * d, n * d),
+                 **{k: f(n, d) for k, f in counts.items()}}
+        x = (1 if per_head else b * h) * (es if unit is None else unit)
+        return tuple((w * x, r * x) if swap else (r * x, w * x) for r, w in steps.values())
+    return impl
 
 
 _STEP_MISTAKES = [
-    Mistake("elements-not-bytes", "these are elements: multiply by element_size",
-            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, unit=1)),
-    Mistake("read-write-swapped", "each pair is (bytes read, bytes written), in that order",
-            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, swap=True)),
-    Mistake("pv-forgets-v", "O = PV reads V (n*d elements) as well as P",
-            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, pv=lambda n, d: (n * n, n * d))),
+    Mistake("elements-not-bytes", "these are elements: multiply by element_size", _steps_with(unit=1)),
+    Mistake("read-write-swapped", "each pair is (bytes read, bytes written), in that order", _steps_with(swap=True)),
+    Mistake("pv-forgets-v", "O = PV reads V (n*d elements) as well as P", _steps_with(pv=lambda n, d: (n * n, n * d))),
     Mistake("scores-forgets-k", "S = QK^T reads both Q and K (2*n*d elements)",
-            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, scores=lambda n, d: (n * d, n * n))),
+            _steps_with(scores=lambda n, d: (n * d, n * n))),
     Mistake("output-is-n-by-n", "O = PV writes O, (n, d) per head; it is P that is n x n",
-            lambda b, h, n, d, es=4: _steps(b, h, n, d, es, pv=lambda n, d: (n * n + n * d, n * n))),
+            _steps_with(pv=lambda n, d: (n * n + n * d, n * n))),
     Mistake("softmax-in-place", "standard attention's softmax reads S from memory and writes P back: n^2 elements "
-            "each way, not zero", lambda b, h, n, d, es=4: _steps(b, h, n, d, es, softmax=lambda n, d: (0, 0))),
-    Mistake("per-head-only", "this is one head of one sequence: multiply by batch and heads",
-            lambda b, h, n, d, es=4: _steps(1, 1, n, d, es)),
+            "each way, not zero", _steps_with(softmax=lambda n, d: (0, 0))),
+    Mistake("per-head-only", _PER_HEAD, _steps_with(per_head=True)),
 ]
-
 _TOTAL_MISTAKES = [
     Mistake("elements-not-bytes", "this counts elements: multiply by element_size",
             lambda b, h, n, d, es=4: specs.attention_bytes(b, h, n, d, 1)),
@@ -87,13 +70,8 @@ _TOTAL_MISTAKES = [
             lambda b, h, n, d, es=4: b * h * (2 * n * n + 3 * n * d) * es),
     Mistake("matrices-only", "only S and P are counted: Q, K, V are read and O written too (4nd elements)",
             lambda b, h, n, d, es=4: b * h * 4 * n * n * es),
-    Mistake("per-head-only", "this is one head of one sequence: multiply by batch and heads",
-            lambda b, h, n, d, es=4: (4 * n * d + 4 * n * n) * es),
+    Mistake("per-head-only", _PER_HEAD, lambda b, h, n, d, es=4: (4 * n * d + 4 * n * n) * es),
 ]
-
-
-# ------------------------------------------------------------------------------------------------ arithmetic-intensity
-
 _INTENSITY_MISTAKES = [
     Mistake("inverted-ratio", "this is bytes per FLOP: arithmetic intensity is FLOPs / bytes",
             lambda b, h, n, d, es=4: specs.attention_bytes(b, h, n, d, es) / specs.attention_flops(b, h, n, d)),
@@ -102,6 +80,7 @@ _INTENSITY_MISTAKES = [
     Mistake("multiply-add-once", "a multiply-add counts as 2 FLOPs",
             lambda b, h, n, d, es=4: specs.attention_flops(b, h, n, d) / 2 / specs.attention_bytes(b, h, n, d, es)),
 ]
+
 
 def _bound_cases():
     i, f, bw = salted_ints(1501, (1, 400), (1, 300), (1, 40))
@@ -113,6 +92,7 @@ def _bound_cases():
             ("intensity 0.5 FLOP/B (a softmax) on 0.2 TFLOP/s and 20 GB/s", (0.5, 0.2e12, 20e9), {}),
             (f"intensity {i} FLOP/B on {f} TFLOP/s and {bw / 10:g} TB/s", (float(i), f * 1e12, bw * 1e11), {})]
 
+
 _BOUND_MISTAKES = [
     Mistake("comparison-flipped", "the comparison is flipped: below the ridge point a kernel is memory-bound",
             lambda i, p, bw: i > p / bw),
@@ -123,17 +103,11 @@ _BOUND_MISTAKES = [
 ]
 
 
-# ------------------------------------------------------------------------------------------------- roofline-prediction
-
-def _step_costs(b, h, n, d, es):
-    flops = (2 * b * h * n * n * d, 0, 2 * b * h * n * n * d)
-    moved = tuple(r + w for r, w in specs.step_bytes(b, h, n, d, es))
-    return list(zip(flops, moved))
-
-
 def _predict_with(combine, *, elements=None, steps=(0, 1, 2)):
+    """A wrong predict_naive_time: ``combine([(FLOPs, bytes) of each step], flop_rate, bandwidth)``."""
     def impl(b, h, n, d, flop_rate, bandwidth, element_size=4):
-        costs = _step_costs(b, h, n, d, element_size if elements is None else elements)
+        moved = [r + w for r, w in specs.step_bytes(b, h, n, d, element_size if elements is None else elements)]
+        costs = list(zip((2 * b * h * n * n * d, 0, 2 * b * h * n * n * d), moved))
         return combine([costs[i] for i in steps], flop_rate, bandwidth)
     return impl
 
@@ -158,6 +132,7 @@ _PREDICT_MISTAKES = [
             "that many bytes / bandwidth", _predict_with(_roofline_sum, steps=(0, 2))),
 ]
 
+
 def _predict_cases():
     b, h, n, d, f, bw = salted_ints(1502, (1, 4), (1, 16), (16, 4096), (8, 160), (1, 500), (1, 300))
     return [   # in this order, each wrong version fails first where it is the only one that gives its number
@@ -170,109 +145,90 @@ def _predict_cases():
         (f"batch={b}, heads={h}, n={n}, d={d}, {f} TFLOP/s, {bw * 10} GB/s", (b, h, n, d, f * 1e12, bw * 1e10), {})]
 
 
-# ---------------- naive-time-experiment: exact from the learner's own timings, and their timings close to the grader's
-
+# naive-time-experiment: exact from the learner's own timings, and their timings close to the grader's
 FACTOR = 10.0          # a timing passes within FACTOR of the grader's own measurement of the same thing (a busy
                        # machine slows one run and not the other; a unit mistake is off by 1000)
 RTOL = 1e-6            # the rates and the prediction follow from the learner's own numbers: exact, up to float32
 SIZES = {"n": 1024, "heads": 2, "d": 64, "repeats": 5}
 NAMES = ("matmul_seconds", "copy_seconds", "flop_rate", "bandwidth", "predicted_seconds", "measured_seconds")
-
-
 FLOPS, BYTES = 2 * specs.MATMUL_SIZE ** 3, 2 * specs.COPY_BYTES   # the work of the timed matmul, of the timed copy
-_GIGA, _INVERTED = "return rates in FLOP/s and byte/s, not GFLOP/s or GB/s", "a rate is work / seconds"
 
-# each the rate the learner gives from the learner's own seconds
-_FLOP_RATE_MISTAKES = [
-    Mistake("matmul-flops-once", "a 1024 x 1024 matmul does 1024^3 multiply-adds, 2 * 1024^3 FLOPs",
-            lambda seconds: FLOPS / 2 / seconds),
-    Mistake("giga-units", _GIGA, lambda seconds: FLOPS / seconds / 1e9),
-    Mistake("rate-inverted", _INVERTED, lambda seconds: seconds / FLOPS),
-]
-_BANDWIDTH_MISTAKES = [
-    Mistake("copy-counted-once", "a copy reads every byte and writes it: 2 * COPY_BYTES per copy",
-            lambda seconds: BYTES / 2 / seconds),
-    Mistake("giga-units", _GIGA, lambda seconds: BYTES / seconds / 1e9),
-    Mistake("elements-not-bytes", "COPY_BYTES are bytes: a float32 element is 4 of them",
-            lambda seconds: BYTES / 4 / seconds),
-    Mistake("rate-inverted", _INVERTED, lambda seconds: seconds / BYTES),
-]
 
+def _rate_mistakes(work, *miscounts):
+    """Each a wrong rate from the learner's own seconds: ``miscounts`` (key, message, the work it counts), then
+    the rate in giga units and the rate inverted."""
+    return [*(Mistake(key, message, lambda seconds, w=w: w / seconds) for key, message, w in miscounts),
+            Mistake("giga-units", "return rates in FLOP/s and byte/s, not GFLOP/s or GB/s",
+                    lambda seconds: work / seconds / 1e9),
+            Mistake("rate-inverted", "a rate is work / seconds", lambda seconds: seconds / work)]
+
+
+_FLOP_RATE_MISTAKES = _rate_mistakes(FLOPS, ("matmul-flops-once", "a 1024 x 1024 matmul does 1024^3 multiply-adds, "
+                                             "2 * 1024^3 FLOPs", FLOPS / 2))
+_BANDWIDTH_MISTAKES = _rate_mistakes(BYTES, ("copy-counted-once", "a copy reads every byte and writes it: "
+                                             "2 * COPY_BYTES per copy", BYTES / 2),
+                                     ("elements-not-bytes", "COPY_BYTES are bytes: a float32 element is 4 of them",
+                                      BYTES / 4))
 # each the learner's timing, from the grader's own measurement of the same thing, in seconds
-_UNIT_MISTAKES = [
-    Mistake("milliseconds", "the times are in milliseconds: return seconds", lambda seconds: seconds * 1e3),
-    Mistake("microseconds", "the times are in microseconds: return seconds", lambda seconds: seconds * 1e6),
-    Mistake("nanoseconds", "the times are in nanoseconds (perf_counter_ns?): return seconds",
-            lambda seconds: seconds * 1e9),
-]
+_UNIT_MISTAKES = [Mistake(unit, f"the times are in {unit}{why}: return seconds", lambda seconds, f=f: seconds * f)
+                  for unit, why, f in (("milliseconds", "", 1e3), ("microseconds", "", 1e6),
+                                       ("nanoseconds", " (perf_counter_ns?)", 1e9))]
 
 
-def _exact(got, want):
-    """Why ``got`` is not ``want`` (None when it is): the same arithmetic on the same numbers."""
-    return mismatch(torch.tensor(float(got), dtype=torch.float64), torch.tensor(float(want), dtype=torch.float64),
-                    rtol=RTOL, atol=0.0)
-
-
-def _off_by_a_factor(got, want):
-    """Why the timing ``got`` is not within FACTOR of ``want`` either way (None when it is): their logarithms."""
-    return mismatch(torch.tensor(math.log(got), dtype=torch.float64),
-                    torch.tensor(math.log(want), dtype=torch.float64), rtol=0.0, atol=math.log(FACTOR))
+def _differ(got, want, timing=False):
+    """Why ``got`` is not ``want`` (None when it is): the same arithmetic on the same numbers, or for a ``timing``
+    within FACTOR of it either way (their logarithms)."""
+    f, rtol, atol = (math.log, 0.0, math.log(FACTOR)) if timing else (float, RTOL, 0.0)
+    return mismatch(torch.tensor(f(got), dtype=torch.float64), torch.tensor(f(want), dtype=torch.float64),
+                    rtol=rtol, atol=atol)
 
 
 def _numbers(result):
     if not isinstance(result, (tuple, list)) or len(result) != len(NAMES):
         raise Fail(f"`naive_time_experiment` should return a tuple of {len(NAMES)} numbers {NAMES}, got "
                    f"{type(result).__name__}{'' if not isinstance(result, (tuple, list)) else f' of {len(result)}'}")
-    values = []
-    for name, v in zip(NAMES, result):
-        if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1:
-            v = v.item()
+    values = [v.item() if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1 else v for v in result]
+    for name, v in zip(NAMES, values):
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
             raise Fail(f"`naive_time_experiment`: {name} should be a positive number, got {v!r}")
-        values.append(float(v))
-    return dict(zip(NAMES, values))
+    return {name: float(v) for name, v in zip(NAMES, values)}
 
 
-def _measure_experiment(ns):
-    learner = learner_of(ns)
+def _measure_experiment(learner):
     seed = int(_gen(1300).initial_seed() % 10_000)
-    reply = learner.call("naive_time_experiment", [[(seed,), dict(SIZES)]])
-    present(reply, "naive_time_experiment")
-    results = reply.get("results", [])
-    if not results:
-        raise Fail("`naive_time_experiment`: the grader got no result")
     label = f"seed={seed}, " + ", ".join(f"{k}={v}" for k, v in SIZES.items())
-    got = _numbers(value_of(results[0], "naive_time_experiment", label))
+    (*_, result), = each_result(learner, "naive_time_experiment", [(label, (seed,), dict(SIZES))])
+    got = _numbers(result)
 
     # exact: the rates from the learner's own timings, the prediction from the learner's own rates
     for rate, seconds, work, mistakes in (("flop_rate", "matmul_seconds", FLOPS, _FLOP_RATE_MISTAKES),
                                           ("bandwidth", "copy_seconds", BYTES, _BANDWIDTH_MISTAKES)):
         want = work / got[seconds]
-        if _exact(got[rate], want):
+        if _differ(got[rate], want):
             raise Fail(f"`naive_time_experiment` ({label}): {rate} is {got[rate]:.6g}, but your own {seconds} "
                        f"({got[seconds]:.6g} s) gives {want:.6g}",
-                       [m for m in mistakes if not _exact(got[rate], m.impl(got[seconds]))])
+                       [m for m in mistakes if not _differ(got[rate], m.impl(got[seconds]))])
     args = (1, SIZES["heads"], SIZES["n"], SIZES["d"], got["flop_rate"], got["bandwidth"])
     want = specs.predict_naive_time(*args)
-    if _exact(got["predicted_seconds"], want):
+    if _differ(got["predicted_seconds"], want):
         raise Fail(f"`naive_time_experiment` ({label}): predicted_seconds is {got['predicted_seconds']:.6g}, but the "
                    f"roofline gives {want:.6g} from your own rates",
-                   [m for m in _PREDICT_MISTAKES if not _exact(got["predicted_seconds"], m.impl(*args))])
+                   [m for m in _PREDICT_MISTAKES if not _differ(got["predicted_seconds"], m.impl(*args))])
 
     # generous: each timing within FACTOR of the grader's own measurement, made right after (twice if needed)
     mine = dict(zip(("matmul_seconds", "copy_seconds", "measured_seconds"), specs.measure(seed, **SIZES)))
     for name in mine:
         for _ in range(2):   # the machine may have been busy during one of the two measurements: measure again
-            if not _off_by_a_factor(got[name], mine[name]):
+            if not _differ(got[name], mine[name], timing=True):
                 break
             again = dict(zip(mine, specs.measure(seed, **SIZES)))[name]
             if abs(math.log(got[name] / again)) < abs(math.log(got[name] / mine[name])):
                 mine[name] = again
-        if _off_by_a_factor(got[name], mine[name]):
+        if _differ(got[name], mine[name], timing=True):
             raise Fail(f"`naive_time_experiment` ({label}): {name} is {got[name]:.4g} s, but the grader measured "
                        f"{mine[name]:.4g} s on this machine (a factor {got[name] / mine[name]:.3g}; accepted: within "
                        f"a factor {FACTOR:g} either way)",
-                       [m for m in _UNIT_MISTAKES if not _off_by_a_factor(got[name], m.impl(mine[name]))])
+                       [m for m in _UNIT_MISTAKES if not _differ(got[name], m.impl(mine[name]), timing=True)])
     miss = got["measured_seconds"] / got["predicted_seconds"]
     return (f"your prediction follows from your rates; your timings are within a factor {FACTOR:g} of the grader's "
             f"({', '.join(f'{got[k] * 1e3:.2f} ms against {mine[k] * 1e3:.2f} ms' for k in mine)}); "

@@ -1,8 +1,7 @@
 """The references of exercise 05_quadratic_cost: what the grader compares the learner's answers with.
 
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
-Every count is the library's IO model (``attnlab.iomodel``: standard attention as Dao et al. 2022,
-Algorithm 0, three kernels); the experiment times the library's ``naive_attention``.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. Every count is
+the library's IO model (``attnlab.iomodel``: standard attention as Dao et al. 2022, Algorithm 0, three kernels).
 """
 
 from attnlab import iomodel
@@ -62,8 +61,7 @@ def measure(seed, n, heads, d, repeats):
     try:
         a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, generator=torch.Generator().manual_seed(seed))
         matmul = time_call(torch.matmul, a, a, repeats=repeats, reduce="min")
-        src = torch.ones(COPY_BYTES // 4)
-        dst = torch.zeros_like(src)
+        src, dst = torch.ones(COPY_BYTES // 4), torch.zeros(COPY_BYTES // 4)
         copy = time_call(dst.copy_, src, repeats=repeats, reduce="min")
         g = torch.Generator().manual_seed(seed)
         q, k, v = (torch.randn(1, heads, n, d, generator=g) for _ in range(3))
