@@ -1,28 +1,15 @@
 """The checks of exercise 12_beyond_dense: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
-The references are spec.py's: the library's causal top-k (``attnlab.sparse.select_blocks``), selected attention
-(``selected_attention_reference``), gated delta rule (``attnlab.linear_attention.delta_rule_recurrent``; the chunked
-form must equal it) and byte counts (``attnlab.iomodel.kv_cache_bytes``, ``recurrent_state_bytes``). Two parts
-measure more than their outputs:
+Two parts measure more than their outputs. ``selected-kernel`` (a Kernel): in Triton's interpreter every load is
+recorded, so a kernel that loads a key block its query block did not select fails, and the bytes are held to
+:data:`_BUDGET`. ``delta-chunked``: the chunkwise form's numbers, then its peak memory at N = 4096, where an N x N
+matrix (one chunk of the whole sequence, or the parallel form) or a state per token is 64 MiB: it scores under 24 MiB.
 
-- ``selected-kernel`` (a :class:`~attnlab.grading.engine.Kernel`): the learner's Triton kernel, launched under
-  guard on selections made by ``select_blocks``; in Triton's interpreter every load is recorded, so a kernel that
-  loads a key block its query block did not select fails (each launch's ``allowed``), and the bytes are held to a
-  budget (:data:`_BUDGET`);
-- ``delta-chunked`` (``Measured("peak-memory", ...)``): the chunkwise form's numbers on ragged lengths and chunk
-  sizes that do not divide them, then its peak memory at N = 4096 (:func:`attnlab.grading.sandbox.footprint.peak_growth`):
-  an N x N matrix (the whole sequence as one chunk, or the parallel form) or a state kept per token is 64 MiB
-  there, and the part scores only under 24 MiB.
-
-**What "chunkwise" can and cannot mean to this grader.** The chunked form gives the recurrence's numbers (that is
-its point), so the outputs cannot tell a chunked function from a loop over the tokens. From outside the learner's
-process the grader sees only what the operating system reports: peak memory shows an N x N matrix and a state per
-token (the two ways a chunked answer goes wrong in memory), so both are checked. A loop over the tokens that keeps
-one state costs about as much memory as the chunked form and differs only in time (N steps of vector work instead
-of N / C of matmuls) and in operation counts; an operation count taken inside the learner's process is the learner's
-word, and CPU time on a shared machine is noise within a factor of a few: neither is used, so such a loop passes the
-check (the written part asks why it would be slow on a GPU). The syntax check refuses the library's delta rule and
-its kernel as the answer.
+**What "chunkwise" cannot mean to this grader.** The outputs cannot tell a chunked function from a loop over the
+tokens (both give the recurrence's numbers), and such a loop keeping one state costs about the chunked form's memory;
+it differs in time (N steps of vector work instead of N / C of matmuls) and operation counts. An operation count taken
+inside the learner's process is the learner's word, and CPU time on a shared machine is noise within a factor of a
+few: neither is used, so such a loop passes the check (the written part asks why it would be slow on a GPU).
 """
 
 import math
@@ -39,28 +26,28 @@ from attnlab.grading.sandbox.footprint import peak_growth
 NEG_INF = float("-inf")
 
 
-# ----------------------------------------------------------------------------- causal-topk
+def _built(seed0, rows, build):
+    """``build(generator, *row)`` for each row of a case table, its inputs drawn from ``seed0 + i``."""
+    return [build(_gen(seed0 + i), *row) for i, row in enumerate(rows)]
 
-def _topk_cases():
-    cases = []
-    for seed, (label, shape, topk, how) in enumerate([
-            ("B=1, 4 x 4 blocks, topk=2", (1, 4, 4), 2, "randn"),
-            ("B=2, H=2, 5 x 5 blocks, topk=3 (4-D: one selection per head)", (2, 2, 5, 5), 3, "randn"),
-            ("B=1, 6 x 6 blocks, topk=1: the diagonal only", (1, 6, 6), 1, "randn"),
-            ("B=2, 5 x 5 blocks, topk=3, every score negative", (2, 5, 5), 3, "negative"),
-            ("B=1, 6 x 6 blocks, topk=3, a third of the past blocks scored -inf", (1, 6, 6), 3, "holes"),
-            ("B=1, 3 x 3 blocks, topk=5 (more slots than key blocks)", (1, 3, 3), 5, "randn"),
-            ("B=1, 4 query blocks, 6 key blocks, topk=2", (1, 4, 6), 2, "randn"),
-            ("B=1, 6 query blocks, 4 key blocks, topk=2 (no diagonal block for query blocks 4 and 5)",
-             (1, 6, 4), 2, "randn")]):
-        g = _gen(12_000 + seed)
-        s = _randn(g, *shape)
-        if how == "negative":
-            s = s - 4.0
-        if how == "holes":
-            s = s.masked_fill(torch.rand(*shape, generator=g) < 0.33, NEG_INF)
-        cases.append((label, (s, topk), {}))
-    return cases
+
+# (label, shape, topk, what the scores are): "negative" all below 0, "holes" a third of them -inf
+_TOPK_CASES = [("B=1, 4 x 4 blocks, topk=2", (1, 4, 4), 2, ""),
+               ("B=2, H=2, 5 x 5 blocks, topk=3 (4-D: one selection per head)", (2, 2, 5, 5), 3, ""),
+               ("B=1, 6 x 6 blocks, topk=1: the diagonal only", (1, 6, 6), 1, ""),
+               ("B=2, 5 x 5 blocks, topk=3, every score negative", (2, 5, 5), 3, "negative"),
+               ("B=1, 6 x 6 blocks, topk=3, a third of the past blocks scored -inf", (1, 6, 6), 3, "holes"),
+               ("B=1, 3 x 3 blocks, topk=5 (more slots than key blocks)", (1, 3, 3), 5, ""),
+               ("B=1, 4 query blocks, 6 key blocks, topk=2", (1, 4, 6), 2, ""),
+               ("B=1, 6 query blocks, 4 key blocks, topk=2 (no diagonal block for query blocks 4 and 5)", (1, 6, 4),
+                2, "")]
+
+
+def _topk_case(g, label, shape, topk, how):
+    s = _randn(g, *shape) - (4.0 if how == "negative" else 0.0)
+    if how == "holes":
+        s = s.masked_fill(torch.rand(*shape, generator=g) < 0.33, NEG_INF)
+    return label, (s, topk), {}
 
 
 def _select_with(future="-inf", diagonal="forced", free="-1", order="ascending", widen=True):
@@ -69,8 +56,7 @@ def _select_with(future="-inf", diagonal="forced", free="-1", order="ascending",
     def impl(block_scores, topk):
         s = block_scores.float().clone()
         nqb, nkb = s.shape[-2:]
-        i = torch.arange(nqb)[:, None]
-        j = torch.arange(nkb)[None, :]
+        i, j = torch.arange(nqb)[:, None], torch.arange(nkb)[None, :]
         future_mask = (j >= i) if diagonal == "masked" else (j > i)
         if future != "none":
             s = s.masked_fill(future_mask, NEG_INF if future == "-inf" else 0.0)
@@ -78,15 +64,11 @@ def _select_with(future="-inf", diagonal="forced", free="-1", order="ascending",
             s = s.masked_fill(j == i, float("inf"))
         kk = min(topk, nkb)
         values, ids = s.topk(kk, dim=-1)
-        unused = (values == NEG_INF) & (free != "kept")
         fill = 0 if free == "zero" else -1
-        if order == "rank":
-            ids = torch.where(unused, -1, ids)
-        elif order == "pad-first":
-            ids = torch.where(unused, -1, ids).sort(dim=-1).values
-        else:   # the free slots last: a stand-in larger than any id, sorted, then the fill
-            ids = torch.where(unused, nkb, ids).sort(dim=-1).values
-            ids = torch.where(ids == nkb, fill, ids)
+        # ascending: the free slots last, as a stand-in larger than any id, sorted, then the fill
+        ids = torch.where((values == NEG_INF) & (free != "kept"), nkb if order == "ascending" else -1, ids)
+        ids = ids if order == "rank" else ids.sort(dim=-1).values
+        ids = torch.where(ids == nkb, fill, ids)
         if widen and kk < topk:
             ids = torch.cat([ids, ids.new_full((*ids.shape[:-1], topk - kk), fill)], -1)
         return ids.to(torch.int32)
@@ -117,8 +99,6 @@ _TOPK_MISTAKES = [
 ]
 
 
-# ----------------------------------------------------------------------------- selected-kernel
-
 _BUDGET = "Q read once, K and V of each selected block once per query block that selected it, O written once"
 
 # (label, BH, N, D, BLOCK, topk, amplitude of q and k, scale): the first two have no ragged block, so an
@@ -132,26 +112,26 @@ _KERNEL_CASES = [("BH=2, N=64, D=16, BLOCK=16, topk=1 (the diagonal block only)"
                  ("BH=2, N=70, D=16, BLOCK=32, topk=2, ragged N", 2, 70, 16, 32, 2, 1.0, 0.35)]
 
 
+def _launch(g, label, bh, n, d, bs, topk, amp, scale):
+    """q, k, v and o each inside sentinel memory with 16 extra rows per head, one program per (query block, head),
+    the selection of each head made by the library's ``select_blocks``; each program may load K and V of its
+    selected blocks only."""
+    q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
+    nqb = cdiv(n, bs)
+    block_indices = specs.select_blocks(_randn(g, bh, nqb, nqb), topk)     # (BH, nqb, topk), per head
+    buffers, args = attention_launch({"q": q, "k": k, "v": v, "o": q.shape}, 16, ["o"], [n, nqb, topk, scale],
+                                     [block_indices.contiguous()])
+    kv = sum(block_rows(j, bs, n) for j in block_indices.flatten().tolist() if j >= 0)
+    visit = torch.zeros(bh, nqb, nqb + 1, dtype=torch.bool).scatter_(
+        -1, torch.where(block_indices < 0, nqb, block_indices).long(), True)[..., :nqb]
+    return Launch(f"{label}, scale={scale}", buffers, (nqb, bh), args, {"HEAD_DIM": d, "BLOCK": bs},
+                  {"o": specs.selected_attention(q, k, v, block_indices, bs, scale)},
+                  (q, k, v, scale, block_indices, bs), ("Q", "K", "V", "scale", "block_indices", "BLOCK"),
+                  attention_budget(q.shape, kv), dict.fromkeys("kv", blocks_allowed(visit, bs, q.shape)))
+
+
 def _launches():
-    """One :class:`Launch` per case: q, k, v and o each inside sentinel memory with 16 extra rows per head, one
-    program per (query block, head), the selection of each head made by the library's ``select_blocks``; each
-    program may load K and V of its selected blocks only."""
-    launches = []
-    for seed, (label, bh, n, d, bs, topk, amp, scale) in enumerate(_KERNEL_CASES):
-        g = _gen(12_100 + seed)
-        q, k, v = _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d, scale=amp), _randn(g, bh, n, d)
-        nqb = cdiv(n, bs)
-        block_indices = specs.select_blocks(_randn(g, bh, nqb, nqb), topk)     # (BH, nqb, topk), per head
-        buffers, args = attention_launch({"q": q, "k": k, "v": v, "o": q.shape}, 16, ["o"], [n, nqb, topk, scale],
-                                         [block_indices.contiguous()])
-        kv = sum(block_rows(j, bs, n) for j in block_indices.flatten().tolist() if j >= 0)
-        visit = torch.zeros(bh, nqb, nqb + 1, dtype=torch.bool).scatter_(
-            -1, torch.where(block_indices < 0, nqb, block_indices).long(), True)[..., :nqb]
-        launches.append(Launch(f"{label}, scale={scale}", buffers, (nqb, bh), args, {"HEAD_DIM": d, "BLOCK": bs},
-                               {"o": specs.selected_attention(q, k, v, block_indices, bs, scale)},
-                               (q, k, v, scale, block_indices, bs), ("Q", "K", "V", "scale", "block_indices", "BLOCK"),
-                               attention_budget(q.shape, kv), dict.fromkeys("kv", blocks_allowed(visit, bs, q.shape))))
-    return launches
+    return _built(12_100, _KERNEL_CASES, _launch)
 
 
 def _selected_with(pad="skip", causal="le", rescale=True, counter=False, head_zero=False, drop_last=False,
@@ -210,21 +190,19 @@ _KERNEL_MISTAKES = [
             "multiply the scores by `scale`", _selected_with(scale_arg=False)),
 ]
 
-PADDING_READ = Mistake(
-    "padding-slot-read", "a -1 slot is loaded as a block: j = -1 points BLOCK rows before the head's first key, "
-    "outside K and V. Only a slot with j >= 0 is a selected block: do the loads and the update under `if j >= 0:`",
-    None)
-UNSELECTED_LOADED = Mistake(
-    "unselected-blocks-loaded", "the kernel loads K/V of key blocks its query block did not select: the output is "
-    "right, but the bytes are those of dense attention, which is what selection exists to avoid. Load only block "
-    "j = block_indices[..., i] for each slot with j >= 0", None)
+PADDING_READ = Mistake("padding-slot-read", "a -1 slot is loaded as a block: j = -1 points BLOCK rows before the "
+                       "head's first key, outside K and V. Only a slot with j >= 0 is a selected block: do the loads "
+                       "and the update under `if j >= 0:`", None)
+UNSELECTED_LOADED = Mistake("unselected-blocks-loaded", "the kernel loads K/V of key blocks its query block did not "
+                            "select: the output is right, but the bytes are those of dense attention, which is what "
+                            "selection exists to avoid. Load only block j = block_indices[..., i] for each slot with "
+                            "j >= 0", None)
 
 
 def _padding_read(learner, case, exc):
     """An out-of-bounds load where no block is ragged: the stray rows are a -1 slot's."""
     q, _k, _v, _scale, block_indices, bs = case.inputs
-    if any(m.key == "out-of-bounds-load" for m in exc.mistakes) and q.shape[1] % bs == 0 and \
-            bool((block_indices < 0).any()):
+    if any(m.key == "out-of-bounds-load" for m in exc.mistakes) and not q.shape[1] % bs and (block_indices < 0).any():
         exc.mistakes.insert(0, PADDING_READ)
 
 
@@ -236,38 +214,23 @@ def _padding_as_block_zero(case, traffic):
     return [_KERNEL_MISTAKES[0]] if pads and extra == pads * block_rows(0, bs, n) * d * 4 else []
 
 
-_KERNEL = Kernel("selected_attn_kernel", _launches, _KERNEL_MISTAKES, uses_dot=True,
-                 says="{n} launches match selected attention (causal, -1 slots, ragged N, topk up to every past "
-                      "block, a scale)", budget_says=_BUDGET, traffic_diagnosis=_padding_as_block_zero,
-                 stray_loads=dict.fromkeys("kv", UNSELECTED_LOADED),
-                 loads_says="K and V of the key blocks it selected only", failure_diagnosis=_padding_read)
-
-
-# ----------------------------------------------------------------------------- delta-recurrence
-
 def _delta_inputs(g, B, H, N, dk, dv, gate="mild", init=False):
     """q, k (unit-norm keys, as Gated DeltaNet normalises them), v, beta in (0, 1), g <= 0 (or None), state."""
-    q = _randn(g, B, H, N, dk)
-    k = F.normalize(_randn(g, B, H, N, dk), dim=-1)
-    v = _randn(g, B, H, N, dv)
+    q, k, v = _randn(g, B, H, N, dk), F.normalize(_randn(g, B, H, N, dk), dim=-1), _randn(g, B, H, N, dv)
     beta = torch.sigmoid(_randn(g, B, H, N))
     gates = None if gate is None else F.logsigmoid(_randn(g, B, H, N) + (3.0 if gate == "mild" else -2.0))
     state = _randn(g, B, H, dk, dv, scale=0.5) if init else None
     return q, k, v, beta, gates, state
 
 
-def _delta_cases(seed0, rows):
-    """Both forms' cases from rows (label, (B, H, N, d_k, d_v[, chunk_size]), gate, initial state?, scale): the
+def _delta_case(g, label, dims, gate, init, scale):
+    """A case of both forms from a row (label, (B, H, N, d_k, d_v[, chunk_size]), gate, initial state?, scale): the
     recurrence takes g as a keyword, the chunked form g and the chunk size after beta."""
-    cases = []
-    for seed, (label, (B, H, N, dk, dv, *chunk), gate, init, scale) in enumerate(rows):
-        q, k, v, beta, gates, state = _delta_inputs(_gen(seed0 + seed), B, H, N, dk, dv, gate, init)
-        kwargs = {**({} if scale is None else {"scale": scale}), **({} if state is None else {"initial_state": state})}
-        if chunk:
-            cases.append((label, (q, k, v, beta, gates, *chunk), kwargs))
-        else:
-            cases.append((label, (q, k, v, beta), {"g": gates, **kwargs}))
-    return cases
+    B, H, N, dk, dv, *chunk = dims
+    q, k, v, beta, gates, state = _delta_inputs(g, B, H, N, dk, dv, gate, init)
+    kwargs = {**({} if scale is None else {"scale": scale}), **({} if state is None else {"initial_state": state})}
+    return (label, (q, k, v, beta, gates, *chunk), kwargs) if chunk else (label, (q, k, v, beta),
+                                                                         {"g": gates, **kwargs})
 
 
 _RECURRENCE_CASES = [
@@ -288,23 +251,18 @@ def _recurrence_with(gate="before", read_from="decayed", correct=True, out="afte
     """A wrong delta_recurrence, token by token."""
     def impl(q, k, v, beta, g=None, scale=None, initial_state=None):
         B, H, N, dk = q.shape
-        sc = dk ** -0.5 if (scale is None or scale_rule == "ignored") else scale
-        if scale_rule == "none":
-            sc = 1.0
+        sc = 1.0 if scale_rule == "none" else dk ** -0.5 if (scale is None or scale_rule == "ignored") else scale
         S = initial_state.clone() if (initial_state is not None and init) else q.new_zeros(B, H, dk, v.shape[-1])
         outs = []
         for t in range(N):
-            a = None if g is None else (g[:, :, t].exp() if exp_gate else g[:, :, t])[:, :, None, None]
-            old = S
-            if gate == "before" and a is not None:
-                S = S * a
+            a = 1.0 if g is None else (g[:, :, t].exp() if exp_gate else g[:, :, t])[:, :, None, None]
+            old, S = S, S * a if gate == "before" else S
             r = _read(S if read_from == "decayed" else old, k[:, :, t], read_transposed)
-            u = beta[:, :, t, None] * (v[:, :, t] - r) if correct else beta[:, :, t, None] * v[:, :, t]
+            u = beta[:, :, t, None] * (v[:, :, t] - (r if correct else 0.0))
             if out == "before":
                 outs.append(_read(old, sc * q[:, :, t], read_transposed))
             S = S + k[:, :, t, :, None] * u[:, :, None, :]
-            if gate == "after" and a is not None:
-                S = S * a
+            S = S * a if gate == "after" else S
             if out == "after":
                 outs.append(_read(S, sc * q[:, :, t], read_transposed))
         return torch.stack(outs, 2), (S.transpose(-1, -2) if state_transposed else S)
@@ -335,8 +293,6 @@ _RECURRENCE_MISTAKES = [
 ]
 
 
-# ----------------------------------------------------------------------------- delta-chunked
-
 _CHUNKED_CASES = [
     ("B=1, H=1, N=10, d_k=d_v=4, chunks of 4 (4, 4, 2), gated", (1, 1, 10, 4, 4, 4), "mild", False, None),
     ("B=2, H=2, N=37, d_k=d_v=8, chunks of 8, gated, an initial state", (2, 2, 37, 8, 8, 8), "mild", True, None),
@@ -360,21 +316,16 @@ def _chunked_with(cumulative=True, carry=True, inter=True, intra_diagonal=True, 
         stop = N if tail else N - N % chunk_size
         outs = []
         for c0 in range(0, stop, chunk_size):
-            c1 = min(c0 + chunk_size, N)
-            C = c1 - c0
-            qc, kc, vc, bc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], beta[:, :, c0:c1]
-            G = gg[:, :, c0:c1].cumsum(-1) if cumulative else gg[:, :, c0:c1]
+            qc, kc, vc, bc, gc = (x[:, :, c0:c0 + chunk_size] for x in (q, k, v, beta, gg))
+            C, G = qc.shape[2], gc.cumsum(-1) if cumulative else gc
             lower = torch.ones(C, C, dtype=torch.bool).tril()
             decay = (G[..., :, None] - G[..., None, :]).masked_fill(~lower, NEG_INF).exp()
             A = (kc @ kc.transpose(-2, -1)) * decay * (bc[..., None] if a_beta else 1.0)
-            A = A.tril(-1 if a_strict else 0)
-            I_A = A + torch.eye(C)
+            I_A = A.tril(-1 if a_strict else 0) + torch.eye(C)
             W = torch.linalg.solve_triangular(I_A, (bc * G.exp())[..., None] * kc, upper=False)
             U = torch.linalg.solve_triangular(I_A, bc[..., None] * vc, upper=False) - (W @ S if ws0 else 0.0)
             inter_o = ((G.exp()[..., None] * qc) if q_decay else qc) @ S
-            scores = (qc @ kc.transpose(-2, -1)) * decay
-            if not intra_diagonal:
-                scores = scores.tril(-1)
+            scores = ((qc @ kc.transpose(-2, -1)) * decay).tril(0 if intra_diagonal else -1)
             outs.append(sc * ((inter_o if inter else 0.0) + scores @ U))
             if carry:
                 G_last = G[..., -1]
@@ -409,8 +360,8 @@ _CHUNKED_MISTAKES = [
             "exp(G_i) q_i^T S", _chunked_with(q_decay=False)),
 ]
 
-# the technique, measured from outside the learner's code (attnlab/grading/sandbox/footprint.py): at N = 4096, d_k = d_v =
-# 64, an N x N float32 matrix and a state per token are 64 MiB each; the inputs are 1 MiB each, the output 1 MiB
+# the technique, measured from outside the learner's code (attnlab/grading/sandbox/footprint.py): at N = 4096,
+# d_k = d_v = 64, an N x N float32 matrix and a state per token are 64 MiB each; the inputs and the output 1 MiB each
 PEAK_CASE = (1, 1, 4096, 64, 64, 64)   # B, H, N, d_k, d_v, chunk_size
 PEAK_LIMIT = 24 * 2**20
 NOT_CHUNKED = [
@@ -421,7 +372,7 @@ NOT_CHUNKED = [
 ]
 
 
-_CHUNKED = Function("delta_chunkwise", specs.delta_chunkwise, lambda: _delta_cases(12_300, _CHUNKED_CASES),
+_CHUNKED = Function("delta_chunkwise", specs.delta_chunkwise, lambda: _built(12_300, _CHUNKED_CASES, _delta_case),
                     _CHUNKED_MISTAKES, rtol=1e-4, atol=1e-4,
                     says="{n} cases equal the recurrence (ragged N, chunk sizes 1 to > N, gates, initial states, "
                          "d_k != d_v)")
@@ -446,15 +397,11 @@ def _measure_chunked(learner):
             f"{PEAK_LIMIT // 2**20} MiB)")
 
 
-# ----------------------------------------------------------------------------- state-vs-cache
-
 def _bytes_with(cache="kv", cache_e=2, cache_heads="kv", state_e=4, state="one", swapped=False):
     def impl(contexts, heads, kv_heads, d):
-        h_cache = kv_heads if cache_heads == "kv" else heads
-        per_token = (1 if cache == "k" else 2) * h_cache * d * cache_e
+        per_token = (1 if cache == "k" else 2) * (kv_heads if cache_heads == "kv" else heads) * d * cache_e
         c = torch.tensor([per_token * (1 if cache == "one-token" else L) for L in contexts], dtype=torch.int64)
-        one = heads * d * d * state_e
-        s = torch.tensor([one * (L if state == "per-token" else 1) for L in contexts], dtype=torch.int64)
+        s = torch.tensor([heads * d * d * state_e * (L if state == "per-token" else 1) for L in contexts])
         return (s, c) if swapped else (c, s)
     return impl
 
@@ -491,12 +438,18 @@ def _measure_bytes(learner):
 
 
 TABLES = {
-    "causal-topk": Function("select_blocks", specs.select_blocks, _topk_cases, _TOPK_MISTAKES, rtol=0, atol=0,
+    "causal-topk": Function("select_blocks", specs.select_blocks, lambda: _built(12_000, _TOPK_CASES, _topk_case),
+                            _TOPK_MISTAKES, rtol=0, atol=0,
                             says="{n} selections equal the indexer's causal top-k (3-D and 4-D scores, -inf blocks, "
                                  "negative scores, topk above the number of blocks, n_q_blocks != n_k_blocks)"),
-    "selected-kernel": _KERNEL,
+    "selected-kernel": Kernel("selected_attn_kernel", _launches, _KERNEL_MISTAKES, uses_dot=True,
+                              says="{n} launches match selected attention (causal, -1 slots, ragged N, topk up to "
+                                   "every past block, a scale)", budget_says=_BUDGET,
+                              traffic_diagnosis=_padding_as_block_zero, failure_diagnosis=_padding_read,
+                              stray_loads=dict.fromkeys("kv", UNSELECTED_LOADED),
+                              loads_says="K and V of the key blocks it selected only"),
     "delta-recurrence": Function("delta_recurrence", specs.delta_recurrence,
-                                 lambda: _delta_cases(12_200, _RECURRENCE_CASES), _RECURRENCE_MISTAKES,
+                                 lambda: _built(12_200, _RECURRENCE_CASES, _delta_case), _RECURRENCE_MISTAKES,
                                  says="{n} cases match the gated delta rule, output and final state (gates, "
                                       "d_k != d_v, initial states, a scale)"),
     "delta-chunked": Measured("peak-memory", _measure_chunked, {"delta_chunkwise": _CHUNKED_MISTAKES}),

@@ -1,13 +1,9 @@
 """The references of exercise 12_beyond_dense: what the grader compares the learner's answers with.
 
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
-The maths has one home, the library: the causal top-k selection is ``attnlab.sparse.select_blocks``,
-selected attention ``attnlab.sparse.selected_attention_reference`` (dense attention under the
-selection's element mask), the gated delta rule ``attnlab.linear_attention.delta_rule_recurrent``
-(token by token; ``delta_rule_chunked`` equals it), a KV cache's bytes ``attnlab.iomodel.kv_cache_bytes``
-and a recurrent state's ``attnlab.linear_attention.recurrent_state_bytes``. What is here is the
-exercise's calling convention: the learner's functions return ``(o, final state)``, the kernel works on
-``(BH, N, D)`` rows, and the experiment returns two rows of bytes.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. The maths has one
+home, the library (``attnlab.sparse``, ``attnlab.linear_attention``, ``attnlab.iomodel``); what is here is the
+exercise's calling convention: the learner's functions return ``(o, final state)``, the kernel works on ``(BH, N, D)``
+rows, and the experiment returns two rows of bytes.
 """
 
 import torch
