@@ -7,7 +7,7 @@ import torch
 
 from attnlab.attention import causal_mask
 from attnlab.grading import engine
-from attnlab.grading.core import Mistake, NotDone, gen as _gen, randn as _randn, salted_ints
+from attnlab.grading.core import Mistake, NotDone, gen, randn, salted_ints
 from attnlab.grading.engine import Function, InTurn, Measured
 from attnlab.grading.exercises.e04 import spec as specs
 
@@ -15,14 +15,14 @@ from attnlab.grading.exercises.e04 import spec as specs
 # -------------------------------------------------------------------------------------------- split-heads, merge-heads
 
 def _split_cases():
-    shapes = [(2, 5, 12, 3, ""), (1, 4, 8, 2, ""), (3, 6, 16, 4, ", d_head = h"), (2, 3, 6, 1, ", one head"),
-              (1, 3, 4, 4, ", d_head = 1")]
-    return [(f"x of shape ({b}, {n}, {d}), {h} heads{note}", (_randn(_gen(800 + seed), b, n, d), h), {})
-            for seed, (b, n, d, h, note) in enumerate(shapes)]
+    return [(f"x of shape ({b}, {n}, {d}), {h} heads{note}", (randn(gen(800 + seed), b, n, d), h), {})
+            for seed, (b, n, d, h, note) in enumerate([(2, 5, 12, 3, ""), (1, 4, 8, 2, ""), (3, 6, 16, 4, ", d_head = "
+                                                       "h"), (2, 3, 6, 1, ", one head"), (1, 3, 4, 4, ", d_head = 1")])]
 
 
-def _view(x, h):
-    return x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h)   # (B, N, h, dh)
+def _view(x, h, swapped=False):
+    """x (B, N, d_model) viewed as (B, N, h, dh), or as (B, N, dh, h) when ``swapped``."""
+    return x.reshape(x.shape[0], x.shape[1], *((x.shape[2] // h, h) if swapped else (h, x.shape[2] // h)))
 
 
 _SPLIT_MISTAKES = [
@@ -31,144 +31,121 @@ _SPLIT_MISTAKES = [
             lambda x, h: x.reshape(x.shape[0], h, x.shape[1], x.shape[2] // h)),
     Mistake("interleaved-heads", "the heads are interleaved: head i must hold the contiguous features "
             "[i*dh, (i+1)*dh), i.e. view as (B, N, h, dh), not (B, N, dh, h)",
-            lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).permute(0, 3, 1, 2)),
+            lambda x, h: _view(x, h, swapped=True).permute(0, 3, 1, 2)),
     Mistake("transposed", "the last two dims are swapped: the result must be (B, h, N, dh), not (B, h, dh, N)",
             lambda x, h: _view(x, h).permute(0, 2, 3, 1)),
-    Mistake("no-transpose", "the heads axis must come second: (B, N, h, dh) -> (B, h, N, dh)",
-            lambda x, h: _view(x, h)),
+    Mistake("no-transpose", "the heads axis must come second: (B, N, h, dh) -> (B, h, N, dh)", _view),
     Mistake("heads-in-batch", "the heads are folded into the batch, (B*h, N, dh): keep them as their own axis, "
             "(B, h, N, dh)", lambda x, h: _view(x, h).transpose(1, 2).reshape(-1, x.shape[1], x.shape[2] // h)),
-    Mistake("h-and-dh-swapped", "num_heads is used as the head size: the last axis is cut into "
-            "(d_model/h, h) pieces of h features; cut it into h heads of d_model/h features",
-            lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).transpose(1, 2)),
+    Mistake("h-and-dh-swapped", "num_heads is used as the head size: the last axis is cut into (d_model/h, h) "
+            "pieces of h features; cut it into h heads of d_model/h features",
+            lambda x, h: _view(x, h, swapped=True).transpose(1, 2)),
 ]
 
 
 def _merge_cases():
-    shapes = [(2, 3, 5, 4, ""), (1, 2, 4, 4, ""), (3, 4, 6, 2, ""), (2, 1, 3, 5, ", one head"),
-              (1, 4, 3, 1, ", d_head = 1")]
-    return [(f"x of shape ({b}, {h}, {n}, {dh}){note}", (_randn(_gen(900 + seed), b, h, n, dh),), {})
-            for seed, (b, h, n, dh, note) in enumerate(shapes)]
+    return [(f"x of shape ({b}, {h}, {n}, {dh}){note}", (randn(gen(900 + seed), b, h, n, dh),), {})
+            for seed, (b, h, n, dh, note) in enumerate([(2, 3, 5, 4, ""), (1, 2, 4, 4, ""), (3, 4, 6, 2, ""),
+                                                        (2, 1, 3, 5, ", one head"), (1, 4, 3, 1, ", d_head = 1")])]
 
 
 _MERGE_MISTAKES = [
     Mistake("heads-order", "reshaped without moving the heads back: swap h and N (transpose(1, 2)) before "
             "reshaping to (B, N, h*dh)", lambda x: x.reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
     Mistake("interleaved-heads", "the heads are interleaved: concatenate head 0's dh features, then head 1's, ...",
-            lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
+            lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1)),
     Mistake("summed-heads", "the heads are summed; they are concatenated", lambda x: x.sum(dim=1)),
     Mistake("averaged-heads", "the heads are averaged; they are concatenated", lambda x: x.mean(dim=1)),
     Mistake("concatenated-positions", "the heads are concatenated along the sequence axis, (B, h*N, dh): "
             "concatenate their features, (B, N, h*dh)", lambda x: torch.cat(x.unbind(1), dim=1)),
     Mistake("heads-reversed", "the heads come out in reverse order: head 0's features go first",
-            lambda x: x.flip(1).transpose(1, 2).reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
+            lambda x: x.flip(1).transpose(1, 2).reshape(x.shape[0], x.shape[2], -1)),
 ]
 
 
 # -------------------- mha-forward: the learner's module, built by the notebook's mha_forward with the grader's weights
-
-def _state(g, d, bias=True, scale=1.0):
-    state = {}
-    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-        state[f"{name}.weight"] = _randn(g, d, d, scale=scale * d ** -0.5)
-        if bias:
-            state[f"{name}.bias"] = _randn(g, d, scale=0.1)
-    return state
-
 
 def _lengths_mask(lengths, n):
     return (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]   # (B, 1, 1, Nk)
 
 
 def _mha_cases():
-    cases = []
-
-    def add(label, seed, b, nq, nk, d, h, *, cross=False, mask=None, causal=False, bias=True, scale=1.0):
-        g = _gen(1000 + seed)
-        state = _state(g, d, bias, scale)
-        query = _randn(g, b, nq, d)
-        kwargs = {"causal": causal} if causal else {}
-        if mask is not None:
-            kwargs["mask"] = mask
-        if cross:
-            kwargs["key"], kwargs["value"] = _randn(g, b, nk, d), _randn(g, b, nk, d)
-        cases.append((f"{label}: query ({b}, {nq}, {d}), {h} heads", (state, h, query), kwargs))
-
-    add("self-attention, no mask", 0, 2, 5, 5, 12, 3)
-    add("causal self-attention", 1, 1, 6, 6, 16, 4, causal=True)
-    add("key padding mask, lengths [6, 3], shape (B, 1, 1, Nk)", 2, 2, 6, 6, 16, 2, mask=_lengths_mask([6, 3], 6))
-    add("cross-attention, Nq=3, Nk=7, distinct key and value, padding lengths [7, 4]", 3, 2, 3, 7, 8, 2, cross=True,
-        mask=_lengths_mask([7, 4], 7))
-    add("causal and padding (lengths [5, 2]) together", 4, 2, 5, 5, 8, 2, causal=True, mask=_lengths_mask([5, 2], 5))
-    add("causal cross-attention, Nq=4 < Nk=6 (top-left: query i sees keys j <= i)", 5, 1, 4, 6, 8, 4, cross=True,
-        causal=True)
-    g = _gen(1100)
-    per_head = torch.rand(2, 2, 4, 4, generator=g) < 0.6
+    per_head = torch.rand(2, 2, 4, 4, generator=gen(1100)) < 0.6
     per_head[0, 1, 2] = False   # one fully masked row
-    add("a per-head mask (B, h, Nq, Nk) with one fully masked row", 6, 2, 4, 4, 8, 2, mask=per_head)
-    add("a sequence of length 0 (padding lengths [4, 0]): its rows are fully masked", 7, 2, 4, 4, 8, 2,
-        mask=_lengths_mask([4, 0], 4))
-    add("no biases (bias=False)", 8, 2, 5, 5, 8, 2, bias=False)
-    add("d_head = 1 (h = d_model = 4), causal", 9, 2, 5, 5, 4, 4, causal=True)
-    add("large logits (weights x 30)", 10, 1, 6, 6, 8, 2, scale=30.0)
+    rows = [  # (label, (B, Nq, Nk, d_model, h), what else: causal, mask, cross (distinct key and value), bias, scale)
+        ("self-attention, no mask", (2, 5, 5, 12, 3), {}),
+        ("causal self-attention", (1, 6, 6, 16, 4), {"causal": True}),
+        ("key padding mask, lengths [6, 3], shape (B, 1, 1, Nk)", (2, 6, 6, 16, 2), {"mask": _lengths_mask([6, 3], 6)}),
+        ("cross-attention, Nq=3, Nk=7, distinct key and value, padding lengths [7, 4]", (2, 3, 7, 8, 2),
+         {"cross": True, "mask": _lengths_mask([7, 4], 7)}),
+        ("causal and padding (lengths [5, 2]) together", (2, 5, 5, 8, 2), {"causal": True,
+                                                                           "mask": _lengths_mask([5, 2], 5)}),
+        ("causal cross-attention, Nq=4 < Nk=6 (top-left: query i sees keys j <= i)", (1, 4, 6, 8, 4),
+         {"cross": True, "causal": True}),
+        ("a per-head mask (B, h, Nq, Nk) with one fully masked row", (2, 4, 4, 8, 2), {"mask": per_head}),
+        ("a sequence of length 0 (padding lengths [4, 0]): its rows are fully masked", (2, 4, 4, 8, 2),
+         {"mask": _lengths_mask([4, 0], 4)}),
+        ("no biases (bias=False)", (2, 5, 5, 8, 2), {"bias": False}),
+        ("d_head = 1 (h = d_model = 4), causal", (2, 5, 5, 4, 4), {"causal": True}),
+        ("large logits (weights x 30)", (1, 6, 6, 8, 2), {"scale": 30.0}),
+    ]
+    cases = []
+    for seed, (label, (b, nq, nk, d, h), opts) in enumerate(rows):
+        g, state = gen(1000 + seed), {}
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            state[f"{name}.weight"] = randn(g, d, d, scale=opts.get("scale", 1.0) * d ** -0.5)
+            if opts.get("bias", True):
+                state[f"{name}.bias"] = randn(g, d, scale=0.1)
+        query, kwargs = randn(g, b, nq, d), {k: opts[k] for k in ("causal", "mask") if k in opts}
+        if opts.get("cross"):
+            kwargs["key"], kwargs["value"] = randn(g, b, nk, d), randn(g, b, nk, d)
+        cases.append((f"{label}: query ({b}, {nq}, {d}), {h} heads", (state, h, query), kwargs))
     return cases
 
 
-def _mha_with(*, scale="head", merge_ok=True, out_proj=True, causal_mode="top-left", mask_mode="keep",
-              fill=float("-inf"), nan_rows=False, value_from_key=False, biases=True):
-    """A multi-head attention with one switch set wrong; the default settings give the spec."""
+def _mha_with(wrong=None):
+    """A multi-head attention with the mistake ``wrong`` (its key) made; ``_mha_with()`` is the spec."""
     def impl(state, num_heads, query, key=None, value=None, mask=None, causal=False):
         key = query if key is None else key
-        value = key if (value is None or value_from_key) else value
+        value = key if (value is None or wrong == "value-from-key") else value
 
         def linear(name, x):
-            y = x @ state[f"{name}.weight"].T
-            bias = state.get(f"{name}.bias")
-            return y + bias if (bias is not None and biases) else y
+            bias = None if wrong == "biases-ignored" else state.get(f"{name}.bias")
+            return x @ state[f"{name}.weight"].T + (0 if bias is None else bias)
 
         q, k, v = (specs.split_heads(linear(n, t), num_heads)
                    for n, t in (("q_proj", query), ("k_proj", key), ("v_proj", value)))   # (B, h, N, dh)
-        factor = {"head": q.shape[-1] ** -0.5, "model": query.shape[-1] ** -0.5, "none": 1.0}[scale]
-        s = q @ k.transpose(-2, -1) * factor                                             # (B, h, Nq, Nk)
+        scale = {"scale-d-model": query.shape[-1] ** -0.5, "scale-forgotten": 1.0}.get(wrong, q.shape[-1] ** -0.5)
+        s = q @ k.transpose(-2, -1) * scale                                              # (B, h, Nq, Nk)
         nq, nk = s.shape[-2:]
         keep = torch.ones(nq, nk, dtype=torch.bool)
-        if causal and causal_mode == "top-left":
-            keep = causal_mask(nq, nk)
-        elif causal and causal_mode == "bottom-right":
-            keep = torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
-        if mask is not None and mask_mode != "ignored":
-            keep = keep & (~mask if mask_mode == "inverted" else mask)
-        w = torch.softmax(s.masked_fill(~keep, fill), dim=-1)
-        if not nan_rows:
-            w = torch.nan_to_num(w, nan=0.0)
-        o = w @ v                                                                        # (B, h, Nq, dh)
-        o = specs.merge_heads(o) if merge_ok else o.reshape(o.shape[0], o.shape[2], -1)
-        return linear("out_proj", o) if out_proj else o
+        if causal and wrong != "causal-ignored":
+            keep = keep.tril(nk - nq if wrong == "causal-bottom-right" else 0)
+        if mask is not None and wrong != "mask-ignored":
+            keep = keep & (~mask if wrong == "mask-inverted" else mask)
+        w = torch.softmax(s.masked_fill(~keep, 0.0 if wrong == "mask-filled-with-zero" else float("-inf")), dim=-1)
+        o = (w if wrong == "nan-rows" else torch.nan_to_num(w, nan=0.0)) @ v             # (B, h, Nq, dh)
+        o = o.reshape(o.shape[0], o.shape[2], -1) if wrong == "heads-order" else specs.merge_heads(o)
+        return o if wrong == "no-output-projection" else linear("out_proj", o)
     return impl
 
 
-_MHA_MISTAKES = [
-    Mistake("scale-d-model", "the scale uses d_model; each head scales by 1/sqrt(d_head)", _mha_with(scale="model")),
-    Mistake("scale-forgotten", "the 1/sqrt(d_head) scale is forgotten", _mha_with(scale="none")),
-    Mistake("heads-order", "heads merged in the wrong order: (B, h, N, dh) -> transpose(1, 2) -> (B, N, h*dh)",
-            _mha_with(merge_ok=False)),
-    Mistake("no-output-projection", "the output projection out_proj is missing", _mha_with(out_proj=False)),
-    Mistake("causal-ignored", "causal=True is ignored: mask out the keys after the query",
-            _mha_with(causal_mode="none")),
-    Mistake("causal-bottom-right", "the causal mask is aligned bottom-right (query i sees keys j <= i + Nk - Nq); "
-            "in this course it is top-left: query i sees keys j <= i", _mha_with(causal_mode="bottom-right")),
-    Mistake("mask-ignored", "the mask argument is ignored", _mha_with(mask_mode="ignored")),
-    Mistake("mask-inverted", "the mask is inverted: True means attend (keep), False means masked out",
-            _mha_with(mask_mode="inverted")),
-    Mistake("mask-filled-with-zero", "masked scores are set to 0; a score of 0 still gets weight exp(0). Fill "
-            "them with -inf", _mha_with(fill=0.0)),
-    Mistake("nan-rows", "a fully masked row gives NaN (softmax of all -inf): such a row attends to nothing, so "
-            "its weights must be 0 (torch.nan_to_num, or torch.where on the row's mask)", _mha_with(nan_rows=True)),
-    Mistake("value-from-key", "the values are projected from `key`: project `value` (it defaults to key only "
-            "when it is None)", _mha_with(value_from_key=True)),
-    Mistake("biases-ignored", "the Linear layers' biases are not used: call the nn.Linear layers (or add .bias)",
-            _mha_with(biases=False)),
-]
+_MHA_MISTAKES = [Mistake(key, message, _mha_with(key)) for key, message in [
+    ("scale-d-model", "the scale uses d_model; each head scales by 1/sqrt(d_head)"),
+    ("scale-forgotten", "the 1/sqrt(d_head) scale is forgotten"),
+    ("heads-order", "heads merged in the wrong order: (B, h, N, dh) -> transpose(1, 2) -> (B, N, h*dh)"),
+    ("no-output-projection", "the output projection out_proj is missing"),
+    ("causal-ignored", "causal=True is ignored: mask out the keys after the query"),
+    ("causal-bottom-right", "the causal mask is aligned bottom-right (query i sees keys j <= i + Nk - Nq); in this "
+     "course it is top-left: query i sees keys j <= i"),
+    ("mask-ignored", "the mask argument is ignored"),
+    ("mask-inverted", "the mask is inverted: True means attend (keep), False means masked out"),
+    ("mask-filled-with-zero", "masked scores are set to 0; a score of 0 still gets weight exp(0). Fill them with -inf"),
+    ("nan-rows", "a fully masked row gives NaN (softmax of all -inf): such a row attends to nothing, so its weights "
+     "must be 0 (torch.nan_to_num, or torch.where on the row's mask)"),
+    ("value-from-key", "the values are projected from `key`: project `value` (it defaults to key only when None)"),
+    ("biases-ignored", "the Linear layers' biases are not used: call the nn.Linear layers (or add .bias)"),
+]]
 
 
 def _module_written(table):
@@ -193,8 +170,9 @@ def _param_cases():
             (f"d_model={2 * h * k}, {h} heads", (2 * h * k, h), {})]
 
 
-def _params(d, h, bias=True):
-    return 4 * d * d + (4 * d if bias else 0)
+def _params(d, h, bias=True, *, layers=4, width=None):
+    w = d if width is None else width   # the output features of each layer
+    return layers * (d * w + (w if bias else 0))
 
 
 _PARAM_MISTAKES = [
@@ -202,13 +180,12 @@ _PARAM_MISTAKES = [
             "d_head-wide slice of each projection, so the count does not depend on num_heads",
             lambda d, h, bias=True: h * _params(d, h, bias)),
     Mistake("biases-forgotten", "with bias=True each of the four Linear layers also has d_model biases",
-            lambda d, h, bias=True: 4 * d * d),
+            lambda d, h, bias=True: _params(d, h, False)),
     Mistake("output-projection-forgotten", "four Linear layers: q_proj, k_proj, v_proj and out_proj",
-            lambda d, h, bias=True: 3 * d * d + (3 * d if bias else 0)),
+            lambda d, h, bias=True: _params(d, h, bias, layers=3)),
     Mistake("one-head-slice", "this is one head's slice (d_model x d_head per projection); all h heads together "
-            "fill d_model x d_model", lambda d, h, bias=True: 4 * d * (d // h) + (4 * (d // h) if bias else 0)),
-    Mistake("biases-always", "bias=False: the Linear layers have no biases",
-            lambda d, h, bias=True: 4 * d * d + 4 * d),
+            "fill d_model x d_model", lambda d, h, bias=True: _params(d, h, bias, width=d // h)),
+    Mistake("biases-always", "bias=False: the Linear layers have no biases", lambda d, h, bias=True: _params(d, h)),
 ]
 
 
@@ -222,38 +199,33 @@ def _flop_cases():
             (f"batch={b}, n_q={nq}, n_k={nk}, d_model={2 * h * k}, {h} heads", (b, nq, nk, 2 * h * k, h), {})]
 
 
-def _flops(b, nq, nk, d, h, *, proj=2, attn=4, kv_rows=None, out=True, attn_width=None):
-    rows = 2 * nq + 2 * nk if kv_rows is None else kv_rows(nq, nk)
-    if not out:
-        rows -= nq
-    width = d if attn_width is None else attn_width(d, h)
-    return b * (proj * d * d * rows + attn * nq * nk * width)
+def _flops(b, nq, nk, d, h, *, proj=2, attn=4, kv_from_q=False, out=True, heads_wide=False, batch=True, bias=0,
+           per_score=0):
+    """The matmul FLOPs (2 per multiply-add), with switches for the mistakes: ``bias`` additions per projected row
+    and feature, ``per_score`` FLOPs per score (the softmax, the scale)."""
+    rows = (1 + out) * nq + 2 * (nq if kv_from_q else nk)     # the rows projected: by q_proj, out_proj, k_proj, v_proj
+    one = (proj * d * d * rows + attn * nq * nk * d * (h if heads_wide else 1) + bias * d * (2 * nq + 2 * nk)
+           + per_score * h * nq * nk)
+    return (b if batch else 1) * one
 
 
-_FLOP_MISTAKES = [
-    Mistake("multiply-add-once", "a multiply-add is 2 FLOPs: a (m, k) @ (k, n) matmul costs 2*m*n*k",
-            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, proj=1, attn=2)),
-    Mistake("projections-forgotten", "the four projections are matmuls too: 2*d_model^2 FLOPs per row projected",
-            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, proj=0)),
-    Mistake("attention-forgotten", "QK^T and PV are missing: 4*n_q*n_k*d_model FLOPs over all heads",
-            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, attn=0)),
-    Mistake("query-length-everywhere", "the key and value projections run on the n_k rows of the keys, not on "
-            "n_q rows", lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, kv_rows=lambda q, k: 4 * q)),
-    Mistake("full-width-per-head", "each head's QK^T and PV run in d_head = d_model/h dimensions, not d_model: "
-            "over h heads that is d_model once", lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h,
-                                                                               attn_width=lambda d, h: d * h)),
-    Mistake("output-projection-forgotten", "the output projection (2*n_q*d_model^2) is missing",
-            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h, out=False)),
-    Mistake("batch-forgotten", "multiply by the batch", lambda b, nq, nk, d, h: _flops(1, nq, nk, d, h)),
-    Mistake("bias-additions-counted", "the bias additions are counted: the part counts matmul FLOPs only, as "
-            "FlopCounterMode does (not the softmax, the scale or the biases)",
-            lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h) + b * d * (2 * nq + 2 * nk)),
+_FLOP_MISTAKES = [Mistake(key, message, functools.partial(_flops, **switch)) for key, message, switch in [
+    ("multiply-add-once", "a multiply-add is 2 FLOPs: a (m, k) @ (k, n) matmul costs 2*m*n*k", dict(proj=1, attn=2)),
+    ("projections-forgotten", "the four projections are matmuls too: 2*d_model^2 FLOPs per row projected",
+     dict(proj=0)),
+    ("attention-forgotten", "QK^T and PV are missing: 4*n_q*n_k*d_model FLOPs over all heads", dict(attn=0)),
+    ("query-length-everywhere", "the key and value projections run on the n_k rows of the keys, not on n_q rows",
+     dict(kv_from_q=True)),
+    ("full-width-per-head", "each head's QK^T and PV run in d_head = d_model/h dimensions, not d_model: over h heads "
+     "that is d_model once", dict(heads_wide=True)),
+    ("output-projection-forgotten", "the output projection (2*n_q*d_model^2) is missing", dict(out=False)),
+    ("batch-forgotten", "multiply by the batch", dict(batch=False)),
+    ("bias-additions-counted", "the bias additions are counted: the part counts matmul FLOPs only, as "
+     "FlopCounterMode does (not the softmax, the scale or the biases)", dict(bias=1)),
 ] + [  # a few FLOPs per score (exp, sum, divide, the max, the scale ...), whichever number the learner chose
-    Mistake("softmax-counted", "the softmax (or the scale) is counted: the part counts matmul FLOPs only, as "
-            "FlopCounterMode does, and the softmax and the scale are not matmuls",
-            (lambda per: lambda b, nq, nk, d, h: _flops(b, nq, nk, d, h) + per * b * h * nq * nk)(per))
-    for per in range(1, 7)
-]
+    ("softmax-counted", "the softmax (or the scale) is counted: the part counts matmul FLOPs only, as FlopCounterMode "
+     "does, and the softmax and the scale are not matmuls", dict(per_score=per)) for per in range(1, 7)
+]]
 
 
 # ------------------------- head-specialisation: the learner trains and measures; the grader trains the library's model
@@ -266,75 +238,53 @@ def _trained(seed, num_heads, steps):
     return specs.trained_model(seed, num_heads, steps)
 
 
-def _recomputed(seed, num_heads, steps, *, causal=True, softmax=True):
-    """Layer 0's weights recomputed from the trained model's q/k projections, with switches for mistakes."""
-    model, tokens = _trained(seed, num_heads, steps)
-    with torch.no_grad():
-        n = tokens.shape[1]
-        x = model.tok_emb(tokens) + model.pos_emb(torch.arange(n))
-        block = model.blocks[0]
-        x = block.ln_attn(x)
-        q = specs.split_heads(block.attn.q_proj(x), num_heads)
-        k = specs.split_heads(block.attn.k_proj(x), num_heads)
-        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        if causal:
-            s = s.masked_fill(~causal_mask(n, n), float("-inf") if softmax else 0.0)
-        return torch.softmax(s, dim=-1) if softmax else s
-
-
-def _untrained(seed, num_heads=2, steps=200):
-    return specs.profile(_recomputed(seed, num_heads, 0))
-
-
-def _summed(seed, num_heads=2, steps=200):
-    w = _recomputed(seed, num_heads, steps)
-    prev1 = w.diagonal(-1, dim1=-2, dim2=-1)[..., 1:].sum(dim=(0, 2))
-    prev2 = w.diagonal(-2, dim1=-2, dim2=-1).sum(dim=(0, 2))
-    rows = torch.stack([prev1, prev2, w.shape[0] * (w.shape[-1] - 2) - prev1 - prev2], dim=1)
-    return rows[rows[:, 0].argsort(descending=True)]
-
-
 def _reference(seed, num_heads=2, steps=200):
     """specs.head_specialisation on the cached training (the mistakes reuse it)."""
     return specs.profile(specs.attention_weights(*_trained(seed, num_heads, steps)))
 
 
-def _future(seed, num_heads=2, steps=200):
-    w = _recomputed(seed, num_heads, steps)
-    next1 = w.diagonal(1, dim1=-2, dim2=-1).mean(dim=(0, 2))
-    next2 = w.diagonal(2, dim1=-2, dim2=-1).mean(dim=(0, 2))
-    rows = torch.stack([next1, next2, 1 - next1 - next2], dim=1)
+def _profile_with(seed, num_heads=2, steps=200, *, causal=True, softmax=True, ahead=False, summed=False):
+    """A wrong experiment: the grader's trained model, layer 0's weights recomputed from its q/k projections with
+    switches (``ahead``: on keys i+1, i+2; ``summed``: over the sequences and positions, not averaged)."""
+    model, tokens = _trained(seed, num_heads, steps)
+    with torch.no_grad():
+        n, block = tokens.shape[1], model.blocks[0]
+        x = block.ln_attn(model.tok_emb(tokens) + model.pos_emb(torch.arange(n)))
+        q, k = (specs.split_heads(proj(x), num_heads) for proj in (block.attn.q_proj, block.attn.k_proj))
+        w = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            w = w.masked_fill(~causal_mask(n, n), float("-inf") if softmax else 0.0)
+        w = torch.softmax(w, dim=-1) if softmax else w
+    if not (ahead or summed):
+        return specs.profile(w)
+    reduce = functools.partial(torch.sum if summed else torch.mean, dim=(0, 2))
+    near, far = reduce(w.diagonal(1 if ahead else -1, dim1=-2, dim2=-1)[..., 0 if ahead else 1:]), reduce(
+        w.diagonal(2 if ahead else -2, dim1=-2, dim2=-1))
+    rows = torch.stack([near, far, (w.shape[0] * (n - 2) if summed else 1) - near - far], dim=1)
     return rows[rows[:, 0].argsort(descending=True)]
-
-
-def _profile_of(seed, num_heads=2, steps=200, **switches):
-    """A wrong experiment: the grader's trained model, its weights recomputed with ``switches``."""
-    return specs.profile(_recomputed(seed, num_heads, steps, **switches))
-
-
-def _averaged(seed, num_heads=2, steps=200):
-    return _reference(seed, num_heads, steps).mean(dim=0, keepdim=True)
 
 
 _HEAD_MISTAKES = [
     Mistake("no-causal-mask", "the weights are recomputed without the causal mask: the model was trained causal, "
-            "so its queries never saw later keys", functools.partial(_profile_of, causal=False)),
+            "so its queries never saw later keys", functools.partial(_profile_with, causal=False)),
     Mistake("untrained", "this is the profile of the model before training: train it first (train_previous_two)",
-            _untrained),
+            lambda seed, num_heads=2, steps=200: _profile_with(seed, num_heads, 0)),
     Mistake("no-softmax", "these are raw scores, not attention weights: apply the softmax over the keys",
-            functools.partial(_profile_of, softmax=False)),
-    Mistake("heads-averaged", "the heads are averaged: return one row per head, shape (h, 3)", _averaged),
+            functools.partial(_profile_with, softmax=False)),
+    Mistake("heads-averaged", "the heads are averaged: return one row per head, shape (h, 3)",
+            lambda *args, **kwargs: _reference(*args, **kwargs).mean(dim=0, keepdim=True)),
     Mistake("summed-not-averaged", "the weights are summed over the test sequences and positions: average them "
-            "(each entry is a fraction of a query's weight, between 0 and 1)", _summed),
+            "(each entry is a fraction of a query's weight, between 0 and 1)",
+            functools.partial(_profile_with, summed=True)),
     Mistake("future-diagonal", "diagonal(+1) is key i+1 (after the query, masked): key i-1 is diagonal(-1)",
-            _future),
+            functools.partial(_profile_with, ahead=True)),
 ]
 
 
 def _head_cases():
-    g = _gen(1200)
-    seeds = [int(torch.randint(0, 10_000, (1,), generator=g)) for _ in range(2)]
-    return [(f"seed={s}, 2 heads, 200 steps", (s,), {"num_heads": 2, "steps": 200}) for s in seeds]
+    g = gen(1200)
+    return [(f"seed={s}, 2 heads, 200 steps", (s,), {"num_heads": 2, "steps": 200})
+            for s in [int(torch.randint(0, 10_000, (1,), generator=g)) for _ in range(2)]]
 
 
 TABLES = {

@@ -1,10 +1,5 @@
-"""The references of exercise 04_multi_head: what the grader compares the learner's answers with.
-
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook.
-Splitting, merging and the module itself are the library's ``attnlab.attention.MultiHeadAttention``;
-the costs are measured on it (on the meta device: shapes only, nothing allocated); the experiment
-trains the library's ``TinyTransformer``, which the notebook's ``TwoRelations`` mirrors.
-"""
+"""The references of exercise 04_multi_head (never shown; an empty file in the sandbox where ``attnlab grade`` runs):
+the library's ``MultiHeadAttention``, its costs measured on the meta device, and its ``TinyTransformer`` trained."""
 
 from types import SimpleNamespace
 
@@ -29,10 +24,8 @@ def merge_heads(x):
 
 
 def mha_forward(state_dict, num_heads, query, key=None, value=None, mask=None, causal=False):
-    """The library's MultiHeadAttention with the weights ``state_dict`` (q_proj, k_proj, v_proj, out_proj;
-    biases if the dict has them), called on (query, key, value, mask, causal) -> (B, Nq, d_model)."""
-    d_model = state_dict["q_proj.weight"].shape[1]
-    module = MultiHeadAttention(d_model, num_heads, bias="q_proj.bias" in state_dict)
+    """The library's MultiHeadAttention with the weights ``state_dict`` (biases if it has them) -> (B, Nq, d_model)."""
+    module = MultiHeadAttention(state_dict["q_proj.weight"].shape[1], num_heads, bias="q_proj.bias" in state_dict)
     module.load_state_dict(state_dict)
     return module(query, key, value, mask=mask, causal=causal)
 
@@ -40,13 +33,11 @@ def mha_forward(state_dict, num_heads, query, key=None, value=None, mask=None, c
 def mha_parameters(d_model, num_heads, bias=True):
     """Parameters of one MultiHeadAttention layer (counted on the meta device)."""
     with torch.device("meta"):
-        module = MultiHeadAttention(d_model, num_heads, bias=bias)
-    return sum(p.numel() for p in module.parameters())
+        return sum(p.numel() for p in MultiHeadAttention(d_model, num_heads, bias=bias).parameters())
 
 
 def mha_flops(batch, n_q, n_k, d_model, num_heads):
-    """Matmul FLOPs of one forward (query (batch, n_q, d_model), key = value (batch, n_k, d_model)),
-    as torch's FlopCounterMode counts them (2 per multiply-add; softmax and bias additions not counted)."""
+    """Matmul FLOPs of one forward (key = value) as FlopCounterMode counts them (2 per multiply-add)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.device("meta"):
@@ -75,8 +66,7 @@ def trained_model(seed, num_heads=2, steps=200):
                                 **MODEL)
         if steps:
             train(model, task, steps=steps, seed=seed, **TRAIN)
-    tokens, _ = task.sample(TEST_SEQUENCES, torch.Generator().manual_seed(seed + 1))
-    return model, tokens
+    return model, task.sample(TEST_SEQUENCES, torch.Generator().manual_seed(seed + 1))[0]
 
 
 def attention_weights(model, tokens):
@@ -86,8 +76,8 @@ def attention_weights(model, tokens):
 
 
 def profile(weights):
-    """(h, 3): per head, mean weight of the queries i >= 2 on key i-1, on key i-2, and on all others;
-    rows sorted by the weight on i-1, largest first."""
+    """(h, 3): per head, mean weight of the queries i >= 2 on key i-1, on key i-2, and on all others; rows sorted by
+    the weight on i-1, largest first."""
     prev1 = weights.diagonal(-1, dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, 2))   # (h,)  queries 2..N-1
     prev2 = weights.diagonal(-2, dim1=-2, dim2=-1).mean(dim=(0, 2))            # (h,)
     rows = torch.stack([prev1, prev2, 1 - prev1 - prev2], dim=1)              # (h, 3)
@@ -95,7 +85,5 @@ def profile(weights):
 
 
 def head_specialisation(seed, num_heads=2, steps=200):
-    """Train the one-layer attention-only model on PreviousTwo from ``seed`` and return each head's
-    profile (h, 3): weight on i-1, on i-2, on the rest, sorted by the first column."""
-    model, tokens = trained_model(seed, num_heads, steps)
-    return profile(attention_weights(model, tokens))
+    """Each head's profile (h, 3) of the one-layer attention-only model trained on PreviousTwo from ``seed``."""
+    return profile(attention_weights(*trained_model(seed, num_heads, steps)))
