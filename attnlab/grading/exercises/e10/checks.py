@@ -163,10 +163,9 @@ PEAK_LIMIT = 48 * 2**20   # the inputs, the scores (1 MiB) and softmax: far belo
 
 
 def _peak_part(table, args, label, what, where, mistake, held):
-    """(check, part): ``check(learner)`` measures the peak memory of one call of ``table.name`` on ``args()`` (drawn
-    when the check runs, under its salt) from outside the learner's code (attnlab/grading/sandbox/footprint.py); a
-    growth over PEAK_LIMIT, or none measured, fails naming ``mistake``. ``where``: what the sizes would be; ``held``:
-    what a pass shows. ``part``: ``table``'s cases, then the check."""
+    """(check, part): ``check(learner)`` measures, from outside the learner's code (sandbox/footprint.py), the peak
+    memory of one call of ``table.name`` on ``args()`` (drawn under the check's salt): over PEAK_LIMIT, or not
+    measured, fails naming ``mistake`` (``where``: what the sizes would be). ``part``: ``table``, then the check."""
     def check(learner):
         peak = peak_growth(learner, table.name, [args(), {}], label, what, spec=table.reference, limit=PEAK_LIMIT)
         if peak > PEAK_LIMIT:
@@ -180,13 +179,12 @@ def _peak_part(table, args, label, what, where, mistake, held):
 # the technique: query heads read their KV head in place. 32 query heads share 2 KV heads of 8192 positions: K and V
 # are 8 MiB together, a copy of them per query head (k_cache[:, h_idx], torch.cat of the heads) is 128 MiB.
 COPY_CASE = (1, 32, 2, 64, 8192)   # B, H_q, H_kv, D, L
-CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per query head (indexing k_cache with a "
-                       "list or tensor of heads, repeat_interleave, torch.cat or .expand(...).reshape/.contiguous() of "
-                       "the KV heads copies them, and so does a broadcasting matmul, q.view(B, H_kv, G, Nq, D) @ "
-                       "k_cache.unsqueeze(2).transpose(-1, -2), which expands the cache to G copies before it "
-                       "multiplies): GQA saves memory and bandwidth only when the G query heads of a group read "
-                       "their one KV head in place; take k_cache[b, h // G] (a view), or reshape the queries to "
-                       "(B, H_kv, G * Nq, D) and multiply by each KV head once", None)
+CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per query head (an index of heads, "
+                       "repeat_interleave, torch.cat, .expand(...).reshape or .contiguous() of the KV heads, or a "
+                       "broadcasting matmul such as q.view(B, H_kv, G, Nq, D) @ k_cache.unsqueeze(2).transpose(-1, "
+                       "-2), which makes G copies before it multiplies): GQA saves memory and bandwidth only when a "
+                       "group's G query heads read their one KV head in place; take k_cache[b, h // G] (a view), or "
+                       "reshape the queries to (B, H_kv, G * Nq, D) and multiply by each KV head once", None)
 
 
 def _decode_part(B, hq, hkv, D, L):
@@ -284,12 +282,9 @@ def _merge_cases():
 
 
 def _merge_by(weights, dtype=None):
-    """A wrong merge_splits: the partials weighed by ``weights(lse)`` (B, H, S, Nq) and summed over the splits, in
-    ``dtype`` if given."""
-    def impl(o, lse):
-        wide = (o, lse) if dtype is None else (o.to(dtype), lse.to(dtype))
-        return (weights(wide[1])[..., None] * wide[0]).sum(dim=2).to(o.dtype)
-    return impl
+    """A wrong merge_splits: the partials weighed by ``weights(lse)`` and summed over the splits, in ``dtype``."""
+    wide = (lambda x: x) if dtype is None else (lambda x: x.to(dtype))
+    return lambda o, lse: (weights(wide(lse))[..., None] * wide(o)).sum(dim=2).to(o.dtype)
 
 
 def _normalised(w, dim=2):
@@ -297,8 +292,7 @@ def _normalised(w, dim=2):
 
 
 def _merge_running(rescale_acc=True, rescale_total=True):
-    """The merge as lesson 07's running loop over the splits, with its rescaling by exp(m - m_new) left out where
-    asked."""
+    """Lesson 07's running merge over the splits, its rescaling by exp(m - m_new) left out where asked."""
     def impl(o, lse):
         acc, total = torch.zeros_like(o[:, :, 0]), torch.zeros_like(lse[:, :, 0])
         m = torch.full_like(lse[:, :, 0], float("-inf"))
@@ -314,8 +308,7 @@ def _merge_running(rescale_acc=True, rescale_total=True):
 _MERGE_MISTAKES = [Mistake(*row) for row in [
     *[("running-not-rescaled", "the running merge does not rescale all it holds when the max grows: multiply the "
        "running output and the running sum alike by exp(m_old - m_new) before adding a split",
-       _merge_running(rescale_acc=acc, rescale_total=total)) for acc, total in ((False, False), (True, False),
-                                                                                (False, True))],
+       _merge_running(acc, total)) for acc, total in ((False, False), (True, False), (False, True))],
     ("mean-of-partials", "the partials are averaged: each must weigh by its split's softmax mass, exp(lse_s) over the "
      "sum", lambda o, lse: o.mean(dim=2)),
     *[("exp-overflows", "exp(lse) is taken without subtracting the max over the splits: large lse overflow to inf (in "
