@@ -1,17 +1,7 @@
-"""What a failed check tells the learner: the counterexample, the learner's own error, in words.
-
-- :func:`counterexample`: the inputs of the failing case, each labelled by its parameter name, and where the
-  output first differs, as an index in the output's own shape; a tuple's outputs are counted as the learner
-  counts them ("output 2 of 2", or by name);
-- :func:`describe_exception`: an exception raised by the learner's code, the learner's own line first, the
-  frames of Triton, PyTorch and attnlab folded into a count, and the common interpreter errors (indexing a
-  pointer, a torch function inside a kernel, a ``tl.arange`` with bounds that are not ``tl.constexpr``)
-  translated into one plain sentence with the fix;
-- :func:`wrap`: check output wrapped at word boundaries, so that a notebook never breaks a word in two.
-
-:mod:`attnlab.grading.core` imports the counterexample functions from here; nothing here imports another
-module of the grader (agent.py imports :func:`describe_exception` from here), so no import goes round in a
-circle.
+"""What a failed check tells the learner: the failing case's inputs and where the output first differs
+(:func:`counterexample`), the learner's own error with the library's frames folded and a common one in one plain
+sentence (:func:`describe_exception`), all wrapped at word boundaries (:func:`wrap`). It imports no other module of
+the grader, so that every one of them can import it.
 """
 
 import inspect
@@ -23,10 +13,6 @@ import traceback
 
 WIDTH = 100  # check output is wrapped at this many characters, at word boundaries
 
-
-# ---------------------------------------------------------------------------------------
-# counterexamples
-# ---------------------------------------------------------------------------------------
 
 def first_mismatch(got, want, rtol=1e-4, atol=1e-5):
     """(index in the output's own shape, expected, got, mismatched count, count) of the first entry where two
@@ -49,26 +35,20 @@ def first_mismatch(got, want, rtol=1e-4, atol=1e-5):
 
 def first_difference(got, want, rtol=1e-4, atol=1e-5, names=None):
     """Where two results first differ: "first mismatch at index (i, j): expected x, got y (k of n entries
-    differ)", or "" when it cannot tell.
-
-    For tuples: "output 2 of 2 (L), first mismatch ..." (1-based, as the learner counts; ``names`` label them)."""
+    differ)", or "" when it cannot tell; for tuples "output 2 of 2 (L), first mismatch ..." (counted from 1, as
+    the learner counts; ``names`` label them)."""
     if isinstance(want, (tuple, list)) and isinstance(got, (tuple, list)) and len(got) == len(want):
         for i, (g, w) in enumerate(zip(got, want)):
             where = first_difference(g, w, rtol, atol)
             if where:
-                return f"{output_name(i, len(want), names)}, {where}"
+                label = f" ({names[i]})" if names and i < len(names) else ""
+                return f"output {i + 1} of {len(want)}{label}, {where}"
         return ""
     found = first_mismatch(got, want, rtol, atol)
     if found is None:
         return ""
     index, expected, value, wrong, count = found
     return f"first mismatch at index {index}: expected {expected}, got {value} ({wrong} of {count} entries differ)"
-
-
-def output_name(i, n, names=None):
-    """Output ``i`` (0-based) of ``n``, as the learner counts: "output 2 of 2 (L)"."""
-    label = f" ({names[i]})" if names and i < len(names) else ""
-    return f"output {i + 1} of {n}{label}"
 
 
 def _scalar(x):
@@ -83,12 +63,16 @@ def describe_inputs(args, kwargs, names=None, small=12):
     and the values of small ones. ``names``: the parameter names of the positional arguments."""
     import torch
 
+    def rounded(values):
+        return [rounded(v) for v in values] if isinstance(values, list) else \
+            round(values, 4) if isinstance(values, float) else values
+
     def one(x):
         if torch.is_tensor(x):
             text = f"tensor of shape {tuple(x.shape)}, {str(x.dtype).replace('torch.', '')}"
             if 0 < x.numel() <= small:
                 values = x.detach().cpu().tolist()
-                text += f" = {values}" if x.dtype == torch.bool else f" = {_rounded(values)}"
+                text += f" = {values if x.dtype == torch.bool else rounded(values)}"
             return text
         if isinstance(x, (tuple, list)) and len(x) <= 8:
             return "(" + ", ".join(one(v) for v in x) + ")"
@@ -96,20 +80,13 @@ def describe_inputs(args, kwargs, names=None, small=12):
 
     names = list(names or [])
     parts = [f"{names[i] if i < len(names) else f'argument {i + 1}'}: {one(a)}" for i, a in enumerate(args)]
-    parts += [f"{k}: {one(v)}" for k, v in kwargs.items()]
-    return "; ".join(parts)
-
-
-def _rounded(values):
-    if isinstance(values, list):
-        return [_rounded(v) for v in values]
-    return round(values, 4) if isinstance(values, float) else values
+    return "; ".join(parts + [f"{k}: {one(v)}" for k, v in kwargs.items()])
 
 
 def parameter_names(fn):
     """The names of ``fn``'s parameters ([] when it has no signature)."""
     try:
-        return [p for p in inspect.signature(fn).parameters]
+        return list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         return []
 
@@ -122,23 +99,10 @@ def case_line(label, args, kwargs, spec=None, names=None):
 
 
 def counterexample(label, got, want, args, kwargs, spec=None, rtol=1e-4, atol=1e-5, names=None):
-    """The lines a failure whose reason does not say where the output differs shows: the inputs
-    (:func:`case_line`) and where expected and got first differ."""
+    """:func:`case_line` and where expected and got first differ: for a reason that does not say it."""
     where = first_difference(got, want, rtol, atol)
     return [case_line(label, args, kwargs, spec, names), *([where] if where else [])]
 
-
-def named(impl, args):
-    """``args`` as {parameter name of ``impl``: value}: a mistake's inputs, labelled in a counterexample."""
-    names = parameter_names(impl)
-    if len(names) < len(args):
-        return None
-    return dict(zip(names, args))
-
-
-# ---------------------------------------------------------------------------------------
-# the learner's errors
-# ---------------------------------------------------------------------------------------
 
 _LIBRARY_ROOTS = tuple({os.path.dirname(os.path.dirname(os.__file__)), sys.prefix, sys.base_prefix,
                         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
@@ -146,9 +110,7 @@ _LIBRARY_ROOTS = tuple({os.path.dirname(os.path.dirname(os.__file__)), sys.prefi
 
 def _is_learners(filename):
     """A frame of the learner's code: a notebook cell or a file outside Python, its packages and attnlab."""
-    if not filename or filename.startswith("<frozen"):
-        return False
-    if "site-packages" in filename or "dist-packages" in filename:
+    if not filename or filename.startswith("<frozen") or "site-packages" in filename or "dist-packages" in filename:
         return False
     path = os.path.abspath(filename)
     return not any(path.startswith(root + os.sep) for root in _LIBRARY_ROOTS if root)
@@ -163,42 +125,37 @@ def _root_cause(exc):
     return exc
 
 
-POINTER_INDEXED = ("a pointer is not an array: `x_ptr[offs]` indexes the pointer itself; add the offsets to it "
-                   "instead, tl.load(x_ptr + offs, mask=offs < n, other=0.0)")
-TORCH_IN_KERNEL = ("a torch function was called inside the kernel: a @triton.jit kernel computes on Triton blocks "
-                   "with tl.* (tl.exp, tl.sum, tl.maximum, tl.where, ...); torch.* runs only outside the kernel")
-ARANGE_NOT_CONSTEXPR = ("tl.arange needs bounds known when the kernel is compiled: use a tl.constexpr (declare "
-                        "BLOCK_SIZE: tl.constexpr in the signature and pass it as a keyword), not a runtime value "
-                        "such as n_elements; mask the lanes past n instead")
-
-
-NOT_DIFFERENTIABLE = ("the output is not differentiable: autograd cannot reach q, k, v through it; compute it with "
-                      "torch operations on the inputs themselves, not under torch.no_grad(), not through .detach(), "
-                      ".item(), .numpy() or a new torch.tensor(...)")
-CTX_NOT_SET = ("the backward reads ctx.{0}, which your forward never set: in the Function's forward keep it on "
-               "ctx (ctx.{0} = {0}) beside ctx.save_for_backward(...)")
-
-# the key a check reports for each plain sentence (its diagnosis)
-PLAIN_KEYS = {POINTER_INDEXED: "pointer-indexed", TORCH_IN_KERNEL: "torch-op-in-kernel",
-              ARANGE_NOT_CONSTEXPR: "arange-not-constexpr", CTX_NOT_SET: "ctx-attribute-not-saved",
-              NOT_DIFFERENTIABLE: "not-differentiable"}
+# (the key a check reports, the plain sentence, whether an error's (text, learner's line) is this one); the
+# sentence of ctx-attribute-not-saved is a template for the attribute's name
+PLAIN = [
+    ("pointer-indexed", "a pointer is not an array: `x_ptr[offs]` indexes the pointer itself; add the offsets to it "
+     "instead, tl.load(x_ptr + offs, mask=offs < n, other=0.0)",
+     lambda text, line: re.search(r"\btl\.(load|store)\(\s*\w+\s*\[", line) or re.search(r"\w*_ptr\s*\[", line)
+     or "'int' object is not iterable" in text),
+    ("torch-op-in-kernel", "a torch function was called inside the kernel: a @triton.jit kernel computes on Triton "
+     "blocks with tl.* (tl.exp, tl.sum, tl.maximum, tl.where, ...); torch.* runs only outside the kernel",
+     lambda text, line: "must be Tensor, not tensor" in text),
+    ("arange-not-constexpr", "tl.arange needs bounds known when the kernel is compiled: use a tl.constexpr (declare "
+     "BLOCK_SIZE: tl.constexpr in the signature and pass it as a keyword), not a runtime value such as n_elements; "
+     "mask the lanes past n instead",
+     lambda text, line: "arange's arguments must be of type tl.constexpr" in text),
+    ("not-differentiable", "the output is not differentiable: autograd cannot reach q, k, v through it; compute it "
+     "with torch operations on the inputs themselves, not under torch.no_grad(), not through .detach(), .item(), "
+     ".numpy() or a new torch.tensor(...)",
+     lambda text, line: "does not require grad and does not have a grad_fn" in text
+     or "does not depend on the inputs through autograd" in text),
+    ("ctx-attribute-not-saved", "the backward reads ctx.{0}, which your forward never set: in the Function's "
+     "forward keep it on ctx (ctx.{0} = {0}) beside ctx.save_for_backward(...)",
+     lambda text, line: re.search(r"'\w*Backward\w*' object has no attribute '(\w+)'", text)),
+]
 
 
 def plain_sentence(text, line=""):
     """The translation of a common error (from its text and the learner's line), or ""."""
-    if re.search(r"\btl\.(load|store)\(\s*\w+\s*\[", line) or re.search(r"\w*_ptr\s*\[", line) or \
-            "'int' object is not iterable" in text:
-        return POINTER_INDEXED
-    if "must be Tensor, not tensor" in text:
-        return TORCH_IN_KERNEL
-    if "arange's arguments must be of type tl.constexpr" in text:
-        return ARANGE_NOT_CONSTEXPR
-    if "does not require grad and does not have a grad_fn" in text or \
-            "does not depend on the inputs through autograd" in text:
-        return NOT_DIFFERENTIABLE
-    found = re.search(r"'\w*Backward\w*' object has no attribute '(\w+)'", text)
-    if found:
-        return CTX_NOT_SET.format(found.group(1))
+    for _key, sentence, test in PLAIN:
+        found = test(text, line)
+        if found:
+            return sentence.format(*found.groups()) if "{0}" in sentence else sentence
     return ""
 
 
@@ -208,23 +165,20 @@ def plain_mistake(text):
     head, _, sentence = text.partition("\n    in plain words: ")
     if not sentence:
         return text, None, None
-    for template, key in PLAIN_KEYS.items():
-        if sentence == template or ("{0}" in template and sentence.startswith(template.split("{0}")[0])):
-            return head, key, sentence
-    return head, "error", sentence
+    key = next((key for key, template, _test in PLAIN if sentence == template or "{0}" in template and
+                sentence.startswith(template.split("{0}")[0])), "error")
+    return head, key, sentence
 
 
 def describe_exception(exc):
-    """An exception from the learner's code in a few lines: "TypeError at line 6 of `k1` (your code):
-    `x = tl.load(x_ptr[offs])`: 'int' object is not iterable (4 frames of Triton folded)", then the plain
-    sentence for a common error."""
+    """An exception from the learner's code: "TypeError at line 6 of `k1` (your code): `x = tl.load(x_ptr[offs])`:
+    'int' object is not iterable (4 frames of Triton/PyTorch below it folded)", then a common error's sentence."""
     cause = _root_cause(exc)
     message = str(cause).strip().splitlines()
     message = message[-1][:300] if message else ""
     frames = traceback.extract_tb(cause.__traceback__) if cause.__traceback__ else []
     mine = [f for f in frames if _is_learners(f.filename)]
-    head = f"{type(cause).__name__}: {message}".rstrip(": ")
-    line = ""
+    head, line = f"{type(cause).__name__}: {message}".rstrip(": "), ""
     if mine:
         last = mine[-1]
         line = (last.line or "").strip()
@@ -236,19 +190,13 @@ def describe_exception(exc):
     return head + (f"\n    in plain words: {sentence}" if sentence else "")
 
 
-# ---------------------------------------------------------------------------------------
-# wrapping
-# ---------------------------------------------------------------------------------------
-
 def wrap(text, width=WIDTH):
-    """``text`` with each line longer than ``width`` wrapped at word boundaries; continuation lines are
-    indented two spaces more than the line they continue. Words longer than a line stay whole."""
+    """``text`` with each line longer than ``width`` wrapped at word boundaries (never inside a word), continuation
+    lines indented two spaces more."""
     out = []
     for line in text.splitlines():
-        if len(line) <= width:
-            out.append(line)
-            continue
         indent = line[:len(line) - len(line.lstrip())]
-        out.extend(textwrap.wrap(line.strip(), width=width, initial_indent=indent, subsequent_indent=indent + "  ",
-                                 break_long_words=False, break_on_hyphens=False))
+        out.extend([line] if len(line) <= width else textwrap.wrap(
+            line.strip(), width=width, initial_indent=indent, subsequent_indent=indent + "  ",
+            break_long_words=False, break_on_hyphens=False))
     return "\n".join(out)

@@ -1,24 +1,16 @@
-"""Which exercise a notebook is, which part owns each cell, and which files a batch grades.
-
-``identify`` reads the notebook's metadata and its cells' nbgrader ``grade_id`` s; ``owners`` gives each
-cell its part ("setup", or None for a cell of no part); ``to_run`` says which cells the grader runs; ``discover`` finds notebooks in folders; ``who``
-reads nbgrader's ``submitted/<student>/<assignment>/`` layout. Nothing here runs a notebook.
+"""Which exercise a notebook is (:func:`identify`), which part owns each cell (:func:`owners`), which cells the
+grader runs (:func:`to_run`), and which files a batch grades (:func:`discover`, :func:`who`). Nothing here runs one.
 """
 
 import ast
 from pathlib import Path
 
-
-def _first_line(source):
-    for line in source.splitlines():
-        if line.strip():
-            text = line.strip()
-            return text if len(text) <= 50 else text[:47] + "..."
-    return "(empty)"
+from attnlab.grading.shortcuts import _changed, _defined, _parse
 
 
 def _describe_cell(i, cell):
-    return f"cell {i + 1} (`{_first_line(cell.source)}`)"
+    text = next((line.strip() for line in cell.source.splitlines() if line.strip()), "(empty)")
+    return f"cell {i + 1} (`{text if len(text) <= 50 else text[:47] + '...'}`)"
 
 
 def _grade_id(cell):
@@ -29,18 +21,12 @@ def _stem_guess(path, exercises):
     stem = Path(path).stem
     if stem in exercises:
         return stem
-    for exercise in exercises:  # a renamed copy keeps its number: 02_mine.ipynb
-        if stem[:3] == exercise[:3]:
-            return exercise
-    return None
+    return next((exercise for exercise in exercises if stem[:3] == exercise[:3]), None)  # a renamed 02_mine.ipynb
 
 
 def identify(nb, path):
-    """(exercise or None, [warnings]) from the notebook's metadata and its cells' grade_ids.
-
-    The cells decide when metadata and cells disagree; the file name is used only when neither
-    says, and a file name that names another exercise gets a warning.
-    """
+    """(exercise or None, [warnings]) from the cells' grade_ids, else the metadata, else the file name; a file name
+    or metadata that names another exercise gets a warning."""
     from attnlab.grading.parts import exercises
 
     EXERCISES = exercises()
@@ -89,24 +75,15 @@ def manifest(names):
 
 
 def _layout(ids, parts):
-    """{grade_id: part, "setup" or None} for the cells of an exercise in their generated order."""
-    answer_of = {}
-    for gid in ids:
-        for p in parts:
-            if gid == p or (gid or "").startswith(p + "-answer"):
-                answer_of[gid] = p
+    """{grade_id: part, "setup" or None} for an exercise's cells in their generated order: a part's answer and check
+    cells are its own, one above the first of them is setup, any other one the part of the next check cell."""
+    answer_of = {gid: p for gid in ids for p in parts if gid == p or (gid or "").startswith(p + "-answer")}
     first = next((i for i, gid in enumerate(ids) if gid in answer_of), len(ids))
     owner, pending = {}, None
     for i in range(len(ids) - 1, -1, -1):
         gid = ids[i]
-        if gid in parts:
-            pending = gid
-        if gid in answer_of:
-            owner[gid] = answer_of[gid]
-        elif i < first:
-            owner[gid] = "setup"
-        else:
-            owner[gid] = pending
+        pending = gid if gid in parts else pending
+        owner[gid] = answer_of.get(gid) or ("setup" if i < first else pending)
     return owner
 
 
@@ -135,9 +112,15 @@ def given_sources(exercise):
     return {_grade_id(c): c.source for c in nb.cells if _grade_id(c) and "-answer" not in _grade_id(c)}
 
 
+def given_demos(exercise):
+    """{grade_id: [statement index]}: the demos :func:`demo_marks` marked in the course's generated exercise."""
+    nb = _course_exercise(exercise)
+    return {} if nb is None else {_grade_id(c): list(c.metadata.get("attnlab", {}).get("demo", []))
+                                  for c in nb.cells if c.metadata.get("attnlab", {}).get("demo")}
+
+
 def learner_cell(cell, part, given):
-    """True for a cell whose code is the learner's: the part's answer cells, a cell with no or an unknown
-    grade_id, and a given cell whose code was changed."""
+    """Whether a cell's code is the learner's: the part's answer cells, no or an unknown grade_id, an edited one."""
     gid = _grade_id(cell)
     if gid is None or str(gid).startswith(part + "-answer"):
         return True
@@ -149,13 +132,9 @@ def _answer_part(gid, parts):
 
 
 def owners(nb, parts, canonical):
-    """The part (or "setup", or None) each cell of the submission belongs to.
-
-    A cell belongs to the part of its nbgrader ``grade_id`` (its exercise's layout, wherever the cell now is);
-    a cell with no or an unknown ``grade_id`` is the learner's and belongs to the part of the nearest answer
-    cell above it, unless that part's check cell (``grade_id`` the part's id) stands between them: above the
-    first answer cell, or after a part's check cell, it belongs to no part (None).
-    """
+    """The part (or "setup", or None) each cell belongs to: that of its ``grade_id`` in the exercise's layout,
+    wherever it now is; for a cell of no known ``grade_id``, that of the nearest answer cell above it unless that
+    part's check cell stands between them (None)."""
     layout = canonical or _layout([_grade_id(c) for c in nb.cells], parts)
     out, current = [], None
     for cell in nb.cells:
@@ -165,202 +144,108 @@ def owners(nb, parts, canonical):
     return out
 
 
-class _Reads(ast.NodeVisitor):
-    """The names a statement reads when it runs (not inside the bodies of the functions it defines)."""
-
-    def __init__(self):
-        self.names = set()
-
-    def visit_Name(self, node):
-        self.names.add(node.id)
-
-    def visit_FunctionDef(self, node):
-        for d in node.decorator_list + node.args.defaults + node.args.kw_defaults:
-            if d is not None:
-                self.visit(d)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_Lambda(self, node):
-        pass
-
-
-class _Loads(_Reads):
-    """The names a statement reads when it runs, less those it only assigns (``layout = "zigzag"`` reads nothing;
-    ``n += 1`` reads ``n``)."""
-
-    def visit_Name(self, node):
-        if not isinstance(node.ctx, ast.Store):
-            self.names.add(node.id)
-
-    def visit_AugAssign(self, node):
-        if isinstance(node.target, ast.Name):
-            self.names.add(node.target.id)
-        self.generic_visit(node)
-
-
-def _names_in(node):
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-
-
-def _defined(node):
-    """The names a statement binds in the namespace it runs in, a ``def`` inside ``if``/``try``/``with`` included."""
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):  # and what it declares global
-        return {node.name} | {n for g in ast.walk(node) if isinstance(g, ast.Global) for n in g.names}
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return {(a.asname or a.name).split(".")[0] for a in node.names}
+def _reads(node, loads=False):
+    """The names a statement reads when it runs (not in the bodies of the functions it defines); ``loads``: less
+    those it only assigns (``layout = "zigzag"`` reads nothing, ``n += 1`` reads ``n``)."""
+    if isinstance(node, ast.Lambda):
+        return set()
     if isinstance(node, ast.Name):
-        return {node.id} if isinstance(node.ctx, ast.Store) else set()
-    bound = {getattr(node, "name", None) or getattr(node, "rest", None)} - {None} \
-        if isinstance(node, (ast.MatchAs, ast.MatchStar, ast.MatchMapping, ast.ExceptHandler)) else set()  # case x:
-    return bound.union(*(_defined(child) for child in ast.iter_child_nodes(node)))
+        return set() if loads and isinstance(node.ctx, ast.Store) else {node.id}
+    children = ast.iter_child_nodes(node)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        children = node.decorator_list + node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+    augmented = loads and isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)
+    return ({node.target.id} if augmented else set()).union(*(_reads(child, loads) for child in children))
 
 
-def _base(node):
-    while isinstance(node, (ast.Subscript, ast.Attribute)):
-        node = node.value
-    return node.id if isinstance(node, ast.Name) else None
-
-
-def _tree(source):
-    """The syntax tree of a cell as IPython runs it (magics transformed), or None."""
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    try:
-        return ast.parse(TransformerManager().transform_cell(source))
-    except SyntaxError:
-        return None
-
-
-def _filled(node):
-    """What a statement fills in place (``runs[name] = ...``): a demo's too."""
-    return {_base(n) for n in ast.walk(node) if isinstance(n, (ast.Subscript, ast.Attribute))
-            and isinstance(n.ctx, ast.Store)} - {None}
+def _statements(source):
+    """The top-level statements of a cell as IPython runs it, or None when it is not Python."""
+    tree = _parse(source)
+    return None if tree is None else tree.body[:tree.magic_from]
 
 
 def demo_marks(nb, parts, learner_names):
-    """{cell index: [index of a top-level statement that is a demo]} for the given cells of an exercise (not its
-    setup, answer or check cells), marked by ``attnlab generate`` in each cell's metadata (``attnlab.demo``).
-
-    A demo is feedback: a top-level statement that reads one of the learner's functions, or a name defined from one
-    (``matmul(a, b)`` in a print, ``o_parts, lse = split_partials(...)``). Definitions stay, even one that calls the
-    learner's kernel (``def matmul(...)``). ``attnlab grade`` runs an unedited given cell without its marked demos,
-    as the course's own copy of the exercise marks them (:func:`to_run`); the learner's copy is never read for this."""
+    """{cell index: [top-level statement index]} of the demos in an exercise's given cells (not setup, answer or
+    check cells), which ``attnlab generate`` marks (``attnlab.demo``): a statement that reads one of the learner's
+    functions or a name defined from one (``o_parts, lse = split_partials(...)``); a ``def`` is never one."""
     owner = owners(nb, parts, None)
     derived, out = set(learner_names), {}
     for i, cell in enumerate(nb.cells):
         gid = _grade_id(cell)
         if cell.cell_type != "code" or owner[i] == "setup" or gid in parts or _answer_part(gid, parts):
             continue
-        tree = _tree(cell.source)
-        for k, node in enumerate(tree.body if tree is not None else ()):
-            if _names_in(node) & derived:
+        for k, node in enumerate(_statements(cell.source) or ()):
+            if {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & derived:
                 derived |= _defined(node)
-            reads = _Reads()
-            reads.visit(node)
-            if reads.names & derived:
+            if _reads(node) & derived:
                 out.setdefault(i, []).append(k)
-                derived |= _filled(node)
+                derived |= _changed(node, calls=False)
     return out
 
 
-def given_demos(exercise):
-    """{grade_id: [statement index]}: the demos :func:`demo_marks` marked in the course's generated exercise."""
-    nb = _course_exercise(exercise)
-    return {} if nb is None else {_grade_id(c): list(c.metadata.get("attnlab", {}).get("demo", []))
-                                  for c in nb.cells if c.metadata.get("attnlab", {}).get("demo")}
-
-
 def to_run(nb, owner, given, demos, parts, learner_names):
-    """[(cell index, source)] that the grader's functions process runs, in notebook order.
-
-    The learner's cells (answer cells, cells with no or an unknown ``grade_id``, given cells the learner edited)
-    and the setup cells run whole. An unedited given cell runs without the statements ``demos`` marks
-    ({grade_id: [statement index]}, :func:`given_demos`); a given check cell (``check("part")``) does not run. In
-    the learner's own cells, a top-level statement that reads what only a demo that did not run defines
-    (``print(o_parts.shape)`` after the demo ``o_parts, lse = split_partials(...)``) does not run either: it could
-    only raise a NameError here, where it ran in Jupyter.
-    """
+    """[(cell index, source)] that the grader's functions process runs, in order: the learner's cells and the setup
+    cells whole, an unedited given cell without the statements ``demos`` marks (:func:`given_demos`), no given check
+    cell. A learner's statement that reads what only a demo that did not run defines (``print(o_parts.shape)``) does
+    not run either: here it could only raise a NameError."""
     demo_only, out = set(), []  # the names only the demos that do not run here define
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
         gid = _grade_id(cell)
         whole = owner[i] == "setup" or gid not in given or given[gid].strip() != cell.source.strip()
-        if not whole and gid in parts:
+        if cell.cell_type != "code" or not whole and gid in parts:
             continue
-        tree = _tree(cell.source)
-        if tree is None:
-            if whole:
-                out.append((i, cell.source))
+        body = _statements(cell.source)
+        if body is None:
+            out += [(i, cell.source)] if whole else []
             continue
         kept, skip = [], set() if whole else set(demos.get(gid, ()))
-        for k, node in enumerate(tree.body):
+        for k, node in enumerate(body):
             if k in skip:
-                demo_only |= (_defined(node) | _filled(node)) - set(learner_names)
-                continue
-            if whole and owner[i] != "setup":
-                loads = _Loads()
-                loads.visit(node)
-                if loads.names & demo_only:
-                    demo_only |= _defined(node)
-                    continue
-            kept.append(node)
-            demo_only -= _defined(node)
-        if whole and len(kept) == len(tree.body):
+                demo_only |= (_defined(node) | _changed(node, calls=False)) - set(learner_names)
+            elif whole and owner[i] != "setup" and _reads(node, loads=True) & demo_only:
+                demo_only |= _defined(node)
+            else:
+                kept.append(node)
+                demo_only -= _defined(node)
+        if whole and len(kept) == len(body):
             out.append((i, cell.source))
         elif kept:
             out.append((i, ast.unparse(ast.Module(body=kept, type_ignores=[]))))
     return out
 
 
-def _hidden(path):
-    return any(part.startswith(".") for part in path.parts)
-
-
 def discover(paths):
     """(notebooks to grade, [{"path", "reason"}] skipped) for files and folders (recursive)."""
-    found, skipped, seen = [], [], set()
-
-    def add(p):
-        key = p.resolve()
-        if key not in seen:
-            seen.add(key)
-            found.append(p)
-
+    found, skipped = [], []
     for p in map(Path, paths):
         if not p.exists():
             skipped.append({"path": str(p), "reason": "does not exist"})
         elif p.is_dir():
             notebooks = []
-            for q in sorted(p.rglob("*")):
-                rel = q.relative_to(p)
-                if not q.is_file():
-                    continue
-                if q.suffix != ".ipynb":
-                    continue
-                if ".ipynb_checkpoints" in rel.parts:
+            for q in sorted(q for q in p.rglob("*") if q.is_file() and q.suffix == ".ipynb"):
+                rel = q.relative_to(p).parts
+                if ".ipynb_checkpoints" in rel:
                     skipped.append({"path": str(q), "reason": "a Jupyter checkpoint copy, not a submission"})
-                elif _hidden(rel):
+                elif any(part.startswith(".") for part in rel):
                     skipped.append({"path": str(q), "reason": "inside a hidden folder"})
                 else:
                     notebooks.append(q)
             if not notebooks:
                 skipped.append({"path": str(p), "reason": "a folder with no notebook (.ipynb) in it"})
-            for q in notebooks:
-                add(q)
+            found += notebooks
         elif p.suffix != ".ipynb":
             skipped.append({"path": str(p), "reason": "not a notebook (.ipynb)"})
         else:
-            add(p)
-    return found, skipped
+            found.append(p)
+    unique = {}
+    for p in found:
+        unique.setdefault(p.resolve(), p)
+    return list(unique.values()), skipped
 
 
 def who(path):
-    """(student, assignment) from nbgrader's submitted/<student>/<assignment>/ layout, else the folder.
-
-    The first ``submitted`` (or ``autograded``) folder of the path decides: a submission cannot name
-    another student by making folders of that name inside its own."""
+    """(student, assignment) from nbgrader's submitted/<student>/<assignment>/ layout, else the folder. The first
+    ``submitted`` (or ``autograded``) folder decides: a submission's own folders cannot name another student."""
     parts = Path(path).absolute().parts
     for i, part in enumerate(parts):
         if part in ("submitted", "autograded") and i + 3 < len(parts):  # .../submitted/<student>/<assignment>/...
