@@ -65,26 +65,21 @@ _MERGE_MISTAKES = [
 
 # -------------------- mha-forward: the learner's module, built by the notebook's mha_forward with the grader's weights
 
-def _lengths_mask(lengths, n):
-    return (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]   # (B, 1, 1, Nk)
-
-
 def _mha_cases():
     per_head = torch.rand(2, 2, 4, 4, generator=gen(1100)) < 0.6
     per_head[0, 1, 2] = False   # one fully masked row
-    rows = [  # (label, (B, Nq, Nk, d_model, h), what else: causal, mask, cross (distinct key and value), bias, scale)
+    rows = [  # (label, (B, Nq, Nk, d_model, h), options; lengths: key padding, cross: a distinct key and value)
         ("self-attention, no mask", (2, 5, 5, 12, 3), {}),
         ("causal self-attention", (1, 6, 6, 16, 4), {"causal": True}),
-        ("key padding mask, lengths [6, 3], shape (B, 1, 1, Nk)", (2, 6, 6, 16, 2), {"mask": _lengths_mask([6, 3], 6)}),
+        ("key padding mask, lengths [6, 3], shape (B, 1, 1, Nk)", (2, 6, 6, 16, 2), {"lengths": [6, 3]}),
         ("cross-attention, Nq=3, Nk=7, distinct key and value, padding lengths [7, 4]", (2, 3, 7, 8, 2),
-         {"cross": True, "mask": _lengths_mask([7, 4], 7)}),
-        ("causal and padding (lengths [5, 2]) together", (2, 5, 5, 8, 2), {"causal": True,
-                                                                           "mask": _lengths_mask([5, 2], 5)}),
+         {"cross": True, "lengths": [7, 4]}),
+        ("causal and padding (lengths [5, 2]) together", (2, 5, 5, 8, 2), {"causal": True, "lengths": [5, 2]}),
         ("causal cross-attention, Nq=4 < Nk=6 (top-left: query i sees keys j <= i)", (1, 4, 6, 8, 4),
          {"cross": True, "causal": True}),
         ("a per-head mask (B, h, Nq, Nk) with one fully masked row", (2, 4, 4, 8, 2), {"mask": per_head}),
         ("a sequence of length 0 (padding lengths [4, 0]): its rows are fully masked", (2, 4, 4, 8, 2),
-         {"mask": _lengths_mask([4, 0], 4)}),
+         {"lengths": [4, 0]}),
         ("no biases (bias=False)", (2, 5, 5, 8, 2), {"bias": False}),
         ("d_head = 1 (h = d_model = 4), causal", (2, 5, 5, 4, 4), {"causal": True}),
         ("large logits (weights x 30)", (1, 6, 6, 8, 2), {"scale": 30.0}),
@@ -96,7 +91,11 @@ def _mha_cases():
             state[f"{name}.weight"] = randn(g, d, d, scale=opts.get("scale", 1.0) * d ** -0.5)
             if opts.get("bias", True):
                 state[f"{name}.bias"] = randn(g, d, scale=0.1)
-        query, kwargs = randn(g, b, nq, d), {k: opts[k] for k in ("causal", "mask") if k in opts}
+        query, kwargs = randn(g, b, nq, d), {"causal": True} if opts.get("causal") else {}
+        if "lengths" in opts:                                                            # (B, 1, 1, Nk)
+            opts["mask"] = (torch.arange(nk) < torch.tensor(opts["lengths"])[:, None])[:, None, None, :]
+        if "mask" in opts:
+            kwargs["mask"] = opts["mask"]
         if opts.get("cross"):
             kwargs["key"], kwargs["value"] = randn(g, b, nk, d), randn(g, b, nk, d)
         cases.append((f"{label}: query ({b}, {nq}, {d}), {h} heads", (state, h, query), kwargs))
@@ -149,8 +148,7 @@ _MHA_MISTAKES = [Mistake(key, message, _mha_with(key)) for key, message in [
 
 
 def _module_written(table):
-    """``table``, whose function (mha_forward) the notebook gives: what is not implemented yet is the learner's
-    module, which it builds."""
+    """``table``, whose mha_forward the notebook gives: what is not implemented yet is the module it builds."""
     def measure(learner):
         try:
             return engine.run(table, learner)
@@ -231,11 +229,7 @@ _FLOP_MISTAKES = [Mistake(key, message, functools.partial(_flops, **switch)) for
 # ------------------------- head-specialisation: the learner trains and measures; the grader trains the library's model
 
 TOLERANCE = 0.1   # absolute, on every entry of the (h, 3) profile
-
-
-@functools.lru_cache(maxsize=8)
-def _trained(seed, num_heads, steps):
-    return specs.trained_model(seed, num_heads, steps)
+_trained = functools.lru_cache(maxsize=8)(specs.trained_model)   # (seed, num_heads, steps): one training each
 
 
 def _reference(seed, num_heads=2, steps=200):
