@@ -1,10 +1,8 @@
 """The checks of exercise 07_flash_attention: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
-The PyTorch parts are compared with :mod:`attnlab.tiled` (through ``spec.py``); the Triton parts are launched by the
-grader (sentinel-guarded buffers whose strides are not the row length) and, in the interpreter, held to a byte
-budget: K and V read once per query block (only the blocks a causal block needs), each output written once. Known
-mistakes are *emulations*: the algorithm written block by block in PyTorch with a switch per mistake
-(``_forward_emulation``, ``_backward_emulation``), each list a table of (key, message, switches).
+Known mistakes are *emulations*: the algorithm written block by block in PyTorch with a switch per mistake
+(``_forward_emulation``, ``_backward_emulation``), each list a table of (key, message, switches). The kernels are
+held, in the interpreter, to K and V read once per query block (only the blocks a causal block needs).
 
 **Why the causal skip of the PyTorch forward rests on a NaN-poisoned tail under ``attnlab grade``.** Peak memory
 cannot show skipped tiles (a loop that computes a masked tile allocates what one that skips it does); operation
@@ -42,12 +40,10 @@ def _online_cases():
                                                          (6, 5, 8, False, 1.0), (2, 4, 3, False, 30.0)]):
         g = gen(1300 + seed)
         s_block, v_block = randn(g, rows, nb, scale=scale), randn(g, nb, dv)
-        if first:
-            state = torch.full((rows,), float("-inf")), torch.zeros(rows), torch.zeros(rows, dv)
-            label = f"the first block (m = -inf, l = 0, acc = 0), M={rows}, Nb={nb}"
-        else:
-            state = randn(g, rows) * 2 * scale, torch.rand(rows, generator=g) + 0.5, randn(g, rows, dv)
-            label = f"a later block, M={rows}, Nb={nb}" + (", scores ~ 30" if scale > 1 else "")
+        state = ((torch.full((rows,), float("-inf")), torch.zeros(rows), torch.zeros(rows, dv)) if first else
+                 (randn(g, rows) * 2 * scale, torch.rand(rows, generator=g) + 0.5, randn(g, rows, dv)))
+        label = (f"the first block (m = -inf, l = 0, acc = 0), M={rows}, Nb={nb}" if first else
+                 f"a later block, M={rows}, Nb={nb}" + (", scores ~ 30" if scale > 1 else ""))
         cases.append((label, (*state, s_block, v_block), {}))
     return cases
 
@@ -77,9 +73,7 @@ def _forward_emulation(q, k, v, causal=False, scale=None, block_m=16, block_n=16
                        drop_tail=False, mask_tail=True, causal_strict=False, diagonal_unmasked=False, skip=True,
                        lse="ok", exp2=False, normalise=True, causal_in_tile=False):
     """FlashAttention-2's forward as the learner writes it, q (B, Nq, d), k, v (B, Nk, d) -> (O, L), with a switch
-    per known mistake: ``mask_tail=False`` lets keys past Nk (loaded as 0) into the softmax, ``diagonal_unmasked``
-    skips the blocks above the diagonal but masks nothing in the one that crosses it, ``lse`` is "ok", "no-max"
-    (log l), "max" (m) or "base2", ``exp2`` uses exp2 without folding log2(e) into the scale."""
+    per known mistake (their messages in ``_OUT`` and ``_LSE``, and the kernel's)."""
     B, Nq, d = q.shape
     Nk, dv = k.shape[1], v.shape[-1]
     sc = (d ** -0.5 if scale is None else scale) if use_scale else 1.0
@@ -111,10 +105,11 @@ def _forward_emulation(q, k, v, causal=False, scale=None, block_m=16, block_n=16
     return o, L
 
 
-def _fwd(index=slice(None), **switches):
-    """``tiled_attention_forward`` with one mistake's switches: (O, L), or output ``index`` alone."""
-    return lambda q, k, v, causal=False, block_m=16, block_n=16: _forward_emulation(
-        q, k, v, causal, None, block_m, block_n, **switches)[index]
+def _fwd(index=slice(None), scale_argument=True, **switches):
+    """One mistake's ``tiled_attention_forward``: (O, L), or output ``index`` alone (a kernel's O or L: they differ in
+    shape, so each is matched only with its own); a kernel's mistake takes its ``scale`` last."""
+    return lambda q, k, v, causal=False, block_m=16, block_n=16, scale=None: _forward_emulation(
+        q, k, v, causal, scale if scale_argument else None, block_m, block_n, **switches)[index]
 
 
 _OUT = [   # (key, message, switches): the forward's mistakes, of the PyTorch function and the kernel alike; O wrong
@@ -141,9 +136,8 @@ _FUNCTION_MISTAKES = [Mistake(key, message, _fwd(0, **switches)) for key, messag
 
 
 def _compare_outputs(name, label, got, args, names, mistakes, expected="a tuple", missing=(), rtol=RTOL, atol=ATOL):
-    """Fail unless ``got`` holds the reference's outputs ``names`` (O, L or dq, dk, dv): one missing, None or of
-    another shape is ``missing``; at the first that differs, the known mistakes (each giving every output) whose
-    same output equals the learner's are named."""
+    """Fail unless ``got`` holds the reference's outputs ``names`` (one missing, None or misshapen: ``missing``);
+    at the first that differs, name the ``mistakes`` (each giving every output) whose same output equals it."""
     spec = getattr(specs, name)
     want = spec(*args)
     if not isinstance(got, (tuple, list)) or len(got) != len(want):
@@ -170,8 +164,7 @@ def _qkv(seed, b, nq, nk, amp=1.0, grad=False):
 
 
 def _cases(seed, rows, grad=False):
-    """[(label, (q, k, v, causal, block_m, block_n), {}), with dO after it if ``grad``], one per row
-    (B, Nq, Nk, causal, block_m, block_n, amp) drawn from ``seed`` + its index."""
+    """A case (with dO last if ``grad``) per row (B, Nq, Nk, causal, block_m, block_n, amp), from ``seed`` + i."""
     cases = []
     for i, (b, nq, nk, causal, bq, bk, amp) in enumerate(rows):
         q, k, v, *do = _qkv(seed + i, b, nq, nk, amp, grad)
@@ -220,8 +213,8 @@ NOT_SKIPPED_PT = Mistake("causal-blocks-not-skipped", "with causal=True the loop
 
 
 def _check_memory(learner, name, seed, case=None, second=None):
-    """Fail when the peak memory of a call at N = PEAK_N (``case``, else q, k, v drawn from ``seed``; measured again
-    on ``second``, else fresh values) grows by more than PEAK_LIMIT, or cannot be measured."""
+    """Fail when a call at N = PEAK_N (``case``, else drawn from ``seed``; then ``second``, else fresh values) grows
+    the peak memory by more than PEAK_LIMIT, or cannot be measured."""
     case = case or [(*_qkv(seed, 1, PEAK_N, PEAK_N), False, PEAK_BLOCK, PEAK_BLOCK), {}]
     peak = peak_growth(learner, name, case, f"B=1, N={PEAK_N}, d=16", "that no N x N matrix is held",
                        spec=getattr(specs, name), second=second, limit=PEAK_LIMIT)
@@ -263,9 +256,8 @@ def _check_technique(learner, name):
 # ------------------------------------------------------------------------ the backward (tiled-backward, dkdv-kernel)
 def _backward_emulation(q, k, v, o, lse, do, causal=False, block_m=16, block_n=16, scale=None, subtract_d=True,
                         sign_flipped=False, scale_grads=True, recompute_scaled=True, mask="ok", d_per_tile=False):
-    """dQ, dK, dV (B, N, d) from L with a switch per known mistake. ``mask``: "ok", "none" (causal mask forgotten),
-    or the tiles above the diagonal skipped and those that cross it left unmasked, in a loop over query blocks
-    ("blocks") or over key blocks ("kblocks")."""
+    """dQ, dK, dV (B, N, d) from L with a switch per known mistake. ``mask``: "ok", "none", or the tiles above the
+    diagonal skipped and those that cross it unmasked, looping on query blocks ("blocks") or key blocks ("kblocks")."""
     sc = q.shape[-1] ** -0.5 if scale is None else scale
     p = torch.exp(q @ k.transpose(1, 2) * (sc if recompute_scaled else 1.0) - lse[..., None])   # (B, Nq, Nk)
     rows, cols = torch.arange(q.shape[1])[:, None], torch.arange(k.shape[1])[None, :]
@@ -284,8 +276,7 @@ def _backward_emulation(q, k, v, o, lse, do, causal=False, block_m=16, block_n=1
 
 
 class _WrongBackward(torch.autograd.Function):
-    """The reference's forward with a backward from ``_backward_emulation``'s switches: a wrong
-    ``flash_attention_pytorch`` is ``partial(_WrongBackward.apply, switches)``."""
+    """The reference's forward, a backward with ``_backward_emulation``'s ``switches`` (given first to apply)."""
 
     @staticmethod
     def forward(ctx, switches, q, k, v, causal=False, block_m=16, block_n=16):
@@ -369,8 +360,7 @@ def _with_scale(q, k, v, causal, scale):
 
 
 def _launches(seed, rows, backward=False):
-    """A :class:`Launch` per row (B, N, causal, BLOCK_M, BLOCK_N, amp, scale) of the forward kernel (one program per
-    BLOCK_M rows and batch entry) or of the dK/dV kernel (per BLOCK_N keys), drawn from ``seed`` + its index."""
+    """A forward (or dK/dV) kernel's :class:`Launch` per row (B, N, causal, BLOCK_M, BLOCK_N, amp, scale)."""
     launches = []
     for i, (b, n, causal, bm, bn, amp, sc) in enumerate(rows):
         q, k, v, *do = _qkv(seed + i, b, n, n, amp, backward)
@@ -391,8 +381,8 @@ def _launches(seed, rows, backward=False):
         buffers, args = attention_launch(tensors, _PADS, [*strided, ("l", 0)], [n, sc])
         launches.append(Launch(label, buffers, (cdiv(n, bn if backward else bm), b), args,
                                {"HEAD_DIM": 16, "BLOCK_M": bm, "BLOCK_N": bn, "CAUSAL": causal}, want,
-                               (q, k, v, *do, causal, sc, bm, bn),
-                               (*("Q", "K", "V", "DO")[:3 + backward], "CAUSAL", "scale", "BLOCK_M", "BLOCK_N"),
+                               (q, k, v, *do, causal, bm, bn, sc),
+                               (*("Q", "K", "V", "DO")[:3 + backward], "CAUSAL", "BLOCK_M", "BLOCK_N", "scale"),
                                budget(b, n, 16, causal, bm, bn)))
     return launches
 
@@ -408,17 +398,9 @@ def _not_skipped(buffer, budget, mistake):
 
 # ----------------------------------------------------------------------------- flash-kernel-loop
 def _forward_budget(b, n, d, causal, bm, bn, es=4):
-    """Q read once, the key rows of K and V that each query block loads (with causal only the key blocks that start
-    before its end, masked at N), O and L written once."""
+    """Q read once, K and V once per query block (with causal the key blocks that start before its end)."""
     kv_rows = sum(min(n, cdiv(min(q0 + bm, n) if causal else n, bn) * bn) for q0 in range(0, n, bm))
     return {**attention_budget((b, n, d), b * kv_rows, es), "l": (0, b * n * es)}
-
-
-def _kernel_fwd(index, scale_argument=True, **switches):
-    """Output ``index`` (0: O, 1: L) of a forward kernel's mistake (O and L differ in shape: each output's mistakes
-    are only ever matched against that output)."""
-    return lambda q, k, v, causal, scale, bm, bn: _forward_emulation(
-        q, k, v, causal, scale if scale_argument else None, bm, bn, **switches)[index]
 
 
 NOT_SKIPPED = Mistake("causal-blocks-not-skipped", "with CAUSAL the loop still loads the key blocks above the "
@@ -428,14 +410,13 @@ _FLASH = Kernel(  # scale is never only 1/sqrt(HEAD_DIM) = 0.25: a kernel must u
     "flash_fwd_kernel", partial(_launches, 1500, [
         (2, 32, False, 16, 16, 1.0, 0.25), (2, 40, True, 16, 16, 1.0, 0.6), (2, 37, False, 32, 16, 3.0, 0.25),
         (2, 48, True, 32, 16, 1.0, 0.4), (1, 7, True, 16, 16, 1.0, 0.25), (2, 40, True, 16, 32, 1.0, 0.15)]),
-    [Mistake(key, message, _kernel_fwd(0, **switches)) for key, message, switches in _OUT]
-    + [Mistake(key, message, _kernel_fwd(1, **switches)) for key, message, switches in _LSE]
-    + [Mistake(*SCALE_IGNORED, _kernel_fwd(0, scale_argument=False)),
+    _FUNCTION_MISTAKES + [Mistake(key, message, _fwd(1, **switches)) for key, message, switches in _LSE]
+    + [Mistake(*SCALE_IGNORED, _fwd(0, scale_argument=False)),
        Mistake("masked-keys-not-masked", "keys past N are loaded as 0 and join the softmax with score 0: set their "
-               "scores to -inf (offs_n < N)", _kernel_fwd(0, mask_tail=False)),
+               "scores to -inf (offs_n < N)", _fwd(0, mask_tail=False)),
        Mistake("exp2-without-log2e", "exp2 is used without folding log2(e) into the scale: exp(x) = exp2(x * "
                "log2(e)), so multiply the scores by scale * 1.4426950408889634 before exp2 (or use tl.exp)",
-               _kernel_fwd(0, exp2=True))],
+               _fwd(0, exp2=True))],
     says="{n} launches match O and L (causal, partial blocks, N < BLOCK, large scores)",
     budget_says="Q read once, K and V once per query block (with CAUSAL only the blocks on or below the diagonal), O "
     "and L written once", traffic_diagnosis=_not_skipped("k", _forward_budget, NOT_SKIPPED), tf32=TF32,
@@ -444,8 +425,7 @@ _FLASH = Kernel(  # scale is never only 1/sqrt(HEAD_DIM) = 0.25: a kernel must u
 
 # ----------------------------------------------------------------------------- dkdv-kernel
 def _dkdv_budget(b, n, d, causal, bm, bn, es=4):
-    """K and V read and dK and dV written once; Q, dO, L and D once per key block, with causal from the first
-    query block that sees it."""
+    """K, V once; Q, dO, L and D once per key block (with causal from the first query block that sees it)."""
     rows = b * sum(n - (k0 // bm * bm if causal else 0) for k0 in range(0, n, bn))
     qd, kv = rows * d * es, b * n * d * es
     return {"q": (qd, 0), "do": (qd, 0), "l": (rows * es, 0), "d": (rows * es, 0), "k": (kv, 0), "v": (kv, 0),
@@ -453,9 +433,8 @@ def _dkdv_budget(b, n, d, causal, bm, bn, es=4):
 
 
 def _dkdv_wrong(scale_argument=True, padded_rows=False, **switches):
-    """dK of a dK/dV kernel's mistake, from the reference's L and D (every known mistake shows in dK, which is
-    compared before dV)."""
-    def impl(q, k, v, do, causal, scale, bm, bn):
+    """dK (where every known mistake shows, compared before dV) of a dK/dV kernel's mistake."""
+    def impl(q, k, v, do, causal, bm, bn, scale):
         o, lse = _with_scale(q, k, v, causal, scale)
         dk = _backward_emulation(q, k, v, o, lse, do, causal, bm, bn, scale if scale_argument else None, **switches)[1]
         # rows past N in a partial last query block: P = exp(0 - (-inf)) = inf against every key, times dO = 0

@@ -1,9 +1,7 @@
-"""The references of exercise 07_flash_attention: what the grader compares the learner's answers with.
-
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. FlashAttention
-itself has one home, :mod:`attnlab.tiled`, and the shipped Triton kernel :func:`attnlab.kernels.flash_attention`;
-what is here is only the shape the exercise asks for (one leading batch dim, the log-sum-exp returned, one
-measurement). The Triton parts have no reference kernel: ``checks.py`` compares them with :mod:`attnlab.tiled`.
+"""The references of exercise 07_flash_attention, never shown in the exercise (an empty file in the sandbox where
+``attnlab grade`` runs a notebook). FlashAttention has one home, :mod:`attnlab.tiled` (and the shipped kernel
+:func:`attnlab.kernels.flash_attention`); here is only the shape the exercise asks for: one leading batch dim, the
+log-sum-exp returned, one measurement. The Triton parts are compared with :mod:`attnlab.tiled` (``checks.py``).
 """
 
 import torch
@@ -21,7 +19,7 @@ def online_softmax_update(m, l, acc, s_block, v_block):
 
 
 def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
-    """O (B, Nq, dv) and L (B, Nq), L_i = log sum_j exp(S_ij) of the scaled scores, of q (B, Nq, d), k (B, Nk, d),
+    """O (B, Nq, dv) and L (B, Nq), the log-sum-exp of each row of scaled scores, of q (B, Nq, d), k (B, Nk, d),
     v (B, Nk, dv); causal: query i sees keys j <= i."""
     o, lse = tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, block_m=block_m, block_n=block_n,
                              return_lse=True)
@@ -29,21 +27,19 @@ def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
 
 
 def flash_attention_pytorch(q, k, v, causal=False, block_m=16, block_n=16):
-    """The same attention, differentiable (an autograd.Function inside): O (B, Nq, dv)."""
+    """The same O, differentiable (an autograd.Function inside)."""
     return tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, block_m=block_m, block_n=block_n)[:, 0]
 
 
 def tiled_attention_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
-    """dq, dk, dv of ``flash_attention_pytorch`` for the upstream gradient ``do``, by autograd (``o`` and ``L``
-    unused: they are what the learner's hand-written backward starts from)."""
+    """dq, dk, dv for the upstream gradient ``do``, by autograd (``o`` and ``L``: what the learner's starts from)."""
     q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
     with torch.enable_grad():
         return torch.autograd.grad(flash_attention_pytorch(q, k, v, causal, block_m, block_n), (q, k, v), do)
 
 
 def forward_trace(n, causal=False, block_m=16, block_n=16, seed=0):
-    """:func:`attnlab.memory.trace` of attnlab's shipped FlashAttention-2 forward kernel (K and V read once per query
-    block, only the blocks it needs when causal) on q, k, v of shape (1, n, 16) float32 drawn from ``seed``."""
+    """:func:`attnlab.memory.trace` of the shipped forward kernel on q, k, v (1, n, 16) float32 drawn from ``seed``."""
     from attnlab.kernels import flash_attention
     from attnlab.memory import trace
 
@@ -53,5 +49,5 @@ def forward_trace(n, causal=False, block_m=16, block_n=16, seed=0):
 
 
 def forward_traffic(n, causal=False, block_m=16, block_n=16, seed=0):
-    """Bytes read plus bytes written by that kernel."""
+    """Bytes read plus bytes written by that kernel (K and V read once per query block, only those it needs)."""
     return forward_trace(n, causal, block_m, block_n, seed).total_bytes
