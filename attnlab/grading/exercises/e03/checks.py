@@ -142,7 +142,6 @@ def _measure_variance(learner):
             f"within {RTOL:g}): Var(q.k) grows as d^{slope:.2f}, Var(q.k/sqrt(d)) stays in [{lo:.3f}, {hi:.3f}]")
 
 
-_NAIVE = _softmax_with(shift=lambda x, dim: 0.0)
 _SOFTMAX_MISTAKES = [Mistake(key, message, _softmax_with(**change)) for key, message, change in [
     ("no-max-subtraction", "exp overflows on large logits: subtract each row's max before exp",
      {"shift": lambda x, dim: 0.0}),
@@ -181,7 +180,7 @@ _SDPA_MISTAKES = [
     Mistake("wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)", _sdpa_with(dim=-2)),
     Mistake("scale-ignored", "an explicit `scale` argument is ignored", _sdpa_with(honour_scale=False)),
     Mistake("no-max-subtraction", "exp overflows on large logits: use a softmax that subtracts the max",
-            _sdpa_with(softmax=_NAIVE))]
+            _sdpa_with(softmax=_softmax_with(shift=lambda x, dim: 0.0)))]
 _VARIANCE_MISTAKES = [
     Mistake("theory-not-measured", "these are the textbook's values (d and 1), not a measurement: run the recipe on "
             "the draws of the given seed; only the grader's run of the same draws is accepted",

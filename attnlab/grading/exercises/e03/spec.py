@@ -1,8 +1,6 @@
-"""The references of exercise 03_scaled_dot_product: what the grader compares the learner's answers with.
-
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. The maths has one
-home, the library (``attnlab.attention``): the softmax and attention delegate to it, the softmax's backward is
-autograd through its softmax, and ``score_variance`` is the experiment as the learner runs it.
+"""The references of exercise 03_scaled_dot_product (never shown in the exercise; an empty file in the sandbox where
+``attnlab grade`` runs a notebook). The maths has one home, the library: the softmax and attention delegate to
+``attnlab.attention``, the softmax's backward is autograd through its softmax.
 """
 
 import math
