@@ -60,12 +60,10 @@ def measure(seed, n, heads, d, repeats):
     torch.set_num_threads(1)
     try:
         a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, generator=torch.Generator().manual_seed(seed))
-        matmul = time_call(torch.matmul, a, a, repeats=repeats, reduce="min")
         src, dst = torch.ones(COPY_BYTES // 4), torch.zeros(COPY_BYTES // 4)
-        copy = time_call(dst.copy_, src, repeats=repeats, reduce="min")
         g = torch.Generator().manual_seed(seed)
         q, k, v = (torch.randn(1, heads, n, d, generator=g) for _ in range(3))
-        naive = time_call(naive_attention, q, k, v, repeats=repeats, reduce="min")
+        return tuple(time_call(f, *args, repeats=repeats, reduce="min")
+                     for f, *args in ((torch.matmul, a, a), (dst.copy_, src), (naive_attention, q, k, v)))
     finally:
         torch.set_num_threads(threads)
-    return matmul, copy, naive

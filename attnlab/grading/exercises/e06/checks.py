@@ -1,8 +1,5 @@
-"""The checks of exercise 06_triton_primer: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
-
-Every kernel part is a :class:`~attnlab.grading.engine.Kernel`, launched by the grader on tensors whose rows are
-further apart than they are long; each launch's case is one row of a table, built by one small function.
-"""
+"""The checks of exercise 06_triton_primer: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``;
+each kernel part's launches are a table of sizes, built by one function, on rows further apart than they are long."""
 
 import torch
 

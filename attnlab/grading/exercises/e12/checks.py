@@ -57,9 +57,8 @@ def _select_with(future="-inf", diagonal="forced", free="-1", order="ascending",
         s = block_scores.float().clone()
         nqb, nkb = s.shape[-2:]
         i, j = torch.arange(nqb)[:, None], torch.arange(nkb)[None, :]
-        future_mask = (j >= i) if diagonal == "masked" else (j > i)
         if future != "none":
-            s = s.masked_fill(future_mask, NEG_INF if future == "-inf" else 0.0)
+            s = s.masked_fill((j >= i) if diagonal == "masked" else (j > i), NEG_INF if future == "-inf" else 0.0)
         if diagonal == "forced":
             s = s.masked_fill(j == i, float("inf"))
         kk = min(topk, nkb)
@@ -101,18 +100,17 @@ _TOPK_MISTAKES = [
 
 _BUDGET = "Q read once, K and V of each selected block once per query block that selected it, O written once"
 
-# (label, BH, N, D, BLOCK, topk, amplitude of q and k, scale): the first two have no ragged block, so an
-# out-of-bounds load there comes from a -1 slot read as a block, not from the end of the sequence
-_KERNEL_CASES = [("BH=2, N=64, D=16, BLOCK=16, topk=1 (the diagonal block only)", 2, 64, 16, 16, 1, 1.0, 0.3),
-                 ("BH=2, N=64, D=16, BLOCK=16, topk=2 (query block 0 has a -1 slot)", 2, 64, 16, 16, 2, 1.0, 0.55),
-                 ("BH=2, N=50, D=16, BLOCK=16, topk=3, ragged N", 2, 50, 16, 16, 3, 1.0, 0.2),
-                 ("BH=1, N=80, D=16, BLOCK=16, topk=5 (every past block: causal attention)", 1, 80, 16, 16, 5, 1.0,
-                  0.4),
-                 ("BH=3, N=72, D=32, BLOCK=16, topk=2, large scores", 3, 72, 32, 16, 2, 5.0, 0.12),
-                 ("BH=2, N=70, D=16, BLOCK=32, topk=2, ragged N", 2, 70, 16, 32, 2, 1.0, 0.35)]
+# (BH, N, D, BLOCK, topk, amplitude of q and k, scale, what the case shows): the first two have no ragged block, so
+# an out-of-bounds load there comes from a -1 slot read as a block, not from the end of the sequence
+_KERNEL_CASES = [(2, 64, 16, 16, 1, 1.0, 0.3, " (the diagonal block only)"),
+                 (2, 64, 16, 16, 2, 1.0, 0.55, " (query block 0 has a -1 slot)"),
+                 (2, 50, 16, 16, 3, 1.0, 0.2, ", ragged N"),
+                 (1, 80, 16, 16, 5, 1.0, 0.4, " (every past block: causal attention)"),
+                 (3, 72, 32, 16, 2, 5.0, 0.12, ", large scores"),
+                 (2, 70, 16, 32, 2, 1.0, 0.35, ", ragged N")]
 
 
-def _launch(g, label, bh, n, d, bs, topk, amp, scale):
+def _launch(g, bh, n, d, bs, topk, amp, scale, what):
     """q, k, v and o each inside sentinel memory with 16 extra rows per head, one program per (query block, head),
     the selection of each head made by the library's ``select_blocks``; each program may load K and V of its
     selected blocks only."""
@@ -124,8 +122,8 @@ def _launch(g, label, bh, n, d, bs, topk, amp, scale):
     kv = sum(block_rows(j, bs, n) for j in block_indices.flatten().tolist() if j >= 0)
     visit = torch.zeros(bh, nqb, nqb + 1, dtype=torch.bool).scatter_(
         -1, torch.where(block_indices < 0, nqb, block_indices).long(), True)[..., :nqb]
-    return Launch(f"{label}, scale={scale}", buffers, (nqb, bh), args, {"HEAD_DIM": d, "BLOCK": bs},
-                  {"o": specs.selected_attention(q, k, v, block_indices, bs, scale)},
+    return Launch(f"BH={bh}, N={n}, D={d}, BLOCK={bs}, topk={topk}{what}, scale={scale}", buffers, (nqb, bh), args,
+                  {"HEAD_DIM": d, "BLOCK": bs}, {"o": specs.selected_attention(q, k, v, block_indices, bs, scale)},
                   (q, k, v, scale, block_indices, bs), ("Q", "K", "V", "scale", "block_indices", "BLOCK"),
                   attention_budget(q.shape, kv), dict.fromkeys("kv", blocks_allowed(visit, bs, q.shape)))
 
@@ -155,17 +153,13 @@ def _selected_with(pad="skip", causal="le", rescale=True, counter=False, head_ze
             kj, vj = (x[torch.arange(bh)[:, None], jj] for x in (kb, vb))             # (BH, nqb, BLOCK, D)
             cols = (jj[..., None] * block + torch.arange(block))[..., None, :]         # (BH, nqb, 1, BLOCK)
             s = (qb @ kj.transpose(-1, -2) * scale).masked_fill((cols >= n) | ~live[..., None, None], NEG_INF)
-            if causal == "le":
-                s = s.masked_fill(cols > rows, NEG_INF)
-            elif causal == "lt":
-                s = s.masked_fill(cols >= rows, NEG_INF)
+            if causal != "none":   # "le": a query sees keys j <= i; "lt": j < i
+                s = s.masked_fill(cols > rows - int(causal == "lt"), NEG_INF)
             m_new = torch.maximum(m_i, s.amax(-1))
-            m_safe = torch.where(m_new == NEG_INF, torch.zeros_like(m_new), m_new)
-            alpha = torch.exp(m_i - m_safe)
-            p = torch.exp(s - m_safe[..., None])
-            l_i = l_i * alpha + p.sum(-1)
+            m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)
+            alpha, p = torch.exp(m_i - m_safe), torch.exp(s - m_safe[..., None])
+            l_i, m_i = l_i * alpha + p.sum(-1), m_new
             acc = (acc * alpha[..., None] if rescale else acc) + p @ vj
-            m_i = m_new
         return (acc / l_i[..., None]).view(bh, nqb * block, d)[:, :n]
     return impl
 
@@ -309,10 +303,9 @@ def _chunked_with(cumulative=True, carry=True, inter=True, intra_diagonal=True, 
     """A wrong delta_chunkwise: the library's WY / UT form with one switch off."""
     def impl(q, k, v, beta, g, chunk_size, scale=None, initial_state=None):
         B, H, N, dk = q.shape
-        dv = v.shape[-1]
         sc = dk ** -0.5 if scale is None else scale
         gg = g if g is not None else torch.zeros_like(beta)
-        S = initial_state.clone() if initial_state is not None else q.new_zeros(B, H, dk, dv)
+        S = initial_state.clone() if initial_state is not None else q.new_zeros(B, H, dk, v.shape[-1])
         stop = N if tail else N - N % chunk_size
         outs = []
         for c0 in range(0, stop, chunk_size):
@@ -382,10 +375,9 @@ def _measure_chunked(learner):
     """The numbers (:data:`_CHUNKED`), then the peak memory of one long call."""
     numbers = run(_CHUNKED, learner)
     B, H, N, dk, dv, C = PEAK_CASE
-    q, k, v, beta, gates, _ = _delta_inputs(_gen(12_390), B, H, N, dk, dv, "mild")
+    first, second = (_delta_inputs(_gen(seed), B, H, N, dk, dv, "mild")[:5] for seed in (12_390, 12_391))
     label = f"B={B}, H={H}, N={N}, d_k=d_v={dk}, chunk_size={C}"
-    second = _delta_inputs(_gen(12_391), B, H, N, dk, dv, "mild")[:5]
-    peak = peak_growth(learner, "delta_chunkwise", [(q, k, v, beta, gates, C), {}], label,
+    peak = peak_growth(learner, "delta_chunkwise", [(*first, C), {}], label,
                        "that no N x N matrix and no state per token is held", spec=specs.delta_chunkwise_fast,
                        second=[(*second, C), {}], limit=PEAK_LIMIT)
     if peak > PEAK_LIMIT:

@@ -1,9 +1,8 @@
 """The references of exercise 12_beyond_dense: what the grader compares the learner's answers with.
 
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. The maths has one
-home, the library (``attnlab.sparse``, ``attnlab.linear_attention``, ``attnlab.iomodel``); what is here is the
-exercise's calling convention: the learner's functions return ``(o, final state)``, the kernel works on ``(BH, N, D)``
-rows, and the experiment returns two rows of bytes.
+Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. The maths is the
+library's (``attnlab.sparse``, ``attnlab.linear_attention``, ``attnlab.iomodel``); what is here is the exercise's
+calling convention: ``(o, final state)``, the kernel's ``(BH, N, D)`` rows, the experiment's two rows of bytes.
 """
 
 import torch
