@@ -1,13 +1,15 @@
 """Where and how ``attnlab grade`` runs a learner's code: the confinement, the boundary between grader and learner.
 
-Here: the confinement (this module: bubblewrap's mounts and namespaces, ``setpriv`` to a user id of the sandbox's own
-when the grader is root, rlimits, a memory and process :class:`Cgroup`); :mod:`.runner`, the sandboxed processes and
-the grader's end of their pipes; :mod:`.frames`, the one wire format, decoded on the trusted side; :mod:`.agent`, what
-the functions process does with a request; :mod:`.isolated`, the kernel process for Triton parts; :mod:`.footprint`,
-memory measured around a call; :mod:`.ranks`, a process group's shards delivered rank by rank. What each guarantees,
-as root and as any other user, is in docs/grading.md; :func:`isolation` says which confinement is in use.
+Here: the confinement (this module: bubblewrap's mounts and namespaces, ``setpriv`` to a user id of the sandbox's own,
+``UID_BASE`` + the worker's pid, when the grader is root, rlimits, a memory and process :class:`Cgroup`);
+:mod:`.runner`, the sandboxed processes and the grader's end of their pipes; :mod:`.frames`, the one wire format,
+decoded on the trusted side; :mod:`.agent`, what the functions process does with a request; :mod:`.isolated`, the
+kernel process for Triton parts; :mod:`.footprint`, memory measured around a call; :mod:`.ranks`, a process group's
+shards delivered rank by rank. What each guarantees, as root and as any other user, is in docs/grading.md;
+:func:`isolation` says which confinement is in use.
 """
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -47,21 +49,17 @@ def _prctl(option, value):
 
 def set_limit(which, value):
     """``setrlimit`` soft and hard to ``value``, never above the hard limit already set; ignored where refused."""
-    try:
+    with contextlib.suppress(ValueError, OSError):
         hard = resource.getrlimit(which)[1]
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
-    except (ValueError, OSError):
-        pass
 
 
 def kill(pids):
     """SIGKILL each of ``pids`` that still exists."""
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def protect_grader():
@@ -74,10 +72,6 @@ def protect_grader():
 
 def as_root():
     return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def sandbox_uid():
-    return UID_BASE + os.getpid()
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,12 +111,10 @@ def _readable_roots():
 
     package = Path(attnlab.__file__).resolve().parent
     candidates = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *sys.path, str(package)}
-    try:
+    with contextlib.suppress(Exception):  # triton missing: nothing will need them
         import attnlab.kernels as kernels  # an editable install maps it to the course's kernels/
 
         candidates.add(str(Path(kernels.__file__).resolve().parent))
-    except Exception:  # pragma: no cover - triton missing: nothing will need them
-        pass
     found = set()
     for c in filter(None, candidates):
         for p in {Path(c).resolve(), Path(os.path.abspath(c))}:  # a linked virtual environment: both paths
@@ -180,7 +172,7 @@ def _command(path, cmd, work, runtime, notebook, limits, probe=False):
         args += ["--ro-bind", str(notebook), str(Path(work) / Path(notebook).name)]
     args += ["--remount-ro", "/", "--chdir", str(work), "--"]
     if as_root():
-        uid = str(sandbox_uid())
+        uid = str(UID_BASE + os.getpid())
         args += [shutil.which("setpriv"), "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all",
                  "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     return args + list(cmd)
@@ -219,12 +211,10 @@ class Cgroup:
     @staticmethod
     @functools.lru_cache(maxsize=1)
     def available():
-        if LINUX:
-            try:
+        with contextlib.suppress(OSError):
+            if LINUX:
                 Cgroup(Limits()).remove()
                 return True
-            except OSError:
-                pass
         return False
 
     @classmethod
@@ -243,10 +233,8 @@ class Cgroup:
     def _procs(self):
         pids = set()
         for folder in self.paths:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 pids |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
-            except (OSError, ValueError):
-                pass
         return pids
 
     def remove(self):
@@ -332,8 +320,8 @@ def descendants(root=None):
     return set(below(os.getpid() if root is None else root))
 
 
-def _kill_until_gone(find, wait, rounds=20):
-    for _ in range(rounds):
+def _kill_until_gone(find, wait):
+    for _ in range(20):
         pids = find()
         if not pids:
             return

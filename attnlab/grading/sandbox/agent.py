@@ -24,7 +24,7 @@ GUARD = 4096  # elements of sentinel before and after every buffer
 
 
 class Refused(Exception):
-    pass
+    """A kernel the grader does not launch: not a real ``@triton.jit`` function, or not Triton code it accepts."""
 
 
 def device():
@@ -328,10 +328,8 @@ def handle(req, ns):
         return _handle(req, ns)
     finally:
         if req.get("op") == "call":
-            try:
+            with contextlib.suppress(OSError, AttributeError):
                 ctypes.CDLL(None).malloc_trim(0)
-            except (OSError, AttributeError):
-                pass
 
 
 def _handle(req, ns):

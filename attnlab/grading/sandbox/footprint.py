@@ -15,13 +15,10 @@ from attnlab.grading.core import Fail, LocalLearner, clone, learner_of, mismatch
 
 def _status(pid, key):
     """``key`` (VmHWM, VmRSS) of process ``pid`` in bytes, or None where /proc cannot tell."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
     return None
 
 
@@ -57,27 +54,24 @@ def _cgroup_peak(folder):
     """(a function reading the peak, the usage now) of one cgroup folder after resetting its peak: v1's
     ``memory.max_usage_in_bytes`` (reset by writing 0), v2's ``memory.peak`` (reset per open file since Linux 6.12);
     (None, None) where neither can be. Files the sandbox cannot see: the learner can neither reset nor fake them."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         if (folder / "memory.max_usage_in_bytes").exists():
             (folder / "memory.max_usage_in_bytes").write_text("0")
             return (folder / "memory.max_usage_in_bytes").read_text, int((folder / "memory.usage_in_bytes").read_text())
         if (folder / "memory.peak").exists():
             f = open(folder / "memory.peak", "r+")
+
+            def read():  # once, from the file that was reset
+                with f:
+                    f.seek(0)
+                    return f.read()
             try:
                 f.write("reset\n")
                 f.flush()
-                return (lambda: _read_closing(f)), int((folder / "memory.current").read_text())
+                return read, int((folder / "memory.current").read_text())
             except (OSError, ValueError):
                 f.close()
-    except (OSError, ValueError):
-        pass
     return None, None
-
-
-def _read_closing(f):
-    with f:
-        f.seek(0)
-        return f.read()
 
 
 def _peak_meter(learner):

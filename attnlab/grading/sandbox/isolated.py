@@ -102,10 +102,9 @@ def kernel_module(sources):
                 refused.pop(node.name, None)
                 kernels[node.name] = ast.unparse(node)
                 nodes[node.name] = node
+                todo.discard(node.name)
                 if any(isinstance(n, ast.Raise) and "NotImplementedError" in ast.unparse(n) for n in ast.walk(node)):
                     todo.add(node.name)
-                else:
-                    todo.discard(node.name)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 forget(node.name)
             else:

@@ -2,6 +2,7 @@
 own, stdin, stdout and stderr ``/dev/null``), the functions process itself (:func:`main`: the cells through IPython's
 ``InteractiveShell``, then calls), and the worker process that grades a notebook (:func:`grade_in_subprocess`)."""
 
+import contextlib
 import json
 import os
 import resource
@@ -170,15 +171,11 @@ class Sandboxed:
         proc, self.proc, self.pid = self.proc, None, None
         if proc is not None:
             sandbox.kill([proc.pid, *sandbox.descendants(proc.pid)])
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
             for stream in getattr(proc, "frames", ()):
-                try:
+                with contextlib.suppress(OSError):  # a frame half written to a process that died
                     stream.close()
-                except OSError:  # a frame half written to a process that died
-                    pass
         if self.cgroup is not None:
             self.cgroup.remove()
             self.cgroup = None
@@ -208,12 +205,9 @@ def _python_below(root):
     exe = os.fsencode(sys.executable)
     for _ in range(100):
         for pid in [root, *sandbox.below(root)]:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if f.read().split(b"\0")[0] == exe:
-                        return pid
-            except OSError:
-                pass
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[0] == exe:
+                    return pid
         time.sleep(0.02)
     return None
 
@@ -288,19 +282,15 @@ def grade_in_subprocess(path, cell_timeout=DEFAULT_CELL_TIMEOUT, timeout=DEFAULT
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
-        try:  # the worker's session (other workers run beside it: kill only what is its own)
+        with contextlib.suppress(OSError):  # the worker's session (other workers beside it: only what is its own)
             os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
         proc.wait()
         reader.join(timeout=10)
         os.close(read_fd)
         os.rmdir(neutral)
         if chunks and chunks[0]:
-            try:
+            with contextlib.suppress(ValueError):
                 return sanitize(json.loads(chunks[0]))
-            except ValueError:
-                pass
         err.seek(0)
         tail = "\n".join(err.read().decode(errors="replace").strip().splitlines()[-5:])
     if timed_out:
