@@ -257,16 +257,15 @@ def _sparse_with(visit=None, rescale=True, nan_empty=False, mask_tail=True, scal
 
 
 def _unrescaled(q, k, v, scale, mask, bn):
-    """The online softmax without rescaling acc when the running max grows."""
+    """The online softmax without rescaling acc when the running max grows: block b's weights stay relative to the
+    running max after block b, while l is rescaled (its sum is relative to the last max)."""
     s = ((q @ k.transpose(-2, -1)) * scale).masked_fill(~mask, float("-inf"))
-    out, m, l = 0.0, torch.full(q.shape[:2], float("-inf")), torch.zeros(q.shape[:2])
-    for start in range(0, k.shape[1], bn):
-        m_new = torch.maximum(m, s[:, :, start:start + bn].amax(-1))
-        m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
-        p = torch.exp(s[:, :, start:start + bn] - m_safe[..., None])
-        l = torch.exp(m - m_safe) * l + p.sum(-1)  # noqa: E741
-        out, m = out + p @ v[:, start:start + bn], m_new
-    return out / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+    s = torch.nn.functional.pad(s, (0, -s.shape[-1] % bn), value=float("-inf"))
+    m = s.unflatten(-1, (-1, bn)).amax(-1).cummax(-1).values          # (BH, N, n_blocks): the max after each block
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m.repeat_interleave(bn, -1))
+    l = torch.exp(s - m[..., -1:]).sum(-1, keepdim=True)  # noqa: E741
+    return (p @ torch.nn.functional.pad(v, (0, 0, 0, p.shape[-1] - v.shape[1]))) / torch.where(l > 0, l, 1.0)
 
 
 _SPARSE_MISTAKES = [Mistake(key, message, _sparse_with(**change)) for key, message, change in [
@@ -421,9 +420,6 @@ _FLEX = Kernel("flex_fwd_kernel", _flex_launches, _FLEX_MISTAKES, uses_dot=True,
 
 
 # ----------------------------------------------------------------------------- bytes-vs-density
-_EXPERIMENT = (64, 16, 16)  # n, d, block_size
-
-
 def _model_point(w, n, d, block_size):
     """(density, K/V bytes) of a correct kernel under sliding_window(w), from torch's block mask; and the
     other quantities the mistakes report."""
@@ -464,7 +460,7 @@ def _measure_experiment(learner):
     flex_fwd_kernel on each window's lists (in the interpreter), else (on a GPU) what a kernel that loads each
     listed K/V block once moves."""
     windows = [int(w) for w in torch.randperm(40, generator=gen(2000))[:4].sort().values.tolist()]
-    n, d, bs = _EXPERIMENT
+    n, d, bs = 64, 16, 16
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen(2001)))
     label = f"windows={windows}, n={n}, d={d}, block_size={bs}, seed={seed}"
     args = (list(windows), n, d, bs, seed)
@@ -499,8 +495,6 @@ def _measure_experiment(learner):
             + ("" if falls else "; note: the bytes did not rise with the window"))
 
 
-# flex-block-mask is a function part measured here: the lists are compared up to each count, and the order of the
-# right blocks is told apart from wrong blocks
 TABLES = {
     "flex-block-mask": Measured("function", _measure_block_mask, {"block_mask_for": _BLOCK_MASK_MISTAKES}),
     "block-sparse-loop": _SPARSE,
