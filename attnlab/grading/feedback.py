@@ -34,9 +34,8 @@ def first_mismatch(got, want, rtol=1e-4, atol=1e-5):
 
 
 def first_difference(got, want, rtol=1e-4, atol=1e-5, names=None):
-    """Where two results first differ: "first mismatch at index (i, j): expected x, got y (k of n entries
-    differ)", or "" when it cannot tell; for tuples "output 2 of 2 (L), first mismatch ..." (counted from 1, as
-    the learner counts; ``names`` label them)."""
+    """Where two results first differ, "first mismatch at index (i, j): expected x, got y (k of n entries differ)"
+    led for a tuple by "output 2 of 2 (L), " (``names`` label them), or "" when it cannot tell."""
     if isinstance(want, (tuple, list)) and isinstance(got, (tuple, list)) and len(got) == len(want):
         for i, (g, w) in enumerate(zip(got, want)):
             where = first_difference(g, w, rtol, atol)
@@ -92,8 +91,7 @@ def parameter_names(fn):
 
 
 def case_line(label, args, kwargs, spec=None, names=None):
-    """The counterexample's inputs, labelled by ``spec``'s parameter names (or ``names``): what a failure whose
-    reason came from :func:`attnlab.grading.core.mismatch` (which says where the output differs) shows."""
+    """The counterexample's inputs, labelled by ``spec``'s parameter names (or ``names``)."""
     labels = names if names is not None else (parameter_names(spec) if spec else None)
     return f"counterexample ({label}): {describe_inputs(args, kwargs, labels)}"
 

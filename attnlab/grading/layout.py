@@ -17,11 +17,9 @@ def _grade_id(cell):
     return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
-def _stem_guess(path, exercises):
+def _stem_guess(path, exercises):  # a renamed copy keeps its number: 02_mine.ipynb
     stem = Path(path).stem
-    if stem in exercises:
-        return stem
-    return next((exercise for exercise in exercises if stem[:3] == exercise[:3]), None)  # a renamed 02_mine.ipynb
+    return stem if stem in exercises else next((exercise for exercise in exercises if stem[:3] == exercise[:3]), None)
 
 
 def identify(nb, path):
@@ -29,8 +27,7 @@ def identify(nb, path):
     or metadata that names another exercise gets a warning."""
     from attnlab.grading.parts import exercises
 
-    EXERCISES = exercises()
-    warnings = []
+    EXERCISES, warnings = exercises(), []
     meta = nb.get("metadata", {}).get("attnlab", {}).get("exercise")
     meta = meta if meta in EXERCISES else None
     ids = {_grade_id(c) for c in nb.cells} - {None}
@@ -122,9 +119,8 @@ def given_demos(exercise):
 def learner_cell(cell, part, given):
     """Whether a cell's code is the learner's: the part's answer cells, no or an unknown grade_id, an edited one."""
     gid = _grade_id(cell)
-    if gid is None or str(gid).startswith(part + "-answer"):
-        return True
-    return gid not in given or given[gid].strip() != cell.source.strip()
+    return gid is None or str(gid).startswith(part + "-answer") or gid not in given or \
+        given[gid].strip() != cell.source.strip()
 
 
 def _answer_part(gid, parts):

@@ -105,11 +105,11 @@ def _home(full):
     return f"{exports[name]}.{name}" if head == "attnlab" and name in exports else full
 
 
-def _bindings(sources):
-    """({local name: dotted name} the cells import, the functions and classes they define, the names ``obj.x(...)``
-    may call of theirs: a ``def`` in a ``class``, ``self.x = ...``; not a module-level ``def softmax``)."""
+def _bindings(trees):
+    """({local name: dotted name} the cells' ``trees`` import, the functions and classes they define, the names
+    ``obj.x(...)`` may call of theirs: a ``def`` in a ``class``, ``self.x = ...``; not a module-level ``def``)."""
     imports, defined, members = {}, set(), set()
-    for tree in _trees(sources):
+    for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, _DEFINITIONS):
                 defined.add(node.name)
@@ -152,15 +152,8 @@ def _member(node):
 def _dotted(node, names):
     """The dotted name an expression refers to, resolved through ``names``, or None."""
     parts = []
-    while True:
-        if isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-            continue
-        member = _member(node)
-        if member is None:
-            break
-        node, name = member
+    while isinstance(node, ast.Attribute) or (member := _member(node)):
+        node, name = (node.value, node.attr) if isinstance(node, ast.Attribute) else member
         parts.append(name)
     if not isinstance(node, ast.Name) or node.id not in names:
         return None
@@ -232,10 +225,11 @@ def _escapes(patterns):
                       if head in ("torch", "torch.nn.functional", "torch.special") and not name.startswith("_")]
 
 
-def _handed_on(tree):
-    """(the ids of the values ``tree`` hands on: an argument, not ``print``'s, a default, an assigned value: where a
+def _handed_on(tree, names):
+    """(the ids of the values ``tree`` hands on: an argument, not ``print``'s, a default, an assigned value, where a
     string pattern (``'"sdpa"'``) counts, not in a label (``("standard", run)``), a comparison or a dict key;
-    [(name, value)] it binds by assignment, a default or the walrus, in its order)."""
+    {name: dotted name} it binds by assignment, a default or the walrus to what ``names`` resolves: ``_t = torch``,
+    ``def f(x, sm=torch.softmax)``, ``(F := torch.nn.functional)``, to a fixed point: ``a = torch; b = a.softmax``)."""
     handed, pairs = [], []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id == "print"):
@@ -251,21 +245,15 @@ def _handed_on(tree):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             pairs += [(t.id, node.value) for t in targets if isinstance(t, ast.Name)]
             handed.append(node.value)
-    return {id(n) for n in handed}, pairs
-
-
-def _bound(pairs, names):
-    """{name: dotted name} for the ``pairs`` of :func:`_handed_on` whose value ``names`` resolves, to a fixed point
-    (``_t = torch``, ``def f(x, sm=torch.softmax)``, ``(F := torch.nn.functional)``, ``a = torch; b = a.softmax``)."""
-    out = {}
+    bound = {}
     while True:
-        known, grown = {**names, **out}, False
+        known, grown = {**names, **bound}, False
         for name, value in pairs:
             dotted = _dotted(value, known)
-            if dotted is not None and out.get(name) != dotted and names.get(name) != dotted:
-                out[name], grown = dotted, True
+            if dotted is not None and bound.get(name) != dotted and names.get(name) != dotted:
+                bound[name], grown = dotted, True
         if not grown:
-            return out
+            return {id(n) for n in handed}, bound
 
 
 # reading a name the syntax cannot follow: refused outright in a part's code, whatever it reaches
@@ -295,19 +283,15 @@ def uses(sources, patterns, all_sources=None):
     """[(forbidden name, line)] in ``sources`` (cells), with imports read from ``all_sources``. ``obj.softmax(...)``
     is ``torch.Tensor.softmax`` unless it is ``self.softmax(s)`` of a class that defines one."""
     everything = all_sources if all_sources is not None else sources
-    imports, own, mine = _bindings(everything)
+    imports, own, mine = _bindings(_trees(everything))
     names = {k: v for k, v in {**BUILTINS, **imports}.items() if k not in own}  # the learner's def wins
     methods = {p.rsplit(".", 1)[1] for p in patterns if p.startswith("torch.Tensor.")}
     patterns = list(patterns) + _escapes(patterns)
     found = []
-    for source in sources:
-        tree = _parse(source)
-        if tree is None:
-            continue
-        here = _bindings([source])[0]
-        local = {**names, **here}
-        passed, pairs = _handed_on(tree)
-        local.update(_bound(pairs, local))
+    for tree in _trees(sources):
+        here = _bindings([tree])[0]
+        passed, bound = _handed_on(tree, {**names, **here})
+        local = {**names, **here, **bound}
         shadowed = own | set(imports) | set(here)   # the learner's own `vars`, an imported one
         for node in ast.walk(tree):
             line = getattr(node, "lineno", 0)
@@ -315,11 +299,8 @@ def uses(sources, patterns, all_sources=None):
             if dynamic is not None:
                 found.append((f"{dynamic} (a name the grader cannot read)", line))
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for a in node.names:
-                    full = f"{node.module}.{a.name}"
-                    hit = _hit(full, patterns) or next((full for p in patterns if a.name == "*" and p.startswith(
-                        node.module + ".")), None)
-                    found += [(hit, line)] if hit else []
+                found += [(hit, line) for a in node.names if (hit := _hit(f"{node.module}.{a.name}", patterns) or (
+                    a.name == "*" and any(p.startswith(node.module + ".") for p in patterns) and f"{node.module}.*"))]
             elif isinstance(node, ast.Import):
                 found += [(a.name, line) for a in node.names if any(
                     p.endswith(".*") and _matches(a.name, p) for p in patterns)]
@@ -460,7 +441,7 @@ class _DeadCode(ast.NodeTransformer):
         values = []
         for value in node.values:   # `False and f()`: f never runs; `True or f()`: neither
             values.append(value)
-            if _known(value) is not None and _known(value) == isinstance(node.op, ast.Or):
+            if (known := _known(value)) is not None and known == isinstance(node.op, ast.Or):
                 break
         node.values = values if len(values) > 1 else values + [ast.Constant(value=None)]
         return self.generic_visit(node)
@@ -480,7 +461,7 @@ def missing(sources, required, all_sources=None, rebound=()):
     read = set().union(*(names(text, "global") for text in sources))
     dotted = set()
     if any("." in key for key in required):
-        imports, own, _members = _bindings(everything)
+        imports, own, _members = _bindings(_trees(everything))
         local = {k: v for k, v in imports.items() if k not in own | set(rebound)}
         dotted = {name for tree in _trees(sources) for node in ast.walk(tree)
                   if isinstance(node, (ast.Attribute, ast.Name)) for name in [_dotted(node, local)] if name}
@@ -502,12 +483,8 @@ def rebound(learners, given):
 def _current_cells(history, given):
     """The learner's code as the namespace holds it now, from IPython's ``In``: the cells it ran less the ``given``
     ones, each without the top-level statements whose names a later cell binds again (blank lines in their place)."""
-    given = {g.strip() for g in given}
-    cells, covered = [], set()
-    for source in reversed([s for s in history if isinstance(s, str) and s.strip() and s.strip() not in given]):
-        tree = _parse(source)
-        if tree is None:
-            continue
+    given, cells, covered = {g.strip() for g in given}, [], set()
+    for tree in reversed(_trees([s for s in history if isinstance(s, str) and s.strip() and s.strip() not in given])):
         lines, kept, binds = tree.text.splitlines(), False, set()   # the cell as IPython runs it (magics transformed)
         for node in tree.body[:tree.magic_from]:
             bound = _defined(node)
@@ -522,8 +499,7 @@ def _current_cells(history, given):
 
 
 def _history_cells(ns, functions, given):
-    """:func:`_current_cells` of ``In`` when one defines one of ``functions``, else None (a plain namespace, or
-    cells run with ``store_history=False`` as nbval runs them)."""
+    """:func:`_current_cells` of ``In`` if one defines one of ``functions``, else None (no notebook, or nbval's)."""
     cells = _current_cells(ns["In"], given) if isinstance(ns.get("In"), list) else []
     return cells if any(names(c, "defined") & set(functions) for c in cells) else None
 
@@ -572,8 +548,7 @@ def in_namespace(ns, functions, patterns, given=()):
     if cells is not None:
         return uses(part_cells(cells, functions), patterns, cells + list(given))
     everything = list(patterns) + _escapes(patterns)
-    found, sources, code, seen = [], [], [], set()
-    todo = [ns.get(name) for name in functions]
+    found, sources, code, seen, todo = [], [], [], set(), [ns.get(name) for name in functions]
     while todo:
         value = todo.pop()
         qualified = f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', None)}"
