@@ -19,7 +19,7 @@ COMMANDS = {
     "generate": ("attnlab.course.generate", "write exercises/ from solutions/ (instructors)"),
     "grade": ("attnlab.grading.commands.grade", "grade exercise notebooks and print a score report"),
     "start": ("attnlab.course.start", "copy the exercises into your own working folder"),
-    "progress": ("attnlab.grading.commands.progress", "show which exercise parts pass in your working folder"),
+    "progress": ("attnlab.course.progress", "show which exercise parts pass in your working folder"),
     "checkpoints": ("attnlab.pretrained", "retrain the small models that ship with the course"),
     "gpt-checkpoint": ("attnlab.capstone", "retrain lesson 09's GPT on the standard library's source"),
 }

@@ -8,7 +8,7 @@ import pytest
 
 from attnlab.cli import main as cli
 from attnlab.course import generate
-from attnlab.grading.commands import progress
+from attnlab.course import progress
 from attnlab.course import find_course
 from attnlab.grading.parts import TABLE, exercises, points
 

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from attnlab.cli import main as cli
-from attnlab.grading.commands import progress
+from attnlab.course import progress
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,7 @@
-"""The course as a checkout: where its exercises/ and solutions/ are, and its tools that are not grading:
-``attnlab generate`` (:mod:`attnlab.course.generate`, instructors), ``attnlab start``
-(:mod:`attnlab.course.start`) and ``hint(part)`` (:mod:`attnlab.course.hints`, text in ``hints/``).
+"""The course as a checkout: where its exercises/ and solutions/ are, and its tools that are not the grader:
+``attnlab generate`` (:mod:`attnlab.course.generate`, instructors); the learner's working folder,
+``attnlab start`` and ``attnlab progress`` (:mod:`attnlab.course.start`, :mod:`attnlab.course.progress`, which
+grades it with ``attnlab grade``); and ``hint(part)`` (:mod:`attnlab.course.hints`, text in ``hints/``).
 
 Where the course's exercises/ and solutions/ are
 ------------------------------------------------

@@ -1,3 +1,3 @@
-"""The grader's commands: ``attnlab grade`` and ``attnlab progress``, and nbgrader's and Gradescope's ends of
-``attnlab grade`` (:mod:`attnlab.grading.commands.nbgrader`). The course's own (``generate``, ``start``) are in
-:mod:`attnlab.course`."""
+"""The grader's command, ``attnlab grade``, and nbgrader's and Gradescope's ends of it
+(:mod:`attnlab.grading.commands.nbgrader`). The course's own commands (``generate``, ``start``, ``progress``,
+which grades a learner's working folder with ``attnlab grade``) are in :mod:`attnlab.course`."""

@@ -25,9 +25,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from attnlab.grading.commands.grade import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT, grade_in_subprocess
 from attnlab.course import add_course_argument
 from attnlab.course.start import DEFAULT_DIR
+from attnlab.grading.commands.grade import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT, grade_in_subprocess
 
 
 def _mark(part):
@@ -47,9 +47,9 @@ def cache_file():
 
 
 def _grader_fingerprint():
-    """A hash of the grader's code: a report made by other checks is not reused."""
+    """A hash of the grader's code and the library its references use: a report made by other checks is not reused."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]  # all of attnlab/grading
+    root = Path(__file__).resolve().parents[1]  # all of attnlab
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
