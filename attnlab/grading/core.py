@@ -247,6 +247,16 @@ def randn(g, *shape, scale=1.0):
     return torch.randn(*shape, generator=g) * scale
 
 
+def table(seed0, rows, build):
+    """A case table: ``build(generator, *row)`` for each row, row i's inputs drawn from :func:`gen` ``(seed0 + i)``."""
+    return [build(gen(seed0 + i), *row) for i, row in enumerate(rows)]
+
+
+def mistakes(make, rows):
+    """Known mistakes from a table: ``Mistake(key, message, make(**change))`` for each row (key, message, change)."""
+    return [Mistake(key, message, make(**change)) for key, message, change in rows]
+
+
 def each_result(learner, name, cases, copy=False, tap=None, grad=None):
     """``(*case, the learner's value)`` for each case [(label, args, kwargs, ...)], all sent in one request (copies
     of the inputs with ``copy``; ``tap``: see :func:`attnlab.grading.sandbox.agent._tapped`; ``grad``: see
