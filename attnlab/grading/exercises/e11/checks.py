@@ -324,10 +324,8 @@ def _lo_sent(pid):
     """(bytes, packets, TCP segments retransmitted or None) so far on the loopback of ``pid``'s network namespace
     (/proc/PID/net/dev and net/snmp), or None when that namespace is this process's own (no sandbox: other traffic
     shares it) or cannot be read."""
-    if pid is None:
-        return None
     try:
-        if os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+        if pid is None or os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net"):
             return None
         try:
             with open(f"/proc/{pid}/net/snmp") as f:
