@@ -1,8 +1,4 @@
-"""Exercise 05_quadratic_cost: its parts and what each may not call (its hints: attnlab/course/hints/).
-
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
+"""Exercise 05_quadratic_cost: its parts and what each may not call (its hints: attnlab/course/hints/)."""
 
 from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part  # noqa: F401
 
@@ -21,6 +17,4 @@ PARTS = [
 ]
 
 # part id -> patterns of what its answer may not call (besides the library and the references)
-FORBIDDEN = {
-    "naive-time-experiment": ATTENTION,
-}
+FORBIDDEN = {"naive-time-experiment": ATTENTION}

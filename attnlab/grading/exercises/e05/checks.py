@@ -1,12 +1,11 @@
-"""The checks of exercise 05_quadratic_cost: one table per graded part (:mod:`attnlab.grading.engine`), in
-``TABLES``."""
+"""The checks of exercise 05_quadratic_cost: one table per graded part (:mod:`attnlab.grading.engine`)."""
 
 import math
 import numbers
 
 import torch
 
-from attnlab.grading.core import Fail, Mistake, each_result, gen as _gen, mismatch, salted_ints
+from attnlab.grading.core import Fail, Mistake, each_result, gen as _gen, mismatch, mistakes, salted_ints
 from attnlab.grading.engine import Function, InTurn, Measured
 from attnlab.grading.exercises.e05 import spec as specs
 
@@ -25,17 +24,12 @@ def _size_cases(with_elem=False):
 
 _PER_HEAD = "this is one head of one sequence: multiply by batch and heads"
 _FLOPS_MISTAKES = [
-    Mistake("multiply-add-once", "a multiply-add counts as 2 FLOPs (or: both matmuls, QK^T and PV, must be counted)",
-            lambda b, h, n, d: b * h * 2 * n * n * d),
-    Mistake("swapped-n-d", "n and d are swapped: each matmul costs 2 n^2 d, quadratic in the sequence length",
-            lambda b, h, n, d: b * h * 4 * n * d * d),
+    Mistake("multiply-add-once", "2 FLOPs per multiply-add, in QK^T and PV", lambda b, h, n, d: b * h * 2 * n * n * d),
+    Mistake("swapped-n-d", "n and d are swapped: each matmul costs 2 n^2 d", lambda b, h, n, d: b * h * 4 * n * d * d),
     Mistake("per-head-only", _PER_HEAD, lambda b, h, n, d: 4 * n * n * d),
-    Mistake("heads-forgotten", "every head does its own two matmuls: multiply by heads too",
-            lambda b, h, n, d: b * 4 * n * n * d),
-    Mistake("batch-forgotten", "every sequence of the batch does the work: multiply by batch too",
-            lambda b, h, n, d: h * 4 * n * n * d),
-    Mistake("softmax-counted", "the softmax is not counted here (only the two matrix products are)",
-            lambda b, h, n, d: b * h * (4 * n * n * d + 5 * n * n)),
+    Mistake("heads-forgotten", "multiply by heads too", lambda b, h, n, d: b * 4 * n * n * d),
+    Mistake("batch-forgotten", "multiply by batch too", lambda b, h, n, d: h * 4 * n * n * d),
+    Mistake("softmax-counted", "count the matmuls only", lambda b, h, n, d: b * h * (4 * n * n * d + 5 * n * n)),
 ]
 
 
@@ -49,29 +43,23 @@ def _steps_with(unit=None, swap=False, per_head=False, **counts):
     return impl
 
 
-_STEP_MISTAKES = [
-    Mistake("elements-not-bytes", "these are elements: multiply by element_size", _steps_with(unit=1)),
-    Mistake("read-write-swapped", "each pair is (bytes read, bytes written), in that order", _steps_with(swap=True)),
-    Mistake("pv-forgets-v", "O = PV reads V (n*d elements) as well as P", _steps_with(pv=lambda n, d: (n * n, n * d))),
-    Mistake("scores-forgets-k", "S = QK^T reads both Q and K (2*n*d elements)",
-            _steps_with(scores=lambda n, d: (n * d, n * n))),
-    Mistake("output-is-n-by-n", "O = PV writes O, (n, d) per head; it is P that is n x n",
-            _steps_with(pv=lambda n, d: (n * n + n * d, n * n))),
-    Mistake("softmax-in-place", "standard attention's softmax reads S from memory and writes P back: n^2 elements "
-            "each way, not zero", _steps_with(softmax=lambda n, d: (0, 0))),
-    Mistake("per-head-only", _PER_HEAD, _steps_with(per_head=True)),
-]
-_TOTAL_MISTAKES = [
-    Mistake("elements-not-bytes", "this counts elements: multiply by element_size",
-            lambda b, h, n, d, es=4: specs.attention_bytes(b, h, n, d, 1)),
-    Mistake("writes-only", "only the writes are counted: S and P are also read back, and Q, K, V read",
-            lambda b, h, n, d, es=4: b * h * (2 * n * n + n * d) * es),
-    Mistake("reads-only", "only the reads are counted: S, P and O are written too",
-            lambda b, h, n, d, es=4: b * h * (2 * n * n + 3 * n * d) * es),
-    Mistake("matrices-only", "only S and P are counted: Q, K, V are read and O written too (4nd elements)",
-            lambda b, h, n, d, es=4: b * h * 4 * n * n * es),
-    Mistake("per-head-only", _PER_HEAD, lambda b, h, n, d, es=4: (4 * n * d + 4 * n * n) * es),
-]
+_STEP_MISTAKES = mistakes(_steps_with, [
+    ("elements-not-bytes", "these are elements: multiply by element_size", {"unit": 1}),
+    ("read-write-swapped", "each pair is (bytes read, bytes written), in that order", {"swap": True}),
+    ("pv-forgets-v", "O = PV reads V (n*d elements) as well as P", {"pv": lambda n, d: (n * n, n * d)}),
+    ("scores-forgets-k", "S = QK^T reads both Q and K (2*n*d elements)", {"scores": lambda n, d: (n * d, n * n)}),
+    ("output-is-n-by-n", "O = PV writes O, (n, d) per head", {"pv": lambda n, d: (n * n + n * d, n * n)}),
+    ("softmax-in-place", "the softmax reads S and writes P: n^2 elements each way", {"softmax": lambda n, d: (0, 0)}),
+    ("per-head-only", _PER_HEAD, {"per_head": True}),
+])
+_TOTAL_MISTAKES = mistakes(lambda nn=4, nd=4, unit=None, heads=True: lambda b, h, n, d, es=4: (
+    (b * h if heads else 1) * (nn * n * n + nd * n * d) * (es if unit is None else unit)), [
+    ("elements-not-bytes", "this counts elements: multiply by element_size", {"unit": 1}),
+    ("writes-only", "only the writes are counted: S and P are read back, and Q, K, V read", {"nn": 2, "nd": 1}),
+    ("reads-only", "only the reads are counted: S, P and O are written too", {"nn": 2, "nd": 3}),
+    ("matrices-only", "only S and P are counted: add Q, K, V read and O written (4nd elements)", {"nd": 0}),
+    ("per-head-only", _PER_HEAD, {"heads": False}),
+])
 _INTENSITY_MISTAKES = [
     Mistake("inverted-ratio", "this is bytes per FLOP: arithmetic intensity is FLOPs / bytes",
             lambda b, h, n, d, es=4: specs.attention_bytes(b, h, n, d, es) / specs.attention_flops(b, h, n, d)),
@@ -84,22 +72,17 @@ _INTENSITY_MISTAKES = [
 
 def _bound_cases():
     i, f, bw = salted_ints(1501, (1, 400), (1, 300), (1, 40))
-    return [("intensity 200 FLOP/B on 100 TFLOP/s and 2 TB/s", (200.0, 100e12, 2e12), {}),
-            ("intensity 10 FLOP/B on 100 TFLOP/s and 2 TB/s", (10.0, 100e12, 2e12), {}),
-            ("intensity 5 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (5.0, 8e12, 0.3e12), {}),
-            ("intensity 40 FLOP/B on 8 TFLOP/s and 0.3 TB/s", (40.0, 8e12, 0.3e12), {}),
-            ("intensity exactly at the ridge point: 50 FLOP/B on 100 TFLOP/s and 2 TB/s", (50.0, 100e12, 2e12), {}),
-            ("intensity 0.5 FLOP/B (a softmax) on 0.2 TFLOP/s and 20 GB/s", (0.5, 0.2e12, 20e9), {}),
-            (f"intensity {i} FLOP/B on {f} TFLOP/s and {bw / 10:g} TB/s", (float(i), f * 1e12, bw * 1e11), {})]
+    return [(f"intensity {i:g} FLOP/B on {p / 1e12:g} TFLOP/s and {w / 1e12:g} TB/s{what}", (i, p, w), {})
+            for i, p, w, what in [(200.0, 100e12, 2e12, ""), (10.0, 100e12, 2e12, ""), (5.0, 8e12, 0.3e12, ""),
+                                  (40.0, 8e12, 0.3e12, ""), (50.0, 100e12, 2e12, ", exactly at the ridge point"),
+                                  (0.5, 0.2e12, 20e9, ", a softmax"), (float(i), f * 1e12, bw * 1e11, "")]]
 
 
 _BOUND_MISTAKES = [
-    Mistake("comparison-flipped", "the comparison is flipped: below the ridge point a kernel is memory-bound",
-            lambda i, p, bw: i > p / bw),
-    Mistake("ridge-inverted", "the ridge point is peak_flops / bandwidth (FLOP per byte), not its inverse",
-            lambda i, p, bw: i < bw / p),
-    Mistake("ridge-inclusive", "at the ridge point itself the kernel reaches peak compute: memory-bound means "
-            "strictly below (intensity < peak_flops / bandwidth)", lambda i, p, bw: i <= p / bw),
+    Mistake("comparison-flipped", "below the ridge point a kernel is memory-bound", lambda i, p, bw: i > p / bw),
+    Mistake("ridge-inverted", "the ridge point is peak_flops / bandwidth", lambda i, p, bw: i < bw / p),
+    Mistake("ridge-inclusive", "memory-bound is strictly below the ridge point: intensity < peak_flops / bandwidth",
+            lambda i, p, bw: i <= p / bw),
 ]
 
 
@@ -117,19 +100,17 @@ def _roofline_sum(costs, p, w):
 
 
 _PREDICT_MISTAKES = [
-    Mistake("no-overlap", "FLOPs and bytes overlap on the roofline: a step takes max(FLOPs / flop_rate, bytes / "
-            "bandwidth), not their sum", _predict_with(lambda c, p, w: sum(f / p + m / w for f, m in c))),
-    Mistake("one-roofline-for-all", "the three steps run one after another, each on its own roofline: sum the "
-            "per-step maxima (one max over the totals would let the softmax's bytes hide behind the matmuls' FLOPs)",
+    Mistake("no-overlap", "a step takes max(FLOPs / flop_rate, bytes / bandwidth), not their sum",
+            _predict_with(lambda c, p, w: sum(f / p + m / w for f, m in c))),
+    Mistake("one-roofline-for-all", "the steps run one after another: sum the per-step maxima, not one max of totals",
             _predict_with(lambda c, p, w: max(sum(f for f, _ in c) / p, sum(m for _, m in c) / w))),
-    Mistake("flops-only", "the bytes are left out: each step also takes at least bytes / bandwidth",
+    Mistake("flops-only", "each step also takes at least bytes / bandwidth",
             _predict_with(lambda c, p, w: sum(f / p for f, _ in c))),
-    Mistake("bytes-only", "the FLOPs are left out: each step also takes at least FLOPs / flop_rate",
+    Mistake("bytes-only", "each step also takes at least FLOPs / flop_rate",
             _predict_with(lambda c, p, w: sum(m / w for _, m in c))),
-    Mistake("elements-not-bytes", "the bytes are counted as elements: multiply by element_size",
-            _predict_with(_roofline_sum, elements=1)),
-    Mistake("softmax-skipped", "the softmax step is missing: it moves 2 n^2 elements per head and takes at least "
-            "that many bytes / bandwidth", _predict_with(_roofline_sum, steps=(0, 2))),
+    Mistake("elements-not-bytes", "multiply the elements by element_size", _predict_with(_roofline_sum, elements=1)),
+    Mistake("softmax-skipped", "the softmax step is missing: it moves 2 n^2 elements per head",
+            _predict_with(_roofline_sum, steps=(0, 2))),
 ]
 
 
@@ -146,8 +127,7 @@ def _predict_cases():
 
 
 # naive-time-experiment: exact from the learner's own timings, and their timings close to the grader's
-FACTOR = 10.0          # a timing passes within FACTOR of the grader's own measurement of the same thing (a busy
-                       # machine slows one run and not the other; a unit mistake is off by 1000)
+FACTOR = 10.0          # a timing within FACTOR of the grader's (a busy machine slows one run; a unit is off by 1000)
 RTOL = 1e-6            # the rates and the prediction follow from the learner's own numbers: exact, up to float32
 SIZES = {"n": 1024, "heads": 2, "d": 64, "repeats": 5}
 NAMES = ("matmul_seconds", "copy_seconds", "flop_rate", "bandwidth", "predicted_seconds", "measured_seconds")
@@ -155,20 +135,15 @@ FLOPS, BYTES = 2 * specs.MATMUL_SIZE ** 3, 2 * specs.COPY_BYTES   # the work of 
 
 
 def _rate_mistakes(work, *miscounts):
-    """Each a wrong rate from the learner's own seconds: ``miscounts`` (key, message, the work it counts), then
-    the rate in giga units and the rate inverted."""
+    """Wrong rates from the learner's own seconds: ``miscounts`` (key, message, the work counted), giga, inverted."""
     return [*(Mistake(key, message, lambda seconds, w=w: w / seconds) for key, message, w in miscounts),
-            Mistake("giga-units", "return rates in FLOP/s and byte/s, not GFLOP/s or GB/s",
-                    lambda seconds: work / seconds / 1e9),
+            Mistake("giga-units", "return FLOP/s and byte/s, not giga", lambda seconds: work / seconds / 1e9),
             Mistake("rate-inverted", "a rate is work / seconds", lambda seconds: seconds / work)]
 
 
-_FLOP_RATE_MISTAKES = _rate_mistakes(FLOPS, ("matmul-flops-once", "a 1024 x 1024 matmul does 1024^3 multiply-adds, "
-                                             "2 * 1024^3 FLOPs", FLOPS / 2))
-_BANDWIDTH_MISTAKES = _rate_mistakes(BYTES, ("copy-counted-once", "a copy reads every byte and writes it: "
-                                             "2 * COPY_BYTES per copy", BYTES / 2),
-                                     ("elements-not-bytes", "COPY_BYTES are bytes: a float32 element is 4 of them",
-                                      BYTES / 4))
+_FLOP_RATE_MISTAKES = _rate_mistakes(FLOPS, ("matmul-flops-once", "a 1024^3 matmul does 2 * 1024^3 FLOPs", FLOPS / 2))
+_BANDWIDTH_MISTAKES = _rate_mistakes(BYTES, ("copy-counted-once", "a copy reads and writes: 2 * COPY_BYTES", BYTES / 2),
+                                     ("elements-not-bytes", "COPY_BYTES are bytes, 4 per float32", BYTES / 4))
 # each the learner's timing, from the grader's own measurement of the same thing, in seconds
 _UNIT_MISTAKES = [Mistake(unit, f"the times are in {unit}{why}: return seconds", lambda seconds, f=f: seconds * f)
                   for unit, why, f in (("milliseconds", "", 1e3), ("microseconds", "", 1e6),
@@ -176,8 +151,7 @@ _UNIT_MISTAKES = [Mistake(unit, f"the times are in {unit}{why}: return seconds",
 
 
 def _differ(got, want, timing=False):
-    """Why ``got`` is not ``want`` (None when it is): the same arithmetic on the same numbers, or for a ``timing``
-    within FACTOR of it either way (their logarithms)."""
+    """Why ``got`` is not ``want`` (None when it is): equal up to RTOL, or a ``timing`` within FACTOR either way."""
     f, rtol, atol = (math.log, 0.0, math.log(FACTOR)) if timing else (float, RTOL, 0.0)
     return mismatch(torch.tensor(f(got), dtype=torch.float64), torch.tensor(f(want), dtype=torch.float64),
                     rtol=rtol, atol=atol)
@@ -199,15 +173,14 @@ def _measure_experiment(learner):
     label = f"seed={seed}, " + ", ".join(f"{k}={v}" for k, v in SIZES.items())
     (*_, result), = each_result(learner, "naive_time_experiment", [(label, (seed,), dict(SIZES))])
     got = _numbers(result)
-
     # exact: the rates from the learner's own timings, the prediction from the learner's own rates
-    for rate, seconds, work, mistakes in (("flop_rate", "matmul_seconds", FLOPS, _FLOP_RATE_MISTAKES),
-                                          ("bandwidth", "copy_seconds", BYTES, _BANDWIDTH_MISTAKES)):
+    for rate, seconds, work, wrong in (("flop_rate", "matmul_seconds", FLOPS, _FLOP_RATE_MISTAKES),
+                                       ("bandwidth", "copy_seconds", BYTES, _BANDWIDTH_MISTAKES)):
         want = work / got[seconds]
         if _differ(got[rate], want):
             raise Fail(f"`naive_time_experiment` ({label}): {rate} is {got[rate]:.6g}, but your own {seconds} "
                        f"({got[seconds]:.6g} s) gives {want:.6g}",
-                       [m for m in mistakes if not _differ(got[rate], m.impl(got[seconds]))])
+                       [m for m in wrong if not _differ(got[rate], m.impl(got[seconds]))])
     args = (1, SIZES["heads"], SIZES["n"], SIZES["d"], got["flop_rate"], got["bandwidth"])
     want = specs.predict_naive_time(*args)
     if _differ(got["predicted_seconds"], want):

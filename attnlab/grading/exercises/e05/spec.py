@@ -1,8 +1,4 @@
-"""The references of exercise 05_quadratic_cost: what the grader compares the learner's answers with.
-
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. Every count is
-the library's IO model (``attnlab.iomodel``: standard attention as Dao et al. 2022, Algorithm 0, three kernels).
-"""
+"""The references of exercise 05_quadratic_cost (empty in the sandbox): ``attnlab.iomodel``'s counts, three kernels."""
 
 from attnlab import iomodel
 
@@ -31,26 +27,20 @@ def arithmetic_intensity(batch, heads, n, d, element_size=4):
     return iomodel.standard_forward_io(batch, heads, n, d=d, bytes_per_element=element_size).arithmetic_intensity
 
 
-def _machine(peak_flops, bandwidth):
-    return iomodel.Machine("the learner's", peak_flops, bandwidth, 0, 1)
-
-
 def is_memory_bound(intensity, peak_flops, bandwidth):
     """True when work of this intensity (FLOP/byte) sits left of the ridge point peak_flops / bandwidth."""
-    return iomodel.roofline(intensity, 1.0, machine=_machine(peak_flops, bandwidth)).bound == "memory"
+    return iomodel.roofline(intensity, 1.0, machine=iomodel.Machine("", peak_flops, bandwidth, 0, 1)).bound == "memory"
 
 
 def predict_naive_time(batch, heads, n, d, flop_rate, bandwidth, element_size=4):
-    """Seconds of naive attention predicted by the roofline, step by step: the sum over S = QK^T, softmax, O = PV
-    of max(FLOPs / flop_rate, bytes / bandwidth) (the softmax's FLOPs counted as 0)."""
+    """The roofline's seconds, step by step: sum over the three steps of max(FLOPs / flop_rate, bytes / bandwidth)."""
     io = iomodel.standard_forward_io(batch, heads, n, d=d, bytes_per_element=element_size)
-    machine = _machine(flop_rate, bandwidth)
+    machine = iomodel.Machine("", flop_rate, bandwidth, 0, 1)
     return sum(iomodel.roofline(part, machine=machine).time_s for part in io.parts.values())
 
 
 def measure(seed, n, heads, d, repeats):
-    """The grader's own (matmul seconds, copy seconds, naive attention seconds): each the fastest of ``repeats``
-    runs after a warm-up, float32 on the CPU, one thread."""
+    """The grader's (matmul, copy, naive attention) seconds: the fastest of ``repeats`` runs, float32, one thread."""
     import torch
 
     from attnlab.attention import naive_attention
