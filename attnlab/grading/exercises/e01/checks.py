@@ -6,7 +6,7 @@ from functools import lru_cache
 import torch
 
 from attnlab.attention import padding_mask
-from attnlab.grading.core import Fail, Mistake, diagnose, each_result, gen as _gen, mismatch, randn as _randn
+from attnlab.grading.core import Fail, Mistake, diagnose, each_result, gen as _gen, mismatch, mistakes, randn as _randn
 from attnlab.grading.engine import Function, Measured
 from attnlab.grading.exercises.e01 import spec as specs
 
@@ -166,7 +166,7 @@ def _crossing_with(seed=None, steps=None, shift=0, scale=1.0, flip=False):
     return impl
 
 
-_CROSSING_MISTAKES = [Mistake(key, message, _crossing_with(**wrong)) for key, message, wrong in [
+_CROSSING_MISTAKES = mistakes(_crossing_with, [
     ("masses-swapped", "the two numbers are the wrong way round: return (crossed, straight), the crossed mass first "
      "(noun row on the noun, adjective row on the adjective)", {"flip": True}),
     ("rows-off-by-one", "the rows are shifted by one: row i of the recorded weights is French word i (the step that "
@@ -178,7 +178,7 @@ _CROSSING_MISTAKES = [Mistake(key, message, _crossing_with(**wrong)) for key, me
     ("steps-ignored", f"the run trained 250 steps whatever `steps` said (the grader asked for {CHECK_STEPS}): pass "
      "`steps` on to the training", {"steps": 250}),
     ("seed-ignored", "the run did not start from `seed` (it matches seed 0): seed the model's weights "
-     "(deterministic(seed, ...)) and the batch order (torch.Generator().manual_seed(seed))", {"seed": 0})]]
+     "(deterministic(seed, ...)) and the batch order (torch.Generator().manual_seed(seed))", {"seed": 0})])
 
 
 def _measure_crossing(learner):

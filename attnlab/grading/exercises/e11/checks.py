@@ -15,7 +15,7 @@ from attnlab import iomodel
 from attnlab.distributed import attention_lse, shard
 from attnlab.distributed import group as ranks
 from attnlab.grading.core import (Fail, Mistake, clone, case_line, diagnose, each_result, gen as _gen, mismatch,
-                                  present, randn as _randn, salted_ints, value_of)
+                                  mistakes, present, randn as _randn, salted_ints, value_of)
 from attnlab.grading.engine import Function, Measured, run
 from attnlab.grading.exercises.e11 import spec as specs
 
@@ -60,7 +60,7 @@ def _merge_with(shifted=True, weights="share", lse="logaddexp", guard=True, swap
     return impl
 
 
-_MERGE_MISTAKES = [Mistake(key, message, _merge_with(**wrong)) for key, message, wrong in [
+_MERGE_MISTAKES = mistakes(_merge_with, [
     ("mean-of-partials", "the two partial outputs are averaged: each weighs by its share of the softmax mass, "
      "exp(L_i - L)", {"weights": "mean"}),
     ("exp-overflows", "exp(L) is taken without subtracting the max of L1 and L2: log-sum-exps in the hundreds "
@@ -71,7 +71,7 @@ _MERGE_MISTAKES = [Mistake(key, message, _merge_with(**wrong)) for key, message,
      "and L = -inf there", {"guard": False}),
     ("not-normalised", "the weights exp(L_i - M) are not divided by their sum (use exp(L_i - L))",
      {"weights": "unnormalised"}),
-    ("weights-swapped", "O1 is weighed by shard 2's share and O2 by shard 1's", {"swap": True})]]
+    ("weights-swapped", "O1 is weighed by shard 2's share and O2 by shard 1's", {"swap": True})])
 
 
 # ----------------------------------------------------------------------------- shard-positions
@@ -96,7 +96,7 @@ def _positions_with(late=-1, chunks=2, late_first=False, zigzag=True, strided=Fa
     return impl
 
 
-_SHARD_MISTAKES = [Mistake(key, message, _positions_with(**wrong)) for key, message, wrong in [
+_SHARD_MISTAKES = mistakes(_positions_with, [
     ("late-chunk-off-by-one", "the late chunk is 2P - r: rank r holds chunks r and 2P - 1 - r (rank 0 gets the "
      "last chunk, 2P - 1)", {"late": 0}),
     ("late-chunk-shifted", "the late chunk is r + P: that gives every rank the same shape of work only without a "
@@ -108,7 +108,7 @@ _SHARD_MISTAKES = [Mistake(key, message, _positions_with(**wrong)) for key, mess
     ("layout-ignored", "the zigzag layout gives the contiguous shard: layout='zigzag' holds two chunks",
      {"zigzag": False}),
     ("contiguous-strided", "the contiguous shard is every P-th position (r, r + P, ...): it is one block, "
-     "r n/P .. (r + 1) n/P - 1", {"strided": True})]]
+     "r n/P .. (r + 1) n/P - 1", {"strided": True})])
 
 
 # ----------------------------------------------------------------------------- ring-schedule
@@ -135,7 +135,7 @@ def _schedule_with(direction=-1, diagonal=1, past=2, future=0, zigzag=True, tran
     return impl
 
 
-_SCHEDULE_MISTAKES = [Mistake(key, message, _schedule_with(**wrong)) for key, message, wrong in [
+_SCHEDULE_MISTAKES = mistakes(_schedule_with, [
     ("ring-turns-the-wrong-way", "at step t rank r holds rank (r + t)'s shard: shards travel to the next rank, so "
      "what r holds came from (r - t) % P", {"direction": 1}),
     ("diagonal-as-full", "a diagonal block (a == b) is full: its queries see only the keys up to themselves "
@@ -147,7 +147,7 @@ _SCHEDULE_MISTAKES = [Mistake(key, message, _schedule_with(**wrong)) for key, me
     ("layout-ignored", "the zigzag layout is treated as contiguous: a zigzag rank holds chunks r and 2P - 1 - r, a "
      "(2, 2) table", {"zigzag": False}),
     ("table-transposed", "rows are the key chunks: rows are the rank's query chunks, columns the held shard's key "
-     "chunks", {"transpose": True})]]
+     "chunks", {"transpose": True})])
 
 
 # ----------------------------------------------------------------------------- ring-forward
@@ -193,7 +193,7 @@ def _step_with(schedule=specs.ring_schedule, merge="rescale", sends="k+v", scale
     return impl
 
 
-_RING_MISTAKES = [Mistake(key, message, _step_with(**wrong)) for key, message, wrong in [
+_RING_MISTAKES = mistakes(_step_with, [
     ("ring-turns-the-wrong-way", "the held shard is taken as rank (rank + step)'s: it came from the left, src = "
      "(rank - step) % P, and the causal decisions depend on which chunks it holds",
      {"schedule": _schedule_with(direction=1)}),
@@ -211,7 +211,7 @@ _RING_MISTAKES = [Mistake(key, message, _step_with(**wrong)) for key, message, w
      "rank sends P - 1 times", {"sends": "every-step"}),
     ("sends-k-only", "only the keys' bytes are counted: the rank forwards its K and its V shard", {"sends": "k"}),
     ("layout-ignored", "the zigzag layout is treated as contiguous: a zigzag shard is two chunks, r and 2P - 1 - r, "
-     "and the causal blocks are decided chunk by chunk", {"schedule": _schedule_with(zigzag=False)})]]
+     "and the causal blocks are decided chunk by chunk", {"schedule": _schedule_with(zigzag=False)})])
 
 
 def _measure_ring(learner):
@@ -297,7 +297,7 @@ def _ring_with(direction=-1, causal_kept=True, layout_kept=True, rotate=True, re
     return impl
 
 
-_GROUP_MISTAKES = [Mistake(key, message, _ring_with(**wrong)) for key, message, wrong in [
+_GROUP_MISTAKES = mistakes(_ring_with, [
     ("sent-to-the-previous-rank", "the shards go to the previous rank (and come from the next): at step t rank r "
      "then holds rank (r + t) % P's shard while its ring_step computes the causal blocks of rank (r - t) % P's. "
      "Send to (rank + 1) % P, receive from (rank - 1) % P", {"direction": 1}),
@@ -310,7 +310,7 @@ _GROUP_MISTAKES = [Mistake(key, message, _ring_with(**wrong)) for key, message, 
     ("computes-after-the-swap", "each step computes with the shard it has just received: wait on the requests and "
      "swap the buffers *after* ring_step, so that step t computes with the shard held at step t (its own at step "
      "0); computed after the swap, the rank's own shard is never used and the last one twice",
-     {"received_first": True})]]
+     {"received_first": True})])
 
 _DEADLOCK = Mistake("ranks-hung", "a rank waited for a transfer that never came (a deadlock): every isend needs "
                     "the matching irecv on its peer. Send to (rank + 1) % P and receive from (rank - 1) % P, post a "
@@ -434,7 +434,7 @@ def _bytes_with(ring="2(P-1)", ulysses="4", keep=True, transpose=False, kv="righ
     return impl
 
 
-_BYTES_MISTAKES = [Mistake(key, message, _bytes_with(**wrong)) for key, message, wrong in [
+_BYTES_MISTAKES = mistakes(_bytes_with, [
     ("ring-sends-every-step", "the ring row counts P sends per rank: the last step forwards nothing, 2 (P - 1) "
      "shards of K and V", {"ring": "2P"}),
     ("ring-k-only", "the ring row counts only the keys: each step forwards K and V", {"ring": "P-1"}),
@@ -451,7 +451,7 @@ _BYTES_MISTAKES = [Mistake(key, message, _bytes_with(**wrong)) for key, message,
      "the output keep every head)", {"kv": "ignored"}),
     ("kv-heads-not-replicated", "with fewer KV heads than ranks, K (and V) was cut into kv_heads pieces (what "
      ".chunk(P, dim=1) gives then): every other rank still needs the KV head its query heads share, one head of "
-     "(n/P) positions to each of the P - 1 others", {"kv": "not-replicated"})]]
+     "(n/P) positions to each of the P - 1 others", {"kv": "not-replicated"})])
 
 
 def _bytes_cases():
