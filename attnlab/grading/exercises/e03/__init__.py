@@ -1,10 +1,6 @@
-"""Exercise 03_scaled_dot_product: its parts and what each may not call (its hints: attnlab/course/hints/).
+"""Exercise 03_scaled_dot_product: its parts and what each may not call (layout: attnlab/grading/exercises/)."""
 
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
-
-from attnlab.grading.exercises import ATTENTION, AUTOGRAD, BLOCK_MASKS, SOFTMAX, Part  # noqa: F401
+from attnlab.grading.exercises import ATTENTION, AUTOGRAD, SOFTMAX, Part
 
 EXERCISE = "03_scaled_dot_product"
 

@@ -1,11 +1,10 @@
-"""The checks of exercise 03_scaled_dot_product: one table per graded part (:mod:`attnlab.grading.engine`), in
-``TABLES``; the case builders and mistake factories first, then the parts' data."""
+"""The checks of exercise 03_scaled_dot_product: one table per graded part (:mod:`attnlab.grading.engine`)."""
 
 import math
 
 import torch
 
-from attnlab.grading.core import Fail, Mistake, diagnose, each_result, gen, mismatch, randn, salted_ints
+from attnlab.grading.core import Fail, Mistake, diagnose, each_result, gen, mismatch, mistakes, randn, salted_ints
 from attnlab.grading.engine import Function, InTurn, Measured
 from attnlab.grading.exercises.e03 import spec as specs
 
@@ -27,8 +26,6 @@ def _softmax_cases():
 
 
 def _softmax_with(shift=lambda x, dim: x.amax(dim=dim, keepdim=True), axis=None, keepdim=True):
-    """The softmax with one thing changed (a known mistake): what exp's argument is shifted by, the axis (``axis``
-    in place of ``dim``), or the sum's keepdim."""
     def impl(x, dim=-1):
         dim = dim if axis is None else axis
         e = torch.exp(x - shift(x, dim))
@@ -37,16 +34,13 @@ def _softmax_with(shift=lambda x, dim: x.amax(dim=dim, keepdim=True), axis=None,
 
 
 def _backward_cases():
-    g = gen(550)
-    cases = []
-    for shape, dim, spread, note in [
-            ((5, 5), -1, 1.0, " (square)"), ((4, 6), -1, 1.0, ""), ((2, 3, 5), 1, 1.0, ""),
-            ((2, 2, 3, 7), -1, 2.0, ": attention weights (B, H, Nq, Nk)"), ((5, 3), 0, 1.0, ""),
-            ((3, 8), -1, 30.0, ", saturated rows (scores ~30: p nearly one-hot)")]:
-        p = specs.softmax(randn(g, *shape, scale=spread), dim=dim)
-        cases.append((f"p and dp of shape {shape}, dim={dim}{note}", (p, randn(g, *shape)),
-                      {} if dim == -1 else {"dim": dim}))
-    return cases
+    g = gen(550)   # one generator: p, then dp, case after case
+    return [(f"p and dp of shape {shape}, dim={dim}{note}", (specs.softmax(randn(g, *shape, scale=spread), dim=dim),
+                                                             randn(g, *shape)), {} if dim == -1 else {"dim": dim})
+            for shape, dim, spread, note in [
+                ((5, 5), -1, 1.0, " (square)"), ((4, 6), -1, 1.0, ""), ((2, 3, 5), 1, 1.0, ""),
+                ((2, 2, 3, 7), -1, 2.0, ": attention weights (B, H, Nq, Nk)"), ((5, 3), 0, 1.0, ""),
+                ((3, 8), -1, 30.0, ", saturated rows (scores ~30: p nearly one-hot)")]]
 
 
 def _qkv(seed, b, h, nq, nk, d, dv, scale=1.0):
@@ -64,7 +58,6 @@ def _sdpa_cases():
 
 
 def _sdpa_with(scale_fn=lambda d, dv: d ** -0.5, dim=-1, softmax=torch.softmax, honour_scale=True, outside=False):
-    """The spec with one thing changed (a known mistake); ``scale_fn(d, dv)``: the scale when none is given."""
     def impl(q, k, v, scale=None):
         sc = scale if (scale is not None and honour_scale) else scale_fn(q.shape[-1], v.shape[-1])
         if outside:
@@ -74,14 +67,12 @@ def _sdpa_with(scale_fn=lambda d, dv: d ** -0.5, dim=-1, softmax=torch.softmax, 
 
 
 def _sizes():
-    """dims and n_pairs from the grader's secret salt: a table of numbers written in advance (the textbook's d
-    and 1 included) cannot match a run the notebook never saw."""
+    """dims and n_pairs from the grader's secret salt: numbers written in advance cannot match a run never seen."""
     *dims, n_pairs = salted_ints(700, (2, 12), (13, 60), (61, 250), (251, 700), (3000, 12000))
     return dims, n_pairs
 
 
 def _experiment_with(score=lambda q, k: (q * k).sum(dim=-1), stat=torch.var, divide=math.sqrt, same_draw=False):
-    """The experiment, by the recipe, with one thing changed (a known mistake)."""
     def impl(dims, n_pairs=8192, seed=0):
         g = torch.Generator().manual_seed(seed)
         rows = []
@@ -94,14 +85,13 @@ def _experiment_with(score=lambda q, k: (q * k).sum(dim=-1), stat=torch.var, div
 
 
 def _table(got, seed, dims):
-    """The learner's table as float64, or Fail (wrong-structure) when it is not a finite (len(dims), 2) one."""
     try:
         t = torch.as_tensor(got, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
         t = None
-    if t is None or tuple(t.shape) != (len(dims), 2) or not torch.isfinite(t).all():
-        what = (type(got).__name__ if t is None else f"shape {tuple(t.shape)}" if tuple(t.shape) != (len(dims), 2)
-                else f"{t.tolist()}: NaN or inf")
+    what = (type(got).__name__ if t is None else f"shape {tuple(t.shape)}" if tuple(t.shape) != (len(dims), 2)
+            else None if torch.isfinite(t).all() else f"{t.tolist()}: NaN or inf")
+    if what:
         raise Fail(f"`score_variance` (seed={seed}) returned {what}, expected a finite table of shape "
                    f"({len(dims)}, 2) for dims={dims}", [M_STRUCTURE])
     return t
@@ -112,8 +102,7 @@ def _rows(t, dims):
 
 
 def _measure_variance(learner):
-    """Three calls (a seed, the same seed again, another seed) on salted sizes; each seed's table must be the
-    grader's run of the recipe on the same draws, to round-off."""
+    """Three calls (a seed, the same again, another); each table must be the grader's run on the same draws."""
     name = "score_variance"
     dims, n_pairs = _sizes()
     seed, other = (int(s) for s in torch.randint(0, 2**31 - 1, (2,), generator=gen(701)))
@@ -129,9 +118,8 @@ def _measure_variance(learner):
                 [M_SEED_IGNORED] if same_seed_differs else
                 [M_SEED_FIXED] if mismatch(tables[2], tables[0], rtol=1e-9, atol=0.0) is None else [M_DRAWS])
             raise Fail(f"`{name}` (dims={dims}, n_pairs={n_pairs}, seed={kwargs['seed']}) is not the grader's run of "
-                       f"the recipe on the same draws (only round-off is accepted): {why}"
-                       f"\n    yours [Var(raw), Var(scaled)]: {_rows(t, dims)}\n    the grader's: {_rows(want, dims)}",
-                       found)
+                       f"the recipe on the same draws (only round-off is accepted): {why}\n    yours [Var(raw), "
+                       f"Var(scaled)]: {_rows(t, dims)}\n    the grader's: {_rows(want, dims)}", found)
     if same_seed_differs:
         raise Fail(f"`{name}`: two calls with seed={seed} gave different numbers\n    first:  {_rows(tables[0], dims)}"
                    f"\n    second: {_rows(tables[1], dims)}", [M_SEED_IGNORED])
@@ -142,76 +130,63 @@ def _measure_variance(learner):
             f"within {RTOL:g}): Var(q.k) grows as d^{slope:.2f}, Var(q.k/sqrt(d)) stays in [{lo:.3f}, {hi:.3f}]")
 
 
-_SOFTMAX_MISTAKES = [Mistake(key, message, _softmax_with(**change)) for key, message, change in [
-    ("no-max-subtraction", "exp overflows on large logits: subtract each row's max before exp",
-     {"shift": lambda x, dim: 0.0}),
+_SOFTMAX_MISTAKES = mistakes(_softmax_with, [
+    ("no-max-subtraction", "exp overflows on large logits: subtract each row's max", {"shift": lambda x, dim: 0.0}),
     ("wrong-axis", "the softmax ignores `dim` (it always normalises the last axis)", {"axis": -1}),
     ("wrong-axis", "the softmax normalises over the wrong axis", {"axis": 0}),
-    ("global-max", "the max is taken over the whole tensor, not each row: rows far below it underflow to 0/0",
+    ("global-max", "the max is over the whole tensor: take each row's, or rows far below it give 0/0",
      {"shift": lambda x, dim: x.max()}),
-    *[("missing-keepdim", "a reduction lost its axis: use keepdim=True in amax and sum so that the result "
-       "broadcasts along `dim`", {"shift": lambda x, dim: x.amax(dim=dim), "keepdim": keep}) for keep in (True, False)],
-    ("mean-not-max", "the mean is subtracted: exp still overflows when one logit is far above the mean; subtract the "
-     "max", {"shift": lambda x, dim: x.mean(dim=dim, keepdim=True)}),
-    ("max-wrong-axis", "the max is taken along the last axis but the sum along `dim`: take both along `dim`",
-     {"shift": lambda x, dim: x.amax(dim=-1, keepdim=True)})]]
+    *[("missing-keepdim", "use keepdim=True in amax and sum, so that they broadcast along `dim`",
+       {"shift": lambda x, dim: x.amax(dim=dim), "keepdim": keep}) for keep in (True, False)],
+    ("mean-not-max", "subtract the max, not the mean: exp overflows when one logit is far above the mean",
+     {"shift": lambda x, dim: x.mean(dim=dim, keepdim=True)}),
+    ("max-wrong-axis", "the max is along the last axis, the sum along `dim`: take both along `dim`",
+     {"shift": lambda x, dim: x.amax(dim=-1, keepdim=True)})])
 _BACKWARD_MISTAKES = [
-    Mistake("missing-rowsum", "only the diagonal term p * dp: the softmax couples every entry of a row, subtract "
-            "each row's sum of dp * p (ds = p * (dp - rowsum(dp * p)))", lambda p, dp, dim=-1: p * dp),
-    Mistake("diagonal-only", "this is p (1 - p) dp, the Jacobian's diagonal alone: the off-diagonal entries "
-            "-p_i p_j also carry gradient", lambda p, dp, dim=-1: p * (1 - p) * dp),
-    Mistake("unweighted-rowsum", "the row sum must weight dp by p: rowsum(dp * p), not rowsum(dp)",
+    Mistake("missing-rowsum", "p * dp misses the coupling within a row: ds = p * (dp - rowsum(dp * p))",
+            lambda p, dp, dim=-1: p * dp),
+    Mistake("diagonal-only", "p (1 - p) dp is the Jacobian's diagonal alone: the terms -p_i p_j carry gradient too",
+            lambda p, dp, dim=-1: p * (1 - p) * dp),
+    Mistake("unweighted-rowsum", "weight the row sum by p: rowsum(dp * p), not rowsum(dp)",
             lambda p, dp, dim=-1: p * (dp - dp.sum(dim, keepdim=True))),
-    Mistake("missing-p-factor", "the whole bracket is multiplied by p: ds = p * (dp - rowsum(dp * p))",
+    Mistake("missing-p-factor", "multiply the whole bracket by p: ds = p * (dp - rowsum(dp * p))",
             lambda p, dp, dim=-1: dp - (dp * p).sum(dim, keepdim=True)),
     Mistake("wrong-sign", "the sign is flipped: ds = p * (dp - rowsum(dp * p))",
             lambda p, dp, dim=-1: p * ((dp * p).sum(dim, keepdim=True) - dp)),
     Mistake("wrong-axis", "the row sum ignores `dim` (it always sums the last axis)",
             lambda p, dp, dim=-1: p * (dp - (dp * p).sum(-1, keepdim=True))),
-    Mistake("missing-keepdim", "the row sum lost its axis: use keepdim=True so that it broadcasts along `dim`",
+    Mistake("missing-keepdim", "use keepdim=True in the row sum, so that it broadcasts along `dim`",
             lambda p, dp, dim=-1: p * (dp - (dp * p).sum(dim=dim)))]
-_SDPA_MISTAKES = [
-    Mistake("scale-forgotten", "the 1/sqrt(d) scale is forgotten", _sdpa_with(lambda d, dv: 1.0)),
-    Mistake("scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)", _sdpa_with(lambda d, dv: 1 / d)),
-    Mistake("scale-uses-dv", "the scale uses v's dimension; it is 1/sqrt(d) with d the dimension of q and k "
-            "(q.shape[-1])", _sdpa_with(lambda d, dv: dv ** -0.5)),
-    Mistake("scale-outside-softmax", "the scale multiplies the output; it divides the scores, inside the softmax",
-            _sdpa_with(outside=True)),
-    Mistake("wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)", _sdpa_with(dim=-2)),
-    Mistake("scale-ignored", "an explicit `scale` argument is ignored", _sdpa_with(honour_scale=False)),
-    Mistake("no-max-subtraction", "exp overflows on large logits: use a softmax that subtracts the max",
-            _sdpa_with(softmax=_softmax_with(shift=lambda x, dim: 0.0)))]
+_SDPA_MISTAKES = mistakes(_sdpa_with, [
+    ("scale-forgotten", "the 1/sqrt(d) scale is forgotten", {"scale_fn": lambda d, dv: 1.0}),
+    ("scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)", {"scale_fn": lambda d, dv: 1 / d}),
+    ("scale-uses-dv", "the scale is 1/sqrt(q.shape[-1]), not v's dimension", {"scale_fn": lambda d, dv: dv ** -0.5}),
+    ("scale-outside-softmax", "scale the scores inside the softmax, not the output", {"outside": True}),
+    ("wrong-axis", "the softmax must run over the keys (dim=-1)", {"dim": -2}),
+    ("scale-ignored", "an explicit `scale` argument is ignored", {"honour_scale": False}),
+    ("no-max-subtraction", "exp overflows on large logits: use a softmax that subtracts the max",
+     {"softmax": _softmax_with(shift=lambda x, dim: 0.0)})])
 _VARIANCE_MISTAKES = [
-    Mistake("theory-not-measured", "these are the textbook's values (d and 1), not a measurement: run the recipe on "
-            "the draws of the given seed; only the grader's run of the same draws is accepted",
+    Mistake("theory-not-measured", "these are the textbook's values (d and 1): run the recipe on the seed's draws",
             lambda dims, n_pairs=8192, seed=0: torch.tensor([[float(d), 1.0] for d in dims])),
-    Mistake("biased-variance", "the variance divides by n_pairs; torch.var (the unbiased default) divides by "
-            "n_pairs - 1", _experiment_with(stat=lambda x: x.var(correction=0))),
-    Mistake("divided-by-d", "the scaled scores are divided by d; divide by sqrt(d)", _experiment_with(divide=float)),
-    Mistake("scaled-wrong-way", "the scaled scores are multiplied by sqrt(d); divide by it",
-            _experiment_with(divide=lambda d: d ** -0.5)),
-    Mistake("std-not-var", "these are standard deviations; the experiment measures variances (torch.var)",
-            _experiment_with(stat=torch.std)),
-    Mistake("mean-not-var", "these are means (about 0); the experiment measures variances (torch.var)",
-            _experiment_with(stat=torch.mean)),
-    Mistake("summed-over-pairs", "the sum runs over the pairs (dim=0); a dot product sums the d features of one "
-            "pair (dim=-1)", _experiment_with(score=lambda q, k: (q * k).sum(dim=0))),
-    Mistake("no-sum", "the products q_i k_i are not summed: a score is the dot product, the sum over the d "
-            "features", _experiment_with(score=lambda q, k: (q * k).flatten())),
-    *[Mistake("same-draw", "k is q (or q . q): draw k independently of q; |q|^2 has variance 2d, not d", impl)
-      for impl in (_experiment_with(same_draw=True), _experiment_with(score=lambda q, k: (q * q).sum(dim=-1)))]]
+    *mistakes(_experiment_with, [
+        ("biased-variance", "torch.var's default divides by n_pairs - 1", {"stat": lambda x: x.var(correction=0)}),
+        ("divided-by-d", "the scaled scores are divided by d; divide by sqrt(d)", {"divide": float}),
+        ("scaled-wrong-way", "divide the scaled scores by sqrt(d), not multiply", {"divide": lambda d: d ** -0.5}),
+        ("std-not-var", "these are standard deviations; measure variances (torch.var)", {"stat": torch.std}),
+        ("mean-not-var", "these are means (about 0); measure variances (torch.var)", {"stat": torch.mean}),
+        ("summed-over-pairs", "a dot product sums the d features of one pair (dim=-1), not the pairs (dim=0)",
+         {"score": lambda q, k: (q * k).sum(dim=0)}),
+        ("no-sum", "a score sums q_i k_i over the d features", {"score": lambda q, k: (q * k).flatten()}),
+        *[("same-draw", "draw k independently of q: |q|^2 has variance 2d, not d", change)
+          for change in ({"same_draw": True}, {"score": lambda q, k: (q * q).sum(dim=-1)})]])]
 # what only the three calls together show: the table's structure, its seed, its draws
-M_STRUCTURE = Mistake("wrong-structure", "return a float tensor of shape (len(dims), 2): row i holds "
-                      "[variance of the raw scores, variance of the scaled scores] at d = dims[i]", None)
-M_SEED_IGNORED = Mistake("seed-ignored", "the same seed gives different numbers: draw q and k from "
-                         "torch.Generator().manual_seed(seed) (generator=g), not from the global random state", None)
-M_SEED_FIXED = Mistake("seed-fixed", "two different seeds give the same numbers: seed the Generator with the "
-                       "`seed` argument, not a constant", None)
-M_DRAWS = Mistake("other-draws", "your numbers are a measurement, but not of the draws the recipe makes from the "
-                  "seed: one Generator seeded once, then for each d in order q before k, each "
-                  "torch.randn(n_pairs, d, generator=g) (float32), and row i of q with row i of k", None)
+M_STRUCTURE = Mistake("wrong-structure", "return a float (len(dims), 2) tensor, row i [Var(raw), Var(scaled)]", None)
+M_SEED_IGNORED = Mistake("seed-ignored", "draw from torch.Generator().manual_seed(seed), not the global state", None)
+M_SEED_FIXED = Mistake("seed-fixed", "seed the Generator with the `seed` argument, not a constant", None)
+M_DRAWS = Mistake("other-draws", "not the recipe's draws: one Generator seeded once, then for each d in order q "
+                  "before k, each torch.randn(n_pairs, d, generator=g) (float32), row i of q with row i of k", None)
 
-# stable-softmax and scaled-attention: the float32 cases, then the float16 ones within a looser tolerance
 TABLES = {
     "stable-softmax": InTurn(
         "{n} cases match the spec, including large logits, far-apart rows, -inf entries and float16",
@@ -221,8 +196,7 @@ TABLES = {
              (randn(gen(501), 4, 8, scale=4.0).index_fill(1, torch.tensor([0]), 15.0).half(),), {})],
              _SOFTMAX_MISTAKES, rtol=1e-2, atol=1e-3))),
     "softmax-backward": Function("softmax_backward", specs.softmax_backward, _backward_cases, _BACKWARD_MISTAKES,
-                                 says="{n} cases match autograd through the softmax, including saturated rows and "
-                                      "dim != -1"),
+                                 says="{n} cases match autograd through the softmax (saturated rows, dim != -1)"),
     "scaled-attention": InTurn(
         "{n} cases match the spec, with dv != d, an explicit scale, large logits and float16",
         (Function("scaled_dot_product_attention", specs.scaled_dot_product_attention, _sdpa_cases, _SDPA_MISTAKES),

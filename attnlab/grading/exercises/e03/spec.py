@@ -1,7 +1,5 @@
-"""The references of exercise 03_scaled_dot_product (never shown in the exercise; an empty file in the sandbox where
-``attnlab grade`` runs a notebook). The maths has one home, the library: the softmax and attention delegate to
-``attnlab.attention``, the softmax's backward is autograd through its softmax.
-"""
+"""The references of exercise 03_scaled_dot_product (never shown in the exercise; empty in the grader's sandbox): the
+softmax and attention are ``attnlab.attention``'s, the softmax's backward is autograd through its softmax."""
 
 import math
 
@@ -33,8 +31,7 @@ def score_variance(dims, n_pairs=8192, seed=0):
     g = torch.Generator().manual_seed(seed)
     rows = []
     for d in dims:
-        q = torch.randn(n_pairs, d, generator=g)
-        k = torch.randn(n_pairs, d, generator=g)
+        q, k = (torch.randn(n_pairs, d, generator=g) for _ in "qk")   # q drawn first
         raw = (q * k).sum(dim=-1)                  # (n_pairs,) one dot product per pair
         rows.append(torch.stack([raw.var(), (raw / math.sqrt(d)).var()]))
     return torch.stack(rows)
