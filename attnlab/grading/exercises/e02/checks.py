@@ -1,6 +1,6 @@
-"""The checks of exercise 02_queries_keys_values: one table per graded part (:mod:`attnlab.grading.engine`), in
-``TABLES``."""
+"""The checks of exercise 02_queries_keys_values: one table per graded part (attnlab.grading.engine), in TABLES."""
 
+import itertools
 import math
 
 import torch
@@ -20,8 +20,7 @@ def _qkv(g, b, h, nq, nk, d, dv, scale=1.0):
 
 
 def _mistakes(make, table):
-    """A Mistake per row (key, message, change): ``make(**change)``, and again with zeros for NaN in the weights (a
-    row with no key), unless the row ends in "once" (the two are one, or the NaN is the mistake)."""
+    """core.mistakes, each row also with NaN weights zeroed (a row with no key) unless it ends in "once"."""
     return [Mistake(key, message, make(**change, **fix)) for key, message, change, *once in table
             for fix in ([{}] if once else [{}, {"fix": lambda p: torch.nan_to_num(p, nan=0.0)}])]
 
@@ -37,19 +36,17 @@ def _padding_cases():
 
 
 _PADDING_MISTAKES = [Mistake(*row) for row in [
-    ("off-by-one", "off by one: position j is real when j < length (j = 0 .. length-1), not j <= length",
+    ("off-by-one", "off by one: position j is real when j < length, not j <= length",
      lambda lengths, n: torch.arange(n)[None, :] <= lengths[:, None]),
-    ("inverted", "the mask is inverted: True must mark real tokens (attend), False padding",
+    ("inverted", "the mask is inverted: True marks real tokens, False padding",
      lambda lengths, n: torch.arange(n)[None, :] >= lengths[:, None]),
-    *[("not-bool", "the mask should be a bool tensor (True = real token), not numbers",
-       lambda lengths, n, dtype=dtype: specs.padding_mask(lengths, n).to(dtype))
-      for dtype in (torch.float, torch.long)],
-    ("max-len-ignored", "the mask has max(lengths) columns; it must have max_len (the padded length of the batch, "
-     "which can be longer than every sequence)", lambda lengths, n: specs.padding_mask(lengths, int(lengths.max()))),
-    ("left-padded", "the real tokens are at the end: this course pads on the right, so the real tokens of sequence b "
-     "are positions 0 .. lengths[b]-1", lambda lengths, n: torch.arange(n)[None, :] >= n - lengths[:, None]),
-    ("transposed", "the mask is transposed: one row per sequence, shape (B, max_len)",
-     lambda lengths, n: specs.padding_mask(lengths, n).T)]]
+    *[("not-bool", "the mask should be a bool tensor (True = real token), not numbers", lambda lengths, n,
+       dtype=dtype: specs.padding_mask(lengths, n).to(dtype)) for dtype in (torch.float, torch.long)],
+    ("max-len-ignored", "the mask has max(lengths) columns: it must have max_len, which can be longer",
+     lambda lengths, n: specs.padding_mask(lengths, int(lengths.max()))),
+    ("left-padded", "pad on the right: sequence b's real tokens are positions 0 .. lengths[b]-1",
+     lambda lengths, n: torch.arange(n)[None, :] >= n - lengths[:, None]),
+    ("transposed", "one row per sequence: (B, max_len)", lambda lengths, n: specs.padding_mask(lengths, n).T)]]
 
 
 # ----------------------------------------------------------------------------- causal-mask
@@ -63,18 +60,15 @@ def _causal_cases():
 
 _CAUSAL_MISTAKES = [Mistake(key, message, lambda n_q, n_k, device=None, mask=mask: mask(n_q, n_k))
                     for key, message, mask in [
-    ("off-by-one-diagonal", "the diagonal is masked: a query may attend to its own position (j <= i)",
-     lambda n_q, n_k: _tril(n_q, n_k, -1)),
+    ("off-by-one-diagonal", "the diagonal is masked: keep j <= i", lambda n_q, n_k: _tril(n_q, n_k, -1)),
     ("transposed", "the mask is transposed: query i may see keys j <= i, not j >= i",
      lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).triu()),
-    ("bottom-right", "the mask is aligned bottom-right; this course (like PyTorch's is_causal) aligns it top-left: "
-     "key j <= query i, whatever n_q and n_k", lambda n_q, n_k: _tril(n_q, n_k, n_k - n_q)),
-    ("square-only", "the mask is (n_q, n_q): it must have one column per key, shape (n_q, n_k)",
-     lambda n_q, n_k: _tril(n_q, n_q)),
-    ("not-bool", "the mask should be a bool tensor (True = attend), not 1.0/0.0",
-     lambda n_q, n_k: _tril(n_q, n_k).float()),
-    ("additive-mask", "this is an additive mask (0 and -inf, added to the scores); the course's masks are bool, "
-     "True = attend", lambda n_q, n_k: torch.zeros(n_q, n_k).masked_fill(~_tril(n_q, n_k), float("-inf")))]]
+    ("bottom-right", "align the mask top-left, as PyTorch's is_causal: key j <= query i, whatever n_q and n_k",
+     lambda n_q, n_k: _tril(n_q, n_k, n_k - n_q)),
+    ("square-only", "the mask must be (n_q, n_k), one column per key", lambda n_q, n_k: _tril(n_q, n_q)),
+    ("not-bool", "the mask should be bool (True = attend), not 1.0/0.0", lambda n_q, n_k: _tril(n_q, n_k).float()),
+    ("additive-mask", "this is an additive mask (0 and -inf): the course's masks are bool, True = attend",
+     lambda n_q, n_k: torch.zeros(n_q, n_k).masked_fill(~_tril(n_q, n_k), float("-inf")))]]
 
 
 # ----------------------------------------------------------------------------- attention-masks
@@ -83,11 +77,9 @@ def _attention_cases():
     g = _gen(400)
     qkv, shape = _qkv(g, 2, 3, 5, 7, 4, 6), "B=2, H=3, Nq=5, Nk=7, d=4, dv=6"
     lengths = torch.randint(1, 8, (2,), generator=g)
-    pad = specs.padding_mask(lengths, 7)[:, None, None, :]  # (B, 1, 1, Nk)
-    empty = specs.padding_mask(torch.tensor([4, 0, 2]), 4)[:, None, None, :]
+    pad, empty = (specs.padding_mask(x, n)[:, None, None, :] for x, n in ((lengths, 7), (torch.tensor([4, 0, 2]), 4)))
     g = _gen(405)
-    explicit = _qkv(g, 1, 2, 4, 5, 4, 4)
-    mask = torch.rand(4, 5, generator=g) < 0.6
+    explicit, mask = _qkv(g, 1, 2, 4, 5, 4, 4), torch.rand(4, 5, generator=g) < 0.6
     mask[:, 0], mask[2] = True, False  # query 2 has nothing to attend to
     return [
         (f"{shape}, no mask", qkv, {}),
@@ -101,8 +93,7 @@ def _attention_cases():
          {"causal": True}),
         ("lengths [4, 0, 2] (sequence 1 is empty: every row of it has no key) and causal=True",
          _qkv(_gen(404), 3, 1, 4, 4, 4, 4), {"mask": empty, "causal": True}),
-        ("an explicit (Nq, Nk) mask whose row 2 is all False (must output zeros)", explicit, {"mask": mask}),
-    ]
+        ("an explicit (Nq, Nk) mask whose row 2 is all False (must output zeros)", explicit, {"mask": mask})]
 
 
 # how a mask (True = attend) reaches the scores, right ("fill") and wrong
@@ -112,14 +103,12 @@ _FILLS = {"fill": lambda s, m: s.masked_fill(~m, float("-inf")), "finite": lambd
 
 def _attn_with(*, scale=None, dim=-1, mask_mode="fill", causal_mode="and", softmax=torch.softmax, fix=None,
                swap=False, normalise=True, weights=False):
-    """The spec with one thing changed (a known mistake); ``fix`` post-processes the weights, returned with the
-    output when ``weights``."""
+    """The spec with one thing changed; ``fix`` post-processes the weights, returned too when ``weights``."""
     def impl(q, k, v, mask=None, causal=False):
         k, v = (v, k) if swap else (k, v)
         d, nq, nk = q.shape[-1], q.shape[-2], k.shape[-2]
         s = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(d) if scale is None else scale(d))  # (B, H, Nq, Nk)
-        if mask_mode == "ignored":  # the mask argument never read: causal alone, if asked for
-            mask = None
+        mask = None if mask_mode == "ignored" else mask  # the mask argument never read: causal alone, if asked for
         if causal and causal_mode != "ignored":
             tri = _tril(nq, nk, nk - nq if causal_mode == "bottom-right" else 0)
             mask = tri if causal_mode == "replaces" or mask is None else mask & tri
@@ -138,36 +127,29 @@ def _naive_softmax(s, dim=-1):
 
 _MASKED_ATTENTION_MISTAKES = _mistakes(_attn_with, [
     # the most natural one: the scores and the causal mask done, the mask argument never used
-    ("mask-ignored", "the mask argument is ignored, so padded keys get weight: where mask is False set the scores to "
-     "-inf before the softmax (mask broadcasts), AND-ed with the causal mask", {"mask_mode": "ignored"}, "once"),
-    ("mask-after-softmax", "the mask is applied after the softmax, so the kept weights no longer sum to 1: set "
-     "masked scores to -inf before the softmax", {"mask_mode": "after"}),
-    ("inverted-mask", "the mask is inverted: True means attend, so fill the scores where mask is False",
-     {"mask_mode": "inverted"}),
+    ("mask-ignored", "the mask argument is ignored: where it is False set the scores to -inf, AND-ed with the causal "
+     "mask", {"mask_mode": "ignored"}, "once"),
+    ("mask-after-softmax", "masking after the softmax leaves weights that do not sum to 1: set masked scores to -inf "
+     "before it", {"mask_mode": "after"}),
+    ("inverted-mask", "the mask is inverted: fill the scores where it is False", {"mask_mode": "inverted"}),
     ("scale-forgotten", "the 1/sqrt(d) scale is forgotten", {"scale": lambda d: 1.0}),
     ("scale-one-over-d", "the scores are divided by d; the scale is 1/sqrt(d)", {"scale": lambda d: 1.0 / d}),
     ("wrong-axis", "the softmax runs over the wrong axis: normalise over the keys (dim=-1)", {"dim": -2}),
-    ("mask-zero-fill", "masked scores are set to 0, which still gets weight exp(0): set them to -inf",
-     {"mask_mode": "zero"}, "once"),
-    ("causal-ignored", "causal=True is ignored: AND the causal mask (key j <= query i) into the mask",
-     {"causal_mode": "ignored"}),
-    ("causal-bottom-right", "the causal mask is aligned bottom-right; the course aligns it top-left (key j <= query "
-     "i, whatever Nq and Nk), as PyTorch's is_causal does", {"causal_mode": "bottom-right"}),
-    ("causal-replaces-mask", "with causal=True the padding mask is dropped: combine both masks with &",
-     {"causal_mode": "replaces"}),
+    ("mask-zero-fill", "masked scores of 0 still get weight exp(0): set them to -inf", {"mask_mode": "zero"}, "once"),
+    ("causal-ignored", "causal=True is ignored: AND in the causal mask, key j <= query i", {"causal_mode": "ignored"}),
+    ("causal-bottom-right", "align the causal mask top-left, as is_causal: j <= i", {"causal_mode": "bottom-right"}),
+    ("causal-replaces-mask", "causal=True drops the padding mask: AND the two", {"causal_mode": "replaces"}),
     ("fully-masked-row", "a query with no key to attend to gives NaN (0/0): it should output zeros", {}, "once"),
-    ("finite-fill", "masked scores are set to a large finite number (like -1e9): a row with every key masked then "
-     "averages the values; use -inf and turn empty rows into zeros", {"mask_mode": "finite"}, "once"),
-    ("no-max-subtraction", "exp overflows on large scores: use a softmax that subtracts each row's max",
-     {"softmax": _naive_softmax})])
+    ("finite-fill", "with a finite fill (-1e9) a fully masked row averages the values: use -inf, empty rows to zeros",
+     {"mask_mode": "finite"}, "once"),
+    ("no-max-subtraction", "exp overflows on large scores: subtract each row's max", {"softmax": _naive_softmax})])
 
 
 # ----------------------------------------------------------------------------- attention-row
 
 def _row_cases():
     g = _gen(450)
-    first = (_randn(g, 4), _randn(g, 5, 4), _randn(g, 5, 4))
-    q, k, v = _randn(g, 8), _randn(g, 6, 8), _randn(g, 6, 3)
+    first, (q, k, v) = [(_randn(g, n), _randn(g, m, n), _randn(g, m, dv)) for n, m, dv in ((4, 5, 4), (8, 6, 3))]
     keep = torch.rand(6, generator=g) < 0.5
     keep[int(torch.randint(0, 6, (1,), generator=g))] = True
     return [("q (4,), k (5, 4), v (5, 4), keep=None", first, {}),
@@ -187,23 +169,18 @@ def _row_with(**change):
 
 _ROW_MISTAKES = _mistakes(_row_with, [
     ("scale-forgotten", "the 1/sqrt(d) scale is forgotten", {"scale": lambda d: 1.0}),
-    ("keys-values-swapped", "keys and values are swapped: the scores compare the query with the keys (k), and the "
-     "weights average the values (v)", {"swap": True}),
-    ("not-normalised", "the weights are exp(scores) without dividing by their sum: the softmax normalises them to "
-     "sum to 1", {"normalise": False}),
-    ("mask-after-softmax", "the keys are dropped after the softmax, so the kept weights no longer sum to 1: set the "
-     "scores of dropped keys to -inf before the softmax", {"mask_mode": "after"}),
+    ("keys-values-swapped", "keys and values are swapped: score the query against k, average v", {"swap": True}),
+    ("not-normalised", "the weights exp(scores) are not divided by their sum", {"normalise": False}),
+    ("mask-after-softmax", "dropping keys after the softmax leaves weights that do not sum to 1: set their scores to "
+     "-inf before it", {"mask_mode": "after"}),
     ("fully-masked-row", "with no key kept the weights are NaN (0/0): return zeros (weights and output)", {}, "once"),
-    ("finite-fill", "dropped keys get a large finite score (like -1e9): with every key dropped the weights become "
-     "uniform instead of zeros", {"mask_mode": "finite"}, "once"),
-    ("no-max-subtraction", "exp overflows on large scores: subtract the max score before exp",
-     {"softmax": _naive_softmax})])
+    ("finite-fill", "with a finite score (-1e9) for dropped keys, dropping all gives uniform weights, not zeros",
+     {"mask_mode": "finite"}, "once"),
+    ("no-max-subtraction", "exp overflows on large scores: subtract the max first", {"softmax": _naive_softmax})])
 
 
 # ----------------------------------------------------------------------------- loop-timing (experiment)
-# The points go to what the grader can verify: the learner's loop computes attention, one attention_row call per
-# query (REQUIRED in __init__.py), on sizes drawn from the secret salt, equal to the spec to round-off. Timings are
-# never scored (a notebook could return any plausible number): the table beside a pass is the grader's own.
+# Timings are never scored (a notebook could return any number): the table beside a pass is the grader's own.
 
 TIMING_SIZES, TIMING_D = (16, 64, 256), 32
 
@@ -221,34 +198,32 @@ def _loop_with(pick=lambda b, h, i: (b, h, i), fill=lambda b, h: True, output=1)
     """The spec's loop with one thing changed: the query each step reads, which (b, h) it fills, what it keeps."""
     def impl(q, k, v):
         out = torch.zeros(*q.shape[:-1], k.shape[-2] if output == 0 else v.shape[-1])  # (B, H, Nq, dv)
-        for b in range(q.shape[0]):
-            for h in (h for h in range(q.shape[1]) if fill(b, h)):
-                for i in range(q.shape[2]):
-                    out[b, h, i] = specs.attention_row(q[pick(b, h, i)], k[b, h], v[b, h])[output]
+        for b, h, i in itertools.product(*map(range, q.shape[:-1])):
+            out[b, h, i] = specs.attention_row(q[pick(b, h, i)], k[b, h], v[b, h])[output] if fill(b, h) else 0.0
         return out
     return impl
 
 
 _LOOP_MISTAKES = [Mistake(*row) for row in [
-    ("first-head-only", "only batch 0, head 0 is computed: loop over every b < B and h < H as well as every query i",
+    ("first-head-only", "only batch 0, head 0 is computed: loop over every b < B and h < H too",
      _loop_with(fill=lambda b, h: b == 0 and h == 0)),
-    ("first-head-only", "only head 0 of each batch entry is computed: loop over every h < H as well",
-     _loop_with(fill=lambda b, h: h == 0)),
-    ("one-query-repeated", "every row is query 0's output: step i must use query i, q[b, h, i]",
-     _loop_with(pick=lambda b, h, i: (b, h, 0))),
-    ("weights-not-output", "each row holds attention_row's weights (its first result); the loop keeps the output, its "
-     "second: attention_row(...)[1]", _loop_with(output=0))]]
-ROW_NEVER_CALLED = Mistake("row-never-called", "the numbers are right, but not one call of your attention_row made "
-                           "them: call attention_row(q[b, h, i], k[b, h], v[b, h]) by that name, once per query", None)
-ONE_CALL_PER_QUERY = Mistake("not-one-call-per-query", "the numbers are right, but the rows do not come from one call "
-                             "of attention_row each: loop over every (b, h, i) and call it once per query", None)
+    ("first-head-only", "only head 0 is computed: loop over every h < H too", _loop_with(fill=lambda b, h: h == 0)),
+    ("one-query-repeated", "step i must use query i, q[b, h, i]", _loop_with(pick=lambda b, h, i: (b, h, 0))),
+    ("weights-not-output", "keep the output, attention_row(...)[1], not the weights", _loop_with(output=0))]]
+ROW_NEVER_CALLED = Mistake("row-never-called", "no call of your attention_row made the rows: call attention_row(q[b, "
+                           "h, i], k[b, h], v[b, h]) by that name, once per query", None)
+ONE_CALL_PER_QUERY = Mistake("not-one-call-per-query", "call attention_row once per (b, h, i), one row each", None)
 
 
-def _check_one_call_per_query(learner):
-    """Seen by the grader, not read from the code: each case runs again with the learner's attention_row tapped
-    (agent._tapped: its k-th call's tensors are shifted by k times a step drawn from the secret salt), so row
-    (b, h, i) of a loop that makes one call per query is the spec's plus step * (the number of the call that made
-    it). The shifts of the B * H * Nq rows must be 1 .. B * H * Nq, one each, in any order."""
+_LOOP = Function("loop_attention", specs.loop_attention, _loop_cases, _LOOP_MISTAKES, says="{n} cases match masked "
+                 "attention to round-off, one query at a time (sizes from the grader's secret seed, B and H > 1)")
+
+
+def _measure_loop(learner):
+    """The loop's values; then its calls, seen, not read: each case runs again with attention_row's k-th call
+    shifted by k x a salted step (agent._tapped), so the B * H * Nq rows must move by 1 .. B * H * Nq steps, one
+    each, in any order; then the grader's own timing, never scored."""
+    checked = run(_LOOP, learner)
     step = 4.0 + float(torch.rand(1, generator=_gen(504)))
     cases = _loop_cases()
     for label, args, kwargs, got in each_result(learner, "loop_attention", cases, copy=True,
@@ -269,22 +244,11 @@ def _check_one_call_per_query(learner):
         raise Fail(f"`loop_attention` on {label}: with attention_row's k-th call shifted by k x {step:.3f}, the "
                    f"rows did not move as one call per query would move them ({seen})",
                    [ROW_NEVER_CALLED if never else ONE_CALL_PER_QUERY])
-    return len(cases)
-
-
-_LOOP = Function("loop_attention", specs.loop_attention, _loop_cases, _LOOP_MISTAKES,
-                 says="{n} cases match masked attention to round-off, one query at a time (sizes from the grader's "
-                      "secret seed, B and H > 1)")
-
-
-def _measure_loop(learner):
-    """The loop's values and its calls, checked; then the grader's own timing, never scored."""
-    checked = f"{run(_LOOP, learner)}; every row came from an attention_row call of its own " \
-              f"({_check_one_call_per_query(learner)} cases seen)"
     t = specs.timing_table(TIMING_SIZES, d=TIMING_D, seed=int(torch.randint(0, 2**31 - 1, (1,), generator=_gen(503))))
     timing = "; ".join(f"N={n}: {1e3 * a:.3g} ms one query at a time, {1e3 * b:.3g} ms all at once ({a / b:.0f}x)"
                        for n, a, b in zip(TIMING_SIZES, t["loop"].tolist(), t["batched"].tolist()))
-    return f"{checked}\n    the grader's own timing on this machine (shown, not scored): {timing}"
+    return f"{checked}; every row came from an attention_row call of its own ({len(cases)} cases seen)\n    " \
+           f"the grader's own timing on this machine (shown, not scored): {timing}"
 
 
 TABLES = {
