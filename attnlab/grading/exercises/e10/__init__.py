@@ -1,8 +1,4 @@
-"""Exercise 10_inference: its parts and what each may not call (its hints: attnlab/course/hints/).
-
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
+"""Exercise 10_inference: its parts and what each may not call (read without torch by parts.py)."""
 
 from attnlab.grading.exercises import ATTENTION, SOFTMAX, Part
 
@@ -24,8 +20,7 @@ PARTS = [
     Part("decode-explain", "explain: why decoding is bound by bandwidth, and what GQA changes", 1, (), "manual"),
 ]
 
-# the library's cache and kernels; a copy of the cache per query head (repeat_interleave of the cache, torch.cat, an
-# index) is not read from the syntax but measured (the peak-memory check of decode-attention), so that
+# a copy of the cache per query head is measured (decode-attention's peak memory), not read from the syntax, so
 # torch.arange(H_kv).repeat_interleave(G), a map of heads, is fine
 _REFERENCES = ["attnlab.kvcache.*", "attnlab.kernels.*"]
 
@@ -43,13 +38,10 @@ FORBIDDEN = {
 }
 
 # part id -> library patterns it may use after all: the experiment traces the course's own decode kernel
-ALLOWED = {
-    "decode-bytes": ["attnlab.memory.*", "attnlab.kernels.*"],
-}
+ALLOWED = {"decode-bytes": ["attnlab.memory.*", "attnlab.kernels.*"]}
 
 # part id -> {name: why}: what the answer must read (the syntax of its code, attnlab/grading/shortcuts.py)
 REQUIRED = {
-    "decode-bytes": {"attnlab.memory.trace": "the part asks for the bytes traced from the decode kernel, "
-                                             "trace(flash_decode, ...): the IO model's formula written out is not the "
-                                             "measurement"},
+    "decode-bytes": {"attnlab.memory.trace": "the part asks for the bytes traced from the decode kernel, trace("
+                                             "flash_decode, ...), not the IO model's formula written out"},
 }

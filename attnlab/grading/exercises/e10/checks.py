@@ -1,16 +1,12 @@
-"""The checks of exercise 10_inference: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
-
-decode-attention and latent-decode also measure the peak memory of one large call (a copy of the cache per query
-head, or the per-head K and V, fails); decode-bytes' traced bytes are reproduced by ``attnlab.iomodel.decode_io``,
-which equals the trace to the byte.
-"""
+"""The checks of exercise 10_inference, in TABLES. decode-attention and latent-decode also measure one large call's
+peak memory; decode-bytes' traced bytes are reproduced to the byte by ``attnlab.iomodel.decode_io``."""
 
 import math
 
 import torch
 
 from attnlab import iomodel
-from attnlab.grading.core import Fail, Mistake, gen as _gen, randn as _randn, salted_ints
+from attnlab.grading.core import Fail, Mistake, gen as _gen, randn as _randn, salted_ints, table as _table
 from attnlab.grading.engine import Function, InTurn, Measured, run
 from attnlab.grading.exercises.e10 import spec as specs
 from attnlab.grading.sandbox.footprint import peak_growth
@@ -63,34 +59,28 @@ def _crossover_of(cost):
 
 
 _COST_MISTAKES = [Mistake(*row) for row in [
-    ("weights-per-sequence", "the weights are counted once per sequence (times the batch): every sequence's token "
-     "meets the same matrices, so a step reads them once for the whole batch", _cost_with("per-sequence")),
-    ("k-only", "only the keys are counted: the cache holds K and V, 2 x layers x kv_heads x d x e bytes per token",
-     _cost_with(kv=1)),
-    ("cache-layers-missing", "the cache per token is counted for one layer: every layer has its own K and V, 2 x "
-     "layers x kv_heads x d x e bytes per token", _cost_with(with_layers=False)),
-    ("element-size-ignored", "elements are counted, not bytes: multiply the parameters and the cache's entries by "
-     "bytes_per_element", _cost_with(unit="elements")),
-    ("bits-not-bytes", "the element size is in bits (16 for fp16): bytes_per_element is already in bytes",
-     _cost_with(unit="bits")),
-    ("weights-forgotten", "only the caches are counted: a step also reads every weight once, params x "
-     "bytes_per_element bytes", _cost_with("none")),
-    ("cache-not-per-sequence", "one cache is counted for the whole batch: each of the batch's sequences has its own "
-     "cache of `context` tokens, read at every step", _cost_with(cache="shared")),
-    ("new-token-counted", "context + 1 tokens are counted: the step reads the `context` cached tokens; the new "
-     "token's K and V entry is written, not read, and not counted here", _cost_with(new_token=True))]]
+    ("weights-per-sequence", "the sequences of a batch share the weights: a step reads them once, not once per "
+     "sequence", _cost_with("per-sequence")),
+    ("k-only", "the cache holds K and V: 2 x layers x kv_heads x d x e bytes per token", _cost_with(kv=1)),
+    ("cache-layers-missing", "every layer has its own K and V: 2 x layers x kv_heads x d x e bytes per token",
+     _cost_with(with_layers=False)),
+    ("element-size-ignored", "count bytes, not elements: multiply by bytes_per_element", _cost_with(unit="elements")),
+    ("bits-not-bytes", "bytes_per_element is already in bytes, not bits", _cost_with(unit="bits")),
+    ("weights-forgotten", "a step also reads every weight once, params x bytes_per_element bytes", _cost_with("none")),
+    ("cache-not-per-sequence", "each sequence reads its own cache of `context` tokens", _cost_with(cache="shared")),
+    ("new-token-counted", "count the `context` cached tokens: the new token's K and V are written, not read",
+     _cost_with(new_token=True))]]
 
 _CROSSOVER_MISTAKES = [Mistake(*row) for row in [
-    ("crossover-inverted", "this is the cache's bytes per token over the weights' bytes: the crossover is the number "
-     "of cached tokens whose read equals the weights', params x e / (cache bytes per token)",
+    ("crossover-inverted", "inverted: the crossover is the weights' bytes over the cache's bytes per token, params x "
+     "e / (cache bytes per token)",
      lambda *args, **kwargs: 1 / specs.crossover_tokens(*args, **kwargs)),
     *[(f"crossover-{key}", m.message, _crossover_of(m.impl))      # the step's k-only and cache-layers-missing
       for key, m in zip(("k-only", "layers-missing"), _COST_MISTAKES[1:3])],
-    ("crossover-weights-in-parameters", "the weights are counted in parameters and the cache in bytes: count both in "
-     "bytes (params x e), or both in elements", _crossover_of(_cost_with(unit="elements", cache_unit="bytes"))),
-    ("crossover-cache-in-elements", "the weights are counted in bytes and the cache in elements: count both in bytes "
-     "(2 x layers x kv_heads x d x e per token), or both in elements",
-     _crossover_of(_cost_with(cache_unit="elements")))]]
+    ("crossover-weights-in-parameters", "the weights are in parameters, the cache in bytes: count both in bytes "
+     "(params x e)", _crossover_of(_cost_with(unit="elements", cache_unit="bytes"))),
+    ("crossover-cache-in-elements", "the weights are in bytes, the cache in elements: count both in bytes (2 x layers "
+     "x kv_heads x d x e per token)", _crossover_of(_cost_with(cache_unit="elements")))]]
 
 _STEP = specs.decode_step_bytes(1, 4096, *LLAMA)   # a 7B model's step at batch 1 and 4,096 tokens
 _COST = InTurn(f"{{n}} cases match (steps and crossovers): at batch 1 and 4,096 tokens the weights are "
@@ -102,28 +92,28 @@ _COST = InTurn(f"{{n}} cases match (steps and crossovers): at batch 1 and 4,096 
 
 # ----------------------------------------------------------------------------- decode-attention
 
+def _decode_inputs(g, B, hq, hkv, nq, D, lens):
+    """q, the caches with garbage past each length (a query that sees it is clearly wrong), and the lengths."""
+    q, k, v = _randn(g, B, hq, nq, D), _randn(g, B, hkv, max(lens), D), _randn(g, B, hkv, max(lens), D)
+    for b, L in enumerate(lens):
+        k[b, :, L:], v[b, :, L:] = 50.0, 100.0
+    return q, k, v, torch.tensor(lens, dtype=torch.int32)
+
+
 def _decode_cases():
-    cases = []
-    for seed, (label, (B, hq, hkv, nq, D, lens), kwargs) in enumerate([
-            ("one sequence, 2 heads, one new query, L = 7 (a full cache)", (1, 2, 2, 1, 8, [7]), {}),
-            ("ragged lengths [9, 4, 1] in a cache of 9 (positions past L hold garbage)", (3, 2, 2, 1, 8, [9, 4, 1]),
-             {}),
-            ("3 new queries, lengths [10, 5]: query i at position L - 3 + i", (2, 1, 1, 3, 8, [10, 5]), {}),
-            ("grouped-query: 4 query heads, 2 KV heads, lengths [6, 8]", (2, 4, 2, 1, 16, [6, 8]), {}),
-            ("multi-query: 4 query heads, 1 KV head, 2 new queries, lengths [7, 3]", (2, 4, 1, 2, 8, [7, 3]), {}),
-            ("grouped-query, 2 new queries, scale=0.3 (not 1/sqrt(D))", (1, 6, 3, 2, 4, [5]), {"scale": 0.3})]):
-        g = _gen(10_000 + seed)
-        q, k, v = _randn(g, B, hq, nq, D), _randn(g, B, hkv, max(lens), D), _randn(g, B, hkv, max(lens), D)
-        for b, L in enumerate(lens):       # garbage past each length: a query that sees it is wrong, clearly
-            k[b, :, L:], v[b, :, L:] = 50.0, 100.0
-        cases.append((label, (q, k, v, torch.tensor(lens, dtype=torch.int32)), kwargs))
-    return cases
+    return _table(10_000, [
+        ("one sequence, 2 heads, one new query, L = 7 (a full cache)", (1, 2, 2, 1, 8, [7]), {}),
+        ("ragged lengths [9, 4, 1] in a cache of 9 (positions past L hold garbage)", (3, 2, 2, 1, 8, [9, 4, 1]), {}),
+        ("3 new queries, lengths [10, 5]: query i at position L - 3 + i", (2, 1, 1, 3, 8, [10, 5]), {}),
+        ("grouped-query: 4 query heads, 2 KV heads, lengths [6, 8]", (2, 4, 2, 1, 16, [6, 8]), {}),
+        ("multi-query: 4 query heads, 1 KV head, 2 new queries, lengths [7, 3]", (2, 4, 1, 2, 8, [7, 3]), {}),
+        ("grouped-query, 2 new queries, scale=0.3 (not 1/sqrt(D))", (1, 6, 3, 2, 4, [5]), {"scale": 0.3})],
+        lambda g, label, sizes, kwargs: (label, _decode_inputs(g, *sizes), kwargs))
 
 
 def _decode_with(lengths=True, seen=lambda i, L, nq: L - nq + i, head=lambda h, G, hkv: h // G,
                  default=lambda D: D ** -0.5, scale_used=True):
-    """A wrong decode_attention: query i sees keys 0 .. ``seen``, query head h reads KV head ``head``; ``default``
-    the scale when none is given, or when a given one is not used."""
+    """A wrong decode_attention: query i sees keys 0 .. ``seen``, head h reads KV head ``head``, scale ``default``."""
     def impl(q, k_cache, v_cache, cache_seqlens, scale=None):
         B, hq, nq, D = q.shape
         sc = default(D) if scale is None or not scale_used else scale
@@ -140,85 +130,70 @@ def _decode_with(lengths=True, seen=lambda i, L, nq: L - nq + i, head=lambda h, 
 
 
 _DECODE_MISTAKES = [Mistake(*row) for row in [
-    ("lengths-ignored", "every query attends to the whole cache: positions past cache_seqlens[b] are not tokens "
-     "(keep only k_cache[b, :, :L])", _decode_with(lengths=False)),
-    ("new-queries-see-the-future", "all the new queries see every key up to L: query i sits at position L - Nq + i "
-     "and must not see the new keys after it", _decode_with(seen=lambda i, L, nq: L)),
-    ("causal-top-left", "the causal mask is aligned top-left (query i sees keys 0..i): in decoding the queries are "
-     "the last Nq positions, so query i sees keys 0..L - Nq + i", _decode_with(seen=lambda i, L, nq: i)),
-    ("causal-diagonal-excluded", "a query does not see its own key: keep keys j <= L - Nq + i",
+    ("lengths-ignored", "attend to k_cache[b, :, :cache_seqlens[b]] only", _decode_with(lengths=False)),
+    ("new-queries-see-the-future", "query i sits at position L - Nq + i: it must not see the new keys after it",
+     _decode_with(seen=lambda i, L, nq: L)),
+    ("causal-top-left", "the queries are the last Nq positions: query i sees keys 0..L - Nq + i, not 0..i",
+     _decode_with(seen=lambda i, L, nq: i)),
+    ("causal-diagonal-excluded", "a query sees its own key: keep keys j <= L - Nq + i",
      _decode_with(seen=lambda i, L, nq: L - nq + i - 1)),
-    ("causal-off-by-one", "each query also sees the key one position after it: query i sits at position L - Nq + i "
-     "and sees keys j <= L - Nq + i (not L - Nq + i + 1)", _decode_with(seen=lambda i, L, nq: L - nq + i + 1)),
-    ("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is given)",
+    ("causal-off-by-one", "query i sees keys j <= L - Nq + i, not L - Nq + i + 1",
+     _decode_with(seen=lambda i, L, nq: L - nq + i + 1)),
+    ("scale-missing", "scale the scores: q @ k^T x scale (1/sqrt(D) unless given)",
      _decode_with(default=lambda D: 1.0, scale_used=False)),
-    ("kv-head-modulo", "query head h reads KV head h % H_kv; consecutive query heads share a KV head: h // (H_q // "
-     "H_kv)", _decode_with(head=lambda h, G, hkv: h % hkv)),
+    ("kv-head-modulo", "query head h reads KV head h // (H_q // H_kv), not h % H_kv",
+     _decode_with(head=lambda h, G, hkv: h % hkv)),
     ("scale-1-over-d", "the default scale is 1/sqrt(D), not 1/D", _decode_with(default=lambda D: 1.0 / D)),
-    ("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(D)",
-     _decode_with(scale_used=False))]]
+    ("scale-ignored", "a given `scale` replaces 1/sqrt(D)", _decode_with(scale_used=False))]]
 
 
 PEAK_LIMIT = 48 * 2**20   # the inputs, the scores (1 MiB) and softmax: far below what either part below rules out
 
 
-def _peak_part(table, args, label, what, where, mistake, held):
-    """(check, part): ``check(learner)`` measures, from outside the learner's code (sandbox/footprint.py), the peak
-    memory of one call of ``table.name`` on ``args()`` (drawn under the check's salt): over PEAK_LIMIT, or not
-    measured, fails naming ``mistake`` (``where``: what the sizes would be). ``part``: ``table``, then the check."""
+def _peak_part(part, inputs, seed, label, what, where, mistake, held):
+    """(check, part then check): the peak memory of one call on ``inputs(gen(seed))``, measured outside the learner's
+    code (sandbox/footprint.py); over PEAK_LIMIT, or not measured, fails naming ``mistake``."""
     def check(learner):
-        peak = peak_growth(learner, table.name, [args(), {}], label, what, spec=table.reference, limit=PEAK_LIMIT)
+        peak = peak_growth(learner, part.name, [inputs(_gen(seed)), {}], label, what, spec=part.reference,
+                           limit=PEAK_LIMIT)
         if peak > PEAK_LIMIT:
-            raise Fail(f"`{table.name}` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during "
+            raise Fail(f"`{part.name}` on {label}: the process's peak memory grew by {peak / 2**20:.1f} MiB during "
                        f"the call, where {where}", [mistake])
         return f"{held} (peak memory growth under {PEAK_LIMIT // 2**20} MiB at {label})"
-    return check, Measured("peak-memory", lambda learner: f"{run(table, learner)}; {check(learner)}",
-                           {table.name: [*table.mistakes, mistake]})
+    return check, Measured("peak-memory", lambda learner: f"{run(part, learner)}; {check(learner)}",
+                           {part.name: [*part.mistakes, mistake]})
 
 
-# the technique: query heads read their KV head in place. 32 query heads share 2 KV heads of 8192 positions: K and V
-# are 8 MiB together, a copy of them per query head (k_cache[:, h_idx], torch.cat of the heads) is 128 MiB.
-COPY_CASE = (1, 32, 2, 64, 8192)   # B, H_q, H_kv, D, L
-CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied once per query head (an index of heads, "
-                       "repeat_interleave, torch.cat, .expand(...).reshape or .contiguous() of the KV heads, or a "
-                       "broadcasting matmul such as q.view(B, H_kv, G, Nq, D) @ k_cache.unsqueeze(2).transpose(-1, "
-                       "-2), which makes G copies before it multiplies): GQA saves memory and bandwidth only when a "
-                       "group's G query heads read their one KV head in place; take k_cache[b, h // G] (a view), or "
-                       "reshape the queries to (B, H_kv, G * Nq, D) and multiply by each KV head once", None)
+# the technique: query heads read their KV head in place
+COPY_CASE = (1, 32, 2, 1, 64, [8192])   # B, H_q, H_kv, Nq, D, lengths: K and V are 8 MiB, a copy per query head 128
+CACHE_COPIED = Mistake("cache-copied-per-head", "the cache is copied per query head (an index of heads, "
+                       "repeat_interleave, torch.cat, .expand().reshape or .contiguous(), or q.view(B, H_kv, G, Nq, D) "
+                       "@ k_cache.unsqueeze(2).mT): read each KV head in place, k_cache[b, h // G] (a view), or "
+                       "reshape q to (B, H_kv, G * Nq, D) and multiply by each KV head once", None)
 
 
-def _decode_part(B, hq, hkv, D, L):
-    def args():
-        g = _gen(10_090)
-        return (_randn(g, B, hq, 1, D), _randn(g, B, hkv, L, D), _randn(g, B, hkv, L, D),
-                torch.tensor([L] * B, dtype=torch.int32))
-    cache = 2 * B * hkv * L * D * 4 / 2**20   # MiB of K and V (float32)
-    return _peak_part(
-        Function("decode_attention", specs.decode_attention, _decode_cases, _DECODE_MISTAKES, says="{n} cases match "
-                 "the reference over the cache (ragged lengths, new queries, GQA and MQA, a scale)"),
-        args, f"B={B}, H_q={hq}, H_kv={hkv}, one new query, D={D}, L={L}", "that the cache is not copied per query "
-        f"head", f"the whole K and V cache is {cache:.0f} MiB and a copy of it per query head {hq // hkv * cache:.0f} "
-        "MiB", CACHE_COPIED, "the cache is read in place")
-
-
-_check_no_copy, _DECODE = _decode_part(*COPY_CASE)
+_check_no_copy, _DECODE = _peak_part(
+    Function("decode_attention", specs.decode_attention, _decode_cases, _DECODE_MISTAKES, says="{n} cases match the "
+             "reference over the cache (ragged lengths, new queries, GQA and MQA, a scale)"),
+    lambda g: _decode_inputs(g, *COPY_CASE), 10_090, "B=1, H_q=32, H_kv=2, one new query, D=64, L=8192", "that the "
+    "cache is not copied per query head", "the whole K and V cache is 8 MiB and a copy of it per query head 128 MiB",
+    CACHE_COPIED, "the cache is read in place")
 
 
 # ----------------------------------------------------------------------------- split-partials
 
+def _split_case(g, label, B, H, nq, D, N, S, amp, kwargs):
+    q, k, v = _randn(g, B, H, nq, D, scale=amp), _randn(g, B, H, N, D, scale=amp), _randn(g, B, H, N, D)
+    return label, (q, k, v, S), kwargs
+
+
 def _split_cases():
-    cases = []
-    for seed, (label, (B, H, nq, D, N, S), amp, kwargs) in enumerate([
-            ("B=1, H=2, one query, D=8, N=12 keys, 3 splits of 4", (1, 2, 1, 8, 12, 3), 1.0, {}),
-            ("B=2, H=1, one query, N=10, 3 splits: chunks of 4, 4 and 2", (2, 1, 1, 8, 10, 3), 1.0, {}),
-            ("B=1, H=1, 2 queries, D=4, N=5, 4 splits: chunks of 2, 2, 1 and an empty one", (1, 1, 2, 4, 5, 4), 1.0,
-             {}),
-            ("large logits (q, k x 12: scores in the hundreds), N=9, 2 splits", (1, 2, 1, 16, 9, 2), 12.0, {}),
-            ("N=7, 2 splits, scale=0.3", (2, 2, 1, 4, 7, 2), 1.0, {"scale": 0.3})]):
-        g = _gen(10_100 + seed)
-        q, k, v = _randn(g, B, H, nq, D, scale=amp), _randn(g, B, H, N, D, scale=amp), _randn(g, B, H, N, D)
-        cases.append((label, (q, k, v, S), kwargs))
-    return cases
+    return _table(10_100, [
+        ("B=1, H=2, one query, D=8, N=12 keys, 3 splits of 4", 1, 2, 1, 8, 12, 3, 1.0, {}),
+        ("B=2, H=1, one query, N=10, 3 splits: chunks of 4, 4 and 2", 2, 1, 1, 8, 10, 3, 1.0, {}),
+        ("B=1, H=1, 2 queries, D=4, N=5, 4 splits: chunks of 2, 2, 1 and an empty one", 1, 1, 2, 4, 5, 4, 1.0, {}),
+        ("large logits (q, k x 12: scores in the hundreds), N=9, 2 splits", 1, 2, 1, 16, 9, 2, 12.0, {}),
+        ("N=7, 2 splits, scale=0.3", 2, 2, 1, 4, 7, 2, 1.0, {"scale": 0.3})], _split_case)
 
 
 def _partials_with(stable=True, stable_o=True, normalise=True, floor=False, log2=False, lse_scaled=True,
@@ -245,40 +220,31 @@ def _partials_with(stable=True, stable_o=True, normalise=True, floor=False, log2
 
 
 _PARTIAL_MISTAKES = [Mistake(*row) for row in [
-    *[("lse-overflows", "exp(scores) is taken without subtracting the max (in the log-sum-exp, or in the output "
-       "too): with scores in the hundreds it overflows to inf; subtract each row's max m, lse = m + log(sum(exp(s - "
-       "m)))", _partials_with(stable=False, stable_o=stable_o)) for stable_o in (True, False)],
-    ("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is given), in "
-     "the output and the log-sum-exp alike", _partials_with(scaled=False)),
-    ("lse-max-not-added-back", "the log-sum-exp leaves out the max it subtracted: lse = m + log(sum(exp(s - m))), not "
-     "log(sum(exp(s - m)))", _partials_with(max_added=False)),
-    ("partial-not-normalised", "each split's output must be normalised over its own keys: (p @ v_s) / p.sum(-1, "
-     "keepdim=True)", _partials_with(normalise=False)),
-    ("chunk-rounded-down", "the chunk size is N // num_splits: it must round up, ceil(N / num_splits), so that the "
-     "splits cover every key", _partials_with(floor=True)),
-    ("lse-base-2", "the log-sum-exp is in base 2: use the natural log (torch.log), as exp in the merge",
-     _partials_with(log2=True)),
-    ("lse-unscaled", "the log-sum-exp is taken over the unscaled scores q k^T: use the scaled ones, the same scores "
-     "whose softmax weighs the values", _partials_with(lse_scaled=False)),
-    ("empty-split-lse-zero", "an empty split's log-sum-exp is -inf (no softmax mass), not 0",
-     _partials_with(empty_lse=0.0)),
-    ("splits-strided", "split s takes every num_splits-th key (s, s + S, ...): it takes one contiguous chunk "
-     "[s * chunk, (s + 1) * chunk)", _partials_with(strided=True))]]
+    *[("lse-overflows", "exp overflows on scores in the hundreds: subtract each row's max m (in the output too), lse "
+       "= m + log(sum(exp(s - m)))", _partials_with(stable=False, stable_o=stable_o)) for stable_o in (True, False)],
+    ("scale-missing", "scale the scores (1/sqrt(D) unless given) in the output and lse", _partials_with(scaled=False)),
+    ("lse-max-not-added-back", "add back the max: lse = m + log(sum(exp(s - m)))", _partials_with(max_added=False)),
+    ("partial-not-normalised", "normalise each split's output over its own keys: (p @ v_s) / p.sum(-1, keepdim=True)",
+     _partials_with(normalise=False)),
+    ("chunk-rounded-down", "chunks hold ceil(N / num_splits) keys, covering every key", _partials_with(floor=True)),
+    ("lse-base-2", "use the natural log (torch.log) in the log-sum-exp, not base 2", _partials_with(log2=True)),
+    ("lse-unscaled", "take the log-sum-exp of the scaled scores", _partials_with(lse_scaled=False)),
+    ("empty-split-lse-zero", "an empty split's log-sum-exp is -inf, not 0", _partials_with(empty_lse=0.0)),
+    ("splits-strided", "split s is one contiguous chunk [s * chunk, (s + 1) * chunk), not every S-th key",
+     _partials_with(strided=True))]]
 
 
 # ----------------------------------------------------------------------------- split-merge
 
 def _merge_cases():
-    split, g, cases = _split_cases(), _gen(10_200), []
-    for label, i, shift in [
-            ("partials of 3 splits of N=12 keys (B=1, H=2, one query)", 0, 0.0),
-            ("partials with an empty split (lse = -inf) and 2 queries", 2, 0.0),
-            ("partials from scores in the hundreds (lse ~ 300)", 3, 0.0),
-            ("3 splits, every lse shifted by +800 (exp(lse) overflows float32, and float64 past ~709)", 1, 800.0)]:
-        o, lse = specs.split_partials(*split[i][1], **split[i][2])
-        cases.append((label, (o, lse + shift), {}))
-    return cases + [("one split only (S = 1): the merge returns it", (_randn(g, 2, 2, 1, 2, 8), _randn(g, 2, 2, 1, 2)),
-                     {})]
+    split, g = _split_cases(), _gen(10_200)
+    return [(label, (o, lse + shift), {}) for label, i, shift in [
+        ("partials of 3 splits of N=12 keys (B=1, H=2, one query)", 0, 0.0),
+        ("partials with an empty split (lse = -inf) and 2 queries", 2, 0.0),
+        ("partials from scores in the hundreds (lse ~ 300)", 3, 0.0),
+        ("3 splits, every lse shifted by +800 (exp(lse) overflows float32, and float64 past ~709)", 1, 800.0)]
+        for o, lse in [specs.split_partials(*split[i][1], **split[i][2])]] + [
+        ("one split only (S = 1): the merge returns it", (_randn(g, 2, 2, 1, 2, 8), _randn(g, 2, 2, 1, 2)), {})]
 
 
 def _merge_by(weights, dtype=None):
@@ -306,20 +272,17 @@ def _merge_running(rescale_acc=True, rescale_total=True):
 
 
 _MERGE_MISTAKES = [Mistake(*row) for row in [
-    *[("running-not-rescaled", "the running merge does not rescale all it holds when the max grows: multiply the "
-       "running output and the running sum alike by exp(m_old - m_new) before adding a split",
+    *[("running-not-rescaled", "when the max grows, multiply the running output and sum alike by exp(m_old - m_new)",
        _merge_running(acc, total)) for acc, total in ((False, False), (True, False), (False, True))],
-    ("mean-of-partials", "the partials are averaged: each must weigh by its split's softmax mass, exp(lse_s) over the "
-     "sum", lambda o, lse: o.mean(dim=2)),
-    *[("exp-overflows", "exp(lse) is taken without subtracting the max over the splits: large lse overflow to inf (in "
-       "float64 too, past lse ~ 709) and the weights become NaN; subtract the max",
+    ("mean-of-partials", "weigh each partial by its split's mass exp(lse_s), normalised", lambda o, lse: o.mean(dim=2)),
+    *[("exp-overflows", "subtract the max lse before exp: large lse overflow (float64 too, past ~709) into NaN weights",
        _merge_by(lambda lse: _normalised(torch.exp(lse)), dtype)) for dtype in (None, torch.float64)],
-    ("not-normalised", "the weights exp(lse_s - M) are not divided by their sum",
+    ("not-normalised", "divide the weights exp(lse_s - M) by their sum",
      _merge_by(lambda lse: torch.exp(lse - lse.amax(2, keepdim=True)))),
     ("linear-weights", "the weights are lse_s / sum(lse): the mass of a split is exp(lse_s)", _merge_by(_normalised)),
-    ("max-only", "only the split with the largest lse is kept: every split contributes its share",
+    ("max-only", "every split contributes its share, not only the largest lse's",
      _merge_by(lambda lse: torch.nn.functional.one_hot(lse.argmax(2), lse.shape[2]).movedim(-1, 2).to(lse.dtype))),
-    ("wrong-axis", "the weights are normalised over the queries (dim -1); they are over the splits (dim 2)",
+    ("wrong-axis", "normalise the weights over the splits (dim 2), not the queries (dim -1)",
      _merge_by(lambda lse: _normalised(torch.exp(lse - lse.amax(-1, keepdim=True)), -1)))]]
 
 
@@ -346,16 +309,13 @@ def _gather_with(pages="table", heads_first=True, floor=False, trim=True):
 
 
 _GATHER_MISTAKES = [Mistake(*row) for row in [
-    ("table-ignored", "the pages are taken in order 0, 1, 2, ... of the pool: they are where the block table says, "
-     "block_table[b, n // page_size]", _gather_with(pages="order")),
-    ("wrong-row", "every sequence reads row 0 of the block table: sequence b reads row b",
-     _gather_with(pages="first-row")),
+    ("table-ignored", "take each page where the block table says, block_table[b, n // page_size]",
+     _gather_with(pages="order")),
+    ("wrong-row", "sequence b reads row b of the block table, not row 0", _gather_with(pages="first-row")),
     ("heads-not-first", "the pages were reshaped with the heads still inside them: transpose to (H_kv, n_pages, "
      "page_size, D) before flattening the pages", _gather_with(heads_first=False)),
-    ("pages-rounded-down", "length // page_size pages miss a last, partly filled page: use ceil(length / page_size)",
-     _gather_with(floor=True)),
-    ("not-trimmed", "the last page's unused positions are returned too: keep the first `length`",
-     _gather_with(trim=False))]]
+    ("pages-rounded-down", "use ceil(length / page_size) pages: the last may be part full", _gather_with(floor=True)),
+    ("not-trimmed", "keep only the first `length` positions of the last page", _gather_with(trim=False))]]
 
 
 # ----------------------------------------------------------------------------- latent-decode
@@ -393,45 +353,31 @@ def _latent_with(swap=False, rope=True, scale_rule="sum", ignore_scale=False, ax
 
 
 _LATENT_MISTAKES = [Mistake(*row) for row in [
-    ("up-projections-swapped", "W_UV is absorbed into the query and W_UK applied to the output: the keys are W_UK_i c "
-     "(q_lat = W_UK_i^T q_nope_i), the values W_UV_i c (applied to the weighted latent)", _latent_with(swap=True)),
-    ("rope-forgotten", "the scores leave out the decoupled rotary part: head i's key is [W_UK_i c_j ; k_rope_j], so "
-     "the score adds q_rope_i . k_rope_j to q_lat_i . c_j", _latent_with(rope=False)),
-    ("scale-missing", "the scores are not scaled: multiply by scale (1/sqrt(d_h + d_rope) when none is given)",
-     _latent_with(scale_rule="none")),
-    ("scale-head-only", "the default scale is 1/sqrt(d_h): the key head i scores with is [W_UK_i c ; k_rope], d_h + "
-     "d_rope wide, so 1/sqrt(d_h + d_rope)", _latent_with(scale_rule="head")),
-    ("scale-latent-width", "the default scale is taken from the absorbed query's width, 1/sqrt(d_latent + d_rope): "
-     "absorbing W_UK changes how the scores are computed, not what they are; they are the unabsorbed scores, scaled "
-     "by 1/sqrt(d_h + d_rope)", _latent_with(scale_rule="latent")),
-    ("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(d_h + d_rope)",
-     _latent_with(ignore_scale=True)),
-    ("softmax-wrong-axis", "the softmax is over the heads (dim 1): each head's weights are over the L cached "
-     "positions (the last dim of the scores (B, H, L))", _latent_with(axis=1)),
-    ("not-normalised", "the weights exp(s - max) are not divided by their sum over the positions",
-     _latent_with(normalise=False))]]
+    ("up-projections-swapped", "W_UK and W_UV are swapped: W_UK goes into the query (q_lat = W_UK_i^T q_nope_i), "
+     "W_UV onto the weighted latent", _latent_with(swap=True)),
+    ("rope-forgotten", "the score also adds q_rope_i . k_rope_j to q_lat_i . c_j", _latent_with(rope=False)),
+    ("scale-missing", "scale the scores (1/sqrt(d_h + d_rope) unless given)", _latent_with(scale_rule="none")),
+    ("scale-head-only", "head i's key [W_UK_i c ; k_rope] is d_h + d_rope wide: the default scale is 1/sqrt(d_h + "
+     "d_rope)", _latent_with(scale_rule="head")),
+    ("scale-latent-width", "absorbing W_UK does not change the scores: the default scale is 1/sqrt(d_h + d_rope), not "
+     "1/sqrt(d_latent + d_rope)", _latent_with(scale_rule="latent")),
+    ("scale-ignored", "a given `scale` replaces 1/sqrt(d_h + d_rope)", _latent_with(ignore_scale=True)),
+    ("softmax-wrong-axis", "take the softmax over the L positions (last dim), not the heads", _latent_with(axis=1)),
+    ("not-normalised", "divide the weights exp(s - max) by their sum over positions", _latent_with(normalise=False))]]
 
-# reading only the latent cache: 32 heads of d_h = 64 over 8192 latents of 64 + 16: the latent cache is 2.5 MiB, the
-# per-head K (d_h + d_rope wide) and V that the unabsorbed form makes are 144 MiB; the scores are 1 MiB
+# the latent cache is 2.5 MiB; the per-head K (d_h + d_rope wide) and V of the unabsorbed form 144 MiB; the scores 1 MiB
 LATENT_CASE = (1, 32, 64, 64, 16, 8192)   # B, H, d_h, d_latent, d_rope, L
-EXPANDED_KV = Mistake("expanded-kv", "the per-head keys or values were made (W_UK_i c_j or W_UV_i c_j for every "
-                      "position j, or k_rope repeated per head): that is the unabsorbed decode, H x L x d_h numbers "
-                      "each, what the latent cache exists to avoid; absorb W_UK into the query, attend over c and "
-                      "k_rope as they are, and apply W_UV to each head's one weighted latent", None)
+EXPANDED_KV = Mistake("expanded-kv", "the per-head keys or values were made (W_UK_i c_j, W_UV_i c_j, or k_rope per "
+                      "head): absorb W_UK into the query, attend over c and k_rope as they are, and apply W_UV to "
+                      "each head's weighted latent", None)
 
 
-def _latent_part(B, H, d_h, d_lat, d_rope, L):
-    expanded = B * H * L * (2 * d_h + d_rope) * 4 / 2**20   # MiB of per-head K and V (float32)
-    return _peak_part(
-        Function("latent_decode", specs.latent_decode, _latent_cases, _LATENT_MISTAKES, says="{n} cases equal the "
-                 "unabsorbed decode (per-head K and V up-projected), with a scale and d_h other than d_latent"),
-        lambda: _latent_inputs(_gen(10_390), *LATENT_CASE), f"B={B}, H={H}, d_h={d_h}, d_latent={d_lat}, "
-        f"d_rope={d_rope}, L={L}", "that only the latent cache is read", f"the latent cache is "
-        f"{B * L * (d_lat + d_rope) * 4 / 2**20:.1f} MiB and the per-head K and V {expanded:.0f} MiB", EXPANDED_KV,
-        f"only the latent cache is read, where per-head K and V would be {expanded:.0f} MiB")
-
-
-_check_latent_memory, _LATENT = _latent_part(*LATENT_CASE)
+_check_latent_memory, _LATENT = _peak_part(
+    Function("latent_decode", specs.latent_decode, _latent_cases, _LATENT_MISTAKES, says="{n} cases equal the "
+             "unabsorbed decode (per-head K and V up-projected), with a scale and d_h other than d_latent"),
+    lambda g: _latent_inputs(g, *LATENT_CASE), 10_390, "B=1, H=32, d_h=64, d_latent=64, d_rope=16, L=8192", "that "
+    "only the latent cache is read", "the latent cache is 2.5 MiB and the per-head K and V 144 MiB", EXPANDED_KV,
+    "only the latent cache is read, where per-head K and V would be 144 MiB")
 
 
 # ----------------------------------------------------------------------------- decode-bytes
@@ -458,14 +404,12 @@ def _bytes_with(what="total", e=2, transposed=False):
 
 
 _BYTES_MISTAKES = [Mistake(*row) for row in [
-    ("reads-only", "only the bytes read are counted: a step also writes its partial outputs and the output "
-     "(t.bytes_read + t.bytes_written)", _bytes_with("read")),
+    ("reads-only", "count the bytes written too: t.bytes_read + t.bytes_written", _bytes_with("read")),
     ("values-not-counted", "the values' reads are missing: the kernel reads K and V", _bytes_with("k-only")),
     ("float32-cache", "the caches are float32: the experiment's are float16 (2 bytes per element)", _bytes_with(e=4)),
-    ("cache-size-not-traffic", "this is the size of the cache, 2 L kv_heads d bytes of K and V: the traffic of a step "
-     "also reads Q and writes and re-reads the partial results", _bytes_with("cache")),
-    ("transposed", "rows are context lengths: one row per kv_heads, one column per context length",
-     _bytes_with(transposed=True))]]
+    ("cache-size-not-traffic", "this is the cache's size: a step also reads Q and writes and re-reads the partial "
+     "results", _bytes_with("cache")),
+    ("transposed", "one row per kv_heads, one column per context length", _bytes_with(transposed=True))]]
 
 _BYTES = specs.decode_bytes(CONTEXTS, KV_HEADS, HEADS, D)   # what the notebook's run gives
 
@@ -481,7 +425,6 @@ TABLES = {
                              says="{n} sequences gathered exactly through a shuffled block table"),
     "latent-decode": _LATENT,
     "decode-bytes": Function("decode_bytes", specs.decode_bytes, _bytes_cases, _BYTES_MISTAKES,
-                             says="your traced bytes equal the IO model's to the byte; at "
-                                  f"L={CONTEXTS[-1]} MQA moves {_BYTES[0, -1] / _BYTES[-1, -1]:.1f}x fewer bytes "
-                                  "than MHA"),
+                             says=f"your traced bytes equal the IO model's to the byte; at L={CONTEXTS[-1]} MQA "
+                                  f"moves {_BYTES[0, -1] / _BYTES[-1, -1]:.1f}x fewer bytes than MHA"),
 }

@@ -1,11 +1,6 @@
-"""The references of exercise 10_inference: what the grader compares the learner's answers with.
-
-Never shown in the exercise; an empty file in the sandbox where ``attnlab grade`` runs a notebook. The maths has one
-home, the library (``attnlab.iomodel``'s cost model and decode IO, equal to the traced kernel; ``attnlab.kvcache``'s
-decoding attention and paged gather). Specific to the exercise: the split of the keys into chunks and their merge,
-and multi-head latent attention's decode with plain tensors for weights, computed absorbed here and checked against
-the unabsorbed definition (tests/test_exercise_10.py; the two are equal in ``attnlab.mla.MLA``, tests/test_mla.py).
-"""
+"""The references of exercise 10_inference (empty in the grading sandbox): the library's (``attnlab.iomodel``,
+``attnlab.kvcache``) where it has them; the split-K partials and merge, and MLA's decode on plain tensors (absorbed
+here, checked against the unabsorbed form in tests/test_exercise_10.py) are the exercise's own."""
 
 import math
 
@@ -16,9 +11,8 @@ from attnlab.kvcache import decode_reference, gather_cache
 
 
 def decode_step_bytes(batch, context, params, layers, kv_heads, d, bytes_per_element=2):
-    """Bytes one decoding step of a whole model reads: the weights once, shared by the batch, and each sequence's
-    K and V cache, 2 x layers x kv_heads x d x e bytes per token; the new token's entry, written, is not counted
-    (lesson 10 section 1: P e + B L c)."""
+    """Bytes a model's decoding step reads (lesson 10 section 1: P e + B L c): the weights once for the batch, and
+    each sequence's K and V cache, 2 x layers x kv_heads x d x e bytes per token (not the new token's, written)."""
     return iomodel.decode_step_bytes(batch, context, params=params, layers=layers, heads=kv_heads, d=d,
                                      kv_heads=kv_heads, bytes_per_element=bytes_per_element).bytes_read
 
@@ -30,16 +24,14 @@ def crossover_tokens(params, layers, kv_heads, d, bytes_per_element=2):
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, scale=None):
-    """Nq new queries against a cache: q (B, H_q, Nq, D), caches (B, H_kv, S, D), lengths (B,) ints.
-    Query i of sequence b sits at position L_b - Nq + i and sees keys 0 .. L_b - Nq + i; query head h reads
-    KV head h // (H_q // H_kv). Returns (B, H_q, Nq, D)."""
+    """q (B, H_q, Nq, D), caches (B, H_kv, S, D), lengths (B,) -> (B, H_q, Nq, D): query i sees keys 0 .. L_b - Nq
+    + i; query head h reads KV head h // (H_q // H_kv)."""
     return decode_reference(q, k_cache, v_cache, cache_seqlens, scale=scale)
 
 
 def split_partials(q, k, v, num_splits, scale=None):
-    """q (B, H, Nq, D), k, v (B, H, N, D), no mask: the keys cut into ``num_splits`` chunks of ceil(N / S);
-    returns (o_parts (B, H, S, Nq, D), lse (B, H, S, Nq)): each chunk's softmax-normalised output and its
-    log-sum-exp (natural log); an empty chunk gives 0 and -inf."""
+    """q (B, H, Nq, D), k, v (B, H, N, D), keys in chunks of ceil(N / S) -> each chunk's normalised output (B, H, S,
+    Nq, D) and natural log-sum-exp (B, H, S, Nq); an empty chunk gives 0 and -inf."""
     B, H, n_q, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     chunk = -(-k.shape[2] // num_splits)
@@ -59,27 +51,23 @@ def merge_splits(o_parts, lse):
 
 
 def gather_sequence(pool, block_table, b, length):
-    """pool (num_pages, H_kv, page_size, D), block_table (B, max_pages) ints -> sequence b's first ``length``
-    entries, (H_kv, length, D)."""
+    """pool (pages, H_kv, page_size, D), block_table (B, max_pages) -> sequence b's first entries (H_kv, length, D)."""
     return gather_cache(pool, b, length, block_table)
 
 
 def latent_decode(q_nope, q_rope, w_uk, w_uv, c, k_rope, scale=None):
-    """One new query per sequence against an MLA latent cache (DeepSeek-V2 section 2.1; ``attnlab.mla``'s weights):
-    q_nope (B, H, d_h), q_rope (B, H, d_rope), w_uk and w_uv (H, d_h, d_latent) (head i's key W_UK_i c, value
-    W_UV_i c), c (B, L, d_latent), k_rope (B, L, d_rope) shared by the heads; every position is seen. Scale
-    1/sqrt(d_h + d_rope) unless given. Returns (B, H, d_h): the unabsorbed form's (per-head K = [W_UK c, k_rope],
-    V = W_UV c, then attention), computed absorbed as the part asks."""
+    """One query per sequence against an MLA latent cache (DeepSeek-V2 section 2.1): q_nope (B, H, d_h), q_rope (B,
+    H, d_rope), w_uk, w_uv (H, d_h, d_latent), c (B, L, d_latent), k_rope (B, L, d_rope) -> (B, H, d_h), equal to
+    attention with per-head K = [W_UK c, k_rope], V = W_UV c; scale 1/sqrt(d_h + d_rope) unless given."""
     scale = (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 if scale is None else scale
     q_lat = torch.einsum("bhd,hdc->bhc", q_nope, w_uk)                       # (B, H, d_latent): W_UK absorbed
     s = (torch.einsum("bhc,blc->bhl", q_lat, c) + torch.einsum("bhr,blr->bhl", q_rope, k_rope)) * scale  # (B, H, L)
     p = torch.softmax(s, dim=-1)                                              # (B, H, L)
-    context = torch.einsum("bhl,blc->bhc", p, c)                              # (B, H, d_latent)
-    return torch.einsum("bhc,hdc->bhd", context, w_uv)                        # (B, H, d_h): W_UV applied last
+    return torch.einsum("bhc,hdc->bhd", torch.einsum("bhl,blc->bhc", p, c), w_uv)  # (B, H, d_h): W_UV applied last
 
 
 def decode_bytes(contexts, kv_heads_list, heads=8, d=16):
-    """The experiment: bytes one decoding step moves (read + written; batch 1, one query, fp16, num_splits=1)
-    for each kv_heads (rows) and context length (columns); int64 (len(kv_heads_list), len(contexts))."""
+    """Bytes one decoding step moves (read + written; batch 1, one query, fp16, num_splits=1): int64, a row per
+    kv_heads, a column per context length."""
     return torch.tensor([[iomodel.decode_io(1, heads, L, d, 2, kv_heads=h, num_splits=1).total_bytes
                           for L in contexts] for h in kv_heads_list], dtype=torch.int64)
