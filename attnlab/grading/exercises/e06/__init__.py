@@ -1,8 +1,4 @@
-"""Exercise 06_triton_primer: a Triton puzzle set, its graded parts, what each may not call.
-
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
+"""Exercise 06_triton_primer: a Triton puzzle set, its graded parts, what each may not call."""
 
 from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part  # noqa: F401
 

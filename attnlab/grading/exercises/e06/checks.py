@@ -1,9 +1,10 @@
-"""The checks of exercise 06_triton_primer: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``;
-each kernel part's launches are a table of sizes, built by one function, on rows further apart than they are long."""
+"""The checks of exercise 06_triton_primer: one table per graded part; rows padded so that strides matter."""
+
+from functools import partial
 
 import torch
 
-from attnlab.grading.core import Mistake, check_function, gen as _gen, randn as _randn
+from attnlab.grading.core import Mistake, check_function, gen as _gen, randn as _randn, table
 from attnlab.grading.engine import Kernel, Launch, Measured
 from attnlab.grading.exercises.e06 import spec as specs
 from attnlab.grading.kernel_check import cdiv, next_power_of_2
@@ -11,8 +12,7 @@ from attnlab.grading.sandbox.agent import device as _device
 
 
 def _args(*items):
-    """The kernel's arguments as run_guarded reads them: "x" a buffer, "x[0]" its row 0 (a 1-D tensor), "x.1" its
-    stride along dim 1, anything else a value."""
+    """Arguments for run_guarded: "x" a buffer, "x[0]" its row 0 (1-D), "x.1" its stride along dim 1, else a value."""
     return [["val", a] if not isinstance(a, str) else ["stride", a[:-2], int(a[-1])] if "." in a
             else ["buf", a[:-3], 0] if a.endswith("[0]") else ["buf", a, None] for a in items]
 
@@ -23,15 +23,9 @@ def _buf(x, pad=0):
     return {**b, "pad_cols": pad} if pad else b
 
 
-def _table(seed0, rows, launch):
-    """The launches of a part: ``launch(generator, *row)`` for each row, its inputs drawn from ``seed0 + i``."""
-    return lambda: [launch(_gen(seed0 + i), *row) for i, row in enumerate(rows)]
-
-
 def matmul_budget(m, n, k, bm, bn, names="abc"):
-    """{buffer: (max load bytes, max store bytes)} of C (M, N) = A (M, K) @ B (K, N) in (bm, bn) tiles: A read once
-    per column of tiles (cdiv(N, BLOCK_N) times), B once per row (cdiv(M, BLOCK_M) times), C written once.
-    attnlab.iomodel.matmul_io's model; the outer product is the case K = 1."""
+    """{buffer: (max load bytes, max store bytes)} of C = A @ B in (bm, bn) tiles: A read once per column of tiles,
+    B once per row, C written once (attnlab.iomodel.matmul_io's model; the outer product is K = 1)."""
     a, b, c = names
     return {a: (4 * m * k * cdiv(n, bn), None), b: (4 * k * n * cdiv(m, bm), None), c: (None, 4 * m * n)}
 
@@ -128,81 +122,63 @@ def _causal_with(offset=0, fill=float("-inf"), transposed=False, use_scale=True,
 
 
 _SOFTMAX_MISTAKES = [
-    Mistake("masked-lanes-zero", "masked-off lanes are loaded as 0, which still adds exp(0 - max) to the sum: "
-            "load them with other=-float('inf')", _padded_softmax),
+    Mistake("masked-lanes-zero", "masked lanes loaded as 0 add exp(0 - max): use other=-float('inf')", _padded_softmax),
     Mistake("no-max-subtraction", "exp overflows on large logits: subtract the row's (running) max before tl.exp",
             lambda x, block: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)),
-    Mistake("not-normalised", "exp(x - max) is stored without dividing by its sum over the row (the running sum l)",
-            lambda x, block: torch.exp(x - x.amax(-1, keepdim=True))),
+    Mistake("not-normalised", "divide by the row's sum", lambda x, block: torch.exp(x - x.amax(-1, keepdim=True))),
 ]
 _MISTAKES = {
     "masked-scale": [
         Mistake("added-not-multiplied", "alpha is added to x: y = alpha * x", lambda x, alpha: x + alpha),
         Mistake("alpha-ignored", "alpha is never applied: y = alpha * x", lambda x, alpha: x.clone())],
     "tile-transpose": [
-        Mistake("not-transposed", "the tile is stored where it was loaded from (y = x): x[i, j] goes to y[j, i]",
-                lambda x: x.clone())],
+        Mistake("not-transposed", "y = x: x[i, j] goes to y[j, i]", lambda x: x.clone())],
     "outer-product": [
-        Mistake("added-not-multiplied", "x[i] + y[j] is a broadcast sum: the outer product multiplies",
-                lambda x, y: x[:, None] + y[None, :]),
-        Mistake("transposed", "out[i, j] = x[j] * y[i]: rows of out follow x (x[:, None]), columns follow y "
-                "(y[None, :])", lambda x, y: y[:, None] * x[None, :])],
+        Mistake("added-not-multiplied", "multiply x[i] * y[j], not add", lambda x, y: x[:, None] + y[None, :]),
+        Mistake("transposed", "rows of out follow x (x[:, None]), columns y (y[None, :])",
+                lambda x, y: y[:, None] * x[None, :])],
     "row-sum": [
-        Mistake("first-block-only", "only the first BLOCK_N columns are summed: loop over the row, "
-                "for start in range(0, n_cols, BLOCK_N)", lambda x, bn: x[:, :bn].sum(-1)[None, :]),
-        Mistake("tail-dropped", "the last, partial block is left out: the loop must run up to n_cols (range(0, "
-                "n_cols, BLOCK_N)), with the lanes past n_cols masked",
+        Mistake("first-block-only", "loop over the row: for start in range(0, n_cols, BLOCK_N)",
+                lambda x, bn: x[:, :bn].sum(-1)[None, :]),
+        Mistake("tail-dropped", "the last, partial block is left out: loop up to n_cols, the lanes past it masked",
                 lambda x, bn: x[:, :(x.shape[1] // bn) * bn].sum(-1)[None, :]),
-        Mistake("other-missing", "the masked load has no other=0.0: the lanes past n_cols are undefined (Triton's "
-                "interpreter happens to give 0, a GPU gives whatever is there), so the last, partial block adds "
-                "garbage; pass other=0.0 so that masked lanes add nothing",
-                lambda x, bn: torch.full((1, x.shape[0]), float("nan") if x.shape[1] % bn else 0.0) +
-                (0.0 if x.shape[1] % bn else x.sum(-1)[None, :]))],
+        Mistake("other-missing", "masked lanes without other=0.0 are undefined on a GPU (the interpreter gives 0): "
+                "pass other=0.0", lambda x, bn: torch.full((1, x.shape[0]), float("nan") if x.shape[1] % bn else 0.0)
+                + (0.0 if x.shape[1] % bn else x.sum(-1)[None, :]))],
     "softmax-kernel": _SOFTMAX_MISTAKES,
     "online-softmax-kernel": [
-        Mistake("sum-not-rescaled", "the running sum is not rescaled when the max grows: "
-                "l = l * exp(m - m_new) + sum(exp(x - m_new))", _online_unrescaled), *_SOFTMAX_MISTAKES],
+        Mistake("sum-not-rescaled", "rescale the running sum when the max grows: l = l * exp(m - m_new) + "
+                "sum(exp(x - m_new))", _online_unrescaled), *_SOFTMAX_MISTAKES],
     "tiled-matmul": [
         Mistake("not-accumulated", "each K step replaces the tile instead of adding to it: acc += tl.dot(a, b, ...)",
                 lambda a, b, bk: a[:, (a.shape[1] - 1) // bk * bk:] @ b[(a.shape[1] - 1) // bk * bk:]),
-        Mistake("k-tail-dropped", "the last, partial K block is left out: loop over range(0, K, BLOCK_K) and mask "
-                "the K lanes with other=0.0", lambda a, b, bk: a[:, :a.shape[1] // bk * bk] @ b[:a.shape[1] // bk * bk]
-                ),
-        Mistake("b-transposed", "B is read transposed (stride_bk and stride_bn swapped): B[k, n] is at "
-                "b_ptr + k * stride_bk + n * stride_bn", lambda a, b, bk: a @ b.T)],
+        Mistake("k-tail-dropped", "loop over range(0, K, BLOCK_K), masking the K lanes with other=0.0",
+                lambda a, b, bk: a[:, :a.shape[1] // bk * bk] @ b[:a.shape[1] // bk * bk]),
+        Mistake("b-transposed", "stride_bk and stride_bn are swapped: B[k, n] is at b_ptr + k * stride_bk + n * "
+                "stride_bn", lambda a, b, bk: a @ b.T)],
     "causal-tile": [
-        Mistake("off-by-one-diagonal", "the diagonal is masked too: a query sees its own key (keep j <= i, not "
-                "j < i)", _causal_with(offset=-1)),
-        Mistake("mask-transposed", "the mask keeps the future (j >= i): keep key j <= query i",
-                _causal_with(transposed=True)),
-        Mistake("filled-with-zero", "masked scores are 0, which softmax still weighs (exp(0) = 1): fill them with "
-                "-inf", _causal_with(fill=0.0)),
-        Mistake("scale-forgotten", "the kept scores are not multiplied by scale", _causal_with(use_scale=False)),
-        Mistake("tile-skip-by-program-id", "tiles are skipped by comparing program ids (pid_n <= pid_m), which is "
-                "the diagonal only when BLOCK_M == BLOCK_N: a tile keeps an entry when its first key column is at "
-                "most its last query row, pid_n * BLOCK_N <= pid_m * BLOCK_M + BLOCK_M - 1",
-                _causal_with(pid_skip=True))],
+        Mistake("off-by-one-diagonal", "a query sees its own key: keep j <= i, not j < i", _causal_with(offset=-1)),
+        Mistake("mask-transposed", "the mask keeps the future (j >= i): keep j <= i", _causal_with(transposed=True)),
+        Mistake("filled-with-zero", "softmax still weighs a 0 (exp(0) = 1): fill with -inf", _causal_with(fill=0.0)),
+        Mistake("scale-forgotten", "multiply the kept scores by scale", _causal_with(use_scale=False)),
+        Mistake("tile-skip-by-program-id", "pid_n <= pid_m is the diagonal only when BLOCK_M == BLOCK_N: a tile "
+                "keeps an entry when pid_n * BLOCK_N <= pid_m * BLOCK_M + BLOCK_M - 1", _causal_with(pid_skip=True))],
     "matmul-traffic-experiment": [
-        Mistake("writes-counted", "this counts the bytes written as well: bytes_read only",
+        Mistake("writes-counted", "count bytes_read only, not the writes",
                 lambda m, n, k, block, seed=0: specs.matmul_traffic(m, n, k, block) + 4 * m * n),
-        Mistake("unique-bytes", "each element is counted once (unique_bytes_read): count every load, as bytes_read "
-                "does", lambda m, n, k, block, seed=0: 4 * (m * k + k * n)),
-        Mistake("elements-not-bytes", "these are elements: the tracer's counts are bytes (4 per float32)",
+        Mistake("unique-bytes", "count every load (bytes_read), not unique_bytes_read",
+                lambda m, n, k, block, seed=0: 4 * (m * k + k * n)),
+        Mistake("elements-not-bytes", "count bytes, 4 per float32, not elements",
                 lambda m, n, k, block, seed=0: specs.matmul_traffic(m, n, k, block) // 4),
-        Mistake("tile-counts-swapped", "A is read once per column of tiles (cdiv(N, block) times) and B once per row "
-                "(cdiv(M, block) times), not the other way round",
+        Mistake("tile-counts-swapped", "A is read cdiv(N, block) times and B cdiv(M, block) times, not the reverse",
                 lambda m, n, k, block, seed=0: 4 * (m * k * cdiv(m, block) + k * n * cdiv(n, block))),
-        Mistake("a-only", "only A's bytes are counted: B is read too",
-                lambda m, n, k, block, seed=0: 4 * m * k * cdiv(n, block))],
+        Mistake("a-only", "B is read too", lambda m, n, k, block, seed=0: 4 * m * k * cdiv(n, block))],
 }
-_TILE_LOADED = Mistake("broadcast-by-loading", "x or y is loaded as a (BLOCK_M, BLOCK_N) tile, so each value is read "
-                       "once per lane of the other axis: load them as 1-D blocks and broadcast in registers "
+_TILE_LOADED = Mistake("broadcast-by-loading", "x and y are loaded as 2-D tiles: load 1-D blocks and broadcast "
                        "(x[:, None] * y[None, :])", None)
-_THIRD_PASS = Mistake("more-than-two-passes", "the row is read more than twice (a pass for the max, one for the sum, "
-                      "one for the output?): update the max and the sum in the same pass, rescaling the sum when the "
-                      "max grows", None)
-_MASKED_READ = Mistake("masked-entries-read", "entries that end as -inf are read anyway: load S with the causal "
-                       "mask itself (mask=keep), so a tile wholly above the diagonal reads nothing", None)
+_THIRD_PASS = Mistake("more-than-two-passes", "the row is read more than twice: update the max and the sum in one "
+                      "pass, rescaling the sum when the max grows", None)
+_MASKED_READ = Mistake("masked-entries-read", "load S with the causal mask itself (mask=keep), not whole tiles", None)
 
 
 def _experiment_cases():
@@ -217,54 +193,50 @@ def _experiment_cases():
 def _measure_traffic(learner):
     """The learner's ``matmul_traffic`` (bytes its own tiled matmul reads, traced) against the tiled model."""
     if _device() == "cuda":
-        return ("not checked on a GPU: attnlab.memory.trace watches kernels that run in Triton's interpreter, and "
-                "here your kernel runs natively; grade this part on a CPU-only machine")
+        return "not checked on a GPU: the tracer sees Triton's interpreter only; grade this part on a CPU-only machine"
     n = check_function(learner, "matmul_traffic", specs.matmul_traffic, _experiment_cases(),
                        _MISTAKES["matmul-traffic-experiment"])
     return f"{n} measurements reproduced exactly (to the byte) by the tiled-matmul traffic model"
 
 
-# (part, kernel, its launches from a table of rows, the pass message (None: the default), the budget in words, more)
+# (part, kernel, seed, its launches' rows, their builder, the pass message (None: default), the budget in words, more)
 _KERNELS = [
-    ("masked-scale", "scale_kernel", _table(1100, [(1000, 128, 0.5), (64, 64, 1.5), (1, 32, 2.5), (257, 64, 3.5)],
-                                            _scale_launch), None, "x read once, y written once", {}),
-    ("tile-transpose", "transpose_kernel", _table(1150, [(8, 8, 4, 4), (10, 6, 4, 4), (5, 12, 8, 4)],
-                                                  _transpose_launch),
+    ("masked-scale", "scale_kernel", 1100, [(1000, 128, 0.5), (64, 64, 1.5), (1, 32, 2.5), (257, 64, 3.5)],
+     _scale_launch, None, "x read once, y written once", {}),
+    ("tile-transpose", "transpose_kernel", 1150, [(8, 8, 4, 4), (10, 6, 4, 4), (5, 12, 8, 4)], _transpose_launch,
      "{n} launches (square, ragged, wide; rows padded) match the spec, with no stray access",
      "x read once, y written once", {}),
-    ("outer-product", "outer_kernel", _table(1180, [(6, 6, 4, 4), (13, 9, 8, 4), (1, 20, 4, 8)], _outer_launch),
+    ("outer-product", "outer_kernel", 1180, [(6, 6, 4, 4), (13, 9, 8, 4), (1, 20, 4, 8)], _outer_launch,
      "{n} launches match the spec, with no stray access", "x read once per column of tiles and y once per row of "
      "tiles (1-D blocks, broadcast on the chip), out written once", {"traffic_mistakes": [_TILE_LOADED]}),
     # masked lanes of a load without other= read NaN, as undefined as on a GPU
-    ("row-sum", "row_sum_kernel", _table(1200, [(4, 40, 16), (3, 64, 16), (5, 7, 16), (2, 100, 32)], _row_sum_launch),
+    ("row-sum", "row_sum_kernel", 1200, [(4, 40, 16), (3, 64, 16), (5, 7, 16), (2, 100, 32)], _row_sum_launch,
      "{n} launches (partial last blocks, a row shorter than the block) match the spec",
      "x read once, one value stored per row", {"undefined_other": True}),
-    ("softmax-kernel", "softmax_kernel", _table(1250, [(4, 8, None, 1.0), (3, 100, None, 1.0), (5, 1, None, 1.0),
-                                                       (2, 130, None, 1.0), (3, 20, None, 500.0)], _softmax_launch),
+    ("softmax-kernel", "softmax_kernel", 1250, [(4, 8, None, 1.0), (3, 100, None, 1.0), (5, 1, None, 1.0),
+                                                (2, 130, None, 1.0), (3, 20, None, 500.0)], _softmax_launch,
      "{n} inputs (odd widths, one column, large logits) match the spec, with no stray access",
      "each row read once and written once", {}),
-    ("online-softmax-kernel", "online_softmax_kernel", _table(1300, [
+    ("online-softmax-kernel", "online_softmax_kernel", 1300, [
         (3, 100, 16, 3.0, "grows", 2), (2, 64, 16, 1.0, "", 2), (4, 10, 16, 1.0, " (row shorter than the block)", 2),
-        (2, 50, 16, 500.0, "", 2)], _softmax_launch),
+        (2, 50, 16, 500.0, "", 2)], _softmax_launch,
      "{n} inputs (rows of several blocks, a partial last block, large logits) match the spec",
-     "each row read at most twice (pass 1 for the running max and sum, pass 2 for the output) and each output element "
+     "each row read at most twice (pass 1 for the running max and sum, pass 2 for the output), each output element "
      "written once", {"traffic_mistakes": [_THIRD_PASS]}),
-    ("tiled-matmul", "matmul_kernel", _table(1350, [(32, 32, 32, False), (40, 24, 40, False), (16, 48, 20, True)],
-                                             _matmul_launch),
-     "{n} launches (ragged M, N and K, a column-major B) match the spec, with no stray access",
-     "A read cdiv(N, BLOCK_N) times and B cdiv(M, BLOCK_M) times (once per tile of C that needs them), each element "
-     "of C written once", {"uses_dot": True}),
-    ("causal-tile", "causal_mask_kernel", _table(1400, [
-        (16, 16, 8, 8, 0.25), (20, 13, 8, 8, 0.75), (9, 24, 8, 8, 1.25), (16, 20, 16, 8, 1.75), (12, 24, 4, 8, 2.25)],
-        _causal_launch),
+    ("tiled-matmul", "matmul_kernel", 1350, [(32, 32, 32, False), (40, 24, 40, False), (16, 48, 20, True)],
+     _matmul_launch, "{n} launches (ragged M, N and K, a column-major B) match the spec, with no stray access",
+     "A read cdiv(N, BLOCK_N) times and B cdiv(M, BLOCK_M) times, each element of C written once", {"uses_dot": True}),
+    ("causal-tile", "causal_mask_kernel", 1400, [(16, 16, 8, 8, 0.25), (20, 13, 8, 8, 0.75), (9, 24, 8, 8, 1.25),
+                                                 (16, 20, 16, 8, 1.75), (12, 24, 4, 8, 2.25)], _causal_launch,
      "{n} launches (square, n_q > n_k, n_q < n_k, BLOCK_M != BLOCK_N) match the spec", "S read only inside tiles that "
      "keep an entry (none of a tile wholly above the diagonal), out written once",
      {"traffic_mistakes": [_MASKED_READ]}),
 ]
 
 TABLES = {
-    **{part: Kernel(name, launches, _MISTAKES[part], budget_says=budget, **({"says": says} if says else {}), **more)
-       for part, name, launches, says, budget, more in _KERNELS},
+    **{part: Kernel(name, partial(table, seed, rows, launch), _MISTAKES[part], budget_says=budget,
+                    **({"says": says} if says else {}), **more)
+       for part, name, seed, rows, launch, says, budget, more in _KERNELS},
     "matmul-traffic-experiment": Measured("experiment", _measure_traffic,
                                           {"matmul_traffic": _MISTAKES["matmul-traffic-experiment"]}),
 }
