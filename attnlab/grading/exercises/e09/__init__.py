@@ -1,8 +1,4 @@
-"""Exercise 09_capstone: its parts and what each may not call (its hints: attnlab/course/hints/).
-
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
+"""Exercise 09_capstone: its parts and what each may not call (read without torch by attnlab/grading/parts.py)."""
 
 from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part
 
@@ -30,17 +26,11 @@ FORBIDDEN = {
     "capstone-local-global": SOFTMAX + ATTENTION + BLOCK_MASKS + _TRAINING + _BACKENDS,
 }
 
-# part id -> library patterns it may use after all: the model is attnlab.models.gpt.GPT, built around the
-# learner's attention (its backends by name are forbidden above; what attnlab.models imported, such as its
-# F.scaled_dot_product_attention, is read as what it is)
-ALLOWED = {
-    "capstone-train": ["attnlab.models.*"],
-    "capstone-local-global": ["attnlab.models.*"],
-}
+# part id -> library patterns it may use after all: the model, built around the learner's attention (what
+# attnlab.models imported, such as its F.scaled_dot_product_attention, is read as what it is)
+ALLOWED = {"capstone-train": ["attnlab.models.*"], "capstone-local-global": ["attnlab.models.*"]}
 
-# part id -> {name: why}: what the answer must read (the syntax of its code, attnlab/grading/shortcuts.py)
-REQUIRED = {  # "a|b": either name
-    "capstone-train": {"kernel_attention|KernelAttention|kernel_forward|causal_attn_kernel":
-                       "with attention=None the model trains through your Triton kernel (the given kernel_attention "
-                       "wraps causal_attn_kernel): my_sdpa or a library attention there is not the part"},
-}
+# part id -> {name ("a|b": either): why}: what the answer's code must read (attnlab/grading/shortcuts.py)
+REQUIRED = {"capstone-train": {
+    "kernel_attention|KernelAttention|kernel_forward|causal_attn_kernel": "with attention=None the model trains "
+    "through your Triton kernel (kernel_attention wraps causal_attn_kernel), not my_sdpa or a library attention"}}

@@ -1,14 +1,16 @@
 """The checks of exercise 09_capstone: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
-The training run and the experiment are reproduced here from the same (salted) seeds, every step's loss within a
-tolerance; they name a failing earlier part when no mistake of their own matches (:func:`_upstream`).
+The training run and the experiment are reproduced here from the same salted seeds, every step's loss within a
+tolerance; when no mistake of their own matches, they name a failing earlier part (:func:`_upstream`).
 """
+
+import functools
 
 import torch
 
 from attnlab.attention import causal_mask
 from attnlab.grading.core import Fail, Mistake, NotDone, case_line, diagnose, each_result, gen, learner_of, mismatch, \
-    randn
+    mistakes, randn, table
 from attnlab.grading.engine import Gradients, Kernel, Launch, Measured, run
 from attnlab.grading.exercises.e09 import spec as specs
 from attnlab.grading.kernel_check import attention_budget, attention_launch, cdiv
@@ -17,28 +19,25 @@ from attnlab.grading.sandbox.agent import device
 
 # ---------------------------------------------------------------------------------------------- my_sdpa
 
+def _sdpa_case(g, label, shape, amp, kwargs):
+    b, h, nq, nk, d = shape
+    q, k, v = randn(g, b, h, nq, d, scale=amp), randn(g, b, h, nk, d, scale=amp), randn(g, b, h, nk, d)
+    return label, (q, k, v), dict(kwargs), randn(g, b, h, nq, d)
+
+
 def _sdpa_cases():
     causal, i = {"is_causal": True}, torch.arange(8)
-    rows = [  # (label, (B, H, Nq, Nk, D), q/k amplitude, kwargs)
+    return table(1900, [  # (label, (B, H, Nq, Nk, D), q/k amplitude, kwargs)
         ("B=2, H=2, T=8, D=16, is_causal=True (the model's call)", (2, 2, 8, 8, 16), 1.0, causal),
         ("B=1, H=3, Nq=5, Nk=7, D=8, no mask, not causal", (1, 3, 5, 7, 8), 1.0, {}),
-        ("B=2, H=1, T=6, D=4, is_causal=True, scale=0.3 (not 1/sqrt(4))", (2, 1, 6, 6, 4), 1.0,
-         {"is_causal": True, "scale": 0.3}),
-        ("B=1, H=2, T=9, D=16, is_causal=True, large logits (q, k x 10: scores in the hundreds)", (1, 2, 9, 9, 16),
-         10.0, causal),
+        ("B=2, H=1, T=6, D=4, is_causal=True, scale=0.3", (2, 1, 6, 6, 4), 1.0, {"is_causal": True, "scale": 0.3}),
+        ("B=1, H=2, T=9, D=16, is_causal=True, large logits (q, k x 10)", (1, 2, 9, 9, 16), 10.0, causal),
         ("B=2, H=2, T=8, D=8, attn_mask (8, 8) a window of 3 AND is_causal=True", (2, 2, 8, 8, 8), 1.0,
          {"is_causal": True, "attn_mask": (i[:, None] - i[None, :]).abs() < 3}),
         ("B=2, H=1, Nq=4, Nk=6, D=8, attn_mask (2, 1, 1, 6) key padding (lengths 6 and 3), not causal",
          (2, 1, 4, 6, 8), 1.0, {"attn_mask": (torch.arange(6) < torch.tensor([[6], [3]]))[:, None, None, :]}),
-        ("B=1, H=1, Nq=4, Nk=6, D=8, is_causal=True (top-left: query i sees keys 0..i)", (1, 1, 4, 6, 8), 1.0,
-         causal),
-    ]
-    cases = []
-    for seed, (label, (b, h, nq, nk, d), amp, kwargs) in enumerate(rows):
-        g = gen(1900 + seed)
-        q, k, v = randn(g, b, h, nq, d, scale=amp), randn(g, b, h, nk, d, scale=amp), randn(g, b, h, nk, d)
-        cases.append((label, (q, k, v), dict(kwargs), randn(g, b, h, nq, d)))
-    return cases
+        ("B=1, H=1, Nq=4, Nk=6, D=8, is_causal=True (top-left: query i sees keys 0..i)", (1, 1, 4, 6, 8), 1.0, causal),
+    ], _sdpa_case)
 
 
 def _sdpa_with(wrong):
@@ -65,21 +64,17 @@ def _sdpa_with(wrong):
 
 
 _SDPA_MISTAKES = [Mistake(key, message, _sdpa_with(key)) for key, message in [
-    ("no-max-subtraction", "the softmax is not stabilised: with scores in the hundreds exp overflows to inf and the "
-     "weights become NaN; subtract each row's maximum before exp"),
+    ("no-max-subtraction", "exp overflows on large scores (NaN weights): subtract each row's max before exp"),
     ("scale-1-over-d", "the default scale is 1/sqrt(D), not 1/D"),
-    ("scale-missing", "the scores are not scaled at all: multiply q @ k^T by scale (1/sqrt(D) when none is given)"),
-    ("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(D)"),
-    ("causal-diagonal-excluded", "the causal mask hides the diagonal: query i may attend to key i itself (keep "
-     "j <= i, i.e. tril(), not tril(-1))"),
-    ("causal-bottom-right", "the causal mask is aligned bottom-right; SDPA's is top-left: query i sees keys 0..i "
-     "whatever Nk is (torch.ones(Nq, Nk).tril())"),
-    ("mask-inverted", "attn_mask is read backwards: True means *may attend* (SDPA's convention)"),
-    ("mask-after-softmax", "the mask is applied after the softmax (weights zeroed, rows no longer sum to 1): set "
-     "masked scores to -inf before it"),
-    ("softmax-wrong-axis", "the softmax runs over the queries (dim -2); it must run over the keys (dim -1)"),
-    ("is-causal-ignored", "is_causal=True is ignored: without it every position sees the future"),
-    ("causal-replaces-mask", "with is_causal=True the attn_mask is dropped: both apply (AND)"),
+    ("scale-missing", "the scores are not scaled: multiply q @ k^T by scale (1/sqrt(D) by default)"),
+    ("scale-ignored", "the `scale` argument is ignored: when given it replaces 1/sqrt(D)"),
+    ("causal-diagonal-excluded", "the causal mask hides the diagonal: query i sees key i (tril(), not tril(-1))"),
+    ("causal-bottom-right", "the causal mask is bottom-right; SDPA's is top-left: torch.ones(Nq, Nk).tril()"),
+    ("mask-inverted", "attn_mask is read backwards: True means may attend"),
+    ("mask-after-softmax", "the mask is applied after the softmax: set masked scores to -inf before it"),
+    ("softmax-wrong-axis", "the softmax runs over the queries (dim -2), not the keys (dim -1)"),
+    ("is-causal-ignored", "is_causal=True is ignored: every position sees the future"),
+    ("causal-replaces-mask", "with is_causal=True the attn_mask is dropped: apply both (AND)"),
 ]]
 
 
@@ -91,8 +86,8 @@ TILE_MODEL = 16                                                    # the tiles t
 
 
 def _kernel_with(wrong):
-    """The kernel's loop in PyTorch, program by program (q, k, v: (BH, N, D)), with the mistake ``wrong`` (its key)
-    made. Keys past N are left out, as the kernel's load masks them."""
+    """The kernel's loop in PyTorch, program by program (q, k, v: (BH, N, D)), with the mistake ``wrong`` made.
+    Keys past N are left out, as the kernel's load masks them."""
     def impl(q, k, v, scale, bm, bn):
         bh, n, d = q.shape
         out = torch.empty_like(q)
@@ -121,50 +116,37 @@ def _kernel_with(wrong):
 
 
 _KERNEL_MISTAKES = [Mistake(key, message, _kernel_with(key)) for key, message in [
-    ("acc-not-rescaled", "the accumulator is not rescaled when the running max grows: acc = acc * alpha[:, None] + "
-     "tl.dot(p, v)"),
-    ("sum-not-rescaled", "the running sum is not rescaled when the running max grows (the accumulator is): l_i = "
-     "l_i * alpha + tl.sum(p, 1)"),
+    ("acc-not-rescaled", "the accumulator is not rescaled: acc = acc * alpha[:, None] + tl.dot(p, v)"),
+    ("sum-not-rescaled", "the running sum is not rescaled: l_i = l_i * alpha + tl.sum(p, 1)"),
     ("scale-forgotten", "the scores are not multiplied by `scale`"),
     ("not-normalised", "the output is not divided by the running sum: store acc / l_i[:, None]"),
-    ("causal-diagonal-excluded", "the element mask hides the diagonal: keep offs_n <= offs_m (a query sees itself); "
-     "the first query then has no key at all and its row is NaN"),
-    # a kernel without any element mask (keys past n_ctx not masked either) fails the first launch, whose N is a
-    # multiple of BLOCK_N, in the same way: this one emulation names both
-    ("causal-mask-missing", "the loop stops at the diagonal but the diagonal block has no element mask: inside it, "
-     "keys after the query get weight; set s to -inf where offs_n > offs_m (and where offs_n >= n_ctx)"),
+    ("causal-diagonal-excluded", "the element mask hides the diagonal (the first row is NaN): keep offs_n <= offs_m"),
+    # also a kernel with no element mask at all: it fails the first launch (N a multiple of BLOCK_N) the same way
+    ("causal-mask-missing", "the diagonal block has no element mask: s = -inf where offs_n > offs_m (or >= n_ctx)"),
     ("not-causal", "the kernel is not causal: every query sees every key"),
-    ("loop-bound-block-n", "the loop ends at (pid_m + 1) * BLOCK_N: the last keys a query block may see end at "
-     "(pid_m + 1) * BLOCK_M (the two differ when BLOCK_M != BLOCK_N)"),
-    ("one-fixed-tile", "the kernel reads one fixed tile of keys (64 here) with a plain softmax over it, right only "
-     "while n_ctx fits in the tile: loop over key blocks up to the diagonal with the online softmax (running max, "
-     "running sum, rescaled accumulator)"),
+    ("loop-bound-block-n", "the loop ends at (pid_m + 1) * BLOCK_N; it must end at (pid_m + 1) * BLOCK_M"),
+    ("one-fixed-tile", "one fixed tile of 64 keys fits only a short n_ctx: loop over key blocks (online softmax)"),
 ]]
 
-DENSE_LOOP = Mistake("dense-loop", "the loop visits every key block, also those entirely above the diagonal (right "
-                     "values, wasted traffic): stop it at the diagonal, range(0, (pid_m + 1) * BLOCK_M, BLOCK_N)",
-                     None)
+
+def _launch(g, bh, n, d, bm, bn, amp, what):
+    q, k, v = randn(g, bh, n, d, scale=amp), randn(g, bh, n, d, scale=amp), randn(g, bh, n, d)
+    buffers, args = attention_launch({"q": q, "k": k, "v": v, "o": q.shape}, 3, ["o"], [n, d ** -0.5])
+    want = specs.my_sdpa(q[None], k[None], v[None], is_causal=True)[0]
+    return Launch(f"{what}, tiles {bm}x{bn}", buffers, (cdiv(n, bm), bh), args,
+                  {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, {"o": want}, (q, k, v, d ** -0.5, bm, bn),
+                  ("Q", "K", "V", "scale", "BLOCK_M", "BLOCK_N"), traffic_budget(bh, n, d, bm, bn))
 
 
 def _kernel_launches():
-    out = []
-    for seed, (bh, n, d, bm, bn, amp, what) in enumerate([
-            (BH_MODEL, specs.SEQ, HS_MODEL, TILE_MODEL, TILE_MODEL, 1.0,
-             f"the model's shape: BH={BH_MODEL} (batch {specs.BATCH} x {specs.TINY['n_heads']} heads), "
-             f"N={specs.SEQ}, D={HS_MODEL}"),
-            (2, 20, 16, 16, 16, 1.0, "BH=2, N=20 (a partial last block), D=16"),
-            (1, 7, 16, 16, 16, 1.0, "BH=1, N=7 (shorter than one block), D=16"),
-            (2, 48, 16, 16, 16, 8.0, "BH=2, N=48, D=16, large scores (the running max must rescale)"),
-            (2, 40, 32, 32, 16, 1.0, "BH=2, N=40, D=32, BLOCK_M=32 != BLOCK_N=16"),
-            (1, 100, 16, 16, 16, 1.0, "BH=1, N=100 (more keys than one tile of 64 holds), D=16")]):
-        g = gen(2000 + seed)
-        q, k, v = randn(g, bh, n, d, scale=amp), randn(g, bh, n, d, scale=amp), randn(g, bh, n, d)
-        buffers, args = attention_launch({"q": q, "k": k, "v": v, "o": q.shape}, 3, ["o"], [n, d ** -0.5])
-        want = specs.my_sdpa(q[None], k[None], v[None], is_causal=True)[0]
-        out.append(Launch(f"{what}, tiles {bm}x{bn}", buffers, (cdiv(n, bm), bh), args,
-                          {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, {"o": want}, (q, k, v, d ** -0.5, bm, bn),
-                          ("Q", "K", "V", "scale", "BLOCK_M", "BLOCK_N"), traffic_budget(bh, n, d, bm, bn)))
-    return out
+    return table(2000, [  # (BH, N, D, BLOCK_M, BLOCK_N, q/k amplitude, what the launch shows)
+        (BH_MODEL, specs.SEQ, HS_MODEL, TILE_MODEL, TILE_MODEL, 1.0, f"the model's shape: BH={BH_MODEL} (batch "
+         f"{specs.BATCH} x {specs.TINY['n_heads']} heads), N={specs.SEQ}, D={HS_MODEL}"),
+        (2, 20, 16, 16, 16, 1.0, "BH=2, N=20 (a partial last block), D=16"),
+        (1, 7, 16, 16, 16, 1.0, "BH=1, N=7 (shorter than one block), D=16"),
+        (2, 48, 16, 16, 16, 8.0, "BH=2, N=48, D=16, large scores (the running max must rescale)"),
+        (2, 40, 32, 32, 16, 1.0, "BH=2, N=40, D=32, BLOCK_M=32 != BLOCK_N=16"),
+        (1, 100, 16, 16, 16, 1.0, "BH=1, N=100 (more keys than one tile of 64 holds), D=16")], _launch)
 
 
 def causal_kv_rows(n, bm, bn):
@@ -180,7 +162,9 @@ def traffic_budget(bh, n, d, bm, bn, element_size=4):
 def _dense_loop(case, traffic):
     bh, n, d = case.inputs[0].shape   # as much K or V as a loop over every key block loads: the dense loop
     dense = bh * cdiv(n, case.constexprs["BLOCK_M"]) * n * d * 4
-    return [DENSE_LOOP] if max(traffic[b]["load_bytes"] for b in "kv") >= dense > case.budget["k"][0] else []
+    dense_loop = max(traffic[b]["load_bytes"] for b in "kv") >= dense > case.budget["k"][0]
+    return [Mistake("dense-loop", "the loop also visits the key blocks above the diagonal (wasted traffic): stop it "
+                    "at the diagonal, range(0, (pid_m + 1) * BLOCK_M, BLOCK_N)", None)] if dense_loop else []
 
 
 # ---------------------------------------------------------------------------------------------- the runs
@@ -189,8 +173,7 @@ TRAIN_STEPS, EXPERIMENT_STEPS = 8, 20
 
 
 def train_tolerance():
-    """Every step's loss within this of SDPA's run (in training and in the experiment): float32 rounding on a
-    CPU; on a GPU tl.dot multiplies float32 in TF32, which moves the losses more."""
+    """Every step's loss within this of SDPA's run: float32 rounding on a CPU; on a GPU tl.dot rounds to TF32."""
     return 1e-2 if device() == "cuda" else 1e-3
 
 
@@ -199,31 +182,29 @@ def _salted_seed(n):
 
 
 def _upstream(learner, parts=(("capstone-sdpa", "my_sdpa"),)):
-    """[a Mistake] for the first of ``parts`` ((part, function)) whose own table fails: a run that goes through a
-    wrong function of the learner's (train_gpt's: the kernel, then my_sdpa's backward) cannot be right before it is."""
+    """[a Mistake] for the first of ``parts`` ((part, function)) whose own table fails: a run through a wrong
+    function of the learner's cannot be right before that function is."""
     for part, name in parts:
         try:
             run(TABLES[part], learner)
         except Fail as exc:
             if not isinstance(exc, NotDone):   # not written (or not in this namespace): nothing to say of it
                 return [Mistake(f"{part}-fails", f"your {name} fails its own part ({part}: "
-                                f"{exc.message.splitlines()[0]}); the run goes through it, so fix that part first",
-                                None)]
+                                f"{exc.message.splitlines()[0]}); the run goes through it: fix that part first", None)]
         except Exception:
             continue
     return []
 
 
-def _reproduce(learner, name, cases, mistakes, differs, upstream, fallback=lambda got, want: []):
-    """Each case's loss curves against the reference's, every step within :func:`train_tolerance`; a failure no
-    mistake explains is put down to a failing earlier part (``upstream``), then to ``fallback``. Returns the last
-    (got, want)."""
-    reference, tol = getattr(specs, name), train_tolerance()
+def _reproduce(learner, name, cases, known, differs, upstream, fallback=lambda got, want: []):
+    """Each case's loss curves against the reference's within :func:`train_tolerance`; a failure no mistake
+    explains is put down to ``upstream``, then to ``fallback``. Returns the last (got, want)."""
+    learner, reference, tol = learner_of(learner), getattr(specs, name), train_tolerance()
     for label, args, _, got in each_result(learner, name, cases):
         want = reference(*args)
         why = mismatch(got, want, rtol=0.0, atol=tol)
         if why:
-            found = diagnose(got, mistakes, args, {}, rtol=0.0, atol=tol) or _upstream(learner, upstream) or fallback(
+            found = diagnose(got, known, args, {}, rtol=0.0, atol=tol) or _upstream(learner, upstream) or fallback(
                 got, want)
             raise Fail(f"`{name}` on {label}: {differs} (every step within {tol:g}): {why}\n    "
                        + case_line(label, args, {}, reference), found)
@@ -232,48 +213,38 @@ def _reproduce(learner, name, cases, mistakes, differs, upstream, fallback=lambd
 
 # ---------------------------------------------------------------------------------------------- training
 
-_TRAIN_MISTAKES = [Mistake(key, message, lambda seed, steps, switch=switch: specs.train_gpt(seed, steps, **switch))
-                   for key, message, switch in [
-    ("grads-accumulate", "the gradients are never zeroed, so each step adds to the last ones: call "
-     "optimizer.zero_grad() before loss.backward()", dict(zero_grad=False)),
-    ("no-clip", "the gradients are not clipped: torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP) between "
-     "backward and step", dict(clip=False)),
-    ("same-batch", "every step trains on the same batch: make the generator once, before the loop, and draw from "
-     "it at each step", dict(reseed=lambda step: 0)),
-    ("generator-per-step", "a new generator is made at every step (seeded with seed + i): the batches are not the "
-     "recipe's; make one torch.Generator().manual_seed(seed) before the loop and draw every batch from it",
-     dict(reseed=lambda step: step)),
-    ("wrong-lr", "the learning rate is Adam's default 1e-3, not LR", dict(lr=1e-3)),
+_TRAIN_MISTAKES = mistakes(lambda **switch: functools.partial(specs.train_gpt, **switch), [
+    ("grads-accumulate", "the gradients are not zeroed: optimizer.zero_grad() before backward", {"zero_grad": False}),
+    ("no-clip", "no gradient clipping: clip_grad_norm_(model.parameters(), CLIP) before step", {"clip": False}),
+    ("same-batch", "every step trains on the same batch: make one generator before the loop", {"reseed": lambda i: 0}),
+    ("generator-per-step", "a new generator each step: draw every batch from one made before the loop",
+     {"reseed": lambda i: i}),
+    ("wrong-lr", "the learning rate is Adam's default 1e-3, not LR", {"lr": 1e-3}),
     # a step at learning rate 0 leaves the weights as they were: the run of a loop that never steps
-    ("no-update", "the weights never change: call optimizer.step() after loss.backward() (and zero the gradients "
-     "before backward, not between backward and step)", dict(lr=0.0)),
-    ("sgd", "the optimizer is SGD; the recipe is Adam(model.parameters(), lr=LR)", dict(optimizer=torch.optim.SGD)),
-]]
-
-FIRST_STEP = Mistake("first-step-differs", "the very first loss differs, before any update: the initial weights or "
-                     "the first batch are not the recipe's. Build the model with GPT(**TINY, ..., seed=seed) and the "
-                     "batches from one torch.Generator().manual_seed(seed), corpus.batch('train', BATCH, SEQ, g)",
-                     None)
-
+    ("no-update", "the weights never change: optimizer.step() after backward, zero_grad() before backward, not after",
+     {"lr": 0.0}),
+    ("sgd", "the optimizer is SGD; the recipe is Adam(model.parameters(), lr=LR)", {"optimizer": torch.optim.SGD}),
+])
 
 def _first_step(got, want):
     try:
         losses = torch.as_tensor(got, dtype=want.dtype)
     except (TypeError, ValueError, RuntimeError):
         return []
-    return [FIRST_STEP] if losses.shape == want.shape and mismatch(losses[:1], want[:1], rtol=0.0,
-                                                                   atol=train_tolerance()) else []
+    if losses.shape != want.shape or not mismatch(losses[:1], want[:1], rtol=0.0, atol=train_tolerance()):
+        return []
+    return [Mistake("first-step-differs", "the first loss differs, before any update: GPT(**TINY, ..., seed=seed), "
+                    "the batches from one torch.Generator().manual_seed(seed)", None)]
 
 
 def _measure_train(learner):
-    seed, tol = _salted_seed(2100), train_tolerance()
+    seed = _salted_seed(2100)
     cases = [(f"seed {seed}, {TRAIN_STEPS} steps", (seed, TRAIN_STEPS), {})]
-    got, want = _reproduce(learner_of(learner), "train_gpt", cases, _TRAIN_MISTAKES, "the losses are not those of "
-                           "the same run with SDPA", (("capstone-kernel", "causal_attn_kernel"),
-                                                      ("capstone-sdpa", "my_sdpa")), _first_step)
+    got, want = _reproduce(learner, "train_gpt", cases, _TRAIN_MISTAKES, "the losses are not those of SDPA's run",
+                           (("capstone-kernel", "causal_attn_kernel"), ("capstone-sdpa", "my_sdpa")), _first_step)
     worst = (torch.as_tensor(got, dtype=torch.float64) - want.double()).abs().max().item()
     return (f"your run's {TRAIN_STEPS} losses follow SDPA's run from the same seed (largest difference "
-            f"{worst:.1e}, tolerance {tol:g}): loss {float(want[0]):.3f} -> {float(want[-1]):.3f}")
+            f"{worst:.1e}, tolerance {train_tolerance():g}): loss {float(want[0]):.3f} -> {float(want[-1]):.3f}")
 
 
 # ---------------------------------------------------------------------------------------------- the experiment
@@ -291,34 +262,29 @@ def _experiment_with(window_off=0, use_global=True, causal=True, swapped=False, 
     return impl
 
 
-_EXPERIMENT_MISTAKES = [Mistake(key, message, _experiment_with(**switch)) for key, message, switch in [
-    ("window-off-by-one", "the window holds `window` keys counting the query itself: i - j < window, not <=",
-     dict(window_off=1)),
-    ("global-missing", "the first n_global keys are not global: every query may also see keys j < n_global",
-     dict(use_global=False)),
-    ("local-not-causal", "the local mask lets a query see the keys after it (|i - j| < window without j <= i, and "
-     "is_causal off): the loss then falls because the model reads the answer", dict(causal=False)),
-    ("local-not-causal", "the window is symmetric (|i - j| < window) and is_causal is off: a query sees the next "
-     "window - 1 characters, the answer among them; keep j <= i", dict(causal=False, symmetric=True)),
-    ("swapped", "the two curves are returned in the wrong order: (dense, local)", dict(swapped=True)),
-    ("different-seeds", "the two runs do not start from the same seed: both use `seed` (the same initial weights "
-     "and the same batches), so that only the mask differs", dict(seed_offset=1)),
-    ("both-masked", "the dense run is masked too: it must be plain causal attention", dict(both_masked=True)),
-]]
+_EXPERIMENT_MISTAKES = mistakes(_experiment_with, [
+    ("window-off-by-one", "the window holds `window` keys, the query's among them: i - j < window", {"window_off": 1}),
+    ("global-missing", "the first n_global keys are not global: every query also sees j < n_global",
+     {"use_global": False}),
+    ("local-not-causal", "the local mask lets a query see the keys after it: keep j <= i", {"causal": False}),
+    ("local-not-causal", "the window is symmetric (|i - j| < window), is_causal off: keep j <= i",
+     {"causal": False, "symmetric": True}),
+    ("swapped", "the two curves are in the wrong order: return (dense, local)", {"swapped": True}),
+    ("different-seeds", "the two runs start from different seeds: both use `seed`", {"seed_offset": 1}),
+    ("both-masked", "the dense run is masked too: it must be plain causal attention", {"both_masked": True}),
+])
 
 
 def _measure_experiment(learner):
     specs._RUNS.clear()   # this check's runs: the reference's two of each case, shared with the mistakes
     cases = [(f"seed {s}, {EXPERIMENT_STEPS} steps, window={w}, n_global={ng}", (s, EXPERIMENT_STEPS, w, ng), {})
              for s, w, ng in [(_salted_seed(2200), 8, 1), (_salted_seed(2201), 4, 2)]]
-    _reproduce(learner_of(learner), "local_vs_dense", cases, _EXPERIMENT_MISTAKES, "the grader's reproduction "
-               "differs", (("capstone-sdpa", "my_sdpa"),))
+    _reproduce(learner, "local_vs_dense", cases, _EXPERIMENT_MISTAKES, "the grader's reproduction differs",
+               (("capstone-sdpa", "my_sdpa"),))
     return (f"{len(cases)} experiments reproduced (dense and local + global loss curves, every step within "
             f"{train_tolerance():g})")
 
 
-# capstone-train is a function part measured here: its tolerance is the device's, and a failure no mistake of its
-# own explains is put down to a failing earlier part (:func:`_upstream`)
 TABLES = {
     "capstone-sdpa": Gradients("my_sdpa", specs.my_sdpa, _sdpa_cases, inputs=(0, 1, 2), mistakes=_SDPA_MISTAKES,
                                labels=["dQ", "dK", "dV"], says="{n} cases match SDPA's function, output and dQ, dK, "

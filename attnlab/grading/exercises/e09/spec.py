@@ -1,8 +1,5 @@
-"""The references of exercise 09_capstone (never shown; an empty file in the sandbox where ``attnlab grade`` runs).
-
-The attention is the library's, the model ``attnlab.models.gpt``'s; the exercise's own are the tiny training recipe,
-the local-plus-global element mask and the experiment.
-"""
+"""The references of exercise 09_capstone (never shown; an empty file in the sandbox where ``attnlab grade`` runs):
+the library's attention and GPT, the tiny training recipe, the local-plus-global mask and the experiment."""
 
 import functools
 
@@ -10,18 +7,13 @@ import torch
 
 from attnlab import mask_mods
 from attnlab.attention import causal_mask, scaled_dot_product_attention
+from attnlab.data.stdlib_text import load_corpus
 from attnlab.models.gpt import GPT
 
 # the recipe the notebook states (its setup cell holds the same numbers; a test compares them)
 TINY = dict(vocab_size=96, block_size=32, d_model=32, n_heads=2, n_layers=2)   # head size 16
 BATCH, SEQ, LR, CLIP = 4, 32, 3e-3, 1.0
-
-
-@functools.lru_cache(maxsize=1)
-def _corpus():
-    from attnlab.data.stdlib_text import load_corpus
-
-    return load_corpus()
+_corpus = functools.lru_cache(maxsize=1)(load_corpus)   # read once
 
 
 def my_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
@@ -31,9 +23,8 @@ def my_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None)
 
 def train_gpt(seed, steps, attention="sdpa", *, lr=LR, optimizer=torch.optim.Adam, clip=True, zero_grad=True,
               reseed=None):
-    """``steps`` steps of the tiny GPT from ``seed``: a float32 tensor of every step's loss (before its update).
-    The keywords change one ingredient of the recipe, as the checks' emulated mistakes do (``reseed(step)``: a new
-    generator at each step, seeded with ``seed + reseed(step)``)."""
+    """Every step's loss (before its update) of the tiny GPT trained from ``seed``. The keywords change one
+    ingredient for the checks' mistakes (``reseed(step)``: a new generator each step, seeded seed + reseed(step))."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny matrices: one thread is faster, and rounds the same way every run
     try:
@@ -60,8 +51,8 @@ def train_gpt(seed, steps, attention="sdpa", *, lr=LR, optimizer=torch.optim.Ada
 
 
 def local_global_mask(n, window, n_global):
-    """(n, n) bool: query i sees key j when j <= i and (i - j < window or j < n_global). Under causal, global
-    queries add nothing: the global tokens are the keys."""
+    """(n, n) bool: query i sees key j when j <= i and (i - j < window or j < n_global); under causal, the global
+    tokens are keys only (global queries would add nothing)."""
     near = [mask_mods.sliding_window(window - 1)] if window > 0 else []
     mod = mask_mods.and_masks(mask_mods.causal, mask_mods.or_masks(*near, mask_mods.global_tokens(n_global)))
     return mask_mods.create_mask(mod, None, None, n, n)[0, 0]              # (n, n)
@@ -71,7 +62,7 @@ _RUNS = {}   # (seed, steps, element mask) -> loss curve, so that the checks' em
 
 
 def masked_run(seed, steps, keep):
-    """train_gpt's loss curve with attention under the element mask ``keep`` (SEQ, SEQ), bool, True = attend."""
+    """train_gpt's loss curve with attention under the bool element mask ``keep`` (SEQ, SEQ), True = attend."""
     key = (seed, steps, keep.numpy().tobytes())
     if key not in _RUNS:
         _RUNS[key] = train_gpt(seed, steps, lambda q, k, v, is_causal=True: scaled_dot_product_attention(
