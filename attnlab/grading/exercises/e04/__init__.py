@@ -1,10 +1,6 @@
-"""Exercise 04_multi_head: its parts and what each may not call (its hints: attnlab/course/hints/).
+"""Exercise 04_multi_head: its parts and what each may not call (read without torch by attnlab/grading/parts.py)."""
 
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
-
-from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part  # noqa: F401
+from attnlab.grading.exercises import ATTENTION, Part
 
 EXERCISE = "04_multi_head"
 

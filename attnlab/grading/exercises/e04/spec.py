@@ -1,11 +1,16 @@
 """The references of exercise 04_multi_head (never shown; an empty file in the sandbox where ``attnlab grade`` runs):
 the library's ``MultiHeadAttention``, its costs measured on the meta device, and its ``TinyTransformer`` trained."""
 
+import functools
 from types import SimpleNamespace
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.attention import MultiHeadAttention
+from attnlab.data.toy import PreviousTwo
+from attnlab.models.transformer import TinyTransformer, train
+from attnlab.train import deterministic
 
 
 def _layout(d_model, num_heads):
@@ -31,15 +36,12 @@ def mha_forward(state_dict, num_heads, query, key=None, value=None, mask=None, c
 
 
 def mha_parameters(d_model, num_heads, bias=True):
-    """Parameters of one MultiHeadAttention layer (counted on the meta device)."""
     with torch.device("meta"):
         return sum(p.numel() for p in MultiHeadAttention(d_model, num_heads, bias=bias).parameters())
 
 
 def mha_flops(batch, n_q, n_k, d_model, num_heads):
     """Matmul FLOPs of one forward (key = value) as FlopCounterMode counts them (2 per multiply-add)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     with torch.device("meta"):
         module = MultiHeadAttention(d_model, num_heads)
         query, key = torch.empty(batch, n_q, d_model), torch.empty(batch, n_k, d_model)
@@ -48,18 +50,12 @@ def mha_flops(batch, n_q, n_k, d_model, num_heads):
     return counter.get_total_flops()
 
 
-TASK = dict(vocab=8, seq_len=12)  # PreviousTwo
-MODEL = dict(d_model=32, d_mlp=0)
-TRAIN = dict(batch_size=32, lr=6e-3, schedule="cosine")
-TEST_SEQUENCES = 500
+TASK, MODEL = dict(vocab=8, seq_len=12), dict(d_model=32, d_mlp=0)   # PreviousTwo, a one-layer attention-only model
+TRAIN, TEST_SEQUENCES = dict(batch_size=32, lr=6e-3, schedule="cosine"), 500
 
 
 def trained_model(seed, num_heads=2, steps=200):
     """(TinyTransformer trained on PreviousTwo from ``seed``, the test tokens (500, 12) of seed + 1)."""
-    from attnlab.data.toy import PreviousTwo
-    from attnlab.models.transformer import TinyTransformer, train
-    from attnlab.train import deterministic
-
     task = PreviousTwo(**TASK)
     with deterministic(seed), torch.enable_grad():   # checks call the spec under no_grad
         model = TinyTransformer(task.vocab_size, task.n_classes, num_heads=num_heads, max_len=task.seq_len, seed=seed,
@@ -75,12 +71,14 @@ def attention_weights(model, tokens):
         return model(tokens, return_weights=True)[1][0]
 
 
-def profile(weights):
-    """(h, 3): per head, mean weight of the queries i >= 2 on key i-1, on key i-2, and on all others; rows sorted by
-    the weight on i-1, largest first."""
-    prev1 = weights.diagonal(-1, dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, 2))   # (h,)  queries 2..N-1
-    prev2 = weights.diagonal(-2, dim1=-2, dim2=-1).mean(dim=(0, 2))            # (h,)
-    rows = torch.stack([prev1, prev2, 1 - prev1 - prev2], dim=1)              # (h, 3)
+def profile(weights, ahead=False, summed=False):
+    """(h, 3): per head, the mean weight of the queries i >= 2 on key i-1, on key i-2 and on all others, rows sorted by
+    the first; the checks' mistakes: ``ahead`` (keys i+1, i+2), ``summed`` (not averaged)."""
+    reduce, sign = functools.partial(torch.sum if summed else torch.mean, dim=(0, 2)), 1 if ahead else -1
+    prev1 = reduce(weights.diagonal(sign, dim1=-2, dim2=-1)[..., 0 if ahead else 1:])   # (h,)  queries 2..N-1
+    prev2 = reduce(weights.diagonal(2 * sign, dim1=-2, dim2=-1))                         # (h,)
+    rest = (weights.shape[0] * (weights.shape[-1] - 2) if summed else 1) - prev1 - prev2
+    rows = torch.stack([prev1, prev2, rest], dim=1)                                     # (h, 3)
     return rows[rows[:, 0].argsort(descending=True)]
 
 
