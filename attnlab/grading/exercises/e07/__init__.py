@@ -1,8 +1,4 @@
-"""Exercise 07_flash_attention: its parts and what each may not call (its hints: attnlab/course/hints/).
-
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
+"""Exercise 07_flash_attention: its parts and what each may not call (layout: attnlab/grading/exercises/)."""
 
 from attnlab.grading.exercises import ATTENTION, AUTOGRAD, SOFTMAX, Part
 

@@ -1,8 +1,5 @@
-"""The references of exercise 07_flash_attention, never shown in the exercise (an empty file in the sandbox where
-``attnlab grade`` runs a notebook). FlashAttention has one home, :mod:`attnlab.tiled` (and the shipped kernel
-:func:`attnlab.kernels.flash_attention`); here is only the shape the exercise asks for: one leading batch dim, the
-log-sum-exp returned, one measurement. The Triton parts are compared with :mod:`attnlab.tiled` (``checks.py``).
-"""
+"""The references of exercise 07_flash_attention (never shown in the exercise; empty in the grader's sandbox):
+:mod:`attnlab.tiled` and :func:`attnlab.kernels.flash_attention` in the shape the exercise asks for."""
 
 import torch
 
@@ -18,11 +15,11 @@ def online_softmax_update(m, l, acc, s_block, v_block):
     return m_new, alpha * l + p.sum(dim=-1), alpha[:, None] * acc + p @ v_block
 
 
-def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16):
+def tiled_attention_forward(q, k, v, causal=False, block_m=16, block_n=16, scale=None):
     """O (B, Nq, dv) and L (B, Nq), the log-sum-exp of each row of scaled scores, of q (B, Nq, d), k (B, Nk, d),
-    v (B, Nk, dv); causal: query i sees keys j <= i."""
+    v (B, Nk, dv); causal: query i sees keys j <= i; scale (the kernels'): 1/sqrt(d) if None."""
     o, lse = tiled_attention(q[:, None], k[:, None], v[:, None], causal=causal, block_m=block_m, block_n=block_n,
-                             return_lse=True)
+                             scale=scale, return_lse=True)
     return o[:, 0], lse[:, 0]
 
 
