@@ -303,7 +303,7 @@ def test_an_unbounded_load_of_the_int8_mask_is_caught():
 
 def test_flex_attention_s_eager_paths_agree_with_each_other_and_with_attnlab():
     g = torch.Generator().manual_seed(0)
-    docs = e08._doc_ids(g, 2, 37, padding=True)
+    docs = e08._mask_arg(g, "document", 2, 37, {}, padding=True)
     q, k, v = (torch.randn(2, 1, 37, 16, generator=g) for _ in range(3))
     fast = e08._flex_reference(q, k, v, "document", docs, 16, 0.25)
     assert flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is False  # restored
@@ -332,13 +332,13 @@ def _flex_forward(kernel, q, k, v, lists, mask, block_size, int64_lists=False):
     return o
 
 
-def _interpreted_flex():
-    """The right kernel decorated with TRITON_INTERPRET=1, as the notebook's setup cell does on a CPU, so that
+def _interpreted_flex(**flags):
+    """The right kernel (``flags``: a mistake's switches) decorated with TRITON_INTERPRET=1, as the notebook's setup cell does on a CPU, so that
     attnlab.memory.trace sees its loads (it traces plain @triton.jit kernels only when they are interpreted)."""
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        return _flex()
+        return _flex(**flags)
     finally:
         if before is None:
             del os.environ["TRITON_INTERPRET"]
@@ -397,3 +397,42 @@ def test_the_experiment_may_not_build_its_masks_with_torch():
 
 
 test_wrong_implementation_fails_with_its_diagnosis = WRONG.test()
+
+
+def test_numbers_theory_predicts_score_only_when_the_kernel_moves_them():
+    # 2 x 16 rows x d x 4 bytes per visited tile, counted without running anything: the bytes of a kernel that
+    # loads each listed block once, so right for such a kernel and wrong for one that loads V twice
+    def theory(windows, n, d, block_size, seed):
+        dens, kv = [], []
+        for w in windows:
+            kn, _, fn, _ = spec.create_block_mask(sliding_window(w), 1, 1, n, n, block_size)
+            dens.append(float(kn.sum() + fn.sum()) / (n // block_size) ** 2)
+            kv.append(float(kn.sum() + fn.sum()) * 2 * block_size * d * 4)
+        return torch.tensor(dens, dtype=torch.float64), torch.tensor(kv, dtype=torch.float64)
+
+    right = {"bytes_against_density": theory, "flex_fwd_kernel": _interpreted_flex()}
+    assert run_check("bytes-vs-density", LocalLearner(right, forbidden=[])).passed
+    wasteful = {"bytes_against_density": theory, "flex_fwd_kernel": _interpreted_flex(LOAD_TWICE=True)}
+    result = run_check("bytes-vs-density", LocalLearner(wasteful, forbidden=[]))
+    assert not result.passed and "within 1e-9" in result.message, result.message
+
+
+def test_the_experiment_s_points_differ_and_depend_on_the_salt():
+    from attnlab.grading import core
+
+    # two windows a block apart in 0 ... 111 give two different points (n = 128, 16-row blocks)
+    points = [e08._model_point(w, 128, 16, 16) for w in range(112)]
+    for w in range(112):
+        for w2 in range(w + 16, 112):
+            assert points[w]["density"] != points[w2]["density"] and points[w]["kv"] != points[w2]["kv"], (w, w2)
+    seen = set()
+    try:
+        for salt in range(300):
+            core._SALT[0] = salt
+            windows = e08._windows(128, 16)
+            assert 0 <= windows[0] and windows[-1] <= 111, windows
+            assert all(b - a >= 16 for a, b in zip(windows, windows[1:])), windows
+            seen.add(tuple(points[w]["kv"] for w in windows))
+    finally:
+        core._SALT[0] = 0
+    assert len(seen) >= 40  # of the 70 sets of 4 points: no table of numbers answers every grading

@@ -1,10 +1,6 @@
-"""Exercise 08_block_sparse: its parts and what each may not call (its hints: attnlab/course/hints/).
+"""Exercise 08_block_sparse: its parts and what each may not call (read without torch by attnlab/grading/parts.py)."""
 
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
-
-from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part  # noqa: F401
+from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part
 
 EXERCISE = "08_block_sparse"
 
@@ -21,9 +17,5 @@ PARTS = [
 ]
 
 # part id -> patterns of what its answer may not call (besides the library and the references)
-FORBIDDEN = {
-    "flex-block-mask": BLOCK_MASKS,
-    "block-sparse-loop": SOFTMAX + ATTENTION + BLOCK_MASKS,
-    "partial-blocks": SOFTMAX + ATTENTION + BLOCK_MASKS,
-    "bytes-vs-density": SOFTMAX + ATTENTION + BLOCK_MASKS,
-}
+FORBIDDEN = {"flex-block-mask": BLOCK_MASKS, **dict.fromkeys(("block-sparse-loop", "partial-blocks",
+                                                              "bytes-vs-density"), SOFTMAX + ATTENTION + BLOCK_MASKS)}
