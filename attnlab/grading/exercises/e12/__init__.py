@@ -1,8 +1,4 @@
-"""Exercise 12_beyond_dense: its parts and what each may not call (its hints: attnlab/course/hints/).
-
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
+"""Exercise 12_beyond_dense: its parts and what each may not call (its hints: attnlab/course/hints/)."""
 
 from attnlab.grading.exercises import ATTENTION, SOFTMAX, Part
 
@@ -38,7 +34,6 @@ FORBIDDEN = {
 
 # part id -> {name: why}: what the answer must read (the syntax of its code, attnlab/grading/shortcuts.py)
 REQUIRED = {
-    "state-vs-cache": {"delta_chunkwise|delta_recurrence": "the state's bytes are measured on the state your own "
-                                                           "delta rule returns after L tokens: the formula written "
-                                                           "out is not the measurement"},
+    "state-vs-cache": {"delta_chunkwise|delta_recurrence": "measure the state your own delta rule returns after L "
+                                                           "tokens: the formula written out is not a measurement"},
 }

@@ -1,15 +1,12 @@
-"""The checks of exercise 12_beyond_dense: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
+"""The checks of exercise 12_beyond_dense: one table per graded part (:mod:`attnlab.grading.engine`).
 
-Two parts measure more than their outputs. ``selected-kernel`` (a Kernel): in Triton's interpreter every load is
-recorded, so a kernel that loads a key block its query block did not select fails, and the bytes are held to
-:data:`_BUDGET`. ``delta-chunked``: the chunkwise form's numbers, then its peak memory at N = 4096, where an N x N
-matrix (one chunk of the whole sequence, or the parallel form) or a state per token is 64 MiB: it scores under 24 MiB.
+``selected-kernel``: the interpreter records every load, so loading a key block not selected fails. ``delta-chunked``:
+the numbers, then the peak memory at N = 4096 (under 24 MiB; an N x N matrix or a state per token is 64 MiB).
 
-**What "chunkwise" cannot mean to this grader.** The outputs cannot tell a chunked function from a loop over the
-tokens (both give the recurrence's numbers), and such a loop keeping one state costs about the chunked form's memory;
-it differs in time (N steps of vector work instead of N / C of matmuls) and operation counts. An operation count taken
-inside the learner's process is the learner's word, and CPU time on a shared machine is noise within a factor of a
-few: neither is used, so such a loop passes the check (the written part asks why it would be slow on a GPU).
+**What "chunkwise" cannot mean to this grader.** A loop over the tokens keeping one state gives the same numbers at
+about the same memory; it differs only in time and operation counts. An operation count taken inside the learner's
+process is the learner's word, and CPU time on a shared machine is noise within a factor of a few:
+neither is used, so such a loop passes the check (the written part asks why it would be slow on a GPU).
 """
 
 import math
@@ -17,18 +14,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnlab.grading.core import Fail, Mistake, check_function, gen as _gen, randn as _randn
+from attnlab.grading.core import Fail, Mistake, check_function, gen as _gen, mistakes, randn as _randn, table
 from attnlab.grading.engine import Function, Kernel, Launch, Measured, run
 from attnlab.grading.exercises.e12 import spec as specs
 from attnlab.grading.kernel_check import attention_budget, attention_launch, block_rows, blocks_allowed, cdiv
 from attnlab.grading.sandbox.footprint import peak_growth
 
 NEG_INF = float("-inf")
-
-
-def _built(seed0, rows, build):
-    """``build(generator, *row)`` for each row of a case table, its inputs drawn from ``seed0 + i``."""
-    return [build(_gen(seed0 + i), *row) for i, row in enumerate(rows)]
 
 
 # (label, shape, topk, what the scores are): "negative" all below 0, "holes" a third of them -inf
@@ -74,28 +66,18 @@ def _select_with(future="-inf", diagonal="forced", free="-1", order="ascending",
     return impl
 
 
-_TOPK_MISTAKES = [
-    Mistake("future-selected", "future key blocks are selected: a query block i may never select a block j > i "
-            "(its keys all come after its queries); give them -inf before ranking", _select_with(future="none")),
-    Mistake("future-masked-with-zero", "the future blocks are set to 0, not -inf: when the scores of the past are "
-            "negative a future block outranks them; mask with float('-inf')", _select_with(future="zero")),
-    Mistake("diagonal-not-kept", "the diagonal block (j == i) is not always selected: a query must at least see "
-            "itself, so give the diagonal +inf before ranking", _select_with(diagonal="free")),
-    Mistake("diagonal-masked-as-future", "the diagonal block is masked with the future (j >= i): it holds the query "
-            "itself and keys before it; only j > i is the future, and j == i is always kept",
-            _select_with(diagonal="masked")),
-    Mistake("unselectable-slots-kept", "a slot whose block was scored -inf (a future block, or one the indexer "
-            "ruled out) is kept as a real id: when fewer than topk blocks can be selected, the rest of the slots "
-            "are -1", _select_with(free="kept")),
-    Mistake("ids-not-sorted", "the ids are in the order of their scores: list them in ascending order, -1s last",
-            _select_with(order="rank")),
-    Mistake("padding-first", "the -1 slots come first: sort the real ids ascending and put the -1s after them "
-            "(sort with a stand-in larger than any id, e.g. n_k_blocks, then turn it into -1)",
-            _select_with(order="pad-first")),
-    Mistake("padding-zero", "the free slots hold 0, which is a real block id: mark them -1", _select_with(free="zero")),
-    Mistake("not-padded-to-topk", "with fewer key blocks than topk the answer has n_k_blocks columns: it always has "
-            "topk columns, the extra ones -1", _select_with(widen=False)),
-]
+_TOPK_MISTAKES = mistakes(_select_with, [
+    ("future-selected", "query block i may never select a block j > i: give those -inf first", {"future": "none"}),
+    ("future-masked-with-zero", "mask the future with -inf, not 0, which outranks negative scores", {"future": "zero"}),
+    ("diagonal-not-kept", "always keep the diagonal block j == i: give it +inf before ranking", {"diagonal": "free"}),
+    ("diagonal-masked-as-future", "only j > i is the future; the diagonal j == i is kept", {"diagonal": "masked"}),
+    ("unselectable-slots-kept", "a slot whose block scored -inf is -1, not a real id", {"free": "kept"}),
+    ("ids-not-sorted", "list the ids in ascending order, -1s last", {"order": "rank"}),
+    ("padding-first", "put the -1s last: sort with n_k_blocks standing in for them, then make it -1",
+     {"order": "pad-first"}),
+    ("padding-zero", "0 is a real block id: mark free slots -1", {"free": "zero"}),
+    ("not-padded-to-topk", "always return topk columns, the extra ones -1", {"widen": False}),
+])
 
 
 _BUDGET = "Q read once, K and V of each selected block once per query block that selected it, O written once"
@@ -129,7 +111,7 @@ def _launch(g, bh, n, d, bs, topk, amp, scale, what):
 
 
 def _launches():
-    return _built(12_100, _KERNEL_CASES, _launch)
+    return table(12_100, _KERNEL_CASES, _launch)
 
 
 def _selected_with(pad="skip", causal="le", rescale=True, counter=False, head_zero=False, drop_last=False,
@@ -164,33 +146,21 @@ def _selected_with(pad="skip", causal="le", rescale=True, counter=False, head_ze
     return impl
 
 
-_KERNEL_MISTAKES = [
-    Mistake("padding-as-block-zero", "a -1 slot is read as block 0 (tl.maximum(j, 0), or a where that maps it): "
-            "block 0 then counts once more in the softmax; skip a slot whose id is negative",
-            _selected_with(pad="zero")),
-    Mistake("causal-mask-missing", "no causal mask: on the diagonal block a query sees the keys after it; set "
-            "scores with offs_n[None, :] > offs_m[:, None] to -inf", _selected_with(causal="none")),
-    Mistake("causal-diagonal-excluded", "the causal mask also removes the query's own key (offs_n < offs_m): a "
-            "query sees keys j <= i, itself included", _selected_with(causal="lt")),
-    Mistake("acc-not-rescaled", "the accumulator is not rescaled when the running max grows: "
-            "acc = acc * alpha[:, None] + tl.dot(p, v)", _selected_with(rescale=False)),
-    Mistake("counter-as-block-index", "the loop counter is used as the block id: slot i holds the id "
-            "j = tl.load(block_indices + row * topk + i)", _selected_with(counter=True)),
-    Mistake("head-offset-forgotten", "every head reads head 0's selection: the list of program (pid_m, pid_h) starts "
-            "at block_indices + (pid_h * n_qb + pid_m) * topk", _selected_with(head_zero=True)),
-    Mistake("last-slot-skipped", "the last slot of each list is never visited: the loop runs over all topk slots, "
-            "range(0, topk)", _selected_with(drop_last=True)),
-    Mistake("scale-argument-ignored", "the kernel ignores its `scale` argument (1/sqrt(HEAD_DIM) written in?): "
-            "multiply the scores by `scale`", _selected_with(scale_arg=False)),
-]
-
-PADDING_READ = Mistake("padding-slot-read", "a -1 slot is loaded as a block: j = -1 points BLOCK rows before the "
-                       "head's first key, outside K and V. Only a slot with j >= 0 is a selected block: do the loads "
-                       "and the update under `if j >= 0:`", None)
-UNSELECTED_LOADED = Mistake("unselected-blocks-loaded", "the kernel loads K/V of key blocks its query block did not "
-                            "select: the output is right, but the bytes are those of dense attention, which is what "
-                            "selection exists to avoid. Load only block j = block_indices[..., i] for each slot with "
-                            "j >= 0", None)
+_KERNEL_MISTAKES = mistakes(_selected_with, [
+    ("padding-as-block-zero", "a -1 slot is read as block 0 (tl.maximum(j, 0)?): skip slots j < 0", {"pad": "zero"}),
+    ("causal-mask-missing", "mask scores with offs_n[None, :] > offs_m[:, None] to -inf", {"causal": "none"}),
+    ("causal-diagonal-excluded", "a query sees its own key: mask offs_n > offs_m, not >=", {"causal": "lt"}),
+    ("acc-not-rescaled", "rescale as the max grows: acc = acc * alpha[:, None] + tl.dot(p, v)", {"rescale": False}),
+    ("counter-as-block-index", "use j = tl.load(block_indices + row * topk + i) as slot i's block", {"counter": True}),
+    ("head-offset-forgotten", "each head has its own lists: they start at block_indices + (pid_h * n_qb + pid_m) * "
+     "topk", {"head_zero": True}),
+    ("last-slot-skipped", "visit all topk slots: range(0, topk)", {"drop_last": True}),
+    ("scale-argument-ignored", "multiply the scores by `scale`, not 1/sqrt(HEAD_DIM)", {"scale_arg": False}),
+])
+PADDING_READ = Mistake("padding-slot-read", "a -1 slot is loaded as a block, outside K and V: do the loads and the "
+                       "update under `if j >= 0:`", None)
+UNSELECTED_LOADED = Mistake("unselected-blocks-loaded", "blocks not selected are loaded (dense attention's bytes): "
+                            "load only block j = block_indices[..., i] for each slot with j >= 0", None)
 
 
 def _padding_read(learner, case, exc):
@@ -263,28 +233,18 @@ def _recurrence_with(gate="before", read_from="decayed", correct=True, out="afte
     return impl
 
 
-_RECURRENCE_MISTAKES = [
-    Mistake("gate-after-write", "the state is decayed after the write: exp(g_t) decays what came before token t, "
-            "so S = S * exp(g_t) comes first, then the read and the write", _recurrence_with(gate="after")),
-    Mistake("read-before-decay", "the correction reads the state before the decay: S^T k_t is read from the decayed "
-            "state, u_t = beta_t (v_t - (exp(g_t) S)^T k_t)", _recurrence_with(read_from="old")),
-    Mistake("no-delta-correction", "the write adds beta_t k_t v_t^T (linear attention's write): the delta rule writes "
-            "only the correction, u_t = beta_t (v_t - S^T k_t)", _recurrence_with(correct=False)),
-    Mistake("output-before-write", "the output reads the state before token t is written: o_t = S_t^T (scale q_t) "
-            "with S_t the state after this token's decay and write", _recurrence_with(out="before")),
-    Mistake("gate-not-exponentiated", "g is the log of the decay: multiply S by exp(g_t), not by g_t",
-            _recurrence_with(exp_gate=False)),
-    Mistake("read-transposed", "the state is read along the wrong axis: S is (d_k, d_v) and a key reads it as "
-            "S^T k, a sum over d_k ((k[..., None] * S).sum(-2)), not over d_v", _recurrence_with(read_transposed=True)),
-    Mistake("state-transposed", "the final state is returned as (d_v, d_k): return it (B, H, d_k, d_v), the layout "
-            "k u^T writes", _recurrence_with(state_transposed=True)),
-    Mistake("scale-missing", "the output is not scaled: o_t = S^T (scale q_t), scale = 1/sqrt(d_k) when none is given",
-            _recurrence_with(scale_rule="none")),
-    Mistake("scale-ignored", "the `scale` argument is ignored: when it is given it replaces 1/sqrt(d_k)",
-            _recurrence_with(scale_rule="ignored")),
-    Mistake("initial-state-ignored", "the state starts from zeros although an initial_state was given: start from "
-            "a copy of it", _recurrence_with(init=False)),
-]
+_RECURRENCE_MISTAKES = mistakes(_recurrence_with, [
+    ("gate-after-write", "decay first, S = S * exp(g_t), then read and write", {"gate": "after"}),
+    ("read-before-decay", "read the decayed state: u_t = beta_t (v_t - (exp(g_t) S)^T k_t)", {"read_from": "old"}),
+    ("no-delta-correction", "write only the correction u_t = beta_t (v_t - S^T k_t)", {"correct": False}),
+    ("output-before-write", "read o_t = S_t^T (scale q_t) after this token's decay and write", {"out": "before"}),
+    ("gate-not-exponentiated", "g is the log of the decay: multiply S by exp(g_t)", {"exp_gate": False}),
+    ("read-transposed", "sum over d_k, not d_v: S^T k = (k[..., None] * S).sum(-2)", {"read_transposed": True}),
+    ("state-transposed", "return the final state (B, H, d_k, d_v), as k u^T writes it", {"state_transposed": True}),
+    ("scale-missing", "o_t = S^T (scale q_t), scale = 1/sqrt(d_k) by default", {"scale_rule": "none"}),
+    ("scale-ignored", "a given `scale` replaces 1/sqrt(d_k)", {"scale_rule": "ignored"}),
+    ("initial-state-ignored", "start from a copy of initial_state when one is given", {"init": False}),
+])
 
 
 _CHUNKED_CASES = [
@@ -328,44 +288,30 @@ def _chunked_with(cumulative=True, carry=True, inter=True, intra_diagonal=True, 
     return impl
 
 
-_CHUNKED_MISTAKES = [
-    Mistake("gate-not-cumulative", "the decays use g_i itself: inside a chunk the decay from token j to token i is "
-            "exp(G_i - G_j) with G = the cumulative sum of g from the chunk's start", _chunked_with(cumulative=False)),
-    Mistake("state-not-carried", "the state is not carried from one chunk to the next: after each chunk, S = "
-            "exp(G_C) S + (K exp(G_C - G))^T U", _chunked_with(carry=False)),
-    Mistake("inter-chunk-term-missing", "the outputs miss what the earlier chunks stored: o = scale (exp(G) Q S + "
-            "((Q K^T) * decay) U), the first term reads the state the chunk starts from", _chunked_with(inter=False)),
-    Mistake("intra-diagonal-excluded", "the chunk's own term leaves out i == j: token i's output reads its own "
-            "write, so ((Q K^T) * decay) keeps the diagonal (j <= i)", _chunked_with(intra_diagonal=False)),
-    Mistake("A-diagonal-included", "A keeps its diagonal: A is strictly lower triangular (j < i), and I + A has "
-            "ones on the diagonal", _chunked_with(a_strict=False)),
-    Mistake("ws0-term-missing", "U misses the state the chunk starts from: U = T diag(beta) V - W S, the write "
-            "corrects what S already returns for each key", _chunked_with(ws0=False)),
-    Mistake("ragged-tail-dropped", "the last, shorter chunk is dropped: chunk starts run range(0, N, C) and the "
-            "last chunk is N - c0 tokens long", _chunked_with(tail=False)),
-    Mistake("state-decay-missing", "the carried state is not decayed over the chunk: S_new = exp(G_C) S + ...",
-            _chunked_with(state_decay=False)),
-    Mistake("key-decay-missing", "the new state's writes are not decayed to the chunk's end: S_new = exp(G_C) S + "
-            "(K * exp(G_C - G_j))^T U", _chunked_with(key_decay=False)),
-    Mistake("beta-missing-in-A", "A has no beta: A[i, j] = beta_i exp(G_i - G_j) (k_i . k_j) for j < i",
-            _chunked_with(a_beta=False)),
-    Mistake("query-decay-missing", "the queries read the chunk's starting state without its decay: the first term is "
-            "exp(G_i) q_i^T S", _chunked_with(q_decay=False)),
-]
-
+_CHUNKED_MISTAKES = mistakes(_chunked_with, [
+    ("gate-not-cumulative", "decay j -> i is exp(G_i - G_j), G = g.cumsum(-1) within the chunk", {"cumulative": False}),
+    ("state-not-carried", "carry the state: after each chunk S = exp(G_C) S + (K exp(G_C - G))^T U", {"carry": False}),
+    ("inter-chunk-term-missing", "o = scale (exp(G) Q S + ((Q K^T) * decay) U): add exp(G) Q S", {"inter": False}),
+    ("intra-diagonal-excluded", "token i reads its own write: (Q K^T) * decay keeps j <= i", {"intra_diagonal": False}),
+    ("A-diagonal-included", "A is strictly lower triangular (j < i); I + A has the ones", {"a_strict": False}),
+    ("ws0-term-missing", "U = T diag(beta) V - W S: subtract what S already returns", {"ws0": False}),
+    ("ragged-tail-dropped", "chunk starts run range(0, N, C); the last chunk is N - c0 tokens", {"tail": False}),
+    ("state-decay-missing", "decay the carried state over the chunk: S_new = exp(G_C) S + ...", {"state_decay": False}),
+    ("key-decay-missing", "S_new = exp(G_C) S + (K * exp(G_C - G_j))^T U: decay the writes too", {"key_decay": False}),
+    ("beta-missing-in-A", "A[i, j] = beta_i exp(G_i - G_j) (k_i . k_j) for j < i", {"a_beta": False}),
+    ("query-decay-missing", "decay the queries' read of the starting state: exp(G_i) q_i^T S", {"q_decay": False}),
+])
 # the technique, measured from outside the learner's code (attnlab/grading/sandbox/footprint.py): at N = 4096,
 # d_k = d_v = 64, an N x N float32 matrix and a state per token are 64 MiB each; the inputs and the output 1 MiB each
 PEAK_CASE = (1, 1, 4096, 64, 64, 64)   # B, H, N, d_k, d_v, chunk_size
 PEAK_LIMIT = 24 * 2**20
 NOT_CHUNKED = [
-    Mistake("whole-sequence-one-chunk", "an N x N matrix is held: the whole sequence is solved as one chunk (or the "
-            "parallel form over all N tokens); use chunk_size: the matrices of a chunk are C x C", None),
-    Mistake("state-kept-per-token", "a state is kept for every token (N x d_k x d_v): only the state at the current "
-            "chunk's start is needed, one (d_k, d_v) matrix per head", None),
+    Mistake("whole-sequence-one-chunk", "an N x N matrix is held: use chunk_size, C x C matrices per chunk", None),
+    Mistake("state-kept-per-token", "keep only the state at the chunk's start, not one per token", None),
 ]
 
 
-_CHUNKED = Function("delta_chunkwise", specs.delta_chunkwise, lambda: _built(12_300, _CHUNKED_CASES, _delta_case),
+_CHUNKED = Function("delta_chunkwise", specs.delta_chunkwise, lambda: table(12_300, _CHUNKED_CASES, _delta_case),
                     _CHUNKED_MISTAKES, rtol=1e-4, atol=1e-4,
                     says="{n} cases equal the recurrence (ragged N, chunk sizes 1 to > N, gates, initial states, "
                          "d_k != d_v)")
@@ -398,19 +344,15 @@ def _bytes_with(cache="kv", cache_e=2, cache_heads="kv", state_e=4, state="one",
     return impl
 
 
-_BYTES_MISTAKES = [
-    Mistake("cache-k-only", "only the keys are counted: the cache holds K and V", _bytes_with(cache="k")),
-    Mistake("cache-float32", "the cache is float16 here (2 bytes per element), not float32", _bytes_with(cache_e=4)),
-    Mistake("cache-query-heads", "the cache has one K and V head per KV head (kv_heads), not per query head: "
-            "grouped-query attention shares them", _bytes_with(cache_heads="q")),
-    Mistake("cache-one-token", "this is one token's cache: a decoding step at context L reads the cache of all L "
-            "tokens", _bytes_with(cache="one-token")),
-    Mistake("state-float16", "the state is float32 (4 bytes per element): the delta rule keeps it in float32",
-            _bytes_with(state_e=2)),
-    Mistake("state-per-token", "the state does not grow with the context: it is one (d, d) matrix per head whatever "
-            "L is (keep the final state, not one per token)", _bytes_with(state="per-token")),
-    Mistake("swapped", "the two rows are swapped: return (cache_bytes, state_bytes)", _bytes_with(swapped=True)),
-]
+_BYTES_MISTAKES = mistakes(_bytes_with, [
+    ("cache-k-only", "the cache holds K and V", {"cache": "k"}),
+    ("cache-float32", "the cache is float16 here (2 bytes per element)", {"cache_e": 4}),
+    ("cache-query-heads", "one K and V head per KV head (kv_heads): grouped-query attention", {"cache_heads": "q"}),
+    ("cache-one-token", "a decoding step at context L reads the cache of all L tokens", {"cache": "one-token"}),
+    ("state-float16", "the delta rule keeps its state in float32 (4 bytes per element)", {"state_e": 2}),
+    ("state-per-token", "the state is one (d, d) matrix per head whatever L is", {"state": "per-token"}),
+    ("swapped", "return (cache_bytes, state_bytes)", {"swapped": True}),
+])
 
 
 def _measure_bytes(learner):
@@ -430,7 +372,7 @@ def _measure_bytes(learner):
 
 
 TABLES = {
-    "causal-topk": Function("select_blocks", specs.select_blocks, lambda: _built(12_000, _TOPK_CASES, _topk_case),
+    "causal-topk": Function("select_blocks", specs.select_blocks, lambda: table(12_000, _TOPK_CASES, _topk_case),
                             _TOPK_MISTAKES, rtol=0, atol=0,
                             says="{n} selections equal the indexer's causal top-k (3-D and 4-D scores, -inf blocks, "
                                  "negative scores, topk above the number of blocks, n_q_blocks != n_k_blocks)"),
@@ -441,7 +383,7 @@ TABLES = {
                               stray_loads=dict.fromkeys("kv", UNSELECTED_LOADED),
                               loads_says="K and V of the key blocks it selected only"),
     "delta-recurrence": Function("delta_recurrence", specs.delta_recurrence,
-                                 lambda: _built(12_200, _RECURRENCE_CASES, _delta_case), _RECURRENCE_MISTAKES,
+                                 lambda: table(12_200, _RECURRENCE_CASES, _delta_case), _RECURRENCE_MISTAKES,
                                  says="{n} cases match the gated delta rule, output and final state (gates, "
                                       "d_k != d_v, initial states, a scale)"),
     "delta-chunked": Measured("peak-memory", _measure_chunked, {"delta_chunkwise": _CHUNKED_MISTAKES}),
