@@ -1,10 +1,8 @@
 """The checks of exercise 11_across_devices: one table per graded part (:mod:`attnlab.grading.engine`), in ``TABLES``.
 
-``ring-forward`` drives the learner's ``ring_step`` round a ring simulated here, each step from the learner's own
-previous state; ``ring-group`` runs its ``ring_forward`` on every rank of a real gloo group (each rank starts from
-its own shard only) and counts the bytes on the sandbox's loopback from outside the learner's processes;
-``comm-bytes`` is reproduced by ``attnlab.iomodel``, its ring row seen through a tap to sum ``ring_step``'s sends.
-"""
+``ring-forward`` drives ``ring_step`` round a ring simulated here; ``ring-group`` runs ``ring_forward`` on every rank
+of a real gloo group (each rank starts from its own shard only) and counts the bytes on the sandbox's loopback from
+outside the learner's processes; ``comm-bytes``' ring row is seen through a tap summing ``ring_step``'s sends."""
 
 import math
 import os
@@ -15,35 +13,32 @@ from attnlab import iomodel
 from attnlab.distributed import attention_lse, shard
 from attnlab.distributed import group as ranks
 from attnlab.grading.core import (Fail, Mistake, clone, case_line, diagnose, each_result, gen as _gen, mismatch,
-                                  mistakes, present, randn as _randn, salted_ints, value_of)
+                                  mistakes, present, randn as _randn, salted_ints, table, value_of)
 from attnlab.grading.engine import Function, Measured, run
 from attnlab.grading.exercises.e11 import spec as specs
 
 
-# ----------------------------------------------------------------------------- merge-partials
+def _merge_case(g, label, shape, amp, shift, empty1, empty2):
+    B, H, m, d, n1, n2 = shape
+    q = _randn(g, B, H, m, d, scale=amp)
+    k, v = _randn(g, B, H, n1 + n2, d, scale=amp), _randn(g, B, H, n1 + n2, d)
+    (o1, l1), (o2, l2) = attention_lse(q, k[:, :, :n1], v[:, :, :n1]), attention_lse(q, k[:, :, n1:], v[:, :, n1:])
+    l1, l2 = l1 + shift, l2 + shift
+    o1[:, :, :empty1], l1[:, :, :empty1] = 0.0, float("-inf")
+    o2[:, :, :empty2], l2[:, :, :empty2] = 0.0, float("-inf")
+    return label, (o1, l1, o2, l2), {}
+
 
 def _merge_cases():
-    cases = []
-    for seed, (label, (B, H, m, d, n1, n2), amp, shift, empty1, empty2) in enumerate([
-            ("unequal shards: 3 keys and 6 keys (B=1, H=2, 5 queries, d=8)", (1, 2, 5, 8, 3, 6), 1.0, 0.0, 0, 0),
-            ("B=2, rows 0-2 see no key of shard 2 (there O2 = 0, L2 = -inf)", (2, 1, 6, 4, 5, 2), 1.0, 0.0, 0, 3),
-            ("rows 0-1 see no key on either side (L1 = L2 = -inf): O = 0, L = -inf", (1, 2, 4, 8, 4, 4), 1.0, 0.0,
-             2, 3),
-            ("large logits (q, k x 20: L in the hundreds), 7 and 2 keys", (1, 2, 3, 8, 7, 2), 20.0, 0.0, 0, 0),
-            ("every L shifted by +800 (exp(L) is inf in float32)", (1, 1, 4, 4, 3, 5), 1.0, 800.0, 0, 0)]):
-        g = _gen(11_000 + seed)
-        q = _randn(g, B, H, m, d, scale=amp)
-        k, v = _randn(g, B, H, n1 + n2, d, scale=amp), _randn(g, B, H, n1 + n2, d)
-        (o1, l1), (o2, l2) = attention_lse(q, k[:, :, :n1], v[:, :, :n1]), attention_lse(q, k[:, :, n1:], v[:, :, n1:])
-        l1, l2 = l1 + shift, l2 + shift
-        o1[:, :, :empty1], l1[:, :, :empty1] = 0.0, float("-inf")
-        o2[:, :, :empty2], l2[:, :, :empty2] = 0.0, float("-inf")
-        cases.append((label, (o1, l1, o2, l2), {}))
-    return cases
+    return table(11_000, [
+        ("unequal shards: 3 keys and 6 keys (B=1, H=2, 5 queries, d=8)", (1, 2, 5, 8, 3, 6), 1.0, 0.0, 0, 0),
+        ("B=2, rows 0-2 see no key of shard 2 (there O2 = 0, L2 = -inf)", (2, 1, 6, 4, 5, 2), 1.0, 0.0, 0, 3),
+        ("rows 0-1 see no key on either side (L1 = L2 = -inf): O = 0, L = -inf", (1, 2, 4, 8, 4, 4), 1.0, 0.0, 2, 3),
+        ("large logits (q, k x 20: L in the hundreds), 7 and 2 keys", (1, 2, 3, 8, 7, 2), 20.0, 0.0, 0, 0),
+        ("every L shifted by +800 (exp(L) is inf in float32)", (1, 1, 4, 4, 3, 5), 1.0, 800.0, 0, 0)], _merge_case)
 
 
 def _merge_with(shifted=True, weights="share", lse="logaddexp", guard=True, swap=False):
-    """A wrong merge_two."""
     def impl(o1, l1, o2, l2):
         o1, l1, o2, l2 = o1.float(), l1.float(), o2.float(), l2.float()
         m = torch.maximum(l1, l2)
@@ -61,20 +56,14 @@ def _merge_with(shifted=True, weights="share", lse="logaddexp", guard=True, swap
 
 
 _MERGE_MISTAKES = mistakes(_merge_with, [
-    ("mean-of-partials", "the two partial outputs are averaged: each weighs by its share of the softmax mass, "
-     "exp(L_i - L)", {"weights": "mean"}),
-    ("exp-overflows", "exp(L) is taken without subtracting the max of L1 and L2: log-sum-exps in the hundreds "
-     "overflow to inf and the weights become NaN", {"shifted": False, "guard": False}),
-    ("lse-max-only", "the merged L is max(L1, L2): it is log(exp(L1) + exp(L2)), larger than both", {"lse": "max"}),
-    ("lse-added", "the merged L is L1 + L2: masses add, so logs combine as log(exp(L1) + exp(L2))", {"lse": "sum"}),
-    ("empty-rows-nan", "a row with no keys on either side (L1 = L2 = -inf) gives -inf - (-inf) = NaN: keep O = 0 "
-     "and L = -inf there", {"guard": False}),
-    ("not-normalised", "the weights exp(L_i - M) are not divided by their sum (use exp(L_i - L))",
-     {"weights": "unnormalised"}),
+    ("mean-of-partials", "the partial outputs are averaged: weigh each by exp(L_i - L)", {"weights": "mean"}),
+    ("exp-overflows", "exp(L) overflows: subtract max(L1, L2) before exp", {"shifted": False, "guard": False}),
+    ("lse-max-only", "the merged L is max(L1, L2): it is log(exp(L1) + exp(L2))", {"lse": "max"}),
+    ("lse-added", "the merged L is L1 + L2: it is log(exp(L1) + exp(L2))", {"lse": "sum"}),
+    ("empty-rows-nan", "a row with L1 = L2 = -inf gives NaN: keep O = 0 and L = -inf there", {"guard": False}),
+    ("not-normalised", "the weights exp(L_i - M) are not divided by their sum", {"weights": "unnormalised"}),
     ("weights-swapped", "O1 is weighed by shard 2's share and O2 by shard 1's", {"swap": True})])
 
-
-# ----------------------------------------------------------------------------- shard-positions
 
 def _shard_cases():
     p, m, r, z = salted_ints(11_100, (2, 6), (1, 9), (0, 5), (0, 1))    # a shard no notebook can know in advance
@@ -85,7 +74,7 @@ def _shard_cases():
 
 
 def _positions_with(late=-1, chunks=2, late_first=False, zigzag=True, strided=False):
-    """A wrong shard_positions: rank r's late chunk is 2P + late - r (or r + P for late=None)."""
+    """Rank r's late chunk is 2P + late - r (r + P for late=None)."""
     def impl(n, world_size, rank, layout="contiguous"):
         P = world_size
         if layout == "contiguous" or not zigzag:
@@ -97,21 +86,13 @@ def _positions_with(late=-1, chunks=2, late_first=False, zigzag=True, strided=Fa
 
 
 _SHARD_MISTAKES = mistakes(_positions_with, [
-    ("late-chunk-off-by-one", "the late chunk is 2P - r: rank r holds chunks r and 2P - 1 - r (rank 0 gets the "
-     "last chunk, 2P - 1)", {"late": 0}),
-    ("late-chunk-shifted", "the late chunk is r + P: that gives every rank the same shape of work only without a "
-     "mask; zigzag mirrors it, 2P - 1 - r", {"late": None}),
-    ("zigzag-chunks-too-big", "zigzag cuts the sequence into 2P chunks of n / (2P), not P chunks of n / P",
-     {"chunks": 1}),
-    ("late-chunk-first", "the late chunk comes first: keep the positions in order, chunk r then chunk 2P - 1 - r",
-     {"late_first": True}),
-    ("layout-ignored", "the zigzag layout gives the contiguous shard: layout='zigzag' holds two chunks",
-     {"zigzag": False}),
-    ("contiguous-strided", "the contiguous shard is every P-th position (r, r + P, ...): it is one block, "
-     "r n/P .. (r + 1) n/P - 1", {"strided": True})])
+    ("late-chunk-off-by-one", "the late chunk is 2P - r: it is 2P - 1 - r (rank 0 gets chunk 2P - 1)", {"late": 0}),
+    ("late-chunk-shifted", "the late chunk is r + P: zigzag mirrors it, 2P - 1 - r", {"late": None}),
+    ("zigzag-chunks-too-big", "zigzag cuts 2P chunks of n / (2P), not P of n / P", {"chunks": 1}),
+    ("late-chunk-first", "the late chunk comes first: chunk r, then chunk 2P - 1 - r", {"late_first": True}),
+    ("layout-ignored", "layout='zigzag' gives the contiguous shard: it holds two chunks", {"zigzag": False}),
+    ("contiguous-strided", "the contiguous shard is one block, r n/P .. (r + 1) n/P - 1", {"strided": True})])
 
-
-# ----------------------------------------------------------------------------- ring-schedule
 
 def _schedule_cases():
     p, r, t, z, c = salted_ints(11_200, (2, 7), (0, 6), (0, 6), (0, 1), (0, 1))
@@ -124,7 +105,7 @@ def _schedule_cases():
 
 
 def _schedule_with(direction=-1, diagonal=1, past=2, future=0, zigzag=True, transpose=False):
-    """A wrong ring_schedule: the kinds it gives a diagonal block, a past one (a > b) and a future one (a < b)."""
+    """The kinds given a diagonal block, a past one (a > b) and a future one (a < b)."""
     def impl(rank, world_size, step, layout="contiguous", causal=True):
         P = world_size
         src = (rank + direction * step) % P
@@ -136,26 +117,18 @@ def _schedule_with(direction=-1, diagonal=1, past=2, future=0, zigzag=True, tran
 
 
 _SCHEDULE_MISTAKES = mistakes(_schedule_with, [
-    ("ring-turns-the-wrong-way", "at step t rank r holds rank (r + t)'s shard: shards travel to the next rank, so "
-     "what r holds came from (r - t) % P", {"direction": 1}),
-    ("diagonal-as-full", "a diagonal block (a == b) is full: its queries see only the keys up to themselves "
-     "(1, causal inside)", {"diagonal": 2}),
-    ("future-blocks-computed", "blocks of later key chunks (a < b) are computed: under a causal mask they are "
-     "skipped (0)", {"future": 2}),
-    ("causal-inverted", "the past is skipped and the future computed: query chunk a sees key chunk b when a > b",
-     {"past": 0, "future": 2}),
-    ("layout-ignored", "the zigzag layout is treated as contiguous: a zigzag rank holds chunks r and 2P - 1 - r, a "
-     "(2, 2) table", {"zigzag": False}),
-    ("table-transposed", "rows are the key chunks: rows are the rank's query chunks, columns the held shard's key "
-     "chunks", {"transpose": True})])
+    ("ring-turns-the-wrong-way", "shards travel to the next rank: at step t rank r holds (r - t) % P's",
+     {"direction": 1}),
+    ("diagonal-as-full", "a diagonal block (a == b) is 1 (causal inside), not full", {"diagonal": 2}),
+    ("future-blocks-computed", "causal: blocks of later key chunks (a < b) are skipped (0)", {"future": 2}),
+    ("causal-inverted", "past and future swapped: query chunk a sees key chunk b if a > b", {"past": 0, "future": 2}),
+    ("layout-ignored", "a zigzag rank holds chunks r and 2P - 1 - r: a (2, 2) table", {"zigzag": False}),
+    ("table-transposed", "rows are the rank's query chunks, columns the held shard's key chunks", {"transpose": True})])
 
-
-# ----------------------------------------------------------------------------- ring-forward
 
 RING_CONFIGS = [  # (label, B, H, positions per rank, d, P, causal, layout, scale of q and k)
     ("2 ranks, no mask, B=1, H=2, 4 positions per rank, d=8", 1, 2, 4, 8, 2, False, "contiguous", 1.0),
-    ("3 ranks, causal, contiguous, 3 positions per rank, q and k x 6 (scores near 100)", 1, 2, 3, 8, 3, True,
-     "contiguous", 6.0),
+    ("3 ranks, causal, contiguous, 3 positions, q and k x 6 (scores near 100)", 1, 2, 3, 8, 3, True, "contiguous", 6.0),
     ("2 ranks, causal, zigzag, B=2, 4 positions per rank", 2, 1, 4, 4, 2, True, "zigzag", 1.0),
     ("4 ranks, causal, zigzag, 4 positions per rank", 1, 2, 4, 8, 4, True, "zigzag", 1.0),
     ("3 ranks, no mask, zigzag, 2 positions per rank", 1, 1, 2, 4, 3, False, "zigzag", 1.0),
@@ -164,8 +137,7 @@ RING_CONFIGS = [  # (label, B, H, positions per rank, d, P, causal, layout, scal
 
 
 def _ring_inputs(seed, B, H, m, d, P, causal, layout, amp=1.0):
-    """Each rank's shards [q, k, v] of q, k, v (B, H, P m, d) from ``_gen(seed)`` (q and k times ``amp``), and its
-    positions of attention over the whole sequence, (O, L)."""
+    """Each rank's [q, k, v] shards (q and k times ``amp``), and its (O, L) of attention over the whole sequence."""
     g = _gen(seed)
     q, k, v = _randn(g, B, H, P * m, d, scale=amp), _randn(g, B, H, P * m, d, scale=amp), _randn(g, B, H, P * m, d)
     o, lse = attention_lse(q, k, v, causal=causal)
@@ -174,7 +146,6 @@ def _ring_inputs(seed, B, H, m, d, P, causal, layout, amp=1.0):
 
 
 def _step_with(schedule=specs.ring_schedule, merge="rescale", sends="k+v", scaled=True):
-    """A wrong ring_step: the reference's on a wrong schedule, or with a wrong merge, scale or count of bytes."""
     def impl(o, lse, q, k, v, rank, step, world_size, causal=False, layout="contiguous"):
         work = schedule(rank, world_size, step, layout, causal)[1]
         c = work.shape[0]
@@ -194,28 +165,24 @@ def _step_with(schedule=specs.ring_schedule, merge="rescale", sends="k+v", scale
 
 
 _RING_MISTAKES = mistakes(_step_with, [
-    ("ring-turns-the-wrong-way", "the held shard is taken as rank (rank + step)'s: it came from the left, src = "
-     "(rank - step) % P, and the causal decisions depend on which chunks it holds",
+    ("ring-turns-the-wrong-way", "the held shard came from the left: src = (rank - step) % P, not rank + step",
      {"schedule": _schedule_with(direction=1)}),
-    ("future-blocks-computed", "under the causal mask the blocks of later key chunks (a < b) are computed: queries "
-     "see keys after them; skip those blocks", {"schedule": _schedule_with(future=2)}),
-    ("diagonal-unmasked", "the diagonal block (a == b) is computed without its causal mask: its queries see the "
-     "later keys of their own chunk", {"schedule": _schedule_with(diagonal=2)}),
-    ("partials-added", "the new block's output is added to the running one: merge them by their log-sum-exps (your "
-     "merge_two)", {"merge": "added"}),
-    ("lse-not-updated", "the running L is kept from the first block: after each merge it is the merged log-sum-exp, "
-     "or later merges weigh the shards wrongly", {"merge": "lse-kept"}),
-    ("scale-missing", "the block's scores are not scaled: s = q_a @ k_b^T / sqrt(d), in the output and the "
-     "log-sum-exp alike", {"scaled": False}),   # q sqrt(d) . k / sqrt(d) = q . k
-    ("sends-at-the-last-step", "the rank also forwards its shard at the last step (P - 1): nobody needs it then, a "
-     "rank sends P - 1 times", {"sends": "every-step"}),
-    ("sends-k-only", "only the keys' bytes are counted: the rank forwards its K and its V shard", {"sends": "k"}),
-    ("layout-ignored", "the zigzag layout is treated as contiguous: a zigzag shard is two chunks, r and 2P - 1 - r, "
-     "and the causal blocks are decided chunk by chunk", {"schedule": _schedule_with(zigzag=False)})])
+    ("future-blocks-computed", "under the causal mask, skip the blocks of later key chunks (a < b)",
+     {"schedule": _schedule_with(future=2)}),
+    ("diagonal-unmasked", "the diagonal block (a == b) needs its causal mask",
+     {"schedule": _schedule_with(diagonal=2)}),
+    ("partials-added", "the block's output is added to the running one: merge with your merge_two", {"merge": "added"}),
+    ("lse-not-updated", "the running L stays the first block's: after each merge it is the merged log-sum-exp",
+     {"merge": "lse-kept"}),
+    ("scale-missing", "the block's scores are not scaled: s = q_a @ k_b^T / sqrt(d)", {"scaled": False}),
+    ("sends-at-the-last-step", "nothing is sent at the last step: a rank sends P - 1 times", {"sends": "every-step"}),
+    ("sends-k-only", "only the keys' bytes are counted: the rank forwards K and V", {"sends": "k"}),
+    ("layout-ignored", "a zigzag shard is chunks r and 2P - 1 - r, its blocks decided chunk by chunk",
+     {"schedule": _schedule_with(zigzag=False)})])
 
 
 def _measure_ring(learner):
-    """Every rank of every ring at step t in one request, each step compared with the reference's from the same
+    """Every rank of every ring at step t in one request, each compared with the reference's step from the same
     state; the learner's own (O, L) travels on to its next step. Then the whole ring against one device."""
     rings = []
     for seed, (label, B, H, m, d, P, causal, layout, amp) in enumerate(RING_CONFIGS):
@@ -232,12 +199,11 @@ def _measure_ring(learner):
             with torch.no_grad():
                 why = mismatch(got, specs.ring_step(*clone(args), **clone(kwargs)))
             if why:
-                raise Fail("\n    ".join([f"`ring_step` on {label}: {why}",
-                                          case_line(label, args, kwargs, specs.ring_step)]),
+                raise Fail(f"`ring_step` on {label}: {why}\n    {case_line(label, args, kwargs, specs.ring_step)}",
                            diagnose(got, _RING_MISTAKES, args, kwargs))
             ring["state"][rank] = (got[0], got[1])
             ring["sent"][rank] += int(got[2])
-    for ring in rings:                                               # the whole ring against one device
+    for ring in rings:
         for rank, (got, want) in enumerate(zip(ring["state"], ring["want"])):
             why = mismatch(got, want)
             if why:
@@ -245,16 +211,13 @@ def _measure_ring(learner):
                            f"differs from attention over the whole sequence: {why}")
             if mismatch(ring["sent"][rank], ring["owed"]):
                 raise Fail(f"`ring_step` on {ring['label']}: rank {rank} sent {ring['sent'][rank]} bytes in all, the "
-                           f"ring sends 2 (P - 1) shards of K and V = {ring['owed']} bytes",
+                           f"ring's 2 (P - 1) shards of K and V are {ring['owed']}",
                            [m for m in _RING_MISTAKES if m.key.startswith("sends")])
     return (f"{len(rings)} rings of 1 to 4 ranks driven step by step: every rank's O and L equal attention over the "
             "whole sequence, and its bytes the ring's 2 (P - 1) shards")
 
 
-# ----------------------------------------------------------------------------- ring-group
-
-# (label, B, H, positions per rank, d, P, causal, layout): shards of 8 to 16 KiB, where the payload outweighs gloo's
-# framing (144 bytes a message) and TCP's (a few hundred bytes a connection and per round trip)
+# (label, B, H, positions per rank, d, P, causal, layout): shards of 8 to 16 KiB outweigh gloo's and TCP's framing
 GROUP_CONFIGS = [
     ("2 ranks, no mask, contiguous, H=2, 32 positions per rank, d=64", 1, 2, 32, 64, 2, False, "contiguous"),
     ("3 ranks, causal, contiguous, 32 positions per rank", 1, 2, 32, 64, 3, True, "contiguous"),
@@ -264,11 +227,9 @@ GROUP_CONFIGS = [
     ("1 rank (a group of one: nothing to send)", 1, 2, 8, 16, 1, True, "contiguous"),
 ]
 
-# bytes on top of the payload (docs/grading.md): each packet's IP and TCP headers, counted and taken off (how many
-# packets carry the bytes depends on the load); then gloo's framing and the connections' set-up, 600 to 620 bytes a
-# pair of ranks. A retransmission TCP counts runs the group again, but under load a message was sent twice uncounted
-# (correct rings failed a 2 % limit): the limit sits halfway to the nearest wrong ring, one that also sends at the
-# last step (the payload / (P - 1) more), plus 1 KiB a pair, and stays 16 KiB or more under that ring
+# bytes on top of the payload (docs/grading.md): packet headers, taken off, then gloo's framing and set-up. Under load
+# a message was sent twice with no retransmission counted (correct rings failed a 2 % limit): the limit sits halfway
+# to the nearest wrong ring (one that also sends at the last step), plus 1 KiB a pair, 16 KiB or more under it
 HEADER_BYTES = 52           # per packet transmitted on the loopback
 GROUP_TRIES = 3             # runs of a group whose segments TCP retransmitted (counted in the sandbox's net/snmp)
 FRAMING_PER_PAIR = 1024     # gloo's framing, connection set-up and close (600 to 620 measured)
@@ -281,8 +242,7 @@ def bytes_slack(want_sent, P):
 
 
 def _ring_with(direction=-1, causal_kept=True, layout_kept=True, rotate=True, received_first=False):
-    """A wrong ring forward, every rank of it played here with the reference's step: shards (list of [q, k, v] per
-    rank), causal, layout -> [(O, L)] per rank."""
+    """A wrong ring forward, all ranks played here: shards ([q, k, v] per rank), causal, layout -> [(O, L)]."""
     def impl(shards, causal, layout):
         P, out = len(shards), []
         for r, (q, _, _) in enumerate(shards):
@@ -298,32 +258,22 @@ def _ring_with(direction=-1, causal_kept=True, layout_kept=True, rotate=True, re
 
 
 _GROUP_MISTAKES = mistakes(_ring_with, [
-    ("sent-to-the-previous-rank", "the shards go to the previous rank (and come from the next): at step t rank r "
-     "then holds rank (r + t) % P's shard while its ring_step computes the causal blocks of rank (r - t) % P's. "
-     "Send to (rank + 1) % P, receive from (rank - 1) % P", {"direction": 1}),
-    ("causal-not-passed-on", "the causal flag is not passed on to ring_step: every block is computed in full, the "
-     "queries see later keys", {"causal_kept": False}),
-    ("layout-not-passed-on", "the layout is not passed on to ring_step: a zigzag shard is treated as one contiguous "
-     "chunk", {"layout_kept": False}),
-    ("own-shard-every-step", "every step computes with the rank's own K/V shard: after waiting on the requests, the "
-     "shard received (into its own buffers) is the one to hold at the next step", {"rotate": False}),
-    ("computes-after-the-swap", "each step computes with the shard it has just received: wait on the requests and "
-     "swap the buffers *after* ring_step, so that step t computes with the shard held at step t (its own at step "
-     "0); computed after the swap, the rank's own shard is never used and the last one twice",
-     {"received_first": True})])
+    ("sent-to-the-previous-rank", "the shards go to the previous rank, so ring_step's causal blocks are another "
+     "shard's: send to (rank + 1) % P, receive from (rank - 1) % P", {"direction": 1}),
+    ("causal-not-passed-on", "pass the causal flag on to ring_step: queries see later keys", {"causal_kept": False}),
+    ("layout-not-passed-on", "pass the layout on to ring_step: zigzag is read as contiguous", {"layout_kept": False}),
+    ("own-shard-every-step", "every step uses its own K/V: after waiting, hold the shard received", {"rotate": False}),
+    ("computes-after-the-swap", "each step computes with the shard just received: wait and swap the buffers *after* "
+     "ring_step, so step 0 uses the rank's own shard", {"received_first": True})])
 
-_DEADLOCK = Mistake("ranks-hung", "a rank waited for a transfer that never came (a deadlock): every isend needs "
-                    "the matching irecv on its peer. Send to (rank + 1) % P and receive from (rank - 1) % P, post a "
-                    "step's sends and receives together in one batch_isend_irecv, wait on every request it "
-                    "returns, and stop sending after step P - 2 on every rank alike", None)
-_EXTRA_SENDS = Mistake("sends-at-the-last-step", "the ranks also transfer at the last step (P - 1): nobody needs "
-                       "that shard, a rank sends 2 (P - 1) shards of K and V in all", None)
+_DEADLOCK = Mistake("ranks-hung", "a deadlock: send to (rank + 1) % P, receive from (rank - 1) % P in one "
+                    "batch_isend_irecv, wait on every request, stop sending after step P - 2 on every rank", None)
+_EXTRA_SENDS = Mistake("sends-at-the-last-step", "the ranks also transfer at the last step (P - 1): a rank sends 2 "
+                       "(P - 1) shards of K and V in all", None)
 
 
 def _lo_sent(pid):
-    """(bytes, packets, TCP segments retransmitted or None) so far on the loopback of ``pid``'s network namespace
-    (/proc/PID/net/dev and net/snmp), or None when that namespace is this process's own (no sandbox: other traffic
-    shares it) or cannot be read."""
+    """(bytes, packets, TCP retransmits or None) on ``pid``'s loopback; None if its net namespace is ours or unread."""
     try:
         if pid is None or os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net"):
             return None
@@ -341,8 +291,7 @@ def _lo_sent(pid):
 
 
 def _group_outcomes(reply, label, P):
-    """The P ranks' (O, L); raises Fail for a rank that raised, died or hung (a rank's own error first: the
-    others often fail because it left)."""
+    """The P ranks' (O, L) and reported bytes; Fail for a rank that raised, died or hung (its own error first)."""
     present(reply, "ring_forward")
     outcomes = (reply.get("results") or [None])[0]
     if not isinstance(outcomes, list) or len(outcomes) != P:
@@ -353,9 +302,8 @@ def _group_outcomes(reply, label, P):
                                                     "gloo" in str(ro[1].get("raised", "")).lower()))
         if outcome.get("hung"):
             hung = [r for r, o in failed if o.get("hung")]
-            raise Fail(f"`ring_forward` on {label}: rank{'s' if len(hung) > 1 else ''} "
-                       f"{', '.join(map(str, hung))} of {P} did not finish within the grader's time "
-                       f"({ranks.DEFAULT_TIMEOUT:.0f} s; every rank of the group was stopped)", [_DEADLOCK])
+            raise Fail(f"`ring_forward` on {label}: rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))} "
+                       f"of {P} did not finish in {ranks.DEFAULT_TIMEOUT:.0f} s (the group was stopped)", [_DEADLOCK])
         value_of(outcome, "ring_forward", f"{label}, rank {rank} of {P}")
     return [o["ok"] for o in outcomes], [o.get("written") for o in outcomes]
 
@@ -368,9 +316,8 @@ def _measure_group(learner):
     measured = []
     for seed, (label, B, H, m, d, P, causal, layout) in enumerate(GROUP_CONFIGS):
         kwargs = {"causal": causal, "layout": layout}
-        for attempt in range(GROUP_TRIES):  # a group in which TCP retransmitted a segment sent it twice: it runs
-            # again, on new values of the same shapes (a rank of the first run that returned its shard as its answer
-            # would otherwise have handed it to the forking process, and so to every rank of the next run)
+        for attempt in range(GROUP_TRIES):  # TCP retransmitted a segment: run again, on new values of the same shapes
+            # (a rank that returned its shard as its answer would have handed it to every rank of the next run)
             shards, wants = _ring_inputs(11_500 + seed + len(GROUP_CONFIGS) * attempt, B, H, m, d, P, causal, layout)
             before = _lo_sent(pid)
             reply = learner.call("ring_forward", [[[clone(s), dict(kwargs)] for s in shards]], ranks=P)
@@ -386,38 +333,31 @@ def _measure_group(learner):
                            f"(B, H, n/P, d) and {kwargs})",
                            diagnose(got, _GROUP_MISTAKES, (shards, causal, layout), {}))
         owed = iomodel.ring_attention_bytes(B, H, P * m, d, P, 4)   # what each rank sends
-        headers = 0
         if before is not None and after is not None:                 # the sandbox's loopback, read from outside
-            sent, want_sent, whose = after[0] - before[0], P * owed, f"the {P} ranks together"
-            headers = HEADER_BYTES * (after[1] - before[1])
-        else:                                                        # what the ranks say they wrote (feedback)
-            sent, want_sent, whose = None if None in written else max(written), owed, "a rank (as the ranks report it)"
-        if sent is None:
+            sent, want_sent, headers = after[0] - before[0], P * owed, HEADER_BYTES * (after[1] - before[1])
+            whose = f"the {P} ranks together sent {sent:,} bytes ({headers:,} of them packet headers)"
+        elif None in written:
             continue
+        else:                                                        # what the ranks say they wrote (feedback)
+            sent, want_sent, headers, whose = max(written), owed, 0, f"a rank sent {max(written):,} bytes"
         measured.append((P, sent - headers, want_sent))
         slack = bytes_slack(want_sent, P)
-        if not want_sent <= sent or sent - headers > want_sent + slack:
-            per_rank = "" if None in written else f" (the ranks report {written})"
-            in_all = "" if want_sent == owed else f", {want_sent:,} in all"
-            on_top = f" ({headers:,} of them packet headers)" if headers else ""
-            raise Fail(f"`ring_forward` on {label}: {whose} sent {sent:,} bytes{on_top}{per_rank}; the ring sends "
-                       f"2 (P - 1) shards of K and V per rank ({owed:,} bytes{in_all}), plus at most {slack:,.0f} of "
-                       f"framing", [_EXTRA_SENDS] if sent - headers > want_sent + slack else [])
+        too_many = sent - headers > want_sent + slack
+        if not want_sent <= sent or too_many:
+            raise Fail(f"`ring_forward` on {label}: {whose}{'' if None in written else f' (ranks: {written})'}; "
+                       f"the ring sends 2 (P - 1) shards of K and V per rank ({owed:,} bytes, {want_sent:,} in all) "
+                       f"+ {slack:,.0f} of framing at most", [_EXTRA_SENDS] if too_many else [])
     where = ("measured on the sandbox's loopback, from outside your process, less the packets' IP and TCP headers"
              if pid is not None and _lo_sent(pid) is not None else "as your ranks report them")
     framing = ", ".join(f"P={P}: {sent:,} for {want:,}" for P, sent, want in measured if want)
-    return (f"{len(GROUP_CONFIGS)} process groups of 1 to 4 gloo ranks: every rank's O and L equal attention over the "
-            f"whole sequence, and the bytes sent ({where}) the ring's 2 (P - 1) shards per rank and framing "
-            f"({framing})")
+    return (f"{len(GROUP_CONFIGS)} process groups of 1 to 4 gloo ranks: every rank's O and L right, and the bytes sent "
+            f"({where}) the ring's 2 (P - 1) shards per rank and framing ({framing})")
 
-
-# ----------------------------------------------------------------------------- comm-bytes
 
 WORLD_SIZES, N, HEADS, D = [1, 2, 3, 4], 48, 12, 8
 
 
 def _bytes_with(ring="2(P-1)", ulysses="4", keep=True, transpose=False, kv="right"):
-    """A wrong comm_bytes."""
     def impl(world_sizes, n=48, heads=12, d=8, kv_heads=None):
         h_kv = heads if kv_heads is None or kv == "ignored" else kv_heads
         rows = [[], []]
@@ -435,53 +375,39 @@ def _bytes_with(ring="2(P-1)", ulysses="4", keep=True, transpose=False, kv="righ
 
 
 _BYTES_MISTAKES = mistakes(_bytes_with, [
-    ("ring-sends-every-step", "the ring row counts P sends per rank: the last step forwards nothing, 2 (P - 1) "
-     "shards of K and V", {"ring": "2P"}),
-    ("ring-k-only", "the ring row counts only the keys: each step forwards K and V", {"ring": "P-1"}),
-    ("all-to-all-sends-own-piece", "the all-to-all row counts all P pieces: a rank keeps its own piece, it sends "
-     "P - 1", {"keep": False}),
-    ("all-to-all-output-forgotten", "the all-to-all row counts three all-to-alls: the output goes back from heads "
-     "to positions, a fourth", {"ulysses": "3"}),
-    ("all-to-all-whole-shard", "each piece of the all-to-all is counted as the whole local shard: it is 1/P of it "
-     "(heads / P of the heads)", {"ulysses": "whole"}),
-    ("transposed", "rows are world sizes: row 0 is the ring, row 1 the all-to-all, one column per world size",
-     {"transpose": True}),
-    ("kv-heads-ignored", "K and V are counted with all the query heads: with grouped-query attention they have "
-     "kv_heads heads, so the ring sends kv_heads / heads of the bytes, and so do the all-to-alls of K and V (q and "
-     "the output keep every head)", {"kv": "ignored"}),
-    ("kv-heads-not-replicated", "with fewer KV heads than ranks, K (and V) was cut into kv_heads pieces (what "
-     ".chunk(P, dim=1) gives then): every other rank still needs the KV head its query heads share, one head of "
-     "(n/P) positions to each of the P - 1 others", {"kv": "not-replicated"})])
+    ("ring-sends-every-step", "the last step forwards nothing: 2 (P - 1) shards of K and V", {"ring": "2P"}),
+    ("ring-k-only", "the ring row counts only K: each step forwards K and V", {"ring": "P-1"}),
+    ("all-to-all-sends-own-piece", "a rank keeps its own all-to-all piece: it sends P - 1, not P", {"keep": False}),
+    ("all-to-all-output-forgotten", "four all-to-alls: q, K, V, and the output back to positions", {"ulysses": "3"}),
+    ("all-to-all-whole-shard", "an all-to-all piece is 1/P of the local shard (heads / P heads)", {"ulysses": "whole"}),
+    ("transposed", "row 0 is the ring, row 1 the all-to-all, one column per world size", {"transpose": True}),
+    ("kv-heads-ignored", "K and V have kv_heads heads (grouped-query): the ring and the all-to-alls of K and V send "
+     "kv_heads / heads of the bytes; q and the output keep every head", {"kv": "ignored"}),
+    ("kv-heads-not-replicated", "with fewer KV heads than ranks, K and V were cut into kv_heads pieces "
+     "(.chunk(P, dim=1)): each of the P - 1 others still needs its KV head of n/P positions",
+     {"kv": "not-replicated"})])
 
 
 def _bytes_cases():
     h, d, m, kv = salted_ints(11_300, (1, 4), (2, 16), (1, 4), (0, 2))
-    kv = (1, 2, 4)[kv]
-    sizes = [1, 2, 3, 4, 6]
-    return [(f"world sizes {WORLD_SIZES}, n={N}, heads={HEADS}, d={D}", (WORLD_SIZES,),
-             {"n": N, "heads": HEADS, "d": D}),
-            (f"world sizes {sizes}, n={24 * m}, heads={12 * h}, d={d}", (sizes,),
-             {"n": 24 * m, "heads": 12 * h, "d": d}),
-            (f"world sizes [1, 2, 4, 8], n={16 * m}, heads={8 * h}, d={d}, kv_heads={kv} (grouped-query; fewer "
-             f"KV heads than ranks at P=8)", ([1, 2, 4, 8],), {"n": 16 * m, "heads": 8 * h, "d": d, "kv_heads": kv})]
+    return [(f"world sizes {sizes}, n={n}, heads={heads}, d={dim}" + "".join(f", {k}={v}" for k, v in gqa.items())
+             + note, (sizes,), {"n": n, "heads": heads, "d": dim, **gqa}) for sizes, n, heads, dim, gqa, note in [
+        (WORLD_SIZES, N, HEADS, D, {}, ""), ([1, 2, 3, 4, 6], 24 * m, 12 * h, d, {}, ""),
+        ([1, 2, 4, 8], 16 * m, 8 * h, d, {"kv_heads": (1, 2, 4)[kv]}, " (grouped-query; fewer KV heads than ranks "
+         "at P=8)")]]
 
 
 _BYTES = specs.comm_bytes(WORLD_SIZES, N, HEADS, D)   # what the notebook's run gives
 _COMM = Function("comm_bytes", specs.comm_bytes, _bytes_cases, _BYTES_MISTAKES,
-                 says="your counted bytes equal the IO model's to the byte; at "
-                      f"P={WORLD_SIZES[-1]} a ring rank sends {_BYTES[0, -1] / _BYTES[1, -1]:.1f}x the "
-                      "bytes of an all-to-all rank")
-NOT_FROM_RING_STEP = Mistake("ring-row-not-from-ring-step", "the numbers are right, but the ring's row is not the sum "
-                             "of what your ring_step reported sending: drive rank 0 through its steps with ring_step "
-                             "(by that name) and add up the `sent` each call returns", None)
+                 says=f"your counted bytes equal the IO model's to the byte; at P={WORLD_SIZES[-1]} a ring rank "
+                      f"sends {_BYTES[0, -1] / _BYTES[1, -1]:.1f}x the bytes of an all-to-all rank")
+NOT_FROM_RING_STEP = Mistake("ring-row-not-from-ring-step", "the ring's row is not the sum of your ring_step's "
+                             "sends: drive rank 0 through its steps with ring_step and add up each `sent`", None)
 
 
 def _measure_bytes(learner):
-    """The table, then what the grader sees, not reads from the code: comm_bytes runs again, one world size P per
-    case, with the learner's ring_step tapped (agent._tapped: the int its k-th call returns grows by k times a step
-    drawn from the secret salt). A ring row that adds up the `sent` of c calls grows by step * c (c + 1) / 2; rank 0
-    driven through its P steps makes c = P calls (P - 1 where the last one, which sends nothing, is skipped). The
-    all-to-all row does not move."""
+    """The table, then one world size P a case with ring_step tapped (agent._tapped: its k-th call's int grows by k
+    salted steps): a ring row adding up c = P (or P - 1) calls grows by step * c (c + 1) / 2, the all-to-all row not."""
     message = run(_COMM, learner)
     step = 1000 + int(torch.randint(0, 1000, (1,), generator=_gen(11_350)))
     h, d = salted_ints(11_351, (1, 3), (2, 8))
@@ -501,14 +427,11 @@ def _measure_bytes(learner):
 
 TABLES = {
     "merge-partials": Function("merge_two", specs.merge_two, _merge_cases, _MERGE_MISTAKES,
-                               says="{n} cases match: unequal shards, rows with no keys, log-sum-exps in the hundreds "
-                                    "and past 800"),
+                               says="{n} cases match: unequal shards, rows with no keys, L in the hundreds, past 800"),
     "shard-positions": Function("shard_positions", specs.shard_positions, _shard_cases, _SHARD_MISTAKES,
                                 says="{n} shards match, contiguous and zigzag, on 1 to 4 ranks"),
     "ring-schedule": Function("ring_schedule", specs.ring_schedule, _schedule_cases, _SCHEDULE_MISTAKES,
-                              says="{n} steps of the ring match, contiguous and zigzag, with and without the causal "
-                                   "mask"),
-    # a ring simulated in this process: each step's inputs are the learner's own previous outputs
+                              says="{n} steps of the ring match, contiguous and zigzag, causal or not"),
     "ring-forward": Measured("function", _measure_ring, {"ring_step": _RING_MISTAKES}),
     "ring-group": Measured("process-group", _measure_group,
                            {"(every rank at once)": _GROUP_MISTAKES + [_DEADLOCK, _EXTRA_SENDS]}),

@@ -1,9 +1,6 @@
-"""The references of exercise 11_across_devices: what the grader compares the learner's answers with.
-
-Never shown in the exercise. The maths has one home, the library (:mod:`attnlab.distributed`, the bytes
-:mod:`attnlab.iomodel`, equal to what a real gloo group sends: tests/test_distributed.py); specific to the exercise
-are one rank's ring step as a function of the shard it holds, and the schedule as a table of block kinds.
-"""
+"""The references of exercise 11_across_devices (never shown in the exercise): the maths is the library's
+(:mod:`attnlab.distributed`, the bytes :mod:`attnlab.iomodel`); specific to the exercise are one rank's ring step
+as a function of the shard it holds, and the schedule as a table of block kinds."""
 
 import torch
 
@@ -11,14 +8,12 @@ from attnlab import iomodel
 from attnlab.distributed import attention_lse, chunk_ids, merge_partials, shard_indices
 from attnlab.distributed.ring import _visible
 
-# a block's kind in the schedule's table
-SKIPPED, DIAGONAL, FULL = 0, 1, 2
+SKIPPED, DIAGONAL, FULL = 0, 1, 2   # a block's kind in the schedule's table
 _KIND = {None: SKIPPED, "diagonal": DIAGONAL, "full": FULL}
 
 
 def merge_two(o1, l1, o2, l2):
-    """o1, o2 (B, H, m, d) each normalised over its own keys, l1, l2 (B, H, m) their log-sum-exps ->
-    (O, L) over the union, float32; a row with no keys on either side is O = 0, L = -inf."""
+    """(O, L) over the union of two partials' keys, float32; a row with no keys on either side is O = 0, L = -inf."""
     return merge_partials(o1, l1, o2, l2)
 
 
@@ -37,28 +32,23 @@ def ring_schedule(rank, world_size, step, layout="contiguous", causal=True):
 
 
 def ring_step(o, lse, q, k, v, rank, step, world_size, causal=False, layout="contiguous"):
-    """One ring step of rank ``rank``: q (B, H, m, d) its queries, k, v (B, H, m, d) the shard it holds at ``step``
-    (rank (rank - step) % P's), (o, lse) its running result ((B, H, m, d), (B, H, m); zeros and -inf before step 0).
-    Returns (o, lse, sent): the result merged with this shard's blocks, float32, and the bytes this rank forwards
-    to the next rank at this step (k and v, except at the last step)."""
+    """One ring step of ``rank`` holding k, v (rank (rank - step) % P's shard): (o, lse, sent), its running result
+    merged with this shard's blocks, float32, and the bytes it forwards (k and v, except at the last step)."""
     src, work = ring_schedule(rank, world_size, step, layout, causal)
     c = work.shape[0]
     o_chunks, l_chunks = list(o.float().chunk(c, dim=2)), list(lse.float().chunk(c, dim=2))
     for i, qa in enumerate(q.chunk(c, dim=2)):
         for j, (kb, vb) in enumerate(zip(k.chunk(c, dim=2), v.chunk(c, dim=2))):
-            if work[i, j] == SKIPPED:
-                continue
-            o_ab, l_ab = attention_lse(qa, kb, vb, causal=bool(work[i, j] == DIAGONAL))
-            o_chunks[i], l_chunks[i] = merge_partials(o_chunks[i], l_chunks[i], o_ab, l_ab)
+            if work[i, j] != SKIPPED:
+                o_ab, l_ab = attention_lse(qa, kb, vb, causal=bool(work[i, j] == DIAGONAL))
+                o_chunks[i], l_chunks[i] = merge_partials(o_chunks[i], l_chunks[i], o_ab, l_ab)
     sent = 0 if step == world_size - 1 else k.numel() * k.element_size() + v.numel() * v.element_size()
     return torch.cat(o_chunks, dim=2), torch.cat(l_chunks, dim=2), sent
 
 
 def comm_bytes(world_sizes, n=48, heads=12, d=8, kv_heads=None):
-    """The experiment: bytes one rank sends in the forward (batch 1, float32) per world size, ring attention (row 0:
-    rank 0 driven through its P steps with :func:`ring_step`, its sends added up) and all-to-all (row 1:
-    ``iomodel.ulysses_attention_bytes``); int64 (2, len(world_sizes)). K and V have ``kv_heads`` heads (None:
-    ``heads``), replicated in the all-to-all where fewer than the ranks."""
+    """Bytes one rank sends in the forward (batch 1, float32), int64 (2, len(world_sizes)): row 0 the ring (rank 0
+    driven through its P steps, its sends added up), row 1 the all-to-all; K and V have ``kv_heads`` heads."""
     kv = heads if kv_heads is None else kv_heads
     ring = []
     for p in world_sizes:
