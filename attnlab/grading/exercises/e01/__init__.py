@@ -1,8 +1,4 @@
-"""Exercise 01_soft_alignment: its parts and what each may not call (its hints: attnlab/course/hints/).
-
-Every exercise package has this same light layout (read without torch by attnlab/grading/parts.py; see
-attnlab/grading/exercises/__init__.py), so the tables below look alike from one exercise to the next.
-"""
+"""Exercise 01_soft_alignment: its parts and what each may not call (its hints: attnlab/course/hints/)."""
 
 from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part  # noqa: F401
 
@@ -18,8 +14,8 @@ PARTS = [
     Part("explain-crossing", "explain: why the alignment crosses, and what a fixed vector cannot do", 2, (), "manual"),
 ]
 
-# part id -> patterns of what its answer may not call (besides the library and the references)
-# (the library is always forbidden; the score method is named too, for an answer that calls it on a module)
+# part id -> patterns of what its answer may not call (besides the library, always forbidden, and the references);
+# the score method is named too, for an answer that calls it on a module
 _SCORE = ["attnlab.attention.AdditiveAttention.score"]
 FORBIDDEN = {
     "additive-score": ATTENTION + _SCORE,
@@ -28,8 +24,6 @@ FORBIDDEN = {
     "alignment-crossing": SOFTMAX + ATTENTION + _SCORE,
 }
 
-# part id -> library patterns the part may call after all: the experiment trains the course's RNNsearch
-# (the attention functions stay forbidden in the answer's own code; the model is built with yours)
-ALLOWED = {
-    "alignment-crossing": ["attnlab.models.*"],
-}
+# part id -> library patterns the part may call after all: the experiment trains the course's RNNsearch, built with
+# your attention functions (the library's stay forbidden in the answer's own code)
+ALLOWED = {"alignment-crossing": ["attnlab.models.*"]}

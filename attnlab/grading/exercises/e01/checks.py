@@ -6,55 +6,49 @@ from functools import lru_cache
 import torch
 
 from attnlab.attention import padding_mask
-from attnlab.grading.core import Fail, Mistake, diagnose, each_result, gen as _gen, mismatch, mistakes, randn as _randn
+from attnlab.grading.core import (Fail, Mistake, diagnose, each_result, gen as _gen, mismatch, mistakes,
+                                  randn as _randn, table)
 from attnlab.grading.engine import Function, Measured
 from attnlab.grading.exercises.e01 import spec as specs
 
 
-def _decoder_inputs(seed, b, n, dq, dk, a):
-    """The generator of ``seed`` and, drawn from it, s (B, Dq), h (B, N, Dk), w (A, Dq), u (A, Dk), v (A,)."""
-    g = _gen(seed)
-    return g, (_randn(g, b, dq), _randn(g, b, n, dk), _randn(g, a, dq, scale=0.5), _randn(g, a, dk, scale=0.5),
-               _randn(g, a))
+def _decoder_inputs(g, b, n, dq, dk, a):
+    """s (B, Dq), h (B, N, Dk), w (A, Dq), u (A, Dk), v (A,) drawn from ``g``."""
+    return _randn(g, b, dq), _randn(g, b, n, dk), _randn(g, a, dq, scale=0.5), _randn(g, a, dk, scale=0.5), _randn(g, a)
 
-
-# ----------------------------------------------------------------------------- additive-score
 
 def _additive_cases():
     # the first case is square (B = N, Dq = Dk = A) so that every known mistake runs on it and can be recognised
-    return [(f"B={b}, N={n}, Dq={dq}, Dk={dk}, A={a}, {what} (seed {100 + seed})",
-             _decoder_inputs(100 + seed, b, n, dq, dk, a)[1], {}) for seed, (b, n, dq, dk, a, what) in enumerate([
-                 (5, 5, 4, 4, 4, "square: B = N, Dq = Dk = A"), (3, 7, 4, 6, 5, "Dq != Dk"),
-                 (1, 1, 3, 2, 8, "one source position"), (4, 9, 5, 5, 3, "A smaller than Dq")])]
+    return table(100, [(5, 5, 4, 4, 4, "square: B = N, Dq = Dk = A"), (3, 7, 4, 6, 5, "Dq != Dk"),
+                       (1, 1, 3, 2, 8, "one source position"), (4, 9, 5, 5, 3, "A smaller than Dq")],
+                 lambda g, b, n, dq, dk, a, what: (f"B={b}, N={n}, Dq={dq}, Dk={dk}, A={a}, {what}",
+                                                   _decoder_inputs(g, b, n, dq, dk, a), {}))
 
 
 _ADDITIVE_MISTAKES = [
     Mistake("no-tanh", "the tanh is missing: e_j = v^T tanh(W s + U h_j)",
             lambda s, h, w, u, v: ((s @ w.T)[:, None, :] + h @ u.T) @ v),
-    Mistake("swapped-projections", "W and U are swapped: W projects the decoder state s, U the encoder states h",
+    Mistake("swapped-projections", "W projects the decoder state s, U the encoder states h",
             lambda s, h, w, u, v: torch.tanh((s @ u.T)[:, None, :] + h @ w.T) @ v),
-    Mistake("softmax-applied", "these should be raw scores; the softmax comes later, in `context_vector`",
+    Mistake("softmax-applied", "return raw scores: the softmax comes later, in `context_vector`",
             lambda s, h, w, u, v: torch.softmax(specs.additive_scores(s, h, w, u, v), dim=-1)),
-    Mistake("tanh-after-v", "the tanh is applied after the dot product with v instead of before it",
+    Mistake("tanh-after-v", "the tanh goes before the dot product with v, not after",
             lambda s, h, w, u, v: torch.tanh(((s @ w.T)[:, None, :] + h @ u.T) @ v)),
-    Mistake("query-not-broadcast", "W s (B, A) was added to U h (B, N, A) without a position axis, so broadcasting "
-            "lined the batch up with the source positions: use (s @ w.T)[:, None, :]",
+    Mistake("query-not-broadcast", "W s (B, A) needs a position axis to add to U h (B, N, A): (s @ w.T)[:, None, :]",
             lambda s, h, w, u, v: torch.tanh(s @ w.T + h @ u.T) @ v),
-    Mistake("not-transposed", "W and U are (A, Dq) and (A, Dk): with row vectors the projections are s @ w.T and "
-            "h @ u.T, not s @ w and h @ u", lambda s, h, w, u, v: torch.tanh((s @ w)[:, None, :] + h @ u) @ v),
-    Mistake("v-ignored", "the A-vector was summed instead of read out with v: multiply by v over the last axis",
+    Mistake("not-transposed", "W and U are (A, Dq) and (A, Dk): the projections are s @ w.T and h @ u.T",
+            lambda s, h, w, u, v: torch.tanh((s @ w)[:, None, :] + h @ u) @ v),
+    Mistake("v-ignored", "the A-vector was summed: read it out with v (a dot product over the last axis)",
             lambda s, h, w, u, v: torch.tanh((s @ w.T)[:, None, :] + h @ u.T).sum(-1)),
 ]
 
 
-# ----------------------------------------------------------------------------- context-vector
-
 def _context_cases():
     cases = []
     for seed, scale, (b, n, dk), lengths, label in [
-            (200, 1.0, (3, 6, 4), None, "B=3, N=6, Dk=4, no mask (seed 200)"),
-            (201, 1.0, (2, 1, 5), None, "B=2, N=1, Dk=5, no mask (seed 201)"),
-            (202, 1.0, (4, 9, 3), None, "B=4, N=9, Dk=3, no mask (seed 202)"),
+            (200, 1.0, (3, 6, 4), None, "B=3, N=6, Dk=4, no mask"),
+            (201, 1.0, (2, 1, 5), None, "B=2, N=1, Dk=5, no mask"),
+            (202, 1.0, (4, 9, 3), None, "B=4, N=9, Dk=3, no mask"),
             (210, 1.0, (3, 7, 4), [5, 2, 7], "B=3, N=7 with padding (lengths 5, 2, 7)"),
             (211, 200.0, (2, 6, 3), None, "B=2, N=6, large scores (up to ~400): needs the max subtracted"),
             (212, 1.0, (2, 5, 3), [3, 0], "B=2, N=5 where row 1 has no real token (must give zero weights)")]:
@@ -75,45 +69,39 @@ def _masked(scores, mask, fill=float("-inf")):
 _CONTEXT_MISTAKES = [
     Mistake("wrong-axis", "the softmax runs over the wrong axis: normalise over the N source positions (dim=-1)",
             lambda sc, h, mask=None: _ctx(torch.softmax(_masked(sc, mask), dim=0), h)),
-    Mistake("mask-after-softmax", "the mask is applied after the softmax, so the kept weights no longer sum to 1: "
-            "set masked scores to -inf before the softmax",
+    Mistake("mask-after-softmax", "the mask is applied after the softmax: set masked scores to -inf before it",
             lambda sc, h, mask=None: _ctx(torch.softmax(sc, dim=-1) * (1.0 if mask is None else mask.float()), h)),
     Mistake("no-max-subtraction", "exp overflows on large scores: subtract each row's max before exp",
             lambda sc, h, mask=None: _ctx(_masked(sc, mask).exp() / _masked(sc, mask).exp().sum(-1, True), h)),
     Mistake("fully-masked-row", "a row with no real token gives NaN (0/0): it should give zero weights",
             lambda sc, h, mask=None: _ctx(torch.softmax(_masked(sc, mask), dim=-1), h)),
-    Mistake("mask-inverted", "the mask is read the wrong way round: True marks a real token (keep it), False padding",
+    Mistake("mask-inverted", "the mask is inverted: True marks a real token (keep it), False padding",
             lambda sc, h, mask=None: specs.context_vector(sc, h, None if mask is None else ~mask)),
-    Mistake("masked-to-zero", "masked scores were set to 0, and exp(0) = 1 still gives padding weight: set them to "
-            "-inf so that exp gives exactly 0",
+    Mistake("masked-to-zero", "masked scores set to 0 still get weight (exp(0) = 1): set them to -inf",
             lambda sc, h, mask=None: _ctx(torch.softmax(_masked(sc, mask, 0.0), dim=-1), h)),
     Mistake("context-from-scores", "the context is weighted by the raw scores: weight h by the softmax weights",
             lambda sc, h, mask=None: (_ctx(_masked(sc, mask, 0.0), h)[0], specs.context_vector(sc, h, mask)[1])),
 ]
 
 
-# ----------------------------------------------------------------------------- decode-step
+def _decode_case(g, b, n, dq, dk, a, lens, big):
+    s, h, w, u, v = _decoder_inputs(g, b, n, dq, dk, a)
+    w_s, w_c = _randn(g, dq, dq, scale=0.5), _randn(g, dq, dk, scale=0.5)
+    return (f"B={b}, N={n}, Dq={dq}, Dk={dk}, A={a}" + (f", lengths {lens}" if lens else ", no mask")
+            + (f", v x {big:g} (large scores)" if big != 1 else ""), (s, h, w, u, v * big, w_s, w_c),
+            {} if lens is None else {"mask": padding_mask(torch.tensor(lens), n)})
+
 
 def _decode_cases():
-    # the first case is square (B = N, Dq = Dk = A) so that every known mistake of the scores runs on it and can be
-    # recognised, with a sequence of no real token (its context is zero); the last has scores of ~100, past
-    # float32's exp, which only a softmax that subtracts the maximum survives
-    cases = []
-    for seed, (b, n, dq, dk, a, lens, big) in enumerate([(4, 4, 4, 4, 4, [4, 0, 2, 3], 1.0),
-                                                         (2, 5, 4, 4, 3, None, 1.0), (3, 6, 5, 3, 4, [6, 2, 4], 1.0),
-                                                         (1, 3, 2, 6, 5, None, 1.0), (2, 5, 4, 4, 3, [5, 3], 80.0)]):
-        g, (s, h, w, u, v) = _decoder_inputs(300 + seed, b, n, dq, dk, a)
-        w_s, w_c = _randn(g, dq, dq, scale=0.5), _randn(g, dq, dk, scale=0.5)
-        cases.append((f"B={b}, N={n}, Dq={dq}, Dk={dk}, A={a}" + (f", lengths {lens}" if lens else ", no mask")
-                      + (f", v x {big:g} (large scores)" if big != 1 else ""), (s, h, w, u, v * big, w_s, w_c),
-                      {} if lens is None else {"mask": padding_mask(torch.tensor(lens), n)}))
-    return cases
+    # the first case is square so that every known mistake of the scores runs on it, with a sequence of no real
+    # token (its context is zero); the last has scores of ~100, past float32's exp
+    return table(300, [(4, 4, 4, 4, 4, [4, 0, 2, 3], 1.0), (2, 5, 4, 4, 3, None, 1.0), (3, 6, 5, 3, 4, [6, 2, 4], 1.0),
+                       (1, 3, 2, 6, 5, None, 1.0), (2, 5, 4, 4, 3, [5, 3], 80.0)], _decode_case)
 
 
 def _decode_with(update=lambda s, c, w_s, w_c: torch.tanh(s @ w_s.T + c @ w_c.T), score=specs.additive_scores,
                  context=specs.context_vector, raw=False):
-    """A wrong decode_step: a wrong state update, or a right one over a wrong part 1 or 2 (``score``,
-    ``context``), or the raw scores returned as the weights."""
+    """A wrong state update, or a right one over a wrong part 1 or 2, or the raw scores returned as the weights."""
     def impl(s, h, w, u, v, w_s, w_c, mask=None):
         scores = score(s, h, w, u, v)
         c, weights = context(scores, h, mask)
@@ -121,31 +109,25 @@ def _decode_with(update=lambda s, c, w_s, w_c: torch.tanh(s @ w_s.T + c @ w_c.T)
     return impl
 
 
-_DECODE_MISTAKES = [
-    Mistake("no-tanh", "the state update lost its tanh: s' = tanh(W_s s + W_c c)",
-            _decode_with(update=lambda s, c, w_s, w_c: s @ w_s.T + c @ w_c.T)),
-    Mistake("mask-ignored", "the padding mask is not passed on: padded positions get weight",
-            _decode_with(context=lambda sc, h, mask=None: specs.context_vector(sc, h))),
-    Mistake("wrong-axis", "the softmax runs over the wrong axis: normalise over the N source positions",
-            _decode_with(context=_CONTEXT_MISTAKES[0].impl)),
-    Mistake("swapped-update-weights", "W_s and W_c are swapped: W_s multiplies the old state, W_c the context",
-            _decode_with(update=lambda s, c, w_s, w_c: torch.tanh(s @ w_c.T + c @ w_s.T))),
-    Mistake("state-weights-transposed", "W_s is applied transposed: with row vectors the old state's term is "
-            "s @ w_s.T", _decode_with(update=lambda s, c, w_s, w_c: torch.tanh(s @ w_s + c @ w_c.T))),
-    Mistake("scores-returned", "the second value should be the attention weights (after the softmax), not the raw "
-            "scores", _decode_with(raw=True)),
-    Mistake("context-not-used", "the new state ignores the context: s' = tanh(W_s s + W_c c)",
-            _decode_with(update=lambda s, c, w_s, w_c: torch.tanh(s @ w_s.T))),
+_DECODE_MISTAKES = mistakes(_decode_with, [
+    ("no-tanh", "the state update lost its tanh: s' = tanh(W_s s + W_c c)",
+     {"update": lambda s, c, w_s, w_c: s @ w_s.T + c @ w_c.T}),
+    ("mask-ignored", "pass the padding mask on: padded positions get weight",
+     {"context": lambda sc, h, mask=None: specs.context_vector(sc, h)}),
+    ("wrong-axis", "normalise over the N source positions", {"context": _CONTEXT_MISTAKES[0].impl}),
+    ("swapped-update-weights", "W_s multiplies the old state, W_c the context",
+     {"update": lambda s, c, w_s, w_c: torch.tanh(s @ w_c.T + c @ w_s.T)}),
+    ("state-weights-transposed", "W_s is applied transposed: the old state's term is s @ w_s.T",
+     {"update": lambda s, c, w_s, w_c: torch.tanh(s @ w_s + c @ w_c.T)}),
+    ("scores-returned", "return the attention weights (after the softmax), not the raw scores", {"raw": True}),
+    ("context-not-used", "the new state ignores the context: s' = tanh(W_s s + W_c c)",
+     {"update": lambda s, c, w_s, w_c: torch.tanh(s @ w_s.T)}),
 ] + [  # a right decode_step that calls a wrong part 1 or part 2 (the learner's own, as the notebook has it)
-    Mistake("additive-score-wrong", "decode_step itself looks right, but the additive_scores it calls is not: "
-            "make check(\"additive-score\") pass first", _decode_with(score=m.impl)) for m in _ADDITIVE_MISTAKES
-] + [
-    Mistake("context-vector-wrong", "decode_step itself looks right, but the context_vector it calls is not: "
-            "make check(\"context-vector\") pass first", _decode_with(context=m.impl)) for m in _CONTEXT_MISTAKES
-]
+    (f"{part}-wrong", f"decode_step looks right, but the {name} it calls is not: make check(\"{part}\") pass first",
+     {arg: m.impl}) for part, name, arg, wrong in [("additive-score", "additive_scores", "score", _ADDITIVE_MISTAKES),
+                                                    ("context-vector", "context_vector", "context", _CONTEXT_MISTAKES)]
+    for m in wrong])
 
-
-# ----------------------------------------------------------------------------- alignment-crossing
 
 TOLERANCE = 0.05  # absolute, on each of the two masses (the notebook states it)
 CHECK_STEPS = 150  # fewer than the default 250: a run that ignores `steps` shows
@@ -157,8 +139,7 @@ def _alignments(seed, steps):
 
 
 def _crossing_with(seed=None, steps=None, shift=0, scale=1.0, flip=False):
-    """alignment_crossing, float64, with one thing changed (a known mistake): the run's ``seed`` or ``steps``, the
-    rows read ``shift`` later (row i as French word i + shift), the masses times ``scale``, or flipped."""
+    """alignment_crossing, float64, run with ``seed`` or ``steps``, rows read ``shift`` late, masses x ``scale``."""
     def impl(s, t=250):
         rolled = torch.roll(_alignments(s if seed is None else seed, t if steps is None else steps), shift, dims=1)
         masses = scale * torch.tensor(specs.swap_masses(rolled), dtype=torch.float64)
@@ -167,16 +148,12 @@ def _crossing_with(seed=None, steps=None, shift=0, scale=1.0, flip=False):
 
 
 _CROSSING_MISTAKES = mistakes(_crossing_with, [
-    ("masses-swapped", "the two numbers are the wrong way round: return (crossed, straight), the crossed mass first "
-     "(noun row on the noun, adjective row on the adjective)", {"flip": True}),
-    ("rows-off-by-one", "the rows are shifted by one: row i of the recorded weights is French word i (the step that "
-     "*outputs* it), not the word the decoder has just read", {"shift": 1}),
-    ("sum-not-mean", "each pair's mass is the *mean* of its two rows' weights (so it lies in [0, 1]), not their sum",
-     {"scale": 2.0}),
-    ("untrained", "these are the masses of an untrained model (nearly uniform weights): train for `steps` steps "
-     "before reading the alignment", {"steps": 0}),
-    ("steps-ignored", f"the run trained 250 steps whatever `steps` said (the grader asked for {CHECK_STEPS}): pass "
-     "`steps` on to the training", {"steps": 250}),
+    ("masses-swapped", "return (crossed, straight), the crossed mass first", {"flip": True}),
+    ("rows-off-by-one", "row i of the weights is French word i (the step that *outputs* it)", {"shift": 1}),
+    ("sum-not-mean", "each pair's mass is the *mean* of its two rows' weights, not their sum", {"scale": 2.0}),
+    ("untrained", "these are an untrained model's masses: train `steps` steps first", {"steps": 0}),
+    ("steps-ignored", f"the run trained 250 steps where `steps` was {CHECK_STEPS}: pass `steps` on to the training",
+     {"steps": 250}),
     ("seed-ignored", "the run did not start from `seed` (it matches seed 0): seed the model's weights "
      "(deterministic(seed, ...)) and the batch order (torch.Generator().manual_seed(seed))", {"seed": 0})])
 
@@ -189,10 +166,9 @@ def _measure_crossing(learner):
     want = _crossing_with()(*args)
     why = mismatch(got, want, rtol=0.0, atol=TOLERANCE)
     if why:
-        raise Fail(f"`alignment_crossing({seed}, {CHECK_STEPS})`, the pair (crossed, straight): {why}; the grader's "
-                   f"run of the same recipe with the reference attention gave crossed {want[0]:.3f}, straight "
-                   f"{want[1]:.3f} (each must agree within {TOLERANCE}); the run uses your additive_scores and "
-                   f"context_vector, so make their checks pass first",
+        raise Fail(f"`alignment_crossing({seed}, {CHECK_STEPS})`, (crossed, straight): {why}; the grader's run with "
+                   f"the reference attention gave ({want[0]:.3f}, {want[1]:.3f}), each to agree within {TOLERANCE}; "
+                   f"the run uses your additive_scores and context_vector, so make their checks pass first",
                    diagnose(got, _CROSSING_MISTAKES, args, {}, rtol=0.0, atol=TOLERANCE))
     crossed, straight = (float(x) for x in got)
     verdict = "the alignment crosses" if want[0] > want[1] else "this run did not cross"

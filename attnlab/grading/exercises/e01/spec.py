@@ -1,9 +1,6 @@
-"""The references of exercise 01_soft_alignment: what the grader compares the learner's answers with.
-
-Never shown in the exercise. The softmax and its mask are the library's; specific to the exercise are the
-decomposition it asks for (score, then weights and context, then one decoder step) and the experiment: the course's
-RNNsearch trained with an alignment model plugged in, and how much of the swapped adjective-noun pairs' weight crosses.
-"""
+"""The references of exercise 01_soft_alignment (never shown in the exercise): the softmax and its mask are the
+library's; specific are the decomposition (score, weights and context, one decoder step) and the experiment, the
+course's RNNsearch trained with an alignment model plugged in and how much of swapped pairs' weight crosses."""
 
 import itertools
 from functools import lru_cache
@@ -16,9 +13,7 @@ from attnlab.attention import masked_softmax, softmax
 def additive_scores(s, h, w, u, v):
     """Alignment scores e_j = v^T tanh(W s + U h_j): s (B, Dq) decoder state, h (B, N, Dk) encoder states,
     w (A, Dq), u (A, Dk), v (A,) -> (B, N)."""
-    ws = s @ w.T  # (B, A)
-    uh = h @ u.T  # (B, N, A)
-    return torch.tanh(ws[:, None, :] + uh) @ v  # (B, N)
+    return torch.tanh((s @ w.T)[:, None, :] + h @ u.T) @ v  # (B, 1, A) + (B, N, A) -> (B, N)
 
 
 def context_vector(scores, h, mask=None):
@@ -31,13 +26,9 @@ def context_vector(scores, h, mask=None):
 def decode_step(s, h, w, u, v, w_s, w_c, mask=None):
     """One step of an attention decoder, (new state tanh(s W_s^T + c W_c^T) (B, Dq), weights (B, N)): s (B, Dq);
     h, w, u, v as in ``additive_scores``; w_s (Dq, Dq), w_c (Dq, Dk); mask as in ``context_vector``."""
-    scores = additive_scores(s, h, w, u, v)  # (B, N)
-    c, weights = context_vector(scores, h, mask)  # (B, Dk), (B, N)
-    s_new = torch.tanh(s @ w_s.T + c @ w_c.T)  # (B, Dq)
-    return s_new, weights
+    c, weights = context_vector(additive_scores(s, h, w, u, v), h, mask)  # (B, Dk), (B, N)
+    return torch.tanh(s @ w_s.T + c @ w_c.T), weights
 
-
-# ----------------------------------------------------------------------------- the experiment
 
 # the recipe the notebook's setup cell states (a test checks the two agree)
 RECIPE = dict(n_train=3000, train_seed=1, min_len=5, max_len=8, n_probe=64, probe_seed=2,
@@ -102,15 +93,12 @@ def swap_masses(alignments):
     """(crossed, straight): the mean weight of a swapped pair's rows on the crossed source positions
     (noun -> noun, adjective -> adjective) and on the straight ones (noun -> adjective, adjective -> noun)."""
     _, _, _, swaps, _ = _data()
-    crossed, straight = [], []
-    for a, pairs in zip(alignments, swaps):  # a: (T, S)
-        for i, j in pairs:
-            crossed.append((a[i, j] + a[i + 1, j - 1]) / 2)
-            straight.append((a[i, j - 1] + a[i + 1, j]) / 2)
-    return float(torch.stack(crossed).mean()), float(torch.stack(straight).mean())
+    at = [(a, i, j) for a, pairs in zip(alignments, swaps) for i, j in pairs]  # a: (T, S)
+    crossed = torch.stack([(a[i, j] + a[i + 1, j - 1]) / 2 for a, i, j in at]).mean()
+    straight = torch.stack([(a[i, j - 1] + a[i + 1, j]) / 2 for a, i, j in at]).mean()
+    return float(crossed), float(straight)
 
 
 def alignment_crossing(seed, steps=250):
-    """Train RNNsearch with the additive attention from ``seed`` for ``steps`` steps; return
-    ``(crossed, straight)`` (see ``swap_masses``)."""
+    """``(crossed, straight)`` (see ``swap_masses``) of RNNsearch trained ``steps`` steps from ``seed``."""
     return swap_masses(probe_alignments(train_rnnsearch(seed, steps)))
