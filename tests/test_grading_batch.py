@@ -12,7 +12,7 @@ from attnlab.grading.sandbox import frames, isolated
 
 from attnlab.grading.commands import grade
 
-from attnlab.grading import shortcuts
+from attnlab.grading import layout, shortcuts
 from attnlab.grading.parts import exercises, forbidden
 
 from pathlib import Path
@@ -44,30 +44,30 @@ def test_students_come_from_nbgrader_s_layout(tmp_path):
 
 def test_the_exercise_comes_from_the_cells_and_a_wrong_file_name_warns():
     nb = nbformat.read(str(ROOT / "solutions" / "03_scaled_dot_product.ipynb"), 4)
-    assert grade.identify(nb, "homework.ipynb") == ("03_scaled_dot_product", [])
-    exercise, warnings = grade.identify(nb, "05_quadratic_cost.ipynb")
+    assert layout.identify(nb, "homework.ipynb") == ("03_scaled_dot_product", [])
+    exercise, warnings = layout.identify(nb, "05_quadratic_cost.ipynb")
     assert exercise == "03_scaled_dot_product" and "file name suggests 05_quadratic_cost" in warnings[0]
     nb.metadata["attnlab"]["exercise"] = "01_soft_alignment"
-    exercise, warnings = grade.identify(nb, "x.ipynb")
+    exercise, warnings = layout.identify(nb, "x.ipynb")
     assert exercise == "03_scaled_dot_product" and "metadata says 01_soft_alignment" in warnings[0]
 
 
 def test_cells_belong_to_their_part_wherever_they_are():
     nb = nbformat.read(str(ROOT / "exercises" / "02_queries_keys_values.ipynb"), 4)
     parts = exercises()["02_queries_keys_values"]
-    canonical = grade._layout([grade._grade_id(c) for c in nb.cells], parts)
+    canonical = layout._layout([layout._grade_id(c) for c in nb.cells], parts)
     added = nbformat.v4.new_code_cell("raise ValueError()")
     nb.cells.insert(0, nbformat.v4.new_code_cell("x = 1"))  # above every answer cell: no part
     nb.cells = nb.cells[:1] + nb.cells[1:][::-1]  # any order
-    last_answer = max(i for i, c in enumerate(nb.cells) if "-answer" in (grade._grade_id(c) or ""))
+    last_answer = max(i for i, c in enumerate(nb.cells) if "-answer" in (layout._grade_id(c) or ""))
     nb.cells.insert(last_answer + 1, added)
     nb.cells.append(nbformat.v4.new_code_cell("def causal_mask(a, b):\n    pass"))
-    owner = grade.owners(nb, parts, canonical)
-    by_id = {grade._grade_id(c): o for c, o in zip(nb.cells, owner)}
+    owner = layout.owners(nb, parts, canonical)
+    by_id = {layout._grade_id(c): o for c, o in zip(nb.cells, owner)}
     assert by_id["padding-mask-answer"] == "padding-mask" and by_id["02-cell-06"] == "padding-mask"
     assert by_id["02-cell-02"] == "setup" and by_id["02-cell-16"] == "attention-masks"
     # a cell without a grade_id belongs to the answer cell above it (here the reversed notebook's last: part 1's)
-    above = grade._grade_id(nb.cells[last_answer]).split("-answer")[0]
+    above = layout._grade_id(nb.cells[last_answer]).split("-answer")[0]
     assert owner[0] is None and owner[last_answer + 1] == above and owner[-1] == above
 
 
@@ -153,14 +153,13 @@ def test_hidden_tests_grade_submissions_but_not_the_course_s_own_solutions(tmp_p
 
 
 def test_the_functions_process_runs_the_learner_s_cells_and_given_definitions_not_demos():
-    from attnlab.grading import layout
     from attnlab.grading.checks import PARTS
 
     nb = nbformat.read(str(ROOT / "exercises" / "06_triton_primer.ipynb"), 4)
     exercise = "06_triton_primer"
     parts = exercises()[exercise]
     given = layout.given_sources(exercise)
-    by_id = {grade._grade_id(c): i for i, c in enumerate(nb.cells)}
+    by_id = {layout._grade_id(c): i for i, c in enumerate(nb.cells)}
     nb.cells[by_id["06-cell-05"]].source += "\nprint('edited: now the learner s')\n"
     owner = layout.owners(nb, parts, layout.canonical_layout(exercise, parts))
     names = {n for p in parts if p in PARTS for n in PARTS[p].names}
@@ -177,23 +176,22 @@ def test_demos_are_marked_when_the_exercise_is_generated_and_read_from_the_cours
     """``attnlab generate`` marks each given cell's demo statements in the exercise (``attnlab.demo``); the grader
     reads the marks of the course's copy, so a submission that unmarks its demos (or marks a definition) changes
     nothing that runs."""
-    from attnlab.grading import layout
     from attnlab.grading.checks import PARTS
 
     exercise = "06_triton_primer"
     nb = nbformat.read(str(ROOT / "exercises" / f"{exercise}.ipynb"), 4)
     parts = exercises()[exercise]
     names = {n for p in parts if p in PARTS for n in PARTS[p].names}
-    marked = {grade._grade_id(nb.cells[i]): d for i, d in layout.demo_marks(nb, parts, names).items()}
+    marked = {layout._grade_id(nb.cells[i]): d for i, d in layout.demo_marks(nb, parts, names).items()}
     assert marked == layout.given_demos(exercise) and marked["06-cell-37"]  # what generate stored, and a demo
-    assert all(nb.cells[i].metadata.get("attnlab", {}).get("demo") == marked.get(grade._grade_id(c))
-               for i, c in enumerate(nb.cells) if grade._grade_id(c) in marked)
+    assert all(nb.cells[i].metadata.get("attnlab", {}).get("demo") == marked.get(layout._grade_id(c))
+               for i, c in enumerate(nb.cells) if layout._grade_id(c) in marked)
     owner = layout.owners(nb, parts, layout.canonical_layout(exercise, parts))
     given = layout.given_sources(exercise)
     before = layout.to_run(nb, owner, given, layout.given_demos(exercise), parts, names)
     for c in nb.cells:  # the learner's copy: every mark dropped, a definition marked instead
         c.metadata.pop("attnlab", None)
-    nb.cells[[grade._grade_id(c) for c in nb.cells].index("06-cell-29")].metadata["attnlab"] = {"demo": [0]}
+    nb.cells[[layout._grade_id(c) for c in nb.cells].index("06-cell-29")].metadata["attnlab"] = {"demo": [0]}
     assert layout.to_run(nb, owner, given, layout.given_demos(exercise), parts, names) == before
 
 

@@ -100,9 +100,9 @@ def test_a_failure_shows_a_counterexample_with_the_first_mismatch():
     want = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     got = want.clone()
     got[1, 0] = 9.0
-    lines = core.counterexample("seed 3", got, want, (torch.ones(2), 5), {"mask": None}, spec=lambda x, n, mask=None: 0)
-    assert lines[0].startswith("counterexample (seed 3): x: tensor of shape (2,), float32 = [1.0, 1.0]; n: 5")
-    assert "first mismatch at index (1, 0): expected 3, got 9 (1 of 4 entries differ)" in lines[1]
+    line = core.case_line("seed 3", (torch.ones(2), 5), {"mask": None}, spec=lambda x, n, mask=None: 0)
+    assert line.startswith("counterexample (seed 3): x: tensor of shape (2,), float32 = [1.0, 1.0]; n: 5")
+    assert "first mismatch at index (1, 0): expected 3, got 9" in core.mismatch(got, want)
 
 
 def test_every_package_is_light():

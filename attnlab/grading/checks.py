@@ -90,9 +90,8 @@ def run_check(part_id, ns, salt=0):
 def check(part_id, namespace=None):
     """Check one exercise part against its reference and print what was found.
 
-    Looks the learner's functions up in ``namespace`` (default: the caller's
-    globals, i.e. the notebook). Under nbgrader's autograder a failure raises
-    AssertionError, so nbgrader can award the cell's points. Returns None.
+    Looks the learner's functions up in ``namespace`` (default: the caller's globals, i.e. the notebook). Under
+    nbgrader's autograder a failure raises AssertionError, so nbgrader can award the cell's points. Returns None.
     """
     if os.environ.get("ATTNLAB_GRADING") == "1":
         print(f"[....] {part_id}: checked by `attnlab grade` itself, in its own process")

@@ -1,12 +1,10 @@
-"""The machinery every check shares: finding the learner's function, calling it,
-comparing with the spec and naming the likely mistake.
+"""The machinery every check shares: finding the learner's function, calling it, comparing with the spec and naming the
+likely mistake.
 
-A check runs the learner's function and the spec on the same randomized inputs
-(several shapes and seeds, then edge cases). When they disagree it runs each
-known *mistake* (a deliberately wrong version of the spec, e.g. the softmax over
-the wrong axis) on the failing input; a mistake whose output equals the
-learner's is the diagnosis. Inputs are cloned for every call, so a function that
-writes into its arguments cannot change what the spec sees.
+A check runs the learner's function and the spec on the same randomized inputs (several shapes and seeds, then edge
+cases). When they disagree it runs each known *mistake* (a deliberately wrong version of the spec, e.g. the softmax
+over the wrong axis) on the failing input; a mistake whose output equals the learner's is the diagnosis. Inputs are
+cloned for every call, so a function that writes into its arguments cannot change what the spec sees.
 """
 
 import math
@@ -17,8 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnlab.grading.sandbox.agent import backward
-from attnlab.grading.feedback import (case_line, counterexample, describe_inputs, first_difference,  # noqa: F401
-                                      first_mismatch, parameter_names, wrap)
+from attnlab.grading.feedback import case_line, first_mismatch, parameter_names, wrap
 
 
 @dataclass
@@ -71,10 +68,10 @@ class NotAccepted(Fail):
 class LocalLearner:
     """The learner's functions in a namespace of this process (the inline ``check()``).
 
-    ``attnlab grade`` uses :class:`attnlab.grading.sandbox.runner.RemoteLearner` instead, with the same
-    two methods, whose calls run in a fresh sandboxed process (docs/grading.md). Both answer in the agent's format
-    (:func:`attnlab.grading.sandbox.agent.handle`). ``forbidden``: the patterns the inline check reads the learner's code
-    for (:func:`attnlab.grading.shortcuts.in_namespace`; None: the part's own, and what it must read; [] none).
+    ``attnlab grade`` uses :class:`attnlab.grading.sandbox.runner.RemoteLearner` instead, with the same two methods,
+    whose calls run in a fresh sandboxed process (docs/grading.md). Both answer in the agent's format
+    (:func:`attnlab.grading.sandbox.agent.handle`). ``forbidden``: the patterns the inline check reads the learner's
+    code for (:func:`attnlab.grading.shortcuts.in_namespace`; None: the part's own, and what it must read; [] none).
     """
 
     def __init__(self, ns, forbidden=None):
@@ -336,8 +333,9 @@ def check_with_gradients(learner, name, spec, cases, inputs, output=None, mistak
                        diagnose(got["out"], mistakes, args, kwargs, rtol, atol))
         grads = got.get("grads")
         if not isinstance(grads, (list, tuple)) or len(grads) != len(inputs):
-            raise Fail(f"`{name}` on {label}: expected one gradient per input ({', '.join(n.split()[-1] for n in names)}"
-                       f"), the grader got {len(grads) if isinstance(grads, (list, tuple)) else 'none'}")
+            raise Fail(f"`{name}` on {label}: expected one gradient per input ("
+                       f"{', '.join(n.split()[-1] for n in names)}), the grader got "
+                       f"{len(grads) if isinstance(grads, (list, tuple)) else 'none'}")
         for k, (gname, g, want) in enumerate(zip(names, grads, want_grads)):
             if g is None:
                 raise Fail(f"`{name}` on {label}: {gname} is None: the backward returned no gradient for it")

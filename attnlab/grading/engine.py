@@ -1,30 +1,18 @@
 """Exercise parts as data, and the one engine that runs them.
 
-A part's check is a table: which of the learner's functions it calls, on which cases, against which reference,
-within which tolerance, with which known mistakes (each a name, a message and an emulation: the wrong computation,
-with the signature of the function it stands for), and for a kernel the byte budget its launches are held to.
-Each exercise's ``checks.py`` holds one table per graded part, ``TABLES = {part id: table}``; :func:`run` is all
-that reads them. Four kinds:
+Each exercise's ``checks.py`` holds one table per graded part, ``TABLES = {part id: table}``; :func:`run` is all that
+reads them. A table says which of the learner's functions it calls, on which cases, against which reference, within
+which tolerance, with which known mistakes (:class:`attnlab.grading.core.Mistake`: a name, a message and an
+emulation with the signature of the function it stands for), and for a kernel the budget of its launches. The kinds:
+:class:`Function` (:class:`InTurn`: several in one part), :class:`Gradients` (backpropagated too), :class:`Kernel`
+(launched by the grader under guard, :mod:`attnlab.grading.kernel_check`) and :class:`Measured` (what only the
+grader's own measurement shows: an experiment on salted parameters, peak memory, a process group's traffic).
 
-- :class:`Function`: the learner's function against the reference on the cases (:class:`InTurn`: several, one
-  part);
-- :class:`Gradients`: the same, and the gradients of chosen inputs, backpropagated from a given output gradient;
-- :class:`Kernel`: the learner's ``@triton.jit`` kernel, launched by the grader (its grid, block sizes and
-  sentinel-guarded buffers; :mod:`attnlab.grading.kernel_check`), its outputs compared with the reference and, in
-  the interpreter, its traced traffic held to the budget of each launch and each program's loads to what it may
-  load;
-- :class:`Measured`: what only a measurement of the grader's own shows (an experiment reproduced on salted
-  parameters, peak memory, a process group's traffic): ``measure(learner) -> message``, with the known mistakes
-  it names by the learner's function each list stands for.
-
-What the framework guarantees, whatever a part's author writes (docs/grading.md): every input comes from
-:func:`attnlab.grading.core.gen`, which the grader's secret salt shifts (tests/test_grading_salt.py runs every
-part under two salts); every value is compared by :func:`attnlab.grading.core.mismatch` (``torch.testing``'s
-``assert_close``, which fails a non-finite value where the reference is finite, and a wrong shape before any
-arithmetic); every reply is a frame the trusted side decoded and checked (:mod:`attnlab.grading.sandbox.frames`: shape,
-dtype and storage, stride-0 views refused); and a part passes only when it ran the learner's code
-(:func:`attnlab.grading.core.run_part`). tests/test_every_mistake.py runs every emulated mistake of every table
-and fails unless the check names it.
+What the framework guarantees, whatever a table's author writes (docs/grading.md): inputs from the salted
+:func:`attnlab.grading.core.gen` (tests/test_grading_salt.py); one comparison, :func:`attnlab.grading.core.mismatch`
+on ``torch.testing`` (non-finite values fail where the reference is finite, shapes before arithmetic); replies
+decoded on the trusted side (:mod:`attnlab.grading.sandbox.frames`); a pass only when the learner's code ran
+(:func:`attnlab.grading.core.run_part`). tests/test_every_mistake.py runs every emulated mistake of every table.
 """
 
 from dataclasses import dataclass, field
@@ -97,13 +85,11 @@ class Launch:
 class Kernel:
     """The learner's kernel ``name`` launched on ``launches()`` [:class:`Launch`].
 
-    ``budget_says``: the budget in the part's words (the diagnosis of extra traffic); ``traffic_mistakes``: the
-    mistakes that traffic over budget suggests, ``traffic_diagnosis(case, traffic) -> [Mistake]`` those that
-    the measured bytes suggest; ``stray_loads``: {buffer: the mistake a load outside a launch's ``allowed`` is},
-    ``loads_says``: what each program may load, in words; ``uses_dot``: the kernel multiplies with ``tl.dot``
-    (TF32's tolerance on a GPU); ``tf32``: the mistake a failure is on a GPU when TF32's tolerance passes it (the
-    part holds float32's, ``uses_dot`` False); ``stride_mistake``: what a kernel right only on contiguous rows is
-    named (:data:`STRIDE_IGNORED`); ``failure_diagnosis(learner, case, exc)``: diagnoses a failed launch further;
+    ``budget_says``/``loads_says``: the budget and what each program may load, in the part's words;
+    ``traffic_mistakes`` (and ``traffic_diagnosis(case, traffic) -> [Mistake]``): what traffic over budget suggests;
+    ``stray_loads``: {buffer: the mistake a load outside ``allowed`` is}; ``uses_dot``: TF32's tolerance on a GPU;
+    ``tf32``: the mistake a GPU failure is when TF32's tolerance passes it; ``stride_mistake``: a kernel right only on
+    contiguous rows (:data:`STRIDE_IGNORED`); ``failure_diagnosis(learner, case, exc)``: a further diagnosis;
     ``undefined_other``: masked lanes of a load without ``other=`` read NaN, as undefined as on a GPU."""
 
     name: str
@@ -125,12 +111,10 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Measured:
-    """A part whose technique or result only a measurement of the grader's own shows.
-
-    ``kind``: "experiment", "peak-memory", "process-group" or "function" (a function part that feeds the
-    learner's outputs back in, or says what its results mean; a kernel part is a :class:`Kernel`); ``measure(learner) -> message`` raises :class:`attnlab.grading.core.Fail`;
-    ``mistakes``: {the learner's function a list stands for: [Mistake]}, or {"(why no function)": [Mistake]} for
-    a list that stands for none (tests/test_every_mistake.py reads them)."""
+    """A part whose technique or result only a measurement of the grader's own shows: ``measure(learner) ->
+    message`` raises :class:`attnlab.grading.core.Fail`. ``kind``: "experiment", "peak-memory", "process-group" or
+    "function" (a function part that feeds the learner's outputs back in, or says what its results mean);
+    ``mistakes``: {the learner's function a list stands for, or "(why no function)": [Mistake]}."""
 
     kind: str
     measure: Callable

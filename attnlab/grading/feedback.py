@@ -1,7 +1,7 @@
-"""What a failed check tells the learner: the failing case's inputs and where the output first differs
-(:func:`counterexample`), the learner's own error with the library's frames folded and a common one in one plain
-sentence (:func:`describe_exception`), all wrapped at word boundaries (:func:`wrap`). It imports no other module of
-the grader, so that every one of them can import it.
+"""What a failed check tells the learner: the failing case's inputs (:func:`case_line`) and where the output first
+differs (:func:`first_mismatch`), the learner's own error with the library's frames folded and a common one in one
+plain sentence (:func:`describe_exception`), all wrapped at word boundaries (:func:`wrap`). It imports no other module
+of the grader, so that every one of them can import it.
 """
 
 import inspect
@@ -31,23 +31,6 @@ def first_mismatch(got, want, rtol=1e-4, atol=1e-5):
     index = tuple(int(i) for i in torch.nonzero(bad)[0]) if bad.dim() else ()
     shown = index[0] if len(index) == 1 else index  # a 1-D output's index is a number, not (i,)
     return shown, _scalar(want[index]), _scalar(got[index]), int(bad.sum()), bad.numel()
-
-
-def first_difference(got, want, rtol=1e-4, atol=1e-5, names=None):
-    """Where two results first differ, "first mismatch at index (i, j): expected x, got y (k of n entries differ)"
-    led for a tuple by "output 2 of 2 (L), " (``names`` label them), or "" when it cannot tell."""
-    if isinstance(want, (tuple, list)) and isinstance(got, (tuple, list)) and len(got) == len(want):
-        for i, (g, w) in enumerate(zip(got, want)):
-            where = first_difference(g, w, rtol, atol)
-            if where:
-                label = f" ({names[i]})" if names and i < len(names) else ""
-                return f"output {i + 1} of {len(want)}{label}, {where}"
-        return ""
-    found = first_mismatch(got, want, rtol, atol)
-    if found is None:
-        return ""
-    index, expected, value, wrong, count = found
-    return f"first mismatch at index {index}: expected {expected}, got {value} ({wrong} of {count} entries differ)"
 
 
 def _scalar(x):
@@ -94,12 +77,6 @@ def case_line(label, args, kwargs, spec=None, names=None):
     """The counterexample's inputs, labelled by ``spec``'s parameter names (or ``names``)."""
     labels = names if names is not None else (parameter_names(spec) if spec else None)
     return f"counterexample ({label}): {describe_inputs(args, kwargs, labels)}"
-
-
-def counterexample(label, got, want, args, kwargs, spec=None, rtol=1e-4, atol=1e-5, names=None):
-    """:func:`case_line` and where expected and got first differ: for a reason that does not say it."""
-    where = first_difference(got, want, rtol, atol)
-    return [case_line(label, args, kwargs, spec, names), *([where] if where else [])]
 
 
 _LIBRARY_ROOTS = tuple({os.path.dirname(os.path.dirname(os.__file__)), sys.prefix, sys.base_prefix,

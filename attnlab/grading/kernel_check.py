@@ -1,26 +1,23 @@
 """Launching a learner's Triton kernel under guard: what every Triton part's check shares.
 
-The Triton parts follow Triton-Puzzles: the spec fixes the kernel's signature, the
-learner writes the kernel, and the check launches it itself (so it chooses the
-grid, the block sizes and the memory layout). Every tensor the kernel sees lives
-inside a larger buffer whose surroundings (padding after each row or head, and
-guard regions before and after) are filled with a sentinel value:
+The Triton parts follow Triton-Puzzles: the spec fixes the kernel's signature, the learner writes the kernel, and
+the check launches it itself (so it chooses the grid, the block sizes and the memory layout). Every tensor the
+kernel sees lives inside a larger buffer whose surroundings (padding after each row or head, and guard regions
+before and after) are filled with a sentinel value:
 
 - a store outside the tensor changes the sentinel: an **out-of-bounds store**;
-- a load outside the tensor reads the sentinel, so running the kernel again with
-  a different sentinel changes its output: an **out-of-bounds load**;
+- a load outside the tensor reads the sentinel, so running the kernel again with a different sentinel changes its
+  output: an **out-of-bounds load**;
 - elements of the output still holding the sentinel were never written.
 
-In the interpreter every load and store is also recorded: each tensor's bytes (every
-access counted, so a row loaded twice counts twice), held to a part's budget by
-:func:`check_traffic`, and which program loaded which elements, so a check can fail a
-kernel that loads K/V blocks its mask leaves out (right numbers, too many bytes). On a
-GPU there is no trace: those checks are skipped, and the check says so.
+In the interpreter every load and store is also recorded: each tensor's bytes (every access counted, so a row loaded
+twice counts twice), held to a part's budget by :func:`check_traffic`, and which program loaded which elements, so a
+check can fail a kernel that loads K/V blocks its mask leaves out (right numbers, too many bytes). On a GPU there is
+no trace: those checks are skipped, and the check says so.
 
-Under Triton's interpreter (CPU) the buffers are real memory, so an access that
-stays within the guards is caught here instead of corrupting the process. The
-kernel runs on the GPU when there is one, else in the interpreter, whatever
-``TRITON_INTERPRET`` was when the learner defined it.
+Under Triton's interpreter (CPU) the buffers are real memory, so an access that stays within the guards is caught
+here instead of corrupting the process. The kernel runs on the GPU when there is one, else in the interpreter,
+whatever ``TRITON_INTERPRET`` was when the learner defined it.
 """
 
 import math
@@ -55,16 +52,14 @@ NOT_STORED = Mistake("not-stored-by-kernel", "the output must be written by the 
 def run_guarded(learner, name, label, buffers, grid, args, kwargs, outputs, loads=None, traffic=None):
     """Have the learner's kernel launched twice with different sentinels; detect stray accesses.
 
-    buffers: {name: {"data": tensor, "pad_rows": r, "pad_cols": c}} for inputs,
-    {name: {"shape": [...], "output": True, ...}} for outputs (they start as the sentinel);
-    args: the kernel's arguments as :func:`attnlab.grading.sandbox.agent.build_args` reads them;
-    outputs: names of the output buffers. Returns {name: output tensor} of the first run.
-    loads: optional {buffer name: None}; in the interpreter each entry is set to what the first
-    run's programs loaded from that buffer ({program: bool tensor}); on a GPU it stays None.
-    traffic: optional dict; in the interpreter it is filled with the first run's traffic per buffer,
-    {name: {"load_bytes", "store_bytes", "load_elements"}} (bytes count every access, so a row loaded
-    twice counts twice; load_elements counts distinct elements); on a GPU it stays empty.
-    Check it against a budget with :func:`check_traffic`.
+    buffers: {name: {"data": tensor, "pad_rows": r, "pad_cols": c}} for inputs, {name: {"shape": [...], "output": True,
+    ...}} for outputs (they start as the sentinel); args: the kernel's arguments as
+    :func:`attnlab.grading.sandbox.agent.build_args` reads them; outputs: names of the output buffers. Returns {name:
+    output tensor} of the first run. loads: optional {buffer name: None}; in the interpreter each entry is set to what
+    the first run's programs loaded from that buffer ({program: bool tensor}); on a GPU it stays None. traffic: optional
+    dict; in the interpreter it is filled with the first run's traffic per buffer, {name: {"load_bytes", "store_bytes",
+    "load_elements"}} (bytes count every access, so a row loaded twice counts twice; load_elements counts distinct
+    elements); on a GPU it stays empty. Check it against a budget with :func:`check_traffic`.
     """
     learner = learner_of(learner)
     request = {"name": name, "grid": list(grid), "buffers": buffers, "args": args, "kwargs": kwargs,

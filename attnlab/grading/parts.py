@@ -1,8 +1,7 @@
 """The exercises and their graded parts: names, titles, points, kinds and what each may not call.
 
-Read from the exercise packages' light modules (``attnlab/grading/exercises/eNN/__init__.py``),
-which import nothing heavy, so the grader and ``attnlab generate`` can use this without torch.
-An instructor sets points there.
+Read from the exercise packages' light modules (``attnlab/grading/exercises/eNN/__init__.py``), which import nothing
+heavy, so the grader and ``attnlab generate`` can use this without torch. An instructor sets points there.
 """
 
 import importlib

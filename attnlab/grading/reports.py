@@ -1,9 +1,9 @@
 """What ``attnlab grade`` prints and writes: the terminal report, JSON, CSV and Gradescope's results.
 
-Every string that reaches a terminal or a file passes :func:`safe_text` first (:func:`sanitize` on a
-whole report): a learner's names, exceptions and printed text are untrusted, and control characters
-(an escape sequence, a carriage return, a newline in a one-line field) could rewrite what a grader
-reads. CSV cells that a spreadsheet would run as a formula are escaped (:func:`csv_cell`).
+Every string that reaches a terminal or a file passes :func:`safe_text` first (:func:`sanitize` on a whole report):
+a learner's names, exceptions and printed text are untrusted, and control characters (an escape sequence, a carriage
+return, a newline in a one-line field) could rewrite what a grader reads. CSV cells that a spreadsheet would run as
+a formula are escaped (:func:`csv_cell`).
 """
 
 import csv

@@ -1,25 +1,12 @@
-"""Grading one notebook: run its cells in a fresh sandboxed process, then grade each part from this process, and score.
+"""Grading one notebook from a process that runs none of its code (docs/grading.md says what is guaranteed).
 
-- the cells that define the learner's functions (setup, answer cells, cells the learner added or edited, given
-  definitions; not the given demos, marked by ``attnlab generate``, and check cells: :func:`attnlab.grading.layout.to_run`) run in a fresh
-  sandboxed Python process (:class:`attnlab.grading.sandbox.runner.Functions`), which answers with each cell's status
-  and then with the learner's outputs for the inputs this process sends (``torch.save`` frames read with
-  ``weights_only=True``);
-- the inputs come from a secret seed this process keeps; a Triton part's ``@triton.jit`` functions are taken
-  from the notebook as text, checked by Triton's frontend and launched and traced in another fresh sandboxed
-  process (:mod:`attnlab.grading.sandbox.isolated`);
-- it computes the expected values with the references of the exercise packages (:mod:`attnlab.grading.exercises`)
-  in its own process, compares, and names the likely mistake (:mod:`attnlab.grading.checks`);
-- the part's learner cells (and the learner's cells of no part) must not use what the part forbids
-  (:func:`attnlab.grading.parts.forbidden`): this process reads their syntax tree (:mod:`attnlab.grading.shortcuts`).
-
-What the notebook prints, writes or returns from its own ``check(...)`` cells is never read. A part scores
-its points only when (1) its check passes in this process, on what the functions process returned; (2) every
-cell of the part (by nbgrader ``grade_id``, in any order; see :func:`attnlab.grading.layout.owners`) and every
-setup cell ran without an error, ``exit()``, a timeout or the process's death, as that process reported or
-this one saw; and (3) its cells' syntax uses nothing forbidden. Every other case scores 0 for the parts it
-touches, with the reason. The process can lie about its cells' statuses: a lie that a cell failed costs it
-points, and a lie that a cell ran changes nothing, since the check decides on the outputs.
+The cells that define the learner's functions (:func:`attnlab.grading.layout.to_run`: not the given demos nor the
+check cells) run in a fresh sandboxed process (:class:`attnlab.grading.sandbox.runner.Functions`), Triton kernels in
+another (:mod:`attnlab.grading.sandbox.isolated`); each part is then checked from here on inputs from a secret salt,
+against the references (:mod:`attnlab.grading.checks`), and its answer's syntax is read for what it may not call
+(:mod:`attnlab.grading.shortcuts`). A part scores its points only when its check passes here, every cell of the part
+and of the setup ran cleanly, and its syntax uses nothing forbidden. What the notebook prints is never read; a
+process that lies that a cell failed loses points, one that lies that a cell ran changes nothing.
 """
 
 import json
@@ -231,13 +218,12 @@ def _score(report, nb, exercise, parts, shortcut, unmet, results, problems, setu
             feedback += "\n    (its check cell is missing: graded at the end of the notebook)"
         report["parts"].append({"name": p, "points": POINTS[p] if passed else 0, "max_points": POINTS[p],
                                 "feedback": feedback, "diagnosis": [] if r is None else r.get("diagnosis", [])})
-    for p in [p for p in exercises()[exercise] if p in MANUAL]:  # graded by a person in nbgrader: reported with the learner's text, never scored here
+    for p in [p for p in exercises()[exercise] if p in MANUAL]:  # graded by a person in nbgrader, never here
         answer = _manual_answer(nb, p)
         state = "no answer written yet" if not answer else f"answered ({len(answer.split())} words)"
         report["parts"].append({"name": p, "points": 0, "max_points": 0, "manual": True, "diagnosis": [],
-                                "answer": answer,
-                                "feedback": f"graded by hand ({plural(POINTS[p], 'point')} in nbgrader's manual grading): "
-                                            f"{state}"})
+                                "answer": answer, "feedback": f"graded by hand ({plural(POINTS[p], 'point')} in "
+                                                              f"nbgrader's manual grading): {state}"})
     if notes:
         report["notes"] = notes
     report["score"] = sum(part["points"] for part in report["parts"])

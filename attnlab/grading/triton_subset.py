@@ -1,5 +1,5 @@
-"""The Triton subset ``attnlab grade`` accepts in a learner's kernel, read from its syntax before any Triton code
-sees it (:func:`not_triton`), and the names a kernel's module-level constants may use.
+"""The Triton subset ``attnlab grade`` accepts in a learner's kernel, read from its syntax before any Triton code sees
+it (:func:`not_triton`), and the names a kernel's module-level constants may use.
 
 Used by :mod:`attnlab.grading.sandbox.isolated` (the grader: a refused kernel is never sent to a process) and by
 :mod:`attnlab.grading.sandbox.agent` (the inline ``check()``: the same reading, so the notebook says what the grader
@@ -73,7 +73,8 @@ def not_triton(fn, constants, kernels, language=None):
             root = dotted.split(".")[0]
             if root in known:
                 continue
-            if root in ("tl", "triton", "math") and not any(dotted == n or dotted.startswith(n + ".") for n in language):
+            if root in ("tl", "triton", "math") and not any(dotted == n or dotted.startswith(n + ".")
+                                                            for n in language):
                 return f"{where}: `{dotted}` is not one of triton.language's public names (tl.load, tl.float32, ...)"
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in known \
                 and node.id not in _BUILTINS and node.id not in ("tl", "triton", "math"):

@@ -1,22 +1,11 @@
 """``attnlab grade PATH... [--exercise NAME] [--json FILE] [--csv FILE] [--gradescope FILE] [--nbgrader-db URL] [-j N]``.
 
-The command; the work is done by :mod:`attnlab.grading.sandbox.runner` (the sandboxed processes and the worker),
-:mod:`attnlab.grading.layout` (which exercise, which part owns a cell), :mod:`attnlab.grading.scoring`
-(one notebook's score) and :mod:`attnlab.grading.reports` (what is printed and written).
-
-Scores are computed by a process that never runs the learner's code. For each notebook a
-worker process (trusted) starts a fresh Python process in a sandbox (:mod:`attnlab.grading.sandbox`:
-an unprivileged user, a private copy of the one notebook, limits; see docs/grading.md) and runs the
-learner's cells in it, one cell at a time, with a per-cell and a total time limit. It then grades each
-part itself, as :mod:`attnlab.grading.scoring` describes (how inputs are sent, what is compared, what
-scores a part's points).
-
-Batch grading: PATHs may be notebooks or folders (searched recursively, any file name; the
-exercise is identified from the notebook's metadata and its cells' grade_ids, with a warning
-when the file name disagrees), including nbgrader's ``submitted/<student>/<assignment>/``
-layout. What is skipped is listed with the reason. The JSON report is rewritten atomically after
-each notebook. Exit status: 0 when every notebook found could be graded, 1 when one could not
-or none was found.
+Each notebook is graded by a trusted worker process (:func:`attnlab.grading.sandbox.runner.grade_in_subprocess`,
+:func:`attnlab.grading.scoring.grade_notebook`) that never runs the learner's code; what is printed and written is
+:mod:`attnlab.grading.reports`'. PATHs may be notebooks or folders (searched recursively, nbgrader's
+``submitted/<student>/<assignment>/`` included); the exercise comes from the notebook's metadata and grade_ids, with
+a warning when the file name disagrees. The JSON report is rewritten atomically after each notebook. Exit status: 0
+when every notebook found was graded, 1 otherwise.
 
 Example: ``attnlab grade my-work/02_queries_keys_values.ipynb --json report.json``
 """
@@ -26,10 +15,9 @@ import sys
 import threading
 
 from attnlab.grading import sandbox
-from attnlab.grading.layout import _grade_id, _layout, discover, identify, manifest, owners, who  # noqa: F401
+from attnlab.grading.layout import discover, manifest, who
 from attnlab.grading.reports import _json_doc, _write_atomic, csv_text, format_report, gradescope_doc, sanitize
 from attnlab.grading.sandbox.runner import DEFAULT_CELL_TIMEOUT, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, grade_in_subprocess
-from attnlab.grading.scoring import grade_notebook  # noqa: F401 (the API)
 
 
 def add_arguments(parser):

@@ -6,19 +6,13 @@ In ``solutions/`` (nbgrader's ``source/``) every check cell ends with::
     __import__("attnlab.grading.commands.nbgrader", fromlist=["autograde"]).autograde("padding-mask")
     ### END HIDDEN TESTS
 
-nbgrader drops the block from the students' release and puts it back when it autogrades. That cell
-runs in the student's kernel, which the student's own cells can change (``check`` and ``autograde``
-rebound, environment variables unset): whatever it does there is **feedback only**, and it says so.
-:func:`autograde` grades the notebook's file with ``attnlab grade`` in a separate process and prints
-the part's result (raising AssertionError when the part failed, so the feedback shows it).
-
-The credit is written afterwards, from the grader's own process: ``attnlab grade submitted/
---nbgrader-db sqlite:///course/gradebook.db`` grades every submission in its sandbox and sets each
-autograded cell's score in nbgrader's gradebook (:func:`write_gradebook`, through
-``nbgrader.api.Gradebook``), replacing whatever the student's kernel earned. Run it after ``nbgrader
-autograde`` and before ``nbgrader export``.
-
-``attnlab grade`` itself removes hidden tests before it runs a notebook (it grades on its own).
+nbgrader drops the block from the students' release and puts it back when it autogrades. That cell runs in the
+student's kernel, which the student's own cells can change: whatever it does there is **feedback only**, and it says
+so. :func:`autograde` grades the notebook's file with ``attnlab grade`` in a separate process and prints the part's
+result (AssertionError when it failed). The credit is written afterwards, from the grader's own process: ``attnlab
+grade submitted/ --nbgrader-db sqlite:///course/gradebook.db`` (after ``nbgrader autograde``, before ``nbgrader
+export``) sets each autograded cell's score in the gradebook (:func:`write_gradebook`), replacing what the student's
+kernel earned.
 """
 
 import json

@@ -1,18 +1,18 @@
-"""The exercises, one package each: ``eNN/__init__.py`` (parts, forbidden calls; light),
-``eNN/spec.py`` (the references) and ``eNN/checks.py`` (the checks).
+"""The exercises, one package each: ``eNN/__init__.py`` (parts, forbidden calls; light), ``eNN/spec.py`` (the
+references) and ``eNN/checks.py`` (the checks).
 
 A part is one of three kinds:
 
 - ``auto``: graded by ``attnlab grade`` against the references;
-- ``experiment``: also graded automatically: the learner runs an experiment with their own code and the
-  grader reproduces the measured quantity within a tolerance;
-- ``manual``: a short written answer in an nbgrader manually graded cell (a markdown cell holding
-  ``<!-- manual: PART-ID -->`` and a solution region), reported as ``manual`` and never auto-scored.
+- ``experiment``: also graded automatically: the learner runs an experiment with their own code and the grader
+  reproduces the measured quantity within a tolerance;
+- ``manual``: a short written answer in an nbgrader manually graded cell (a markdown cell holding ``<!-- manual:
+  PART-ID -->`` and a solution region), reported as ``manual`` and never auto-scored.
 
 To add an exercise: a package here, its name in ``PACKAGES`` and in pyproject.toml's packages, and
-``solutions/NN_name.ipynb``. The packages share one layout on purpose: their part tables and
-known-mistake tables (``Mistake(key, message, wrong version of the reference)``) look alike from one exercise
-to the next, and each row is that exercise's own.
+``solutions/NN_name.ipynb``. The packages share one layout on purpose: their part tables and known-mistake tables
+(``Mistake(key, message, wrong version of the reference)``) look alike from one exercise to the next, and each row
+is that exercise's own.
 """
 
 from collections import namedtuple

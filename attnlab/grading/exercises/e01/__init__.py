@@ -1,6 +1,6 @@
 """Exercise 01_soft_alignment: its parts and what each may not call (its hints: attnlab/course/hints/)."""
 
-from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part  # noqa: F401
+from attnlab.grading.exercises import ATTENTION, SOFTMAX, Part
 
 EXERCISE = "01_soft_alignment"
 

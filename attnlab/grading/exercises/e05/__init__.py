@@ -1,6 +1,6 @@
 """Exercise 05_quadratic_cost: its parts and what each may not call (its hints: attnlab/course/hints/)."""
 
-from attnlab.grading.exercises import ATTENTION, BLOCK_MASKS, SOFTMAX, Part  # noqa: F401
+from attnlab.grading.exercises import ATTENTION, Part
 
 EXERCISE = "05_quadratic_cost"
 
