@@ -712,14 +712,14 @@ def test_the_check_reports_a_kernel_error_in_plain_words():
 
 
 def test_counterexamples_label_arguments_and_count_as_the_learner_does():
-    from attnlab.grading.feedback import counterexample, first_difference
+    from attnlab.grading.core import case_line, mismatch
 
     got, want = torch.tensor([1.0, 2.0, 5.0]), torch.tensor([1.0, 2.0, 3.0])
-    assert first_difference(got, want).startswith("first mismatch at index 2:")  # a 1-D output's own index
-    pair = first_difference((want, got), (want, want), names=("O", "L"))
-    assert pair.startswith("output 2 of 2 (L), first mismatch at index 2"), pair
-    lines = counterexample("n=3", got, want, (want, 0.5), {}, names=("x", "alpha"))
-    assert "x: tensor of shape (3,)" in lines[0] and "alpha: 0.5" in lines[0], lines
+    assert mismatch(got, want).endswith("first mismatch at index 2: expected 3, got 5")  # a 1-D output's own index
+    pair = mismatch((want, got), (want, want))
+    assert pair.startswith("output 2 of 2: ") and pair.endswith("first mismatch at index 2: expected 3, got 5"), pair
+    line = case_line("n=3", (want, 0.5), {}, names=("x", "alpha"))
+    assert "x: tensor of shape (3,)" in line and "alpha: 0.5" in line, line
     result = run_check("row-sum", LocalLearner({"row_sum_kernel": _row_sum(DROP_TAIL=True)}, forbidden=[]))
     assert "x: tensor of shape" in result.message and "BLOCK_N: 16" in result.message, result.message
     assert "at index (0," not in result.message, result.message  # out is (M,), not the grader's (1, M) buffer
