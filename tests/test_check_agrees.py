@@ -149,3 +149,22 @@ def test_the_inline_reading_of_the_history_keeps_what_the_namespace_holds():
     found = shortcuts.in_namespace(ns, ["decode_bytes"], forbidden("decode-bytes"), given)
     assert found and all(name.startswith("attnlab.iomodel") for name, _line in found)
     assert shortcuts.missing_in_namespace(ns, ["decode_bytes"], required("decode-bytes"), given) != []
+
+
+def test_the_check_output_a_lesson_stores_is_what_check_prints_now():
+    # nbval-lax compares no output: a shortened mistake message left lesson 00's stored [FAIL] saying the old words
+    import contextlib
+    import io
+
+    from attnlab.grading import check, hint
+
+    for path in sorted((ROOT / "lessons").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type != "code" or "check(" not in cell.source:
+                continue
+            stored = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(compile("import torch\n" + cell.source, str(path), "exec"), {"check": check, "hint": hint})
+            assert printed.getvalue() == stored, (path.name, printed.getvalue(), stored)

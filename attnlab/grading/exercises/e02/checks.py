@@ -36,7 +36,7 @@ def _padding_cases():
 
 
 _PADDING_MISTAKES = [Mistake(*row) for row in [
-    ("off-by-one", "off by one: position j is real when j < length, not j <= length",
+    ("off-by-one", "off by one: position j is real when j < length (j = 0 .. length-1), not j <= length",
      lambda lengths, n: torch.arange(n)[None, :] <= lengths[:, None]),
     ("inverted", "the mask is inverted: True marks real tokens, False padding",
      lambda lengths, n: torch.arange(n)[None, :] >= lengths[:, None]),
